@@ -1,0 +1,132 @@
+// HardwareProfile: what a rig can do, as the simulator and planner need it (ARCHITECTURE.md
+// section 3). Read from and written to JSON ("schema": "megatrain.rig/1"). Every figure carries
+// its provenance: measured (probe, when, machine), datasheet (source), or estimate (basis: how it
+// was derived from other figures), so a user can tell a measured rig from a paper one.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain {
+
+inline constexpr const char* kRigSchema = "megatrain.rig/1";
+
+struct Provenance {
+  enum class Kind { kDatasheet, kMeasured, kEstimate };
+  Kind kind = Kind::kDatasheet;
+  std::string source;   // datasheet: document or URL; measured: probe name; estimate: the basis
+  std::string when;     // measured: ISO-8601 date/time
+  std::string machine;  // measured: host name / description
+  bool operator==(const Provenance&) const = default;
+};
+
+const char* provenance_kind_name(Provenance::Kind k);
+
+// A scalar with its provenance.
+struct Figure {
+  double value = 0;
+  Provenance provenance;
+  bool operator==(const Figure&) const = default;
+};
+
+// y as a function of x, piecewise linear in log(x) between points, clamped at the ends.
+// Points are sorted by x, x > 0, and there is at least one.
+struct Curve {
+  std::vector<std::pair<double, double>> points;
+  Provenance provenance;
+  double at(double x) const;
+  bool operator==(const Curve&) const = default;
+};
+
+struct GpuSpec {
+  std::string name;                 // "NVIDIA H200"
+  Figure memory_bytes;              // device memory usable by the process
+  Figure memory_bandwidth;          // bytes/s (HBM)
+  Figure matmul_fp32;               // dense FLOP/s without TF32
+  Figure matmul_tf32;               // dense FLOP/s
+  Figure matmul_bf16;               // dense FLOP/s (no sparsity)
+  Curve gemm_efficiency;            // x: FLOPs of one GEMM (2mnk), y: fraction of peak in 0..1
+  bool operator==(const GpuSpec&) const = default;
+};
+
+// One direction of the host<->device link. The bandwidth curves are effective rates measured end
+// to end (a transfer of x bytes takes x / y(x) seconds), so they already include latency_s; the
+// latency is kept separately for the smallest transfers (events, flags) and for fitting.
+struct LinkSpec {
+  Figure latency_s;                 // fixed cost of one transfer (a tiny cudaMemcpyAsync), seconds
+  Curve pinned_bandwidth;           // x: transfer bytes, y: bytes/s from/to page-locked memory
+  Curve pageable_bandwidth;         // x: transfer bytes, y: bytes/s from/to pageable memory
+  bool operator==(const LinkSpec&) const = default;
+};
+
+struct LinksSpec {
+  std::string kind;                 // "pcie-gen4-x16" | "pcie-gen5-x16" | "nvlink-c2c" | free text
+  LinkSpec h2d;
+  LinkSpec d2h;
+  bool full_duplex = true;          // H2D and D2H run at once at full rate each
+  bool operator==(const LinksSpec&) const = default;
+};
+
+struct AdamThroughput {
+  std::string state_format;         // fp32 | bf16 | q8 | q4 | q3 | q2
+  int64_t threads = 1;
+  Figure params_per_s;              // parameters updated per second (whole fused pass)
+  bool operator==(const AdamThroughput&) const = default;
+};
+
+struct HostSpec {
+  std::string cpu;                  // "2x Intel Xeon Platinum 8480+"
+  Figure ram_bytes;
+  Figure memory_bandwidth;          // bytes/s, all channels
+  int64_t cores = 1;                // physical cores usable for the optimizer
+  Figure pinnable_bytes;            // how much RAM may be page-locked
+  std::vector<AdamThroughput> adam;
+  bool operator==(const HostSpec&) const = default;
+};
+
+// Bandwidth of one drive for one access pattern.
+struct IoPoint {
+  int64_t block_bytes = 0;
+  int64_t queue_depth = 1;
+  double bytes_per_s = 0;
+  bool operator==(const IoPoint&) const = default;
+};
+
+struct NvmeSpec {
+  std::string name;                 // "Samsung PM1743 7.68 TB"
+  std::string path;                 // mount point used for state files ("/mnt/nvme0")
+  Figure capacity_bytes;
+  std::vector<IoPoint> read;        // sorted by (block_bytes, queue_depth)
+  std::vector<IoPoint> write;
+  Provenance io_provenance;         // for the read/write tables
+  // Bandwidth at this block size and queue depth: nearest measured queue depth at or below (the
+  // smallest measured one when all are above), log-interpolated in block size among that queue
+  // depth's points and clamped outside them; 0 when the table is empty.
+  double read_bandwidth(int64_t block_bytes, int64_t queue_depth) const;
+  double write_bandwidth(int64_t block_bytes, int64_t queue_depth) const;
+  bool operator==(const NvmeSpec&) const = default;
+};
+
+struct HardwareProfile {
+  std::string name;                 // "h200-1.5tb"
+  std::string description;
+  GpuSpec gpu;
+  LinksSpec links;
+  HostSpec host;
+  std::vector<NvmeSpec> storage;    // may be empty (RAM-only rig)
+  bool operator==(const HardwareProfile&) const = default;
+
+  // Parses and validates; every error names the key path and what is accepted.
+  static Result<HardwareProfile> from_json_text(const std::string& text, const std::string& what = "rig");
+  // `name_or_path`: a path to a JSON file, or the name of a file in profiles/hardware/.
+  static Result<HardwareProfile> load(const std::string& name_or_path);
+  std::string to_json_text() const;  // pretty JSON; from_json_text(to_json_text()) == *this
+  Status save(const std::filesystem::path& path) const;  // atomic (temp + fsync + rename)
+};
+
+}  // namespace megatrain

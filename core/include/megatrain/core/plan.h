@@ -1,0 +1,130 @@
+// Plan: the contract between megatrain-plan and megatrain-exec ("schema": "megatrain.plan/1",
+// ARCHITECTURE.md section 8). Reading validates every field and names the key path and the
+// accepted values on error; writing then reading gives back an equal Plan. Defaults for keys a
+// hand-written plan may leave out are documented in docs/plan-format.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/hardware_profile.h"
+#include "megatrain/core/model_spec.h"
+#include "megatrain/core/status.h"
+
+namespace megatrain {
+
+inline constexpr const char* kPlanSchema = "megatrain.plan/1";
+
+// "model" and "rig" are a name in profiles/, a path, or an embedded JSON object.
+struct ProfileRef {
+  bool inline_object = false;
+  std::string value;  // the name/path, or the embedded object as JSON text
+  bool operator==(const ProfileRef&) const = default;
+};
+
+struct TrainingConfig {
+  int64_t seq_len = 4096;
+  int64_t micro_batch = 1;
+  int64_t grad_accum = 1;
+  int64_t steps = 1;
+  int64_t seed = 1;
+  double lr = 3e-4;
+  std::string lr_schedule = "cosine";  // constant | cosine | linear
+  int64_t warmup_steps = 0;
+  double min_lr = 0;
+  double clip_grad_norm = 1.0;         // 0 turns clipping off
+  std::string data_order = "shuffled"; // shuffled | sequential
+  bool operator==(const TrainingConfig&) const = default;
+};
+
+struct PrecisionConfig {
+  DType compute = DType::kBf16;
+  DType master = DType::kFp32;  // only fp32 is accepted
+  DType transfer = DType::kBf16;
+  bool operator==(const PrecisionConfig&) const = default;
+};
+
+struct ScheduleConfig {
+  std::string order = "layer-major";   // layer-major | microbatch-major
+  int64_t prefetch_depth = 2;
+  int64_t device_layer_buffers = 3;    // >= prefetch_depth + 1
+  int64_t checkpoint_every = 1;        // layers between activation checkpoints; 0 keeps all activations
+  std::string checkpoint_location = "host";  // device | host
+  bool operator==(const ScheduleConfig&) const = default;
+};
+
+struct PlacementConfig {
+  std::string master_weights = "ram";     // ram | nvme
+  std::string optimizer_states = "ram";   // ram | nvme
+  std::vector<std::string> nvme_dirs;     // required when anything is on nvme
+  int64_t pinned_staging_bytes = 0;
+  int64_t device_budget_bytes = 0;        // 0: the rig's whole GPU memory
+  bool operator==(const PlacementConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  std::string type = "adamw";
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  StateFormat m_format = StateFormat::kFp32;
+  StateFormat v_format = StateFormat::kFp32;
+  int64_t block_size = 128;
+  int64_t threads = 0;  // 0: all cores of the rig
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct PeakBytes {
+  int64_t device = 0, pinned = 0, ram = 0, nvme = 0;
+  bool operator==(const PeakBytes&) const = default;
+};
+
+// The planner's prediction for this plan; absent in a hand-written plan.
+struct Predicted {
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double tflops = 0;
+  double mfu = 0;
+  std::string bottleneck = "gpu";  // one of plan_bottleneck_names()
+  PeakBytes peak_bytes;
+  bool operator==(const Predicted&) const = default;
+};
+
+// gpu, h2d, d2h, cpu, host_memory, nvme_read, nvme_write, none.
+const std::vector<std::string>& plan_bottleneck_names();
+
+struct Plan {
+  ProfileRef model;
+  ProfileRef rig;
+  TrainingConfig training;
+  PrecisionConfig precision;
+  ScheduleConfig schedule;
+  PlacementConfig placement;
+  OptimizerConfig optimizer;
+  std::optional<Predicted> predicted;
+  // Relative model/rig paths are resolved against this folder (the plan file's); not serialised.
+  std::filesystem::path base_dir;
+
+  bool operator==(const Plan& o) const {
+    return model == o.model && rig == o.rig && training == o.training && precision == o.precision &&
+           schedule == o.schedule && placement == o.placement && optimizer == o.optimizer &&
+           predicted == o.predicted;
+  }
+
+  // Parses and validates every field, including that the model and rig exist and that the plan
+  // agrees with them (sequence length, device budget, layer count). `what` names the source.
+  static Result<Plan> from_json_text(const std::string& text, const std::string& what = "plan",
+                                     const std::filesystem::path& base_dir = {});
+  static Result<Plan> load(const std::filesystem::path& path);
+  std::string to_json_text() const;
+  Status save(const std::filesystem::path& path) const;  // atomic: temp file, fsync, rename
+
+  Result<ModelSpec> resolve_model() const;
+  Result<HardwareProfile> resolve_rig() const;
+};
+
+}  // namespace megatrain

@@ -1,0 +1,303 @@
+// Strict JSON reading with key paths in every message, and atomic file writes.
+#include "detail/json_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace megatrain::detail {
+
+Result<Json> parse_json(std::string_view text, const std::string& what) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    // Convert the byte offset to line:column so the user can find it.
+    size_t byte = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < byte; ++i) {
+      if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
+    }
+    std::string reason = e.what();
+    auto pos = reason.find("syntax error");
+    if (pos != std::string::npos) reason = reason.substr(pos);
+    bool truncated = byte >= text.size() || reason.find("end of input") != std::string::npos;
+    return parse_error(what + ": not valid JSON at line " + std::to_string(line) + ", column " +
+                       std::to_string(col) + (truncated ? " (the text ends early: truncated file?)" : "") +
+                       ": " + reason);
+  }
+}
+
+Result<Json> read_json_file(const std::filesystem::path& path, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return not_found(what + " '" + path.string() + "' does not exist");
+  if (std::filesystem::is_directory(path, ec))
+    return invalid_argument(what + " '" + path.string() + "' is a directory; expected a JSON file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error("cannot open " + what + " '" + path.string() + "': " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return io_error("cannot read " + what + " '" + path.string() + "'");
+  std::string text = ss.str();
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    return parse_error(what + " '" + path.string() + "' is empty; expected a JSON object");
+  return parse_json(text, what + " '" + path.string() + "'");
+}
+
+Status write_file_atomic(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  std::string tmp = (dir / ("." + path.filename().string() + ".tmp-" + std::to_string(getpid()))).string();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot create '" + tmp + "': " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot write '" + path.string() + "': " + std::strerror(err) +
+                      (err == ENOSPC ? " (the disk is full; the previous file, if any, is unchanged)" : ""));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return io_error("cannot flush '" + path.string() + "': " + std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return io_error("cannot rename into '" + path.string() + "': " + std::strerror(err));
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return {};
+}
+
+std::string json_type_name(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    default: return "an unsupported value";
+  }
+}
+
+namespace {
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + v[i];
+  return out;
+}
+
+std::string show(const Json& j) {
+  std::string s = j.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+}  // namespace
+
+std::string closest_match(std::string_view key, const std::vector<std::string>& accepted) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& a : accepted) {
+    size_t d = edit_distance(key, a);
+    if (d < best_d) { best_d = d; best = a; }
+  }
+  size_t limit = std::max<size_t>(2, key.size() / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+FieldReader::FieldReader(const Json& object, std::string path) : obj_(object), path_(std::move(path)) {
+  if (!obj_.is_object())
+    status_ = invalid_argument((path_.empty() ? std::string("the document") : path_) + ": expected an object, got " +
+                               json_type_name(obj_));
+}
+
+bool FieldReader::has(const std::string& key) const { return obj_.is_object() && obj_.contains(key); }
+
+std::string FieldReader::path_of(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+void FieldReader::fail(Status s) {
+  if (status_.ok() && !s.ok()) status_ = std::move(s);
+}
+
+void FieldReader::accept(std::initializer_list<std::string_view> keys) {
+  for (auto k : keys) known_.emplace_back(k);
+}
+
+const Json* FieldReader::find(const std::string& key, Need need, const char* expected) {
+  known_.push_back(key);
+  if (!status_.ok() || !obj_.is_object()) return nullptr;
+  auto it = obj_.find(key);
+  if (it == obj_.end()) {
+    if (need == Need::kRequired) fail(invalid_argument(path_of(key) + ": missing; expected " + expected));
+    return nullptr;
+  }
+  return &*it;
+}
+
+void FieldReader::integer(const std::string& key, int64_t& out, Need need, int64_t lo, int64_t hi) {
+  const Json* j = find(key, need, "an integer");
+  if (!j) return;
+  int64_t v = 0;
+  if (j->is_number_integer() || j->is_number_unsigned()) {
+    if (j->is_number_unsigned() && j->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      fail(invalid_argument(path_of(key) + ": " + show(*j) + " is too large"));
+      return;
+    }
+    v = j->get<int64_t>();
+  } else if (j->is_number_float() && std::isfinite(j->get<double>()) &&
+             std::floor(j->get<double>()) == j->get<double>() && std::fabs(j->get<double>()) < 9e18) {
+    v = static_cast<int64_t>(j->get<double>());  // 8e9 written in exponent form is still an integer
+  } else {
+    fail(invalid_argument(path_of(key) + ": expected an integer, got " + json_type_name(*j) + " " + show(*j)));
+    return;
+  }
+  if (v < lo || v > hi) {
+    fail(invalid_argument(path_of(key) + ": " + std::to_string(v) + " is out of range; accepted: " +
+                          std::to_string(lo) + " .. " + std::to_string(hi)));
+    return;
+  }
+  out = v;
+}
+
+void FieldReader::number(const std::string& key, double& out, Need need, double lo, double hi) {
+  const Json* j = find(key, need, "a number");
+  if (!j) return;
+  if (!j->is_number()) {
+    fail(invalid_argument(path_of(key) + ": expected a number, got " + json_type_name(*j) + " " + show(*j)));
+    return;
+  }
+  double v = j->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    std::ostringstream msg;
+    msg << path_of(key) << ": " << v << " is out of range; accepted: " << lo << " .. " << hi;
+    fail(invalid_argument(msg.str()));
+    return;
+  }
+  out = v;
+}
+
+void FieldReader::boolean(const std::string& key, bool& out, Need need) {
+  const Json* j = find(key, need, "true or false");
+  if (!j) return;
+  if (!j->is_boolean()) {
+    fail(invalid_argument(path_of(key) + ": expected true or false, got " + json_type_name(*j) + " " + show(*j)));
+    return;
+  }
+  out = j->get<bool>();
+}
+
+void FieldReader::string(const std::string& key, std::string& out, Need need) {
+  const Json* j = find(key, need, "a string");
+  if (!j) return;
+  if (!j->is_string()) {
+    fail(invalid_argument(path_of(key) + ": expected a string, got " + json_type_name(*j) + " " + show(*j)));
+    return;
+  }
+  out = j->get<std::string>();
+}
+
+void FieldReader::choice(const std::string& key, std::string& out, Need need,
+                         const std::vector<std::string>& accepted) {
+  const Json* j = find(key, need, ("one of: " + join(accepted)).c_str());
+  if (!j) return;
+  if (!j->is_string()) {
+    fail(invalid_argument(path_of(key) + ": expected one of " + join(accepted) + ", got " + json_type_name(*j) +
+                          " " + show(*j)));
+    return;
+  }
+  std::string v = j->get<std::string>();
+  if (std::find(accepted.begin(), accepted.end(), v) == accepted.end()) {
+    std::string hint = closest_match(v, accepted);
+    fail(invalid_argument(path_of(key) + ": '" + v + "' is not accepted; accepted: " + join(accepted) +
+                          (hint.empty() ? "" : " (did you mean '" + hint + "'?)")));
+    return;
+  }
+  out = v;
+}
+
+void FieldReader::string_array(const std::string& key, std::vector<std::string>& out, Need need) {
+  const Json* j = find(key, need, "an array of strings");
+  if (!j) return;
+  if (!j->is_array()) {
+    fail(invalid_argument(path_of(key) + ": expected an array of strings, got " + json_type_name(*j)));
+    return;
+  }
+  std::vector<std::string> v;
+  for (size_t i = 0; i < j->size(); ++i) {
+    if (!(*j)[i].is_string()) {
+      fail(invalid_argument(path_of(key) + "[" + std::to_string(i) + "]: expected a string, got " +
+                            json_type_name((*j)[i])));
+      return;
+    }
+    v.push_back((*j)[i].get<std::string>());
+  }
+  out = std::move(v);
+}
+
+const Json* FieldReader::member(const std::string& key, Need need) { return find(key, need, "a value"); }
+
+const Json* FieldReader::object(const std::string& key, Need need) {
+  const Json* j = find(key, need, "an object");
+  if (j && !j->is_object()) {
+    fail(invalid_argument(path_of(key) + ": expected an object, got " + json_type_name(*j) + " " + show(*j)));
+    return nullptr;
+  }
+  return j;
+}
+
+const Json* FieldReader::array(const std::string& key, Need need) {
+  const Json* j = find(key, need, "an array");
+  if (j && !j->is_array()) {
+    fail(invalid_argument(path_of(key) + ": expected an array, got " + json_type_name(*j) + " " + show(*j)));
+    return nullptr;
+  }
+  return j;
+}
+
+Status FieldReader::finish() {
+  if (!status_.ok()) return status_;
+  for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+    if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
+    std::vector<std::string> accepted = known_;
+    std::sort(accepted.begin(), accepted.end());
+    accepted.erase(std::unique(accepted.begin(), accepted.end()), accepted.end());
+    std::string hint = closest_match(it.key(), accepted);
+    return invalid_argument(path_of(it.key()) + ": unknown key; accepted keys" +
+                            (path_.empty() ? "" : " in " + path_) + ": " + join(accepted) +
+                            (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+  }
+  return {};
+}
+
+}  // namespace megatrain::detail

@@ -1,0 +1,330 @@
+// ModelSpec: reading HF config.json for Llama, Mistral and Qwen2, and the derived counts.
+#include "megatrain/core/model_spec.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "detail/json_reader.h"
+#include "megatrain/core/profiles.h"
+
+namespace megatrain {
+namespace {
+
+using detail::Json;
+
+struct ArchInfo {
+  const char* architecture;
+  const char* model_type;
+};
+constexpr ArchInfo kArchs[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},
+};
+
+std::string supported_list() {
+  std::string s;
+  for (const auto& a : kArchs) s += (s.empty() ? "" : ", ") + std::string(a.architecture);
+  return s;
+}
+
+// Reads an optional integer that HF writes as null when unused (sliding_window).
+Status read_nullable_int(const Json& j, const std::string& key, int64_t& out, const std::string& what) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (!it->is_number_integer() && !it->is_number_unsigned())
+    return invalid_argument(what + ": " + key + ": expected an integer or null, got " + detail::json_type_name(*it));
+  out = it->get<int64_t>();
+  if (out < 0) return invalid_argument(what + ": " + key + ": " + std::to_string(out) + " must be >= 0");
+  return {};
+}
+
+}  // namespace
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kFp32: return "fp32";
+    case DType::kBf16: return "bf16";
+    case DType::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+Result<DType> parse_dtype(const std::string& s) {
+  if (s == "fp32") return DType::kFp32;
+  if (s == "bf16") return DType::kBf16;
+  if (s == "fp16") return DType::kFp16;
+  return invalid_argument("'" + s + "' is not a dtype; accepted: fp32, bf16, fp16");
+}
+
+size_t dtype_bytes(DType d) { return d == DType::kFp32 ? 4 : 2; }
+
+const char* state_format_name(StateFormat f) {
+  switch (f) {
+    case StateFormat::kFp32: return "fp32";
+    case StateFormat::kBf16: return "bf16";
+    case StateFormat::kQ8: return "q8";
+    case StateFormat::kQ4: return "q4";
+    case StateFormat::kQ3: return "q3";
+    case StateFormat::kQ2: return "q2";
+  }
+  return "?";
+}
+
+Result<StateFormat> parse_state_format(const std::string& s) {
+  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kQ8, StateFormat::kQ4,
+                        StateFormat::kQ3, StateFormat::kQ2})
+    if (s == state_format_name(f)) return f;
+  return invalid_argument("'" + s + "' is not a state format; accepted: fp32, bf16, q8, q4, q3, q2");
+}
+
+double state_format_bytes_per_element(StateFormat f, int64_t block_size) {
+  const double scale = block_size > 0 ? 4.0 / static_cast<double>(block_size) : 0.0;  // one fp32 scale per block
+  switch (f) {
+    case StateFormat::kFp32: return 4;
+    case StateFormat::kBf16: return 2;
+    case StateFormat::kQ8: return 1 + scale;
+    case StateFormat::kQ4: return 0.5 + scale;
+    case StateFormat::kQ3: return 0.375 + scale;
+    case StateFormat::kQ2: return 0.25 + scale;
+  }
+  return 4;
+}
+
+PrecisionSetup PrecisionSetup::fp32() { return PrecisionSetup{"fp32", DType::kFp32, DType::kFp32}; }
+PrecisionSetup PrecisionSetup::mixed() { return PrecisionSetup{"mixed", DType::kBf16, DType::kBf16}; }
+
+Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, const std::string& what) {
+  MT_ASSIGN_OR_RETURN(Json j, detail::parse_json(json_text, what));
+  if (!j.is_object()) return invalid_argument(what + ": expected a JSON object (a Hugging Face config.json), got " +
+                                              detail::json_type_name(j));
+  ModelConfig c;
+
+  // The architecture decides the layer semantics; it must be one we implement exactly.
+  auto arch_it = j.find("architectures");
+  if (arch_it == j.end())
+    return invalid_argument(what + ": architectures: missing; expected a list with one of: " + supported_list());
+  if (!arch_it->is_array() || arch_it->size() != 1 || !(*arch_it)[0].is_string())
+    return invalid_argument(what + ": architectures: expected a list with exactly one name, one of: " + supported_list());
+  c.architecture = (*arch_it)[0].get<std::string>();
+  const ArchInfo* arch = nullptr;
+  for (const auto& a : kArchs)
+    if (c.architecture == a.architecture) arch = &a;
+  if (!arch)
+    return unsupported(what + ": architectures: '" + c.architecture + "' is not supported; supported: " + supported_list());
+  c.model_type = arch->model_type;
+  if (auto mt = j.find("model_type"); mt != j.end()) {
+    if (!mt->is_string() || mt->get<std::string>() != arch->model_type)
+      return invalid_argument(what + ": model_type: '" + (mt->is_string() ? mt->get<std::string>() : mt->dump()) +
+                              "' contradicts architectures '" + c.architecture + "' (expected '" + arch->model_type + "')");
+  }
+
+  // HF configs carry many keys we do not need (token ids, versions): those are not checked.
+  // Keys that change the layer's math are read strictly.
+  detail::FieldReader r(j, "");
+  const int64_t kBig = int64_t{1} << 40;
+  r.integer("vocab_size", c.vocab_size, detail::Need::kRequired, 1, kBig);
+  r.integer("hidden_size", c.hidden_size, detail::Need::kRequired, 1, kBig);
+  r.integer("intermediate_size", c.intermediate_size, detail::Need::kRequired, 1, kBig);
+  r.integer("num_hidden_layers", c.num_layers, detail::Need::kRequired, 1, 100000);
+  r.integer("num_attention_heads", c.num_heads, detail::Need::kRequired, 1, 1 << 20);
+  c.num_kv_heads = c.num_heads;  // HF default when the key is absent (multi-head attention)
+  r.integer("num_key_value_heads", c.num_kv_heads, detail::Need::kOptional, 1, 1 << 20);
+  c.max_position_embeddings = 2048;
+  r.integer("max_position_embeddings", c.max_position_embeddings, detail::Need::kOptional, 1, kBig);
+  r.number("rms_norm_eps", c.rms_norm_eps, detail::Need::kOptional, 0, 1);
+  r.number("rope_theta", c.rope_theta, detail::Need::kOptional, 1e-9, 1e30);
+  r.boolean("tie_word_embeddings", c.tie_word_embeddings, detail::Need::kOptional);
+  r.string("hidden_act", c.hidden_act, detail::Need::kOptional);
+  if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"].get<std::string>();
+  if (!r.ok()) return r.finish().with_context(what);
+
+  if (c.hidden_act != "silu")
+    return unsupported(what + ": hidden_act: '" + c.hidden_act + "' is not supported; accepted: silu (SwiGLU MLP)");
+  for (const char* moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+    if (auto it = j.find(moe_key); it != j.end() && it->is_number() && it->get<double>() > 0)
+      return unsupported(what + ": " + moe_key + ": mixture-of-experts models are not supported; dense models only");
+  }
+
+  // head_dim: explicit in newer configs (Mistral Large 2 uses it); otherwise hidden / heads.
+  if (auto hd = j.find("head_dim"); hd != j.end() && !hd->is_null()) {
+    if (!hd->is_number_integer() || hd->get<int64_t>() <= 0)
+      return invalid_argument(what + ": head_dim: expected a positive integer, got " + hd->dump());
+    c.head_dim = hd->get<int64_t>();
+  } else {
+    if (c.hidden_size % c.num_heads != 0)
+      return invalid_argument(what + ": hidden_size " + std::to_string(c.hidden_size) +
+                              " is not divisible by num_attention_heads " + std::to_string(c.num_heads) +
+                              "; give head_dim explicitly or fix one of them");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  if (c.num_heads % c.num_kv_heads != 0)
+    return invalid_argument(what + ": num_key_value_heads " + std::to_string(c.num_kv_heads) +
+                            " does not divide num_attention_heads " + std::to_string(c.num_heads) +
+                            " (grouped-query attention needs whole groups)");
+  if (c.head_dim % 2 != 0)
+    return invalid_argument(what + ": head_dim " + std::to_string(c.head_dim) + " is odd; RoPE rotates pairs");
+
+  // Biases as each HF implementation defines them.
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
+    for (const char* k : {"attention_bias", "mlp_bias"}) {
+      if (auto it = j.find(k); it != j.end() && it->is_boolean() && it->get<bool>() != (std::string(k) == "attention_bias"))
+        return invalid_argument(what + ": " + k + ": Qwen2 fixes q/k/v bias on and o/mlp bias off; the value contradicts it");
+    }
+  } else if (c.model_type == "llama") {
+    bool attention_bias = false, mlp_bias = false;
+    for (auto [k, dst] : {std::pair{"attention_bias", &attention_bias}, std::pair{"mlp_bias", &mlp_bias}}) {
+      if (auto it = j.find(k); it != j.end()) {
+        if (!it->is_boolean()) return invalid_argument(what + ": " + k + ": expected true or false, got " + it->dump());
+        *dst = it->get<bool>();
+      }
+    }
+    c.qkv_bias = c.o_bias = attention_bias;
+    c.mlp_bias = mlp_bias;
+  } else {  // mistral: no biases at all
+    for (const char* k : {"attention_bias", "mlp_bias"}) {
+      if (auto it = j.find(k); it != j.end() && it->is_boolean() && it->get<bool>())
+        return invalid_argument(what + ": " + k + ": MistralForCausalLM has no biases; true contradicts the architecture");
+    }
+  }
+
+  // RoPE scaling (Llama 3.1 "llama3", linear, dynamic, yarn): kept for the executor's RoPE.
+  if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null()) {
+    if (!rs->is_object()) return invalid_argument(what + ": rope_scaling: expected an object or null");
+    auto t = rs->find("rope_type");
+    if (t == rs->end()) t = rs->find("type");
+    if (t == rs->end() || !t->is_string())
+      return invalid_argument(what + ": rope_scaling.rope_type: missing; expected llama3, linear, dynamic or yarn");
+    c.rope_scaling_type = t->get<std::string>();
+    if (c.rope_scaling_type != "default") {
+      if (auto f = rs->find("factor"); f != rs->end() && f->is_number()) c.rope_scaling_factor = f->get<double>();
+    } else {
+      c.rope_scaling_type.clear();
+    }
+  }
+  MT_RETURN_IF_ERROR(read_nullable_int(j, "sliding_window", c.sliding_window, what));
+  if (auto us = j.find("use_sliding_window"); us != j.end() && us->is_boolean() && !us->get<bool>())
+    c.sliding_window = 0;  // Qwen2 publishes a window but turns it off
+
+  ModelSpec spec;
+  spec.config_ = c;
+  spec.config_json_ = j.dump(2);
+
+  // The tensors in HF state-dict order.
+  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t layer, TensorRole role) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    spec.tensors_.push_back(TensorInfo{std::move(name), std::move(shape), n, layer, role});
+  };
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q_out = c.num_heads * c.head_dim,
+                kv_out = c.num_kv_heads * c.head_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, H}, -1, TensorRole::kEmbedding);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "self_attn.q_proj.weight", {q_out, H}, l, TensorRole::kQ);
+    if (c.qkv_bias) add(p + "self_attn.q_proj.bias", {q_out}, l, TensorRole::kQBias);
+    add(p + "self_attn.k_proj.weight", {kv_out, H}, l, TensorRole::kK);
+    if (c.qkv_bias) add(p + "self_attn.k_proj.bias", {kv_out}, l, TensorRole::kKBias);
+    add(p + "self_attn.v_proj.weight", {kv_out, H}, l, TensorRole::kV);
+    if (c.qkv_bias) add(p + "self_attn.v_proj.bias", {kv_out}, l, TensorRole::kVBias);
+    add(p + "self_attn.o_proj.weight", {H, q_out}, l, TensorRole::kO);
+    if (c.o_bias) add(p + "self_attn.o_proj.bias", {H}, l, TensorRole::kOBias);
+    add(p + "mlp.gate_proj.weight", {I, H}, l, TensorRole::kGate);
+    if (c.mlp_bias) add(p + "mlp.gate_proj.bias", {I}, l, TensorRole::kGateBias);
+    add(p + "mlp.up_proj.weight", {I, H}, l, TensorRole::kUp);
+    if (c.mlp_bias) add(p + "mlp.up_proj.bias", {I}, l, TensorRole::kUpBias);
+    add(p + "mlp.down_proj.weight", {H, I}, l, TensorRole::kDown);
+    if (c.mlp_bias) add(p + "mlp.down_proj.bias", {H}, l, TensorRole::kDownBias);
+    add(p + "input_layernorm.weight", {H}, l, TensorRole::kAttnNorm);
+    add(p + "post_attention_layernorm.weight", {H}, l, TensorRole::kMlpNorm);
+  }
+  add("model.norm.weight", {H}, -1, TensorRole::kFinalNorm);
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, H}, -1, TensorRole::kHead);
+  return spec;
+}
+
+Result<ModelSpec> ModelSpec::load(const std::string& name_or_path) {
+  MT_ASSIGN_OR_RETURN(std::filesystem::path path, resolve_profile("models", name_or_path));
+  MT_ASSIGN_OR_RETURN(Json j, detail::read_json_file(path, "model config"));
+  MT_ASSIGN_OR_RETURN(ModelSpec spec, from_config_json(j.dump(), path.string()));
+  // A profile is named by its file; an HF folder by the folder that holds config.json.
+  if (path.filename() == "config.json" && path.has_parent_path())
+    spec.name_ = std::filesystem::absolute(path).parent_path().filename().string();
+  else
+    spec.name_ = path.stem().string();
+  return spec;
+}
+
+std::vector<TensorInfo> ModelSpec::layer_tensors(int64_t layer) const {
+  std::vector<TensorInfo> out;
+  for (const auto& t : tensors_)
+    if (t.layer == layer) out.push_back(t);
+  return out;
+}
+
+ParameterCounts ModelSpec::parameter_counts() const {
+  ParameterCounts pc;
+  for (const auto& t : tensors_) {
+    if (t.role == TensorRole::kEmbedding) pc.embedding += t.numel;
+    else if (t.role == TensorRole::kHead) pc.head += t.numel;
+    else if (t.role == TensorRole::kFinalNorm) pc.final_norm += t.numel;
+    else if (t.layer == 0) pc.per_layer += t.numel;
+    if (t.layer >= 0) pc.layers += t.numel;
+    pc.total += t.numel;
+  }
+  return pc;
+}
+
+FlopsPerToken ModelSpec::flops_per_token(int64_t seq_len) const {
+  const ModelConfig& c = config_;
+  const double s = static_cast<double>(seq_len > 0 ? seq_len : c.max_position_embeddings);
+  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
+  const double q_out = static_cast<double>(c.num_heads * c.head_dim);
+  const double kv_out = static_cast<double>(c.num_kv_heads * c.head_dim);
+  FlopsPerToken f;
+  f.seq_len = static_cast<int64_t>(s);
+  const double projections = 2 * H * q_out + 2 * 2 * H * kv_out + 2 * q_out * H;  // q, k, v, o
+  const double mlp = 3 * 2 * H * I;                                                // gate, up, down
+  f.attention_forward = 2 * 2 * s * q_out;  // QK^T and softmax(QK^T) V, every query against s keys
+  f.layer_forward = projections + mlp + f.attention_forward;
+  f.head_forward = 2 * H * static_cast<double>(c.vocab_size);
+  f.forward = static_cast<double>(c.num_layers) * f.layer_forward + f.head_forward;
+  f.backward = 2 * f.forward;
+  f.recompute = static_cast<double>(c.num_layers) * f.layer_forward;
+  return f;
+}
+
+StateBytes ModelSpec::training_state_bytes(const PrecisionSetup& p) const {
+  const double n = static_cast<double>(parameter_counts().total);
+  StateBytes b;
+  b.master = 4 * n;
+  b.gradients = static_cast<double>(dtype_bytes(p.transfer)) * n;
+  b.m = state_format_bytes_per_element(p.m_format, p.block_size) * n;
+  b.v = state_format_bytes_per_element(p.v_format, p.block_size) * n;
+  b.streaming_copy = p.transfer == DType::kFp32 ? 0 : static_cast<double>(dtype_bytes(p.transfer)) * n;
+  return b;
+}
+
+ActivationBytes ModelSpec::activation_bytes_per_token_per_layer(int64_t seq_len, size_t compute_bytes) const {
+  const ModelConfig& c = config_;
+  const double b = static_cast<double>(compute_bytes);
+  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
+  const double q_out = static_cast<double>(c.num_heads * c.head_dim);
+  const double kv_out = static_cast<double>(c.num_kv_heads * c.head_dim);
+  const double heads = static_cast<double>(c.num_heads);
+  const double s = static_cast<double>(seq_len > 0 ? seq_len : c.max_position_embeddings);
+  // What backward needs when nothing is recomputed, element by element per token:
+  //   two RMSNorm inputs (H each) and their normalised outputs (H each, inputs of the projections),
+  //   q, k after RoPE and v (q_out + 2 kv_out), the attention output entering o_proj (q_out),
+  //   gate and up outputs (2 I) and the SwiGLU product entering down_proj (I),
+  //   plus one fp32 reciprocal-RMS per norm.
+  const double common = b * (4 * H + q_out + 2 * kv_out + q_out + 3 * I) + 2 * 4.0;
+  ActivationBytes a;
+  a.checkpoint = b * H;
+  a.full_eager = common + b * heads * s;  // softmax probabilities: one row of s per head
+  a.full_flash = common + 4.0 * heads;    // fused attention keeps one fp32 log-sum-exp per head
+  return a;
+}
+
+}  // namespace megatrain

@@ -1,0 +1,281 @@
+// Plan reading (strict, with key paths in errors), cross-checks against model and rig, and writing.
+#include "megatrain/core/plan.h"
+
+#include <cmath>
+
+#include "detail/json_reader.h"
+#include "megatrain/core/profiles.h"
+#include "megatrain/core/units.h"
+
+namespace megatrain {
+namespace {
+
+using detail::FieldReader;
+using detail::Json;
+using detail::Need;
+
+constexpr int64_t kMaxI = INT64_MAX;
+
+Status read_profile_ref(FieldReader& r, const Json& root, const std::string& key, ProfileRef& out) {
+  const Json* j = r.member(key, Need::kRequired);
+  if (!r.ok()) return r.finish();
+  if (j->is_string()) {
+    out = ProfileRef{false, j->get<std::string>()};
+    if (out.value.empty())
+      return invalid_argument(key + ": empty; expected a name from profiles/, a path, or an embedded object");
+    return {};
+  }
+  if (j->is_object()) {
+    out = ProfileRef{true, j->dump()};
+    return {};
+  }
+  (void)root;
+  return invalid_argument(key + ": expected a name, a path or an object, got " + detail::json_type_name(*j));
+}
+
+Result<DType> read_dtype(FieldReader& r, const std::string& key, DType fallback, const std::vector<std::string>& accepted) {
+  std::string s = dtype_name(fallback);
+  r.choice(key, s, Need::kOptional, accepted);
+  if (!r.ok()) return r.finish();
+  return parse_dtype(s);
+}
+
+Result<StateFormat> read_format(FieldReader& r, const std::string& key, StateFormat fallback) {
+  std::string s = state_format_name(fallback);
+  r.choice(key, s, Need::kOptional, {"fp32", "bf16", "q8", "q4", "q3", "q2"});
+  if (!r.ok()) return r.finish();
+  return parse_state_format(s);
+}
+
+std::filesystem::path resolve_relative(const ProfileRef& ref, const std::filesystem::path& base) {
+  std::filesystem::path p(ref.value);
+  if (!base.empty() && p.is_relative() && (ref.value.find('/') != std::string::npos || p.extension() == ".json"))
+    return base / p;
+  return p;
+}
+
+}  // namespace
+
+const std::vector<std::string>& plan_bottleneck_names() {
+  static const std::vector<std::string> names = {"gpu", "h2d", "d2h", "cpu", "host_memory",
+                                                 "nvme_read", "nvme_write", "none"};
+  return names;
+}
+
+Result<ModelSpec> Plan::resolve_model() const {
+  if (model.inline_object) return ModelSpec::from_config_json(model.value, "model (embedded config)");
+  return ModelSpec::load(resolve_relative(model, base_dir).string());
+}
+
+Result<HardwareProfile> Plan::resolve_rig() const {
+  if (rig.inline_object) return HardwareProfile::from_json_text(rig.value, "rig (embedded profile)");
+  return HardwareProfile::load(resolve_relative(rig, base_dir).string());
+}
+
+Result<Plan> Plan::from_json_text(const std::string& text, const std::string& what,
+                                  const std::filesystem::path& base_dir) {
+  MT_ASSIGN_OR_RETURN(Json root, detail::parse_json(text, what));
+  Plan p;
+  p.base_dir = base_dir;
+  auto ctx = [&](const Status& s) { return s.with_context(what); };
+
+  FieldReader r(root, "");
+  std::string schema;
+  r.string("schema", schema, Need::kRequired);
+  if (!r.ok()) return ctx(r.finish());
+  if (schema != kPlanSchema)
+    return ctx(invalid_argument("schema: '" + schema + "' is not supported; accepted: " + kPlanSchema));
+  if (Status s = read_profile_ref(r, root, "model", p.model); !s.ok()) return ctx(s);
+  if (Status s = read_profile_ref(r, root, "rig", p.rig); !s.ok()) return ctx(s);
+
+  // training
+  if (const Json* t = r.object("training", Need::kRequired)) {
+    FieldReader tr(*t, "training");
+    TrainingConfig& c = p.training;
+    tr.integer("seq_len", c.seq_len, Need::kRequired, 1, 1 << 24);
+    tr.integer("micro_batch", c.micro_batch, Need::kRequired, 1, 1 << 20);
+    tr.integer("grad_accum", c.grad_accum, Need::kOptional, 1, 1 << 20);
+    tr.integer("steps", c.steps, Need::kOptional, 1, kMaxI);
+    tr.integer("seed", c.seed, Need::kOptional, 0, kMaxI);
+    tr.number("lr", c.lr, Need::kOptional, 0, 10);
+    tr.choice("lr_schedule", c.lr_schedule, Need::kOptional, {"constant", "cosine", "linear"});
+    tr.integer("warmup_steps", c.warmup_steps, Need::kOptional, 0, kMaxI);
+    tr.number("min_lr", c.min_lr, Need::kOptional, 0, 10);
+    tr.number("clip_grad_norm", c.clip_grad_norm, Need::kOptional, 0, 1e30);
+    tr.choice("data_order", c.data_order, Need::kOptional, {"shuffled", "sequential"});
+    if (Status s = tr.finish(); !s.ok()) return ctx(s);
+    if (c.warmup_steps > c.steps)
+      return ctx(invalid_argument("training.warmup_steps: " + std::to_string(c.warmup_steps) +
+                                  " exceeds training.steps " + std::to_string(c.steps) + "; accepted: 0 .. steps"));
+    if (c.min_lr > c.lr)
+      return ctx(invalid_argument("training.min_lr: must not exceed training.lr; accepted: 0 .. lr"));
+  }
+  if (!r.ok()) return ctx(r.finish());
+
+  // precision
+  if (const Json* j = r.object("precision", Need::kOptional)) {
+    FieldReader pr(*j, "precision");
+    auto compute = read_dtype(pr, "compute", p.precision.compute, {"fp32", "bf16"});
+    if (!compute.ok()) return ctx(compute.status());
+    auto master = read_dtype(pr, "master", p.precision.master, {"fp32"});
+    if (!master.ok()) return ctx(master.status());
+    auto transfer = read_dtype(pr, "transfer", p.precision.transfer, {"fp32", "bf16"});
+    if (!transfer.ok()) return ctx(transfer.status());
+    if (Status s = pr.finish(); !s.ok()) return ctx(s);
+    p.precision = PrecisionConfig{*compute, *master, *transfer};
+  }
+  if (!r.ok()) return ctx(r.finish());
+
+  // schedule
+  if (const Json* j = r.object("schedule", Need::kOptional)) {
+    FieldReader sr(*j, "schedule");
+    ScheduleConfig& c = p.schedule;
+    sr.choice("order", c.order, Need::kOptional, {"layer-major", "microbatch-major"});
+    sr.integer("prefetch_depth", c.prefetch_depth, Need::kOptional, 1, 1024);
+    sr.integer("device_layer_buffers", c.device_layer_buffers, Need::kOptional, 2, 1025);
+    sr.integer("checkpoint_every", c.checkpoint_every, Need::kOptional, 0, 100000);
+    sr.choice("checkpoint_location", c.checkpoint_location, Need::kOptional, {"device", "host"});
+    if (Status s = sr.finish(); !s.ok()) return ctx(s);
+  }
+  if (p.schedule.device_layer_buffers < p.schedule.prefetch_depth + 1)
+    return ctx(invalid_argument("schedule.device_layer_buffers: " + std::to_string(p.schedule.device_layer_buffers) +
+                                " cannot hold the layer being computed plus schedule.prefetch_depth " +
+                                std::to_string(p.schedule.prefetch_depth) + " layers in flight; accepted: >= " +
+                                std::to_string(p.schedule.prefetch_depth + 1)));
+  if (!r.ok()) return ctx(r.finish());
+
+  // placement
+  if (const Json* j = r.object("placement", Need::kOptional)) {
+    FieldReader pr(*j, "placement");
+    PlacementConfig& c = p.placement;
+    pr.choice("master_weights", c.master_weights, Need::kOptional, {"ram", "nvme"});
+    pr.choice("optimizer_states", c.optimizer_states, Need::kOptional, {"ram", "nvme"});
+    pr.string_array("nvme_dirs", c.nvme_dirs, Need::kOptional);
+    pr.integer("pinned_staging_bytes", c.pinned_staging_bytes, Need::kOptional, 0, kMaxI);
+    pr.integer("device_budget_bytes", c.device_budget_bytes, Need::kOptional, 0, kMaxI);
+    if (Status s = pr.finish(); !s.ok()) return ctx(s);
+    for (size_t i = 0; i < c.nvme_dirs.size(); ++i)
+      if (c.nvme_dirs[i].empty())
+        return ctx(invalid_argument("placement.nvme_dirs[" + std::to_string(i) + "]: empty; expected a directory path"));
+    if ((c.master_weights == "nvme" || c.optimizer_states == "nvme") && c.nvme_dirs.empty())
+      return ctx(invalid_argument("placement.nvme_dirs: empty, but placement puts " +
+                                  std::string(c.master_weights == "nvme" ? "master_weights" : "optimizer_states") +
+                                  " on nvme; list at least one NVMe directory"));
+  }
+  if (!r.ok()) return ctx(r.finish());
+
+  // optimizer
+  if (const Json* j = r.object("optimizer", Need::kOptional)) {
+    FieldReader orr(*j, "optimizer");
+    OptimizerConfig& c = p.optimizer;
+    orr.choice("type", c.type, Need::kOptional, {"adamw"});
+    orr.number("beta1", c.beta1, Need::kOptional, 0, 0.999999999);
+    orr.number("beta2", c.beta2, Need::kOptional, 0, 0.999999999);
+    orr.number("eps", c.eps, Need::kOptional, 1e-30, 1);
+    orr.number("weight_decay", c.weight_decay, Need::kOptional, 0, 10);
+    auto m = read_format(orr, "m_format", c.m_format);
+    if (!m.ok()) return ctx(m.status());
+    auto v = read_format(orr, "v_format", c.v_format);
+    if (!v.ok()) return ctx(v.status());
+    c.m_format = *m;
+    c.v_format = *v;
+    orr.integer("block_size", c.block_size, Need::kOptional, 16, 65536);
+    orr.integer("threads", c.threads, Need::kOptional, 0, 4096);
+    if (Status s = orr.finish(); !s.ok()) return ctx(s);
+    if ((c.block_size & (c.block_size - 1)) != 0)
+      return ctx(invalid_argument("optimizer.block_size: " + std::to_string(c.block_size) +
+                                  " is not a power of two; accepted: 16, 32, 64, ... 65536"));
+  }
+  if (!r.ok()) return ctx(r.finish());
+
+  // predicted (written by the planner)
+  if (const Json* j = r.object("predicted", Need::kOptional)) {
+    FieldReader pr(*j, "predicted");
+    Predicted d;
+    pr.number("step_time_s", d.step_time_s, Need::kRequired, 0, 1e12);
+    pr.number("tokens_per_s", d.tokens_per_s, Need::kRequired, 0, 1e18);
+    pr.number("tflops", d.tflops, Need::kRequired, 0, 1e9);
+    pr.number("mfu", d.mfu, Need::kRequired, 0, 1);
+    pr.choice("bottleneck", d.bottleneck, Need::kRequired, plan_bottleneck_names());
+    if (const Json* pb = pr.object("peak_bytes", Need::kRequired)) {
+      FieldReader br(*pb, "predicted.peak_bytes");
+      br.integer("device", d.peak_bytes.device, Need::kRequired, 0, kMaxI);
+      br.integer("pinned", d.peak_bytes.pinned, Need::kRequired, 0, kMaxI);
+      br.integer("ram", d.peak_bytes.ram, Need::kRequired, 0, kMaxI);
+      br.integer("nvme", d.peak_bytes.nvme, Need::kRequired, 0, kMaxI);
+      if (Status s = br.finish(); !s.ok()) return ctx(s);
+    }
+    if (Status s = pr.finish(); !s.ok()) return ctx(s);
+    p.predicted = d;
+  }
+  if (Status s = r.finish(); !s.ok()) return ctx(s);
+
+  // The plan must agree with the model and the rig it names.
+  auto model = p.resolve_model();
+  if (!model.ok()) return ctx(model.status().with_context("model"));
+  auto rig = p.resolve_rig();
+  if (!rig.ok()) return ctx(rig.status().with_context("rig"));
+  const ModelConfig& mc = model->config();
+  if (p.training.seq_len > mc.max_position_embeddings)
+    return ctx(invalid_argument("training.seq_len: " + std::to_string(p.training.seq_len) +
+                                " exceeds the model's max_position_embeddings; accepted: 1 .. " +
+                                std::to_string(mc.max_position_embeddings)));
+  if (p.schedule.checkpoint_every > mc.num_layers)
+    return ctx(invalid_argument("schedule.checkpoint_every: " + std::to_string(p.schedule.checkpoint_every) +
+                                " exceeds the model's " + std::to_string(mc.num_layers) + " layers; accepted: 0 .. " +
+                                std::to_string(mc.num_layers)));
+  const double gpu_bytes = rig->gpu.memory_bytes.value;
+  if (static_cast<double>(p.placement.device_budget_bytes) > gpu_bytes)
+    return ctx(invalid_argument("placement.device_budget_bytes: " + format_bytes(static_cast<double>(p.placement.device_budget_bytes)) +
+                                " exceeds the rig's GPU memory " + format_bytes(gpu_bytes) + " (" + rig->gpu.name +
+                                "); accepted: 0 (all of it) .. " + std::to_string(static_cast<int64_t>(gpu_bytes))));
+  if (p.optimizer.threads > 2 * rig->host.cores)
+    return ctx(invalid_argument("optimizer.threads: " + std::to_string(p.optimizer.threads) + " exceeds twice the rig's " +
+                                std::to_string(rig->host.cores) + " cores; accepted: 0 (all cores) .. " +
+                                std::to_string(2 * rig->host.cores)));
+  return p;
+}
+
+Result<Plan> Plan::load(const std::filesystem::path& path) {
+  MT_ASSIGN_OR_RETURN(Json j, detail::read_json_file(path, "plan"));
+  std::filesystem::path base = path.parent_path();
+  return from_json_text(j.dump(), path.string(), base.empty() ? std::filesystem::path(".") : base);
+}
+
+std::string Plan::to_json_text() const {
+  Json j;
+  j["schema"] = kPlanSchema;
+  j["model"] = model.inline_object ? Json::parse(model.value) : Json(model.value);
+  j["rig"] = rig.inline_object ? Json::parse(rig.value) : Json(rig.value);
+  const TrainingConfig& t = training;
+  j["training"] = {{"seq_len", t.seq_len}, {"micro_batch", t.micro_batch}, {"grad_accum", t.grad_accum},
+                   {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr}, {"lr_schedule", t.lr_schedule},
+                   {"warmup_steps", t.warmup_steps}, {"min_lr", t.min_lr}, {"clip_grad_norm", t.clip_grad_norm},
+                   {"data_order", t.data_order}};
+  j["precision"] = {{"compute", dtype_name(precision.compute)}, {"master", dtype_name(precision.master)},
+                    {"transfer", dtype_name(precision.transfer)}};
+  j["schedule"] = {{"order", schedule.order}, {"prefetch_depth", schedule.prefetch_depth},
+                   {"device_layer_buffers", schedule.device_layer_buffers},
+                   {"checkpoint_every", schedule.checkpoint_every},
+                   {"checkpoint_location", schedule.checkpoint_location}};
+  j["placement"] = {{"master_weights", placement.master_weights}, {"optimizer_states", placement.optimizer_states},
+                    {"nvme_dirs", placement.nvme_dirs}, {"pinned_staging_bytes", placement.pinned_staging_bytes},
+                    {"device_budget_bytes", placement.device_budget_bytes}};
+  const OptimizerConfig& o = optimizer;
+  j["optimizer"] = {{"type", o.type}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
+                    {"weight_decay", o.weight_decay}, {"m_format", state_format_name(o.m_format)},
+                    {"v_format", state_format_name(o.v_format)}, {"block_size", o.block_size},
+                    {"threads", o.threads}};
+  if (predicted) {
+    const Predicted& d = *predicted;
+    j["predicted"] = {{"step_time_s", d.step_time_s}, {"tokens_per_s", d.tokens_per_s}, {"tflops", d.tflops},
+                      {"mfu", d.mfu}, {"bottleneck", d.bottleneck},
+                      {"peak_bytes", {{"device", d.peak_bytes.device}, {"pinned", d.peak_bytes.pinned},
+                                      {"ram", d.peak_bytes.ram}, {"nvme", d.peak_bytes.nvme}}}};
+  }
+  return j.dump(2) + "\n";
+}
+
+Status Plan::save(const std::filesystem::path& path) const { return detail::write_file_atomic(path, to_json_text()); }
+
+}  // namespace megatrain

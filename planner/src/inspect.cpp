@@ -1,0 +1,141 @@
+// Formatting a ModelSpec for `megatrain-plan inspect`, as JSON and as a table.
+#include "megatrain/planner/inspect.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/core/units.h"
+
+namespace megatrain::planner {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+int64_t effective_seq(const ModelSpec& spec, const InspectOptions& opt) {
+  return opt.seq_len > 0 ? opt.seq_len : spec.config().max_position_embeddings;
+}
+
+Json state_bytes_json(const StateBytes& b) {
+  return Json{{"master", b.master}, {"gradients", b.gradients}, {"m", b.m}, {"v", b.v},
+              {"streaming_copy", b.streaming_copy}, {"total", b.total()}};
+}
+
+std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
+std::string rpad(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
+
+}  // namespace
+
+std::string inspect_json(const ModelSpec& spec, const InspectOptions& opt) {
+  const ModelConfig& c = spec.config();
+  const ParameterCounts pc = spec.parameter_counts();
+  const int64_t seq = effective_seq(spec, opt);
+  const FlopsPerToken f = spec.flops_per_token(seq);
+  Json j;
+  j["model"] = spec.name();
+  j["architecture"] = c.architecture;
+  j["parameters"] = pc.total;
+  j["embedding"] = pc.embedding;
+  j["per_layer"] = pc.per_layer;
+  j["head"] = pc.head;
+  j["layers"] = c.num_layers;
+  j["final_norm"] = pc.final_norm;
+  j["tied_embeddings"] = c.tie_word_embeddings;
+  j["seq_len"] = seq;
+  j["flops_per_token"] = f.training();
+  j["flops"] = {{"forward", f.forward}, {"backward", f.backward}, {"recompute", f.recompute},
+                {"training", f.training()}, {"training_with_recompute", f.training_with_recompute()},
+                {"layer_forward", f.layer_forward}, {"attention_forward_per_layer", f.attention_forward},
+                {"head_forward", f.head_forward}};
+  Json bytes = Json::object();
+  for (const PrecisionSetup& p : {PrecisionSetup::fp32(), PrecisionSetup::mixed()})
+    bytes[p.name] = state_bytes_json(spec.training_state_bytes(p));
+  j["bytes"] = bytes;
+  Json act = Json::object();
+  for (DType d : {DType::kFp32, DType::kBf16}) {
+    const ActivationBytes a = spec.activation_bytes_per_token_per_layer(seq, dtype_bytes(d));
+    act[dtype_name(d)] = {{"checkpoint", a.checkpoint}, {"full_eager", a.full_eager}, {"full_flash", a.full_flash}};
+  }
+  j["activation_bytes_per_token_per_layer"] = act;
+  j["config"] = {{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                 {"num_attention_heads", c.num_heads}, {"num_key_value_heads", c.num_kv_heads},
+                 {"head_dim", c.head_dim}, {"vocab_size", c.vocab_size},
+                 {"max_position_embeddings", c.max_position_embeddings}, {"rms_norm_eps", c.rms_norm_eps},
+                 {"rope_theta", c.rope_theta}, {"qkv_bias", c.qkv_bias}, {"o_bias", c.o_bias},
+                 {"mlp_bias", c.mlp_bias}};
+  if (opt.list_tensors) {
+    Json ts = Json::array();
+    for (const auto& t : spec.tensors()) ts.push_back({{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}});
+    j["tensors"] = ts;
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string inspect_table(const ModelSpec& spec, const InspectOptions& opt) {
+  const ModelConfig& c = spec.config();
+  const ParameterCounts pc = spec.parameter_counts();
+  const int64_t seq = effective_seq(spec, opt);
+  const FlopsPerToken f = spec.flops_per_token(seq);
+  std::ostringstream o;
+  o << spec.name() << " (" << c.architecture << ")\n";
+  o << "  " << c.num_layers << " layers, hidden " << c.hidden_size << ", MLP " << c.intermediate_size << ", "
+    << c.num_heads << " heads (" << c.num_kv_heads << " KV, head_dim " << c.head_dim << "), vocab "
+    << c.vocab_size << (c.tie_word_embeddings ? ", tied head" : ", untied head")
+    << (c.qkv_bias ? ", q/k/v bias" : "") << "\n\n";
+
+  o << "Parameters\n";
+  auto row = [&](const std::string& name, int64_t n) {
+    o << "  " << pad(name, 22) << rpad(format_thousands(static_cast<uint64_t>(n)), 18) << "  "
+      << rpad(format_count(static_cast<double>(n)), 8) << "\n";
+  };
+  row("embedding", pc.embedding);
+  row("per layer", pc.per_layer);
+  row("layers (x" + std::to_string(c.num_layers) + ")", pc.layers);
+  row("final norm", pc.final_norm);
+  row(c.tie_word_embeddings ? "head (tied)" : "head", pc.head);
+  row("total", pc.total);
+
+  o << "\nFLOPs per token at seq " << seq << " (matmuls, 2mnk)\n";
+  auto frow = [&](const std::string& name, double v) {
+    o << "  " << pad(name, 22) << rpad(format_flops(v), 14) << "\n";
+  };
+  frow("forward", f.forward);
+  frow("backward", f.backward);
+  frow("recompute", f.recompute);
+  frow("training (fwd+bwd)", f.training());
+  frow("with recompute", f.training_with_recompute());
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "  attention share of forward: %.1f%%\n",
+                100.0 * f.attention_forward * static_cast<double>(c.num_layers) / f.forward);
+  o << buf;
+
+  o << "\nTraining state (host)\n";
+  o << "  " << pad("setup", 8) << rpad("master", 11) << rpad("grads", 11) << rpad("m", 11) << rpad("v", 11)
+    << rpad("stream", 11) << rpad("total", 11) << "\n";
+  for (const PrecisionSetup& p : {PrecisionSetup::fp32(), PrecisionSetup::mixed()}) {
+    const StateBytes b = spec.training_state_bytes(p);
+    o << "  " << pad(p.name, 8) << rpad(format_bytes(b.master), 11) << rpad(format_bytes(b.gradients), 11)
+      << rpad(format_bytes(b.m), 11) << rpad(format_bytes(b.v), 11) << rpad(format_bytes(b.streaming_copy), 11)
+      << rpad(format_bytes(b.total()), 11) << "\n";
+  }
+  o << "  fp32: fp32 compute and transfer; mixed: bf16 compute, transfer and gradients, fp32 master, m and v\n";
+
+  o << "\nActivations per token per layer (bf16) at seq " << seq << "\n";
+  const ActivationBytes a = spec.activation_bytes_per_token_per_layer(seq, 2);
+  o << "  " << pad("checkpoint (input)", 22) << rpad(format_bytes(a.checkpoint), 12) << "\n";
+  o << "  " << pad("all, fused attention", 22) << rpad(format_bytes(a.full_flash), 12) << "\n";
+  o << "  " << pad("all, eager attention", 22) << rpad(format_bytes(a.full_eager), 12) << "\n";
+  if (opt.list_tensors) {
+    o << "\nTensors (" << spec.tensors().size() << ")\n";
+    for (const auto& t : spec.tensors()) {
+      std::string shape = "[";
+      for (size_t i = 0; i < t.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(t.shape[i]);
+      shape += "]";
+      o << "  " << pad(t.name, 56) << rpad(shape, 16) << "\n";
+    }
+  }
+  return o.str();
+}
+
+}  // namespace megatrain::planner

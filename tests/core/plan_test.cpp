@@ -1,0 +1,276 @@
+// Plan files: the section-8 example round-trips losslessly, and every kind of bad input is an
+// error naming the key path and what would be accepted.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/core/plan.h"
+
+namespace megatrain {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+// The example of ARCHITECTURE.md section 8, with a real model and rig.
+Json full_plan() {
+  return Json::parse(R"({
+  "schema": "megatrain.plan/1",
+  "model": "llama-2-70b",
+  "rig": "h200-1.5tb",
+  "training": {"seq_len": 4096, "micro_batch": 4, "grad_accum": 64, "steps": 1000, "seed": 1,
+               "lr": 3e-4, "lr_schedule": "cosine", "warmup_steps": 100, "min_lr": 3e-5,
+               "clip_grad_norm": 1.0, "data_order": "shuffled"},
+  "precision": {"compute": "bf16", "master": "fp32", "transfer": "bf16"},
+  "schedule": {"order": "layer-major", "prefetch_depth": 2, "device_layer_buffers": 3,
+               "checkpoint_every": 1, "checkpoint_location": "host"},
+  "placement": {"master_weights": "ram", "optimizer_states": "nvme", "nvme_dirs": ["/mnt/nvme0"],
+                "pinned_staging_bytes": 8589934592, "device_budget_bytes": 137438953472},
+  "optimizer": {"type": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
+                "m_format": "fp32", "v_format": "fp32", "block_size": 128, "threads": 32},
+  "predicted": {"step_time_s": 12.5, "tokens_per_s": 83886.08, "tflops": 412.3, "mfu": 0.4169, "bottleneck": "h2d",
+                "peak_bytes": {"device": 120000000000, "pinned": 8589934592, "ram": 600000000000, "nvme": 560000000000}}
+})");
+}
+
+Json minimal_plan() {
+  return Json{{"schema", "megatrain.plan/1"}, {"model", "tiny-llama-gqa"}, {"rig", "h200-1.5tb"},
+              {"training", {{"seq_len", 64}, {"micro_batch", 2}}}};
+}
+
+Status error_of(const Json& j) {
+  auto p = Plan::from_json_text(j.dump(), "plan.json");
+  return p.ok() ? Status() : p.status();
+}
+
+void expect_error(const Json& j, StatusCode code, std::initializer_list<const char*> needles) {
+  Status s = error_of(j);
+  ASSERT_FALSE(s.ok()) << "expected an error for " << j.dump();
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  for (const char* n : needles) EXPECT_NE(s.message().find(n), std::string::npos) << "'" << n << "' not in: " << s.message();
+}
+
+TEST(Plan, FullExampleReadsEveryField) {
+  auto p = Plan::from_json_text(full_plan().dump());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->model.value, "llama-2-70b");
+  EXPECT_FALSE(p->model.inline_object);
+  EXPECT_EQ(p->training.seq_len, 4096);
+  EXPECT_EQ(p->training.grad_accum, 64);
+  EXPECT_DOUBLE_EQ(p->training.min_lr, 3e-5);
+  EXPECT_EQ(p->precision.compute, DType::kBf16);
+  EXPECT_EQ(p->schedule.device_layer_buffers, 3);
+  EXPECT_EQ(p->placement.optimizer_states, "nvme");
+  EXPECT_EQ(p->placement.nvme_dirs, std::vector<std::string>{"/mnt/nvme0"});
+  EXPECT_EQ(p->placement.pinned_staging_bytes, 8589934592);
+  EXPECT_EQ(p->optimizer.threads, 32);
+  ASSERT_TRUE(p->predicted.has_value());
+  EXPECT_EQ(p->predicted->bottleneck, "h2d");
+  EXPECT_EQ(p->predicted->peak_bytes.nvme, 560000000000);
+}
+
+TEST(Plan, MinimalPlanTakesDocumentedDefaults) {
+  auto p = Plan::from_json_text(minimal_plan().dump());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  const Plan defaults;
+  EXPECT_EQ(p->schedule, defaults.schedule);
+  EXPECT_EQ(p->optimizer, defaults.optimizer);
+  EXPECT_EQ(p->training.grad_accum, 1);
+  EXPECT_EQ(p->training.lr_schedule, "cosine");
+  EXPECT_FALSE(p->predicted.has_value());
+}
+
+TEST(Plan, WriteThenReadIsLossless) {
+  for (const Json& j : {full_plan(), minimal_plan()}) {
+    auto a = Plan::from_json_text(j.dump());
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    const std::string text = a->to_json_text();
+    auto b = Plan::from_json_text(text);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(*a, *b);
+    EXPECT_EQ(b->to_json_text(), text);  // a fixed point
+  }
+  // Every value of the full example survives, field by field, in the written JSON.
+  auto p = Plan::from_json_text(full_plan().dump());
+  ASSERT_TRUE(p.ok());
+  Json written = Json::parse(p->to_json_text());
+  EXPECT_EQ(written, full_plan());
+}
+
+TEST(Plan, EmbeddedModelAndRigRoundTrip) {
+  Json j = minimal_plan();
+  std::ifstream mf(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-qwen2.json");
+  j["model"] = Json::parse(mf);
+  std::ifstream rf(fs::path(MEGATRAIN_PROFILES_DIR) / "hardware" / "rtx4090-256gb.json");
+  j["rig"] = Json::parse(rf);
+  auto a = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_TRUE(a->model.inline_object);
+  EXPECT_TRUE(a->rig.inline_object);
+  auto model = a->resolve_model();
+  ASSERT_TRUE(model.ok());
+  EXPECT_TRUE(model->config().tie_word_embeddings);
+  auto b = Plan::from_json_text(a->to_json_text());
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(Json::parse(b->to_json_text())["model"], j["model"]);
+  EXPECT_EQ(Json::parse(b->to_json_text())["rig"], j["rig"]);
+}
+
+TEST(PlanErrors, UnknownKeysAnywhereAreNamedWithASuggestion) {
+  Json j = minimal_plan();
+  j["trainig"] = Json::object();
+  expect_error(j, StatusCode::kInvalidArgument, {"trainig", "unknown key", "did you mean 'training'"});
+  j = minimal_plan();
+  j["training"]["seq_length"] = 64;
+  expect_error(j, StatusCode::kInvalidArgument, {"training.seq_length", "unknown key", "seq_len"});
+  j = full_plan();
+  j["predicted"]["peak_bytes"]["gpu"] = 1;
+  expect_error(j, StatusCode::kInvalidArgument, {"predicted.peak_bytes.gpu", "unknown key", "device"});
+}
+
+TEST(PlanErrors, WrongTypesAreNamed) {
+  Json j = minimal_plan();
+  j["training"]["seq_len"] = "64";
+  expect_error(j, StatusCode::kInvalidArgument, {"training.seq_len", "expected an integer", "string"});
+  j = minimal_plan();
+  j["training"]["micro_batch"] = 1.5;
+  expect_error(j, StatusCode::kInvalidArgument, {"training.micro_batch", "expected an integer"});
+  j = minimal_plan();
+  j["placement"] = {{"nvme_dirs", "/mnt/nvme0"}};
+  expect_error(j, StatusCode::kInvalidArgument, {"placement.nvme_dirs", "array"});
+  j = minimal_plan();
+  j["schedule"] = 3;
+  expect_error(j, StatusCode::kInvalidArgument, {"schedule", "expected an object"});
+  j = minimal_plan();
+  j["model"] = 7;
+  expect_error(j, StatusCode::kInvalidArgument, {"model", "name, a path or an object"});
+}
+
+TEST(PlanErrors, OutOfRangeAndBadChoicesNameTheAcceptedValues) {
+  Json j = minimal_plan();
+  j["training"]["micro_batch"] = 0;
+  expect_error(j, StatusCode::kInvalidArgument, {"training.micro_batch", "out of range", "accepted: 1 .."});
+  j = minimal_plan();
+  j["optimizer"] = {{"beta2", 1.5}};
+  expect_error(j, StatusCode::kInvalidArgument, {"optimizer.beta2", "out of range"});
+  j = minimal_plan();
+  j["schedule"] = {{"order", "layer_major"}};
+  expect_error(j, StatusCode::kInvalidArgument, {"schedule.order", "layer-major, microbatch-major", "did you mean"});
+  j = minimal_plan();
+  j["optimizer"] = {{"m_format", "q5"}};
+  expect_error(j, StatusCode::kInvalidArgument, {"optimizer.m_format", "fp32, bf16, q8, q4, q3, q2"});
+  j = minimal_plan();
+  j["precision"] = {{"master", "bf16"}};
+  expect_error(j, StatusCode::kInvalidArgument, {"precision.master", "accepted: fp32"});
+  j = minimal_plan();
+  j["optimizer"] = {{"block_size", 100}};
+  expect_error(j, StatusCode::kInvalidArgument, {"optimizer.block_size", "power of two"});
+  j = minimal_plan();
+  j["schedule"] = {{"prefetch_depth", 4}, {"device_layer_buffers", 4}};
+  expect_error(j, StatusCode::kInvalidArgument, {"schedule.device_layer_buffers", "prefetch_depth", ">= 5"});
+  j = minimal_plan();
+  j["placement"] = {{"optimizer_states", "nvme"}};
+  expect_error(j, StatusCode::kInvalidArgument, {"placement.nvme_dirs", "optimizer_states"});
+  j = minimal_plan();
+  j["training"]["warmup_steps"] = 10;  // steps defaults to 1
+  expect_error(j, StatusCode::kInvalidArgument, {"training.warmup_steps", "training.steps"});
+  j = minimal_plan();
+  j["schema"] = "megatrain.plan/2";
+  expect_error(j, StatusCode::kInvalidArgument, {"schema", "megatrain.plan/1"});
+  j = minimal_plan();
+  j["training"].erase("seq_len");
+  expect_error(j, StatusCode::kInvalidArgument, {"training.seq_len", "missing"});
+}
+
+TEST(PlanErrors, PlanMustAgreeWithModelAndRig) {
+  Json j = minimal_plan();
+  j["training"]["seq_len"] = 4096;  // tiny model: 128 positions
+  expect_error(j, StatusCode::kInvalidArgument, {"training.seq_len", "max_position_embeddings", "1 .. 128"});
+  j = minimal_plan();
+  j["placement"] = {{"device_budget_bytes", int64_t{1} << 40}};  // 1 TiB on a 141 GB card
+  expect_error(j, StatusCode::kInvalidArgument, {"placement.device_budget_bytes", "exceeds the rig's GPU memory"});
+  j = minimal_plan();
+  j["schedule"] = {{"checkpoint_every", 3}};  // 2 layers
+  expect_error(j, StatusCode::kInvalidArgument, {"schedule.checkpoint_every", "0 .. 2"});
+}
+
+TEST(PlanErrors, UnknownModelOrRigNameListsTheKnownOnes) {
+  Json j = minimal_plan();
+  j["model"] = "llama-9-000b";
+  expect_error(j, StatusCode::kNotFound, {"model", "llama-9-000b", "llama-2-70b"});
+  j = minimal_plan();
+  j["rig"] = "h200-1.5tbb";
+  expect_error(j, StatusCode::kNotFound, {"rig", "h200-1.5tbb", "did you mean 'h200-1.5tb'"});
+  j = minimal_plan();
+  j["model"] = "models/missing/config.json";
+  expect_error(j, StatusCode::kNotFound, {"model", "models/missing/config.json", "does not exist"});
+}
+
+class PlanFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mt_plan_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const fs::path& p, const std::string& text) {
+    std::ofstream o(p, std::ios::binary);
+    o << text;
+  }
+  fs::path dir_;
+};
+
+TEST_F(PlanFiles, MissingFileAndTruncatedJson) {
+  auto missing = Plan::load(dir_ / "nope.json");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("nope.json"), std::string::npos);
+
+  const std::string text = full_plan().dump(2);
+  write(dir_ / "cut.json", text.substr(0, text.size() * 2 / 3));
+  auto cut = Plan::load(dir_ / "cut.json");
+  EXPECT_EQ(cut.status().code(), StatusCode::kParseError);
+  EXPECT_NE(cut.status().message().find("cut.json"), std::string::npos);
+  EXPECT_NE(cut.status().message().find("line"), std::string::npos);
+
+  write(dir_ / "empty.json", "");
+  EXPECT_EQ(Plan::load(dir_ / "empty.json").status().code(), StatusCode::kParseError);
+  EXPECT_EQ(Plan::load(dir_).status().code(), StatusCode::kInvalidArgument);  // a folder, not a file
+}
+
+TEST_F(PlanFiles, SaveLoadAndRelativeModelPath) {
+  fs::create_directories(dir_ / "m");
+  fs::copy_file(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-llama-gqa.json", dir_ / "m" / "config.json");
+  Json j = minimal_plan();
+  j["model"] = "m/config.json";  // relative to the plan file's folder
+  write(dir_ / "plan.json", j.dump());
+  auto p = Plan::load(dir_ / "plan.json");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ASSERT_TRUE(p->save(dir_ / "copy.json").ok());
+  auto q = Plan::load(dir_ / "copy.json");
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(*p, *q);
+}
+
+TEST_F(PlanFiles, FailedSaveLeavesTheOldFileIntact) {
+  auto p = Plan::from_json_text(minimal_plan().dump());
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->save(dir_ / "plan.json").ok());
+  const std::string before = p->to_json_text();
+  Status s = p->save(dir_ / "no-such-dir" / "plan.json");
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_NE(s.message().find("no-such-dir"), std::string::npos);
+  std::ifstream in(dir_ / "plan.json");
+  std::string after((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(after, before);
+  for (const auto& e : fs::directory_iterator(dir_))  // no temporary files left behind
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+}  // namespace
+}  // namespace megatrain
