@@ -45,8 +45,8 @@ INSTANTIATE_TEST_SUITE_P(Models, PublishedCount,
                                            Published{"llama-3-8b", 8030261248}, Published{"llama-3-70b", 70553706496},
                                            Published{"mistral-7b", 7241732096}, Published{"qwen2.5-7b", 7615616512},
                                            Published{"qwen2.5-72b", 72706203648}),
-                         [](const auto& info) {
-                           std::string n = info.param.name;
+                         [](const auto& param_info) {
+                           std::string n = param_info.param.name;
                            for (auto& ch : n)
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
@@ -66,7 +66,9 @@ TEST(ModelSpec, EveryProfileLoads) {
   for (const auto& n : names) {
     auto s = ModelSpec::load(n);
     EXPECT_TRUE(s.ok()) << n << ": " << s.status().to_string();
-    if (s.ok()) EXPECT_EQ(s->name(), n);
+    if (s.ok()) {
+      EXPECT_EQ(s->name(), n);
+    }
   }
 }
 

@@ -46,7 +46,9 @@ TEST(Units, ParseBytes) {
   for (const char* bad : {"", "GiB", "12 parsecs", "-5", "0.5", "1e400"}) {
     auto r = parse_bytes(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find("accepted"), std::string::npos);
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("accepted"), std::string::npos);
+    }
   }
 }
 
