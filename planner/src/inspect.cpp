@@ -1,6 +1,7 @@
 // Formatting a ModelSpec for `megatrain-plan inspect`, as JSON and as a table.
 #include "megatrain/planner/inspect.h"
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -13,13 +14,17 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// Byte and FLOP counts are whole numbers; print them as integers (a fractional byte from a
+// quantised format's per-block scale rounds up).
+Json whole(double v) { return static_cast<int64_t>(std::ceil(v - 1e-9)); }
+
 int64_t effective_seq(const ModelSpec& spec, const InspectOptions& opt) {
   return opt.seq_len > 0 ? opt.seq_len : spec.config().max_position_embeddings;
 }
 
 Json state_bytes_json(const StateBytes& b) {
-  return Json{{"master", b.master}, {"gradients", b.gradients}, {"m", b.m}, {"v", b.v},
-              {"streaming_copy", b.streaming_copy}, {"total", b.total()}};
+  return Json{{"master", whole(b.master)}, {"gradients", whole(b.gradients)}, {"m", whole(b.m)},
+              {"v", whole(b.v)}, {"streaming_copy", whole(b.streaming_copy)}, {"total", whole(b.total())}};
 }
 
 std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
@@ -43,11 +48,11 @@ std::string inspect_json(const ModelSpec& spec, const InspectOptions& opt) {
   j["final_norm"] = pc.final_norm;
   j["tied_embeddings"] = c.tie_word_embeddings;
   j["seq_len"] = seq;
-  j["flops_per_token"] = f.training();
-  j["flops"] = {{"forward", f.forward}, {"backward", f.backward}, {"recompute", f.recompute},
-                {"training", f.training()}, {"training_with_recompute", f.training_with_recompute()},
-                {"layer_forward", f.layer_forward}, {"attention_forward_per_layer", f.attention_forward},
-                {"head_forward", f.head_forward}};
+  j["flops_per_token"] = whole(f.training());
+  j["flops"] = {{"forward", whole(f.forward)}, {"backward", whole(f.backward)}, {"recompute", whole(f.recompute)},
+                {"training", whole(f.training())}, {"training_with_recompute", whole(f.training_with_recompute())},
+                {"layer_forward", whole(f.layer_forward)}, {"attention_forward_per_layer", whole(f.attention_forward)},
+                {"head_forward", whole(f.head_forward)}};
   Json bytes = Json::object();
   for (const PrecisionSetup& p : {PrecisionSetup::fp32(), PrecisionSetup::mixed()})
     bytes[p.name] = state_bytes_json(spec.training_state_bytes(p));
@@ -55,7 +60,8 @@ std::string inspect_json(const ModelSpec& spec, const InspectOptions& opt) {
   Json act = Json::object();
   for (DType d : {DType::kFp32, DType::kBf16}) {
     const ActivationBytes a = spec.activation_bytes_per_token_per_layer(seq, dtype_bytes(d));
-    act[dtype_name(d)] = {{"checkpoint", a.checkpoint}, {"full_eager", a.full_eager}, {"full_flash", a.full_flash}};
+    act[dtype_name(d)] = {{"checkpoint", whole(a.checkpoint)}, {"full_eager", whole(a.full_eager)},
+                          {"full_flash", whole(a.full_flash)}};
   }
   j["activation_bytes_per_token_per_layer"] = act;
   j["config"] = {{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
