@@ -5,13 +5,64 @@
 #include <iostream>
 
 #include "megatrain/core/model_spec.h"
+#include "megatrain/core/plan.h"
+#include "megatrain/core/units.h"
 #include "megatrain/planner/inspect.h"
+#include "megatrain/simulator/step_model.h"
 
 namespace {
 
 int fail(const megatrain::Status& s) {
   std::fprintf(stderr, "megatrain-plan: error: %s\n", s.to_string().c_str());
   return 1;
+}
+
+void print_table(const megatrain::sim::SimResult& r) {
+  using namespace megatrain;
+  std::printf("step time       %s (steady state: the second simulated step)\n", format_duration(r.step_time_s).c_str());
+  std::printf("throughput      %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%%\n", r.tokens_per_s, r.tflops, 100 * r.mfu);
+  std::printf("bottleneck      %s\n", r.bottleneck.c_str());
+  std::printf("\nbusy fraction of the step\n");
+  for (const auto& [k, v] : r.busy) std::printf("  %-16s %5.1f%%\n", k.c_str(), 100 * v);
+  if (!r.stalls.empty()) {
+    std::printf("\nstalls (seconds in the step)\n");
+    for (const auto& [k, v] : r.stalls) std::printf("  %-16s %s\n", k.c_str(), format_duration(v).c_str());
+  }
+  std::printf("\ncritical path\n");
+  for (const auto& [k, v] : r.critical_path) std::printf("  %-16s %s\n", k.c_str(), format_duration(v).c_str());
+  std::printf("\npeak bytes       used        capacity\n");
+  auto row = [](const char* n, int64_t used, int64_t cap) {
+    std::printf("  %-10s %12s  %12s\n", n, format_bytes(static_cast<double>(used)).c_str(),
+                format_bytes(static_cast<double>(cap)).c_str());
+  };
+  row("device", r.peak_bytes.device, r.capacity_bytes.device);
+  row("pinned", r.peak_bytes.pinned, r.capacity_bytes.pinned);
+  row("ram", r.peak_bytes.ram, r.capacity_bytes.ram);
+  row("nvme", r.peak_bytes.nvme, r.capacity_bytes.nvme);
+  for (const auto& a : r.assumptions) std::printf("\nassumption: %s\n", a.c_str());
+  std::printf("\n%lld tasks simulated\n", static_cast<long long>(r.tasks));
+}
+
+int run_simulate(const std::string& plan_path, const std::string& trace_path, bool json) {
+  auto plan = megatrain::Plan::load(plan_path);
+  if (!plan.ok()) return fail(plan.status());
+  megatrain::sim::SimOptions opt;
+  opt.keep_engine = !trace_path.empty();
+  auto r = megatrain::sim::simulate(*plan, opt);
+  if (!r.ok()) return fail(r.status());
+  if (!r->feasible) {
+    if (json) std::fputs(megatrain::sim::result_json(*r).c_str(), stdout);
+    std::fprintf(stderr, "megatrain-plan: the plan does not fit: %s\n", r->reason.c_str());
+    return 2;
+  }
+  if (!trace_path.empty()) {
+    megatrain::Status s = megatrain::sim::write_trace(*r, *plan, trace_path);
+    if (!s.ok()) return fail(s);
+  }
+  if (json) std::fputs(megatrain::sim::result_json(*r).c_str(), stdout);
+  else print_table(*r);
+  if (!trace_path.empty() && !json) std::printf("trace written to %s\n", trace_path.c_str());
+  return 0;
 }
 
 }  // namespace
@@ -31,6 +82,13 @@ int main(int argc, char** argv) {
   inspect->add_flag("--tensors", inspect_opt.list_tensors, "also list every tensor with its HF name and shape");
   inspect->add_flag("--json", json, "print one JSON object on stdout");
 
+  std::string plan_path, trace_path;
+  bool sim_json = false;
+  CLI::App* simulate = app.add_subcommand("simulate", "Simulate a plan's training step: time, bottleneck, memory per tier");
+  simulate->add_option("plan", plan_path, "plan file (megatrain.plan/1)")->required();
+  simulate->add_option("--trace", trace_path, "write the simulated timeline to this .mtrace file");
+  simulate->add_flag("--json", sim_json, "print one JSON object on stdout");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -44,5 +102,6 @@ int main(int argc, char** argv) {
                      : megatrain::planner::inspect_table(*spec, inspect_opt)).c_str(), stdout);
     return 0;
   }
+  if (simulate->parsed()) return run_simulate(plan_path, trace_path, sim_json);
   return 0;
 }

@@ -1,0 +1,126 @@
+// Costs of the step's tasks from the hardware profile; every formula is in docs/cost-model.md.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "megatrain/simulator/step_model.h"
+
+namespace megatrain::sim {
+namespace {
+
+// NVMe access pattern of the executor's tier: 1 MiB blocks, 32 in flight per drive.
+constexpr int64_t kNvmeBlockBytes = 1 << 20;
+constexpr int64_t kNvmeQueueDepth = 32;
+
+double bytes_per_param(StateFormat f, int64_t block) { return state_format_bytes_per_element(f, block); }
+
+}  // namespace
+
+CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwareProfile& rig) : rig_(rig) {
+  const ModelConfig& c = model.config();
+  const double cb = static_cast<double>(dtype_bytes(plan.precision.compute));
+  const double tb = static_cast<double>(dtype_bytes(plan.precision.transfer));
+  peak_ = plan.precision.compute == DType::kFp32 ? rig.gpu.matmul_fp32.value : rig.gpu.matmul_bf16.value;
+  host_bw_ = rig.host.memory_bandwidth.value;
+
+  // NVMe: the plan's directories matched to the profile's drives by path, else the first drives.
+  std::vector<const NvmeSpec*> drives;
+  for (const auto& dir : plan.placement.nvme_dirs)
+    for (const auto& d : rig.storage)
+      if (!d.path.empty() && dir.rfind(d.path, 0) == 0 &&
+          std::find(drives.begin(), drives.end(), &d) == drives.end())
+        drives.push_back(&d);
+  if (drives.empty()) {
+    const size_t want = plan.placement.nvme_dirs.empty() ? rig.storage.size()
+                                                         : std::min(rig.storage.size(), plan.placement.nvme_dirs.size());
+    for (size_t i = 0; i < want; ++i) drives.push_back(&rig.storage[i]);
+  }
+  for (const NvmeSpec* d : drives) {
+    nvme_read_bw_ += d->read_bandwidth(kNvmeBlockBytes, kNvmeQueueDepth);
+    nvme_write_bw_ += d->write_bandwidth(kNvmeBlockBytes, kNvmeQueueDepth);
+  }
+
+  // Adam: the profile's rate for the state format and the nearest thread count at or below the
+  // plan's, scaled by threads, and never faster than host memory allows.
+  const int64_t threads = plan.optimizer.threads > 0 ? plan.optimizer.threads : rig.host.cores;
+  const int64_t block = plan.optimizer.block_size;
+  const double touched = tb + 4 + 2 * (bytes_per_param(plan.optimizer.m_format, block) +
+                                       bytes_per_param(plan.optimizer.v_format, block)) +
+                         4 + (plan.precision.transfer == DType::kFp32 ? 0 : tb);
+  const double memory_bound = host_bw_ / touched;
+  auto rate_for = [&](StateFormat f) -> double {
+    // The largest listed thread count at or below the plan's; else the smallest listed.
+    const AdamThroughput* best = nullptr;
+    for (const auto& a : rig.host.adam) {
+      if (a.state_format != state_format_name(f)) continue;
+      const bool fits = a.threads <= threads;
+      const bool best_fits = best && best->threads <= threads;
+      if (!best || (fits && (!best_fits || a.threads > best->threads)) ||
+          (!fits && !best_fits && a.threads < best->threads))
+        best = &a;
+    }
+    if (!best) return 0;
+    return best->params_per_s.value * static_cast<double>(threads) / static_cast<double>(best->threads);
+  };
+  const StateFormat slow = bytes_per_param(plan.optimizer.m_format, block) >= bytes_per_param(plan.optimizer.v_format, block)
+                               ? plan.optimizer.v_format : plan.optimizer.m_format;
+  double rate = std::min(rate_for(plan.optimizer.m_format) > 0 ? rate_for(plan.optimizer.m_format) : 1e300,
+                         rate_for(plan.optimizer.v_format) > 0 ? rate_for(plan.optimizer.v_format) : 1e300);
+  if (rate >= 1e300) {
+    const double fp32 = rate_for(StateFormat::kFp32);
+    const double fp32_touched = tb + 4 + 2 * 8 + 4 + (plan.precision.transfer == DType::kFp32 ? 0 : tb);
+    std::ostringstream a;
+    if (fp32 > 0) {
+      rate = fp32 * fp32_touched / touched;
+      a << "Adam rate for state format " << state_format_name(slow)
+        << " is not in the profile: estimated from the fp32 rate scaled by bytes moved per parameter ("
+        << fp32_touched << " -> " << touched << ")";
+    } else {
+      rate = 0.6 * memory_bound;
+      a << "the profile lists no Adam rate: estimated as 60% of host memory bandwidth / " << touched << " bytes per parameter";
+    }
+    assumptions_.push_back(a.str());
+  }
+  adam_rate_ = std::min(rate, memory_bound);
+
+  // Per micro-batch GPU work of one layer (T tokens).
+  const double T = static_cast<double>(plan.training.micro_batch * plan.training.seq_len);
+  const double s = static_cast<double>(plan.training.seq_len);
+  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
+  const double q = static_cast<double>(c.num_heads * c.head_dim), kv = static_cast<double>(c.num_kv_heads * c.head_dim);
+  const double V = static_cast<double>(c.vocab_size);
+  const double gemms = gemm_time(T, q, H) + 2 * gemm_time(T, kv, H) + gemm_time(T, H, q) + 2 * gemm_time(T, I, H) +
+                       gemm_time(T, H, I);
+  // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V.
+  const double attention = 0.5 * 2 * gemm_time(T, s, q);
+  const double elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv + 3 * I);
+  layer_fwd_ = gemms + attention + elementwise_time(elementwise_bytes);
+  layer_bwd_ = 2 * gemms + 2.5 * attention + elementwise_time(2 * elementwise_bytes);
+  // Head: logits, cross-entropy in fp32 (write logits, softmax, gradient), dX and dW.
+  head_ = 3 * gemm_time(T, V, H) + elementwise_time(3 * 4 * T * V + 4 * cb * T * H);
+  embed_fwd_ = elementwise_time(2 * cb * T * H);
+  embed_bwd_ = elementwise_time(3 * 4 * T * H);
+}
+
+double CostModel::gemm_time(double m, double n, double k) const {
+  const double f = 2 * m * n * k;
+  if (f <= 0) return 0;
+  return f / (peak_ * rig_.gpu.gemm_efficiency.at(f));
+}
+
+double CostModel::elementwise_time(double bytes) const { return bytes / rig_.gpu.memory_bandwidth.value; }
+
+double CostModel::h2d_time(double bytes) const {
+  return bytes <= 0 ? 0 : bytes / rig_.links.h2d.pinned_bandwidth.at(bytes);
+}
+
+double CostModel::d2h_time(double bytes) const {
+  return bytes <= 0 ? 0 : bytes / rig_.links.d2h.pinned_bandwidth.at(bytes);
+}
+
+double CostModel::nvme_read_time(double bytes) const { return bytes <= 0 ? 0 : bytes / nvme_read_bw_; }
+double CostModel::nvme_write_time(double bytes) const { return bytes <= 0 ? 0 : bytes / nvme_write_bw_; }
+double CostModel::adam_time(double params) const { return params / adam_rate_; }
+double CostModel::host_pass_time(double bytes) const { return bytes / host_bw_; }
+
+}  // namespace megatrain::sim
