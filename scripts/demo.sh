@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's main job, as far as it exists: set up, build, then show what MegaTrain knows about
-# a ~100B-class model (Mistral Large 2, 123B) and the tiny test model it trains in tests.
+# The README's main job, as far as it exists: set up, build, show what MegaTrain knows about a
+# ~100B-class model (Mistral Large 2, 123B) and the tiny test model, then simulate the 123B plan
+# on the paper's rig and write its timeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,3 +20,10 @@ echo "== megatrain-plan inspect --model llama-2-70b --seq 4096 --json"
 echo
 echo "== megatrain-plan inspect --model tiny-llama-gqa --tensors"
 "$plan" inspect --model tiny-llama-gqa --tensors
+echo
+echo "== megatrain-plan simulate profiles/plans/mistral-large-2-h200.json --trace out/mistral-large-2-h200.mtrace"
+mkdir -p out
+"$plan" simulate profiles/plans/mistral-large-2-h200.json --trace out/mistral-large-2-h200.mtrace
+echo
+echo "== megatrain-plan simulate profiles/plans/tiny-cpu.json --json"
+"$plan" simulate profiles/plans/tiny-cpu.json --json

@@ -85,16 +85,18 @@ Status Engine::run() {
   times_.assign(n, TaskTimes{});
   build_csr(n, edges_.size(), [&](size_t e) { return std::pair{edges_[e].to, edges_[e].from}; }, dep_begin_, deps_);
   build_csr(n, edges_.size(), [&](size_t e) { return std::pair{edges_[e].from, edges_[e].to}; }, succ_begin_, succs_);
-  auto by_task = [](const MemOp& a, const MemOp& b) { return a.task < b.task; };
-  std::stable_sort(acquires_.begin(), acquires_.end(), by_task);
-  std::stable_sort(releases_.begin(), releases_.end(), by_task);
-  auto ranges = [n](const std::vector<MemOp>& ops, std::vector<int32_t>& begin) {
+  // Memory operations grouped by task with a counting sort (task ids are dense): O(n), stable.
+  auto group = [n](std::vector<MemOp>& ops, std::vector<int32_t>& begin) {
     begin.assign(n + 1, 0);
     for (const auto& op : ops) ++begin[static_cast<size_t>(op.task) + 1];
     for (size_t i = 0; i < n; ++i) begin[i + 1] += begin[i];
+    std::vector<MemOp> sorted(ops.size());
+    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+    for (const auto& op : ops) sorted[static_cast<size_t>(fill[static_cast<size_t>(op.task)]++)] = op;
+    ops.swap(sorted);
   };
-  ranges(acquires_, acq_begin_);
-  ranges(releases_, rel_begin_);
+  group(acquires_, acq_begin_);
+  group(releases_, rel_begin_);
 
   const size_t nr = resources_.size(), np = pools_.size(), nm = memories_.size();
   std::vector<int32_t> pending(n);

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "detail/stall.h"
 #include "megatrain/core/trace_store.h"
 #include "megatrain/simulator/step_model.h"
 
@@ -99,13 +100,7 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
   for (TaskId t : e.queue(gpu)) {
     const TaskTimes& tt = e.times(t);
     if (prev_end >= 0 && tt.start > prev_end + 1e-9) {
-      std::string why = "other";
-      if (tt.binding >= 0) {
-        const int16_t k = e.task(tt.binding).kind;
-        why = k == kH2DWeights || k == kNvmeRead ? "weights"
-              : k == kOptimizer || k == kGradNorm || k == kNvmeWrite ? "optimizer"
-              : k == kH2DCheckpoint ? "activations" : "other";
-      }
+      const std::string why = detail::stall_reason(e, t);
       TraceSpan stall;
       stall.lane = lane[gpu];
       stall.name = "stall: " + why;
@@ -150,3 +145,29 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
 }
 
 }  // namespace megatrain::sim
+
+namespace megatrain::sim::detail {
+
+std::string stall_reason(const Engine& e, TaskId t) {
+  const TaskTimes& tt = e.times(t);
+  if (tt.start > tt.ready + 1e-12) return "buffer";
+  TaskId b = tt.binding;
+  if (b < 0) return "other";
+  if (e.task(b).kind == kH2DWeights || (e.task(b).kind == kNvmeRead && e.task(b).micro_batch < 0)) {
+    const TaskId root = e.times(b).binding;
+    if (root >= 0) {
+      const int16_t k = e.task(root).kind;
+      if (k == kOptimizer || k == kNvmeWrite || k == kGradNorm) return "optimizer";
+    }
+    return "weights";
+  }
+  switch (e.task(b).kind) {
+    case kH2DCheckpoint: return "activations";
+    case kD2HCheckpoint: return "checkpoint_copy";
+    case kD2HGradients: return "gradients";
+    case kOptimizer: case kNvmeWrite: case kGradNorm: case kNvmeRead: return "optimizer";
+    default: return "other";
+  }
+}
+
+}  // namespace megatrain::sim::detail

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 
+#include "detail/stall.h"
 #include "megatrain/core/units.h"
 
 namespace megatrain::sim {
@@ -49,6 +50,13 @@ class Builder {
   Builder(const Plan& plan, const ModelSpec& model, const CostModel& cost, const Shape& shape, Engine& e, const Ids& ids)
       : plan_(plan), model_(model), cost_(cost), s_(shape), e_(e), id_(ids) {
     const size_t units = static_cast<size_t>(s_.L + 2);
+    const size_t cells = units * static_cast<size_t>(s_.A);
+    kept_.assign(cells, 0);
+    ckpt_device_.assign(cells, 0);
+    ckpt_d2h_.assign(cells, -1);
+    uses_.assign(units, {});
+    pass_unit_index_.assign(units, 0);
+    producer_.assign(static_cast<size_t>(s_.A), -1);
     adam_prev_.assign(units, -1);
     nvme_write_prev_.assign(units, -1);
     const FlopsPerToken f = model.flops_per_token(plan.training.seq_len);
@@ -176,7 +184,7 @@ class Builder {
     for (int32_t u : units) pass.push_back(PassUnit{u});
     for (size_t i = 0; i < pass.size(); ++i) {
       pass[i].first_gpu_index = gpu_order_.size();
-      pass_unit_index_[pass[i].unit] = i;
+      pass_unit_index_[static_cast<size_t>(pass[i].unit)] = i;
     }
     pass_ = &pass;
     emit();
@@ -199,7 +207,7 @@ class Builder {
       }
       const size_t i = r.index;
       TaskId h = stream_in(pass, i);
-      for (TaskId g : uses_[pass[i].unit]) after(h, g);
+      for (TaskId g : uses_[static_cast<size_t>(pass[i].unit)]) after(h, g);
       if (pass[i].last_use >= 0) {
         e_.release(pass[i].last_use, id_.mem_slots, 1);
         e_.release(pass[i].last_use, id_.mem_device,
@@ -208,16 +216,16 @@ class Builder {
     }
     restores_.clear();
     resolve_windows();
-    uses_.clear();
-    pass_unit_index_.clear();
+    for (const PassUnit& pu : pass) uses_[static_cast<size_t>(pu.unit)].clear();
   }
 
   // Records that GPU task g uses unit u's weights in the current pass.
   void uses(int32_t u, TaskId g) {
     auto& pass = *pass_;
-    const size_t i = pass_unit_index_.at(u);
-    if (uses_[u].empty()) pass[i].first_gpu_index = gpu_order_.size() - 1;
-    uses_[u].push_back(g);
+    const size_t i = pass_unit_index_[static_cast<size_t>(u)];
+    auto& used = uses_[static_cast<size_t>(u)];
+    if (used.empty()) pass[i].first_gpu_index = gpu_order_.size() - 1;
+    used.push_back(g);
     pass[i].last_use = g;
   }
 
@@ -232,7 +240,7 @@ class Builder {
       for (int32_t mb : mbs) {
         TaskId g = gpu(cost_.embed_forward_time(), kEmbedForward, 0, mb, 0);
         uses(0, g);
-        producer_[mb] = g;
+        producer_[static_cast<size_t>(mb)] = g;
       }
       for (int32_t l = 1; l <= L; ++l) {
         const bool ckpt = s_.c > 0 && (l - 1) % s_.c == 0;
@@ -241,9 +249,9 @@ class Builder {
           uses(l, g);
           // Ping-pong hidden buffers: this layer overwrites the previous layer's input, so a
           // checkpoint copy of that input must have finished.
-          if (auto it = ckpt_d2h_.find({l - 1, mb}); it != ckpt_d2h_.end()) {
-            after(it->second, g);
-            ckpt_d2h_.erase(it);
+          if (TaskId& d = ckpt_d2h_[cell(l - 1, mb)]; d >= 0) {
+            after(d, g);
+            d = -1;
           }
           // Kept activations: transient with recompute, held until backward without it.
           if (s_.c > 0) {
@@ -251,10 +259,10 @@ class Builder {
             e_.release(g, id_.mem_device, s_.full_act);
           } else {
             e_.acquire(g, id_.mem_device, s_.full_act);
-            kept_[{l, mb}] = s_.full_act;
+            kept_[cell(l, mb)] = s_.full_act;
           }
           if (ckpt) checkpoint(l, mb, g);
-          producer_[mb] = g;
+          producer_[static_cast<size_t>(mb)] = g;
         }
       }
       for (int32_t mb : mbs) {
@@ -272,17 +280,17 @@ class Builder {
   // The input of layer l for micro-batch mb (produced by the previous GPU task for mb) is kept:
   // on the device until backward recomputes from it, or copied to pinned host memory.
   void checkpoint(int32_t l, int32_t mb, TaskId consumer) {
-    const TaskId producer = producer_[mb];
+    const TaskId producer = producer_[static_cast<size_t>(mb)];
     if (plan_.schedule.checkpoint_location == "device") {
       e_.acquire(producer, id_.mem_device, s_.hidden);
-      ckpt_device_[{l, mb}] = true;
+      ckpt_device_[cell(l, mb)] = 1;
       return;
     }
     const double bytes = static_cast<double>(s_.hidden);
     TaskId d = task(id_.d2h, cost_.d2h_time(bytes), kD2HCheckpoint, l, mb, s_.hidden);
     dma(d, bytes, cost_.d2h_time(bytes));
     after(producer, d);
-    ckpt_d2h_[{l, mb}] = d;
+    ckpt_d2h_[cell(l, mb)] = d;
     (void)consumer;
   }
 
@@ -313,17 +321,16 @@ class Builder {
               TaskId g = gpu(cost_.layer_forward_time(), kRecompute, l, mb, layer_flops);
               uses(l, g);
               e_.acquire(g, id_.mem_device, s_.full_act);
-              kept_[{l, mb}] = s_.full_act;
+              kept_[cell(l, mb)] = s_.full_act;
               if (l == lo) release_checkpoint(lo, mb, g);
             }
           }
           for (int32_t l = hi; l >= lo; --l) {
             TaskId g = gpu(cost_.layer_backward_time(), kBackward, l, mb, 2 * layer_flops);
             uses(l, g);
-            auto it = kept_.find({l, mb});
-            if (it != kept_.end()) {
-              e_.release(g, id_.mem_device, it->second);
-              kept_.erase(it);
+            if (int64_t& k = kept_[cell(l, mb)]; k > 0) {
+              e_.release(g, id_.mem_device, k);
+              k = 0;
             }
             gradient_produced(l, mb, g, mb == mbs.front(), mb == mbs.back());
           }
@@ -334,7 +341,7 @@ class Builder {
         gradient_produced(0, mb, g, mb == mbs.front(), mb == mbs.back());
       }
     });
-    ckpt_d2h_.clear();
+    std::fill(ckpt_d2h_.begin(), ckpt_d2h_.end(), -1);
   }
 
   // Registers the H2D of a host checkpoint, needed by the next GPU task (the block's first
@@ -353,7 +360,10 @@ class Builder {
 
   void release_checkpoint(int32_t lo, int32_t mb, TaskId recompute) {
     if (plan_.schedule.checkpoint_location == "device") {
-      if (ckpt_device_.erase({lo, mb})) e_.release(recompute, id_.mem_device, s_.hidden);
+      if (uint8_t& held = ckpt_device_[cell(lo, mb)]; held) {
+        e_.release(recompute, id_.mem_device, s_.hidden);
+        held = 0;
+      }
     } else {
       e_.release(recompute, id_.mem_device, s_.hidden);
     }
@@ -462,12 +472,14 @@ class Builder {
   std::vector<TaskId> gpu_order_;
   std::vector<std::pair<TaskId, size_t>> pending_window_;
   std::vector<PassUnit>* pass_ = nullptr;
-  std::map<int32_t, size_t> pass_unit_index_;
-  std::map<int32_t, std::vector<TaskId>> uses_;
-  std::map<int32_t, TaskId> producer_;
-  std::map<std::pair<int32_t, int32_t>, int64_t> kept_;
-  std::map<std::pair<int32_t, int32_t>, bool> ckpt_device_;
-  std::map<std::pair<int32_t, int32_t>, TaskId> ckpt_d2h_;
+  // Flat per-unit and per-(layer, micro-batch) state; maps cost more than the simulation itself.
+  size_t cell(int32_t l, int32_t mb) const { return static_cast<size_t>(l) * static_cast<size_t>(s_.A) + static_cast<size_t>(mb); }
+  std::vector<size_t> pass_unit_index_;
+  std::vector<std::vector<TaskId>> uses_;
+  std::vector<TaskId> producer_;
+  std::vector<int64_t> kept_;
+  std::vector<uint8_t> ckpt_device_;
+  std::vector<TaskId> ckpt_d2h_;
   struct Restore {
     size_t needed_at;
     std::function<void()> create;
@@ -627,10 +639,13 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   }
 
   // ---- the steady-state step ---------------------------------------------------------------------
+  // The period is measured between the ends of consecutive steps' GPU work: a step's optimizer
+  // and write-back tail overlaps the next step, so it belongs to the period only where the next
+  // step's GPU work waits for it.
   std::vector<double> step_end(static_cast<size_t>(options.steps), 0.0);
-  for (size_t t = 0; t < e.task_count(); ++t) {
-    const TaskSpec& ts = e.task(static_cast<TaskId>(t));
-    step_end[static_cast<size_t>(ts.step)] = std::max(step_end[static_cast<size_t>(ts.step)], e.times(static_cast<TaskId>(t)).end);
+  for (TaskId t : e.queue(id.gpu)) {
+    const auto st = static_cast<size_t>(e.task(t).step);
+    step_end[st] = std::max(step_end[st], e.times(t).end);
   }
   const int32_t last = options.steps - 1;
   const double t0 = step_end[static_cast<size_t>(last - 1)], t1 = step_end[static_cast<size_t>(last)];
@@ -654,25 +669,28 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
     if (ov > 0) busy[static_cast<size_t>(e.task(static_cast<TaskId>(t)).resource)] += ov;
   }
   for (size_t r = 0; r < busy.size(); ++r)
-    res.busy[e.resources()[r].name] = res.step_time_s > 0 ? busy[r] / res.step_time_s / e.resources()[r].capacity : 0;
-  auto stall_reason = [&](TaskId t) -> std::string {
-    const TaskTimes& tt = e.times(t);
-    if (tt.start > tt.ready + 1e-12) return "buffer";
-    if (tt.binding < 0) return "other";
-    switch (e.task(tt.binding).kind) {
-      case kH2DWeights: case kNvmeRead: return "weights";
-      case kH2DCheckpoint: return "activations";
-      case kD2HCheckpoint: return "checkpoint_copy";
-      case kOptimizer: case kNvmeWrite: case kGradNorm: return "optimizer";
-      default: return "other";
+    res.busy[bottleneck_of_resource(static_cast<int32_t>(r))] =
+        res.step_time_s > 0 ? busy[r] / res.step_time_s / e.resources()[r].capacity : 0;
+  // Host memory: bytes the DMA engines and the CPU moved in the step over what it can move.
+  {
+    double bytes = 0;
+    for (size_t t = 0; t < e.task_count(); ++t) {
+      const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+      const TaskTimes& tt = e.times(static_cast<TaskId>(t));
+      const double len = tt.end - tt.start;
+      const double ov = std::min(tt.end, t1) - std::max(tt.start, t0);
+      if (len <= 0 || ov <= 0) continue;
+      for (int k = 0; k < 2; ++k)
+        if (ts.pool[k] == id.pool_host) bytes += ts.demand[k] * ts.work_s * ov / len;
     }
-  };
+    res.busy["host_memory"] = res.step_time_s > 0 ? bytes / rig.host.memory_bandwidth.value / res.step_time_s : 0;
+  }
   double prev_end = -1;
   for (TaskId t : e.queue(id.gpu)) {
     const TaskTimes& tt = e.times(t);
     if (prev_end >= 0) {
       const double gap = std::min(tt.start, t1) - std::max(prev_end, t0);
-      if (gap > 1e-12) res.stalls[stall_reason(t)] += gap;
+      if (gap > 1e-12) res.stalls[detail::stall_reason(e, t)] += gap;
     }
     prev_end = tt.end;
   }
@@ -687,10 +705,10 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   {
     TaskId cur = -1;
     double latest = -1;
-    for (size_t t = 0; t < e.task_count(); ++t)
-      if (e.task(static_cast<TaskId>(t)).step == last && e.times(static_cast<TaskId>(t)).end > latest) {
-        latest = e.times(static_cast<TaskId>(t)).end;
-        cur = static_cast<TaskId>(t);
+    for (TaskId t : e.queue(id.gpu))
+      if (e.task(t).step == last && e.times(t).end > latest) {
+        latest = e.times(t).end;
+        cur = t;
       }
     // Queue predecessor of each task on its resource.
     std::vector<TaskId> qprev(e.task_count(), -1);

@@ -81,7 +81,8 @@ struct SimResult {
   double mfu = 0;
   std::string bottleneck;    // gpu | h2d | d2h | cpu | host_memory | nvme_read | nvme_write | none
   std::map<std::string, double> busy;           // resource lane -> busy fraction of the step
-  std::map<std::string, double> stalls;         // reason -> seconds the GPU waited in the step
+  std::map<std::string, double> stalls;         // reason -> seconds waited in the step: GPU idle by
+                                                // cause, plus transfers waiting for a free "buffer"
   std::map<std::string, double> critical_path;  // bottleneck name -> seconds on the critical path
   PeakBytes peak_bytes;
   PeakBytes capacity_bytes;  // the limits the peaks were checked against
