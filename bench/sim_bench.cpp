@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "megatrain-bench: cannot load the model or rig\n");
     return 1;
   }
-  double best = 1e30;
+  double best = 1e30, first = 0;
   megatrain::sim::SimResult last;
   for (int r = 0; r < repeat; ++r) {
     const auto start = Clock::now();
@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
                    res.ok() ? res->reason.c_str() : res.status().to_string().c_str());
       return 1;
     }
+    if (r == 0) first = secs;
     best = std::min(best, secs);
     last = *res;
   }
@@ -104,9 +105,10 @@ int main(int argc, char** argv) {
   const double per_step_ms = best * 1e3 / 2;  // two steps are simulated
   if (json) {
     std::printf("{\"tasks\": %lld, \"wall_s\": %.6f, \"tasks_per_s\": %.0f, \"wall_ms_per_step\": %.3f, "
-                "\"reference_events_per_s\": %.0f, \"ratio_to_reference\": %.4f, \"simulated_step_time_s\": %.3f}\n",
+                "\"reference_events_per_s\": %.0f, \"ratio_to_reference\": %.4f, \"simulated_step_time_s\": %.3f, "
+                "\"first_call_s\": %.6f}\n",
                 static_cast<long long>(last.tasks), best, tasks_per_s, per_step_ms, ref, tasks_per_s / ref,
-                last.step_time_s);
+                last.step_time_s, first);
     return 0;
   }
   std::printf("megatrain-bench sim: llama-2-70b on h200-1.5tb, seq 4096, micro-batch 4, grad_accum 64, layer-major\n");
@@ -116,5 +118,7 @@ int main(int argc, char** argv) {
   std::printf("  %-44s %12.3g %13.2fx\n", "simulate() (build graph + run + analyse)", tasks_per_s, tasks_per_s / ref);
   std::printf("  %lld tasks in %.2f ms: %.2f ms of wall time per simulated step (simulated step %.1f s)\n",
               static_cast<long long>(last.tasks), best * 1e3, per_step_ms, last.step_time_s);
+  std::printf("  the first call took %.2f ms (%.3g tasks/s): fresh memory is paid once per thread, then reused\n",
+              first * 1e3, static_cast<double>(last.tasks) / first);
   return 0;
 }

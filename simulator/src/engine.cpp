@@ -11,8 +11,22 @@ namespace megatrain::sim {
 
 int32_t Engine::add_resource(ResourceInfo r) {
   resources_.push_back(std::move(r));
-  queues_.emplace_back();
+  if (queues_.size() < resources_.size()) queues_.emplace_back();
+  queues_[resources_.size() - 1].clear();
   return static_cast<int32_t>(resources_.size() - 1);
+}
+
+void Engine::clear() {
+  resources_.clear();
+  pools_.clear();
+  memories_.clear();
+  prealloc_.clear();
+  tasks_.clear();
+  edges_.clear();
+  acquires_.clear();
+  releases_.clear();
+  for (auto& q : queues_) q.clear();
+  makespan_ = 0;
 }
 
 int32_t Engine::add_pool(PoolInfo p) {
@@ -27,6 +41,14 @@ int32_t Engine::add_memory(MemoryInfo m) {
 }
 
 void Engine::preallocate(int32_t memory, int64_t bytes) { prealloc_[static_cast<size_t>(memory)] += bytes; }
+
+void Engine::reserve(size_t tasks, size_t dependencies, size_t memory_ops) {
+  tasks_.reserve(tasks);
+  edges_.reserve(dependencies);
+  acquires_.reserve(memory_ops);
+  releases_.reserve(memory_ops);
+  for (size_t r = 0; r < resources_.size(); ++r) queues_[r].reserve(tasks / std::max<size_t>(1, resources_.size()));
+}
 
 TaskId Engine::add_task(const TaskSpec& t) {
   MT_CHECK(t.resource >= 0 && static_cast<size_t>(t.resource) < resources_.size(), "task on an unknown resource");
@@ -58,52 +80,42 @@ namespace {
 
 // CSR from (key, value) pairs with keys in [0, n).
 template <typename Get>
-void build_csr(size_t n, size_t m, Get get, std::vector<int32_t>& begin, std::vector<int32_t>& out) {
+void build_csr(size_t n, size_t m, Get get, std::vector<int32_t>& begin, std::vector<int32_t>& out,
+               std::vector<int32_t>& fill) {
   begin.assign(n + 1, 0);
   for (size_t e = 0; e < m; ++e) ++begin[static_cast<size_t>(get(e).first) + 1];
   for (size_t i = 0; i < n; ++i) begin[i + 1] += begin[i];
   out.resize(m);
-  std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
+  fill.assign(begin.begin(), begin.end() - 1);
   for (size_t e = 0; e < m; ++e) {
     auto [k, v] = get(e);
     out[static_cast<size_t>(fill[static_cast<size_t>(k)]++)] = v;
   }
 }
 
-struct Event {
-  double time;
-  uint64_t seq;
-  TaskId task;
-  uint32_t version;
-  bool operator>(const Event& o) const { return time != o.time ? time > o.time : seq > o.seq; }
-};
-
 }  // namespace
 
 Status Engine::run() {
   const size_t n = tasks_.size();
   times_.assign(n, TaskTimes{});
-  build_csr(n, edges_.size(), [&](size_t e) { return std::pair{edges_[e].to, edges_[e].from}; }, dep_begin_, deps_);
-  build_csr(n, edges_.size(), [&](size_t e) { return std::pair{edges_[e].from, edges_[e].to}; }, succ_begin_, succs_);
+  build_csr(n, edges_.size(), [&](size_t e) { return std::pair{edges_[e].to, edges_[e].from}; }, dep_begin_, deps_, fill_scratch_);
+  build_csr(n, edges_.size(), [&](size_t e) { return std::pair{edges_[e].from, edges_[e].to}; }, succ_begin_, succs_, fill_scratch_);
   // Memory operations grouped by task with a counting sort (task ids are dense): O(n), stable.
-  auto group = [n](std::vector<MemOp>& ops, std::vector<int32_t>& begin) {
+  auto group = [n, this](std::vector<MemOp>& ops, std::vector<int32_t>& begin) {
     begin.assign(n + 1, 0);
     for (const auto& op : ops) ++begin[static_cast<size_t>(op.task) + 1];
     for (size_t i = 0; i < n; ++i) begin[i + 1] += begin[i];
-    std::vector<MemOp> sorted(ops.size());
-    std::vector<int32_t> fill(begin.begin(), begin.end() - 1);
-    for (const auto& op : ops) sorted[static_cast<size_t>(fill[static_cast<size_t>(op.task)]++)] = op;
-    ops.swap(sorted);
+    sort_scratch_.resize(ops.size());
+    fill_scratch_.assign(begin.begin(), begin.end() - 1);
+    for (const auto& op : ops) sort_scratch_[static_cast<size_t>(fill_scratch_[static_cast<size_t>(op.task)]++)] = op;
+    ops.swap(sort_scratch_);
   };
   group(acquires_, acq_begin_);
   group(releases_, rel_begin_);
 
   const size_t nr = resources_.size(), np = pools_.size(), nm = memories_.size();
-  std::vector<int32_t> pending(n);
-  for (size_t i = 0; i < n; ++i) pending[i] = dep_begin_[i + 1] - dep_begin_[i];
-  std::vector<double> remaining(n), speed(n, 1.0), last_update(n, 0.0);
-  std::vector<uint32_t> version(n, 0);
-  std::vector<uint8_t> ready_seen(n, 0);
+  state_.resize(n);
+  for (size_t i = 0; i < n; ++i) state_[i] = TaskState{0, 1.0, 0, dep_begin_[i + 1] - dep_begin_[i], 0, 0};
   std::vector<size_t> head(nr, 0);
   std::vector<int> running(nr, 0);
   std::vector<std::vector<TaskId>> active(np);
@@ -121,7 +133,11 @@ Status Engine::run() {
                                 std::to_string(in_use[m] - memories_[m].capacity));
   }
 
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> heap;
+  heap_.clear();
+  auto heap_push = [this](const Event& ev) {
+    heap_.push_back(ev);
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+  };
   uint64_t seq = 0;
   double now = 0;
   size_t done = 0;
@@ -150,24 +166,25 @@ Status Engine::run() {
   };
   auto schedule_end = [&](TaskId t) {
     const auto i = static_cast<size_t>(t);
-    const double end = remaining[i] <= 0 ? now : now + remaining[i] / speed[i];
-    heap.push(Event{end, seq++, t, ++version[i]});
+    const double end = state_[i].remaining <= 0 ? now : now + state_[i].remaining / state_[i].speed;
+    heap_push(Event{end, seq++, t, ++state_[i].version});
   };
   // Brings every task of a pool up to `now` before its membership changes, then re-rates them.
   auto settle_pool = [&](int32_t p) {
     for (TaskId a : active[static_cast<size_t>(p)]) {
       const auto i = static_cast<size_t>(a);
-      remaining[i] -= (now - last_update[i]) * speed[i];
-      if (remaining[i] < 0) remaining[i] = 0;
-      last_update[i] = now;
+      TaskState& st = state_[i];
+      st.remaining -= (now - st.last_update) * st.speed;
+      if (st.remaining < 0) st.remaining = 0;
+      st.last_update = now;
     }
   };
   auto rerate_pool = [&](int32_t p) {
     for (TaskId a : active[static_cast<size_t>(p)]) {
       const auto i = static_cast<size_t>(a);
       const double s = task_speed(a);
-      if (s != speed[i]) {
-        speed[i] = s;
+      if (s != state_[i].speed) {
+        state_[i].speed = s;
         schedule_end(a);
       }
     }
@@ -179,26 +196,37 @@ Status Engine::run() {
     mem_peak_[m] = std::max(mem_peak_[m], in_use[m]);
   };
 
+  // All of a task's acquires of one memory: a task may acquire the same memory more than once.
+  auto task_need = [&](TaskId t, int32_t memory) {
+    const auto ti = static_cast<size_t>(t);
+    int64_t need = 0;
+    for (int32_t k = acq_begin_[ti]; k < acq_begin_[ti + 1]; ++k)
+      if (acquires_[static_cast<size_t>(k)].memory == memory) need += acquires_[static_cast<size_t>(k)].amount;
+    return need;
+  };
+
   auto try_start = [&](int32_t r) -> Status {
     const auto ri = static_cast<size_t>(r);
     const auto& q = queues_[ri];
     while (head[ri] < q.size()) {
       const TaskId t = q[head[ri]];
       const auto ti = static_cast<size_t>(t);
-      if (pending[ti] > 0) return {};
-      if (!ready_seen[ti]) {
-        ready_seen[ti] = 1;
+      if (state_[ti].pending > 0) return {};
+      if (running[ri] >= resources_[ri].capacity) return {};
+      // Stamped once a slot is free too, so that start - ready is only the wait for memory.
+      if (!state_[ti].ready_seen) {
+        state_[ti].ready_seen = 1;
         times_[ti].ready = now;
       }
-      if (running[ri] >= resources_[ri].capacity) return {};
       for (int32_t k = acq_begin_[ti]; k < acq_begin_[ti + 1]; ++k) {
         const MemOp& op = acquires_[static_cast<size_t>(k)];
         const auto m = static_cast<size_t>(op.memory);
-        if (op.amount > memories_[m].capacity - prealloc_[m])
-          return resource_exhausted(memories_[m].name + ": a task needs " + std::to_string(op.amount) +
+        const int64_t need = task_need(t, op.memory);
+        if (need > memories_[m].capacity - prealloc_[m])
+          return resource_exhausted(memories_[m].name + ": a task needs " + std::to_string(need) +
                                     " but only " + std::to_string(memories_[m].capacity - prealloc_[m]) +
                                     " can ever be free (capacity " + std::to_string(memories_[m].capacity) + ")");
-        if (in_use[m] + op.amount > memories_[m].capacity) {
+        if (in_use[m] + need > memories_[m].capacity) {
           auto& w = mem_waiters[m];
           if (std::find(w.begin(), w.end(), r) == w.end()) w.push_back(r);
           return {};
@@ -212,8 +240,8 @@ Status Engine::run() {
       ++head[ri];
       ++running[ri];
       times_[ti].start = now;
-      remaining[ti] = tasks_[ti].work_s;
-      last_update[ti] = now;
+      state_[ti].remaining = tasks_[ti].work_s;
+      state_[ti].last_update = now;
       const TaskSpec& ts = tasks_[ti];
       bool pooled = false;
       for (int k = 0; k < 2; ++k) {
@@ -224,12 +252,12 @@ Status Engine::run() {
         pooled = true;
       }
       if (pooled) {
-        speed[ti] = task_speed(t);
+        state_[ti].speed = task_speed(t);
         schedule_end(t);
         for (int k = 0; k < 2; ++k)
           if (ts.pool[k] >= 0) rerate_pool(ts.pool[k]);
       } else {
-        speed[ti] = 1.0;
+        state_[ti].speed = 1.0;
         schedule_end(t);
       }
     }
@@ -243,11 +271,12 @@ Status Engine::run() {
       dirty[static_cast<size_t>(r)] = 0;
       MT_RETURN_IF_ERROR(try_start(r));
     }
-    if (heap.empty()) break;
-    const Event ev = heap.top();
-    heap.pop();
+    if (heap_.empty()) break;
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+    const Event ev = heap_.back();
+    heap_.pop_back();
     const auto ti = static_cast<size_t>(ev.task);
-    if (ev.version != version[ti]) continue;
+    if (ev.version != state_[ti].version) continue;
     now = ev.time;
     TaskTimes& tt = times_[ti];
     tt.end = now;
@@ -275,7 +304,7 @@ Status Engine::run() {
     }
     for (int32_t k = succ_begin_[ti]; k < succ_begin_[ti + 1]; ++k) {
       const auto s = static_cast<size_t>(succs_[static_cast<size_t>(k)]);
-      if (--pending[s] == 0) {
+      if (--state_[s].pending == 0) {
         times_[s].binding = ev.task;
         mark(tasks_[s].resource);
       }
@@ -290,14 +319,15 @@ Status Engine::run() {
     const TaskId t = queues_[r][head[r]];
     const auto ti = static_cast<size_t>(t);
     std::string why;
-    if (pending[ti] > 0) {
-      why = std::to_string(pending[ti]) + " dependencies that never end (a cycle, or a task queued behind it)";
+    if (state_[ti].pending > 0) {
+      why = std::to_string(state_[ti].pending) + " dependencies that never end (a cycle, or a task queued behind it)";
     } else {
       for (int32_t k = acq_begin_[ti]; k < acq_begin_[ti + 1]; ++k) {
         const MemOp& op = acquires_[static_cast<size_t>(k)];
         const auto m = static_cast<size_t>(op.memory);
-        if (in_use[m] + op.amount > memories_[m].capacity)
-          why = memories_[m].name + " (" + std::to_string(op.amount) + " needed, " +
+        const int64_t need = task_need(t, op.memory);
+        if (in_use[m] + need > memories_[m].capacity)
+          why = memories_[m].name + " (" + std::to_string(need) + " needed, " +
                 std::to_string(memories_[m].capacity - in_use[m]) + " free, and nothing left to release it)";
       }
     }

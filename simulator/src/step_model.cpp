@@ -54,6 +54,7 @@ class Builder {
     kept_.assign(cells, 0);
     ckpt_device_.assign(cells, 0);
     ckpt_d2h_.assign(cells, -1);
+    ckpt_copy_.assign(cells, -1);
     uses_.assign(units, {});
     pass_unit_index_.assign(units, 0);
     producer_.assign(static_cast<size_t>(s_.A), -1);
@@ -291,6 +292,7 @@ class Builder {
     dma(d, bytes, cost_.d2h_time(bytes));
     after(producer, d);
     ckpt_d2h_[cell(l, mb)] = d;
+    ckpt_copy_[cell(l, mb)] = d;
     (void)consumer;
   }
 
@@ -354,6 +356,7 @@ class Builder {
       TaskId h = task(id_.h2d, cost_.h2d_time(bytes), kH2DCheckpoint, lo, mb, s_.hidden);
       dma(h, bytes, cost_.h2d_time(bytes));
       e_.acquire(h, id_.mem_device, s_.hidden);
+      after(ckpt_copy_[cell(lo, mb)], h);  // it reads what the forward's copy wrote
       after(h, gpu_order_[needed_at]);
     }});
   }
@@ -480,6 +483,7 @@ class Builder {
   std::vector<int64_t> kept_;
   std::vector<uint8_t> ckpt_device_;
   std::vector<TaskId> ckpt_d2h_;
+  std::vector<TaskId> ckpt_copy_;  // the D2H that wrote each host checkpoint, for its restore
   struct Restore {
     size_t needed_at;
     std::function<void()> create;
@@ -613,8 +617,13 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   }
 
   // ---- the engine --------------------------------------------------------------------------------
-  auto engine = std::make_shared<Engine>();
-  Engine& e = *engine;
+  // Without keep_engine the engine is a per-thread scratch whose arrays keep their capacity
+  // between calls: the planner simulates thousands of plans, and fresh memory costs page faults.
+  static thread_local Engine scratch;
+  std::shared_ptr<Engine> engine;
+  if (options.keep_engine) engine = std::make_shared<Engine>();
+  else scratch.clear();
+  Engine& e = engine ? *engine : scratch;
   Ids id{};
   id.gpu = e.add_resource({lane_name(0), "gpu", 1});
   id.h2d = e.add_resource({lane_name(1), "h2d", 1});
@@ -630,6 +639,12 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   id.mem_staging = e.add_memory({"pinned staging", static_cast<int64_t>(staging), true});
   e.preallocate(id.mem_device, ceil_i(device_static));
 
+  {
+    // Per step and micro-batch: about three GPU tasks per layer and a few transfers per layer.
+    const size_t per_step = static_cast<size_t>((s.L + 2) * (4 * s.A + 8));
+    const auto steps = static_cast<size_t>(options.steps);
+    e.reserve(per_step * steps, 3 * per_step * steps, 2 * per_step * steps);
+  }
   Builder b(plan, model, cost, s, e, id);
   for (int32_t step = 0; step < options.steps; ++step) b.build_step(step);
   Status run = e.run();

@@ -66,6 +66,11 @@ class Engine {
   // Memory already in use before the first task (static state such as master weights).
   void preallocate(int32_t memory, int64_t bytes);
 
+  // Forgets every resource, pool, memory and task but keeps the allocated capacity, so that the
+  // planner's thousands of simulations do not pay for fresh memory (page faults) each time.
+  void clear();
+  // Pre-sizes the arrays when the caller knows roughly how many tasks and edges it will add.
+  void reserve(size_t tasks, size_t dependencies, size_t memory_ops);
   TaskId add_task(const TaskSpec& t);
   // `after` cannot start before `before` has ended.
   void add_dependency(TaskId before, TaskId after);
@@ -110,7 +115,7 @@ class Engine {
   std::vector<int64_t> prealloc_;
   std::vector<TaskSpec> tasks_;
   std::vector<TaskTimes> times_;
-  std::vector<std::vector<TaskId>> queues_;
+  std::vector<std::vector<TaskId>> queues_;  // the first resources_.size() are in use
   std::vector<Edge> edges_;
   std::vector<MemOp> acquires_, releases_;
 
@@ -121,6 +126,25 @@ class Engine {
   std::vector<std::vector<std::pair<double, int64_t>>> mem_timeline_;
   std::vector<int64_t> mem_peak_;
   double makespan_ = 0;
+
+  // Scratch state of run(), kept between runs for its capacity.
+  struct TaskState {
+    double remaining, speed, last_update;
+    int32_t pending;
+    uint32_t version;
+    uint8_t ready_seen;
+  };
+  struct Event {
+    double time;
+    uint64_t seq;
+    TaskId task;
+    uint32_t version;
+    bool operator>(const Event& o) const { return time != o.time ? time > o.time : seq > o.seq; }
+  };
+  std::vector<TaskState> state_;
+  std::vector<Event> heap_;
+  std::vector<MemOp> sort_scratch_;
+  std::vector<int32_t> fill_scratch_;
 };
 
 }  // namespace megatrain::sim
