@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   const double tasks_per_s = static_cast<double>(last.tasks) / best;
   double ref = 0;
   for (int r = 0; r < repeat; ++r) ref = std::max(ref, reference_events_per_s(static_cast<size_t>(last.tasks)));
-  const double per_step_ms = best * 1e3 / 2;  // two steps are simulated
+  const double per_step_ms = best * 1e3 / megatrain::sim::SimOptions{}.steps;
   if (json) {
     std::printf("{\"tasks\": %lld, \"wall_s\": %.6f, \"tasks_per_s\": %.0f, \"wall_ms_per_step\": %.3f, "
                 "\"reference_events_per_s\": %.0f, \"ratio_to_reference\": %.4f, \"simulated_step_time_s\": %.3f, "

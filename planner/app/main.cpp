@@ -19,7 +19,7 @@ int fail(const megatrain::Status& s) {
 
 void print_table(const megatrain::sim::SimResult& r) {
   using namespace megatrain;
-  std::printf("step time       %s (steady state: the second simulated step)\n", format_duration(r.step_time_s).c_str());
+  std::printf("step time       %s (steady state: the last of three simulated steps)\n", format_duration(r.step_time_s).c_str());
   std::printf("throughput      %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%%\n", r.tokens_per_s, r.tflops, 100 * r.mfu);
   std::printf("bottleneck      %s\n", r.bottleneck.c_str());
   std::printf("\nbusy fraction of the step\n");

@@ -66,7 +66,8 @@ class CostModel {
 };
 
 struct SimOptions {
-  int steps = 2;             // the last one is reported (steady state)
+  int steps = 3;             // the last one is reported: the first has no earlier update to wait
+                             // for, so the period after it is not yet the steady state
   bool keep_engine = false;  // keep the engine for trace writing and tests
 };
 

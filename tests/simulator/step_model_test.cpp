@@ -1,0 +1,510 @@
+// The step model on a synthetic rig and model whose costs are round numbers: hand-computed step
+// times (serial chain, transfer-bound, compute-bound, hidden optimizer), weight traffic per
+// order, peak device bytes, refusals, and properties of random plans.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/core/plan.h"
+#include "megatrain/simulator/step_model.h"
+
+namespace megatrain::sim {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// ---- the synthetic rig and model ---------------------------------------------------------------
+
+// Flat curves (one point) make every efficiency and bandwidth a constant. "Negligible" figures
+// are chosen so that the tasks they time take under 1e-13 s, far below every tolerance below.
+struct RigFigures {
+  double matmul_bf16 = 1e12;      // FLOP/s at efficiency 1
+  double gpu_bandwidth = 1e24;    // element-wise work ~0
+  double gpu_memory = 1e12;
+  double h2d = 1e9;               // bytes/s
+  double d2h = 1e20;
+  double host_bandwidth = 1e22;   // pools never slow anything
+  double ram = 1e15;
+  double adam = 1e20;             // parameters/s
+  int cores = 4;
+};
+
+Json figure(double v) { return Json{{"value", v}, {"provenance", {{"kind", "estimate"}, {"source", "synthetic test rig"}}}}; }
+Json flat_curve(double y) {
+  return Json{{"points", Json::array({Json::array({1.0, y})})}, {"provenance", {{"kind", "estimate"}, {"source", "synthetic test rig"}}}};
+}
+
+Json rig_json(const RigFigures& f) {
+  const Json link = {{"latency_s", figure(0)}, {"pinned_bandwidth", flat_curve(f.h2d)}, {"pageable_bandwidth", flat_curve(f.h2d)}};
+  Json d2h = link;
+  d2h["pinned_bandwidth"] = flat_curve(f.d2h);
+  d2h["pageable_bandwidth"] = flat_curve(f.d2h);
+  return Json{
+      {"schema", "megatrain.rig/1"},
+      {"name", "synthetic"},
+      {"gpu",
+       {{"name", "synthetic GPU"},
+        {"memory_bytes", figure(f.gpu_memory)},
+        {"memory_bandwidth", figure(f.gpu_bandwidth)},
+        {"matmul_fp32", figure(f.matmul_bf16 / 2)},
+        {"matmul_tf32", figure(f.matmul_bf16 / 2)},
+        {"matmul_bf16", figure(f.matmul_bf16)},
+        {"gemm_efficiency", flat_curve(1.0)}}},
+      {"links", {{"kind", "synthetic"}, {"full_duplex", true}, {"h2d", link}, {"d2h", d2h}}},
+      {"host",
+       {{"cpu", "synthetic CPU"},
+        {"cores", f.cores},
+        {"ram_bytes", figure(f.ram)},
+        {"memory_bandwidth", figure(f.host_bandwidth)},
+        {"pinnable_bytes", figure(f.ram)},
+        {"adam", Json::array({{{"state_format", "fp32"}, {"threads", f.cores}, {"params_per_s", figure(f.adam)}}})}}},
+      {"storage", Json::array()}};
+}
+
+// Llama, no GQA: H = q = kv = 512, I = 1024, V = 1024. Per layer 4 H^2 + 3 H I + 2 H parameters.
+constexpr int64_t kH = 512, kI = 1024, kV = 1024, kSeq = 128, kT = 128;  // micro_batch 1
+constexpr int64_t kLayerParams = 4 * kH * kH + 3 * kH * kI + 2 * kH;    // 2,622,464
+constexpr int64_t kEmbedParams = kV * kH;                               // 524,288
+constexpr int64_t kHeadParams = kV * kH + kH;                           // lm_head + final norm
+// GEMM FLOPs of one layer's forward for one micro-batch: 2 T (4 H^2 + 3 H I) for the seven
+// projections, plus half of QK^T and PV (causal): 0.5 x 2 x 2 T s q.
+constexpr double kLayerGemmFlops = 2.0 * kT * (4 * kH * kH + 3 * kH * kI);  // 671,088,640
+constexpr double kAttentionFlops = 2.0 * kT * kSeq * kH;                   // 16,777,216
+
+Json model_json(int layers) {
+  return Json{{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
+              {"hidden_size", kH},
+              {"intermediate_size", kI},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", 8},
+              {"num_key_value_heads", 8},
+              {"vocab_size", kV},
+              {"max_position_embeddings", 256},
+              {"tie_word_embeddings", false}};
+}
+
+struct PlanKnobs {
+  int layers = 4;
+  std::string order = "layer-major";
+  int prefetch = 2;
+  int buffers = 3;
+  int checkpoint_every = 0;
+  std::string location = "device";
+  int grad_accum = 1;
+  double clip = 0;
+  std::string transfer = "bf16";
+  int64_t device_budget = 0;
+};
+
+Plan make_plan(const PlanKnobs& k, const RigFigures& f) {
+  Json j = {{"schema", "megatrain.plan/1"},
+            {"model", model_json(k.layers)},
+            {"rig", rig_json(f)},
+            {"training", {{"seq_len", kSeq}, {"micro_batch", 1}, {"grad_accum", k.grad_accum}, {"clip_grad_norm", k.clip}}},
+            {"precision", {{"compute", "bf16"}, {"master", "fp32"}, {"transfer", k.transfer}}},
+            {"schedule",
+             {{"order", k.order},
+              {"prefetch_depth", k.prefetch},
+              {"device_layer_buffers", k.buffers},
+              {"checkpoint_every", k.checkpoint_every},
+              {"checkpoint_location", k.location}}},
+            {"placement", {{"device_budget_bytes", k.device_budget}}}};
+  auto p = Plan::from_json_text(j.dump(), "synthetic plan");
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? *p : Plan{};
+}
+
+struct Sim {
+  Plan plan;
+  ModelSpec model;
+  HardwareProfile rig;
+  SimResult result;
+};
+
+Sim simulate_plan(const PlanKnobs& k, const RigFigures& f, bool keep_engine = false) {
+  Sim s;
+  s.plan = make_plan(k, f);
+  auto model = s.plan.resolve_model();
+  auto rig = s.plan.resolve_rig();
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_TRUE(rig.ok()) << rig.status().to_string();
+  if (!model.ok() || !rig.ok()) return s;
+  s.model = *model;
+  s.rig = *rig;
+  SimOptions opts;
+  opts.keep_engine = keep_engine;
+  auto r = simulate(s.plan, s.model, s.rig, opts);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (r.ok()) s.result = *r;
+  return s;
+}
+
+// Relative error. The hand formulas below hold to 1e-9 relative: the only terms they leave out are
+// the "negligible" tasks (under 1e-13 s each, against steps of milliseconds), while one missing or
+// extra task of the synthetic sizes would move a step by more than 1e-4.
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+
+// ---- costs -------------------------------------------------------------------------------------
+
+TEST(StepModelCosts, SyntheticFiguresGiveHandComputedCosts) {
+  RigFigures f;
+  f.adam = 2e9;
+  const Sim s = simulate_plan({}, f);
+  const CostModel cost(s.plan, s.model, s.rig);
+  const auto pc = s.model.parameter_counts();
+  ASSERT_EQ(pc.per_layer, kLayerParams);
+  ASSERT_EQ(pc.embedding, kEmbedParams);
+  ASSERT_EQ(pc.head + pc.final_norm, kHeadParams);
+  EXPECT_DOUBLE_EQ(cost.h2d_time(5244928.0), 5244928.0 / 1e9);
+  EXPECT_DOUBLE_EQ(cost.d2h_time(1048576.0), 1048576.0 / 1e20);
+  EXPECT_DOUBLE_EQ(cost.adam_rate(), 2e9);  // below host bandwidth / 28 bytes touched
+  EXPECT_DOUBLE_EQ(cost.adam_time(kLayerParams), kLayerParams / 2e9);
+  // Efficiency 1: the seven projection GEMMs plus half the attention square, over the peak;
+  // element-wise work at 1e24 B/s adds ~1e-18 s.
+  EXPECT_LT(rel(cost.layer_forward_time(), (kLayerGemmFlops + kAttentionFlops) / 1e12), 1e-9);
+  EXPECT_LT(rel(cost.layer_backward_time(), (2 * kLayerGemmFlops + 2.5 * kAttentionFlops) / 1e12), 1e-9);
+  EXPECT_LT(rel(cost.head_time(), 3 * 2.0 * kT * kV * kH / 1e12), 1e-9);
+  EXPECT_LT(cost.embed_forward_time() + cost.embed_backward_time(), 1e-15);
+}
+
+// ---- hand-computed schedules -------------------------------------------------------------------
+
+// Bytes of one unit's weights in bf16.
+constexpr double kLayerBytes = 2.0 * kLayerParams, kEmbedBytes = 2.0 * kEmbedParams, kHeadBytes = 2.0 * kHeadParams;
+
+TEST(StepModel, DepthOneWithNoOverlapPossibleIsTheSumOfTheSerialChain) {
+  // Depth 1, GPU work ~0 and an optimizer so slow that the CPU never catches up. The next
+  // forward needs the embedding first, whose update is the last of the step, so the period
+  // (between the ends of consecutive steps' GPU work) is one chain with nothing beside it: the
+  // forward's transfers (embedding, 4 layers, head), the head's gradient D2H, then every unit's
+  // AdamW one after the other. (Conditions: a layer's update, 52 ms, outlasts its H2D + D2H,
+  // 5.8 ms, so each gradient is on the host before the CPU wants it.)
+  RigFigures f;
+  f.matmul_bf16 = 1e30;
+  f.h2d = 1e9;
+  f.d2h = 1e10;
+  f.adam = 5e7;
+  PlanKnobs k;
+  k.prefetch = 1;
+  k.buffers = 2;
+  const Sim s = simulate_plan(k, f);
+  ASSERT_TRUE(s.result.feasible) << s.result.reason;
+  const double forward_h2d = (kEmbedBytes + 4 * kLayerBytes + kHeadBytes) / 1e9;
+  const double head_grad_d2h = kHeadBytes / 1e10;
+  const double adam = (kEmbedParams + 4 * kLayerParams + kHeadParams) / 5e7;
+  const double want = forward_h2d + head_grad_d2h + adam;
+  EXPECT_LT(rel(s.result.step_time_s, want), 1e-9) << s.result.step_time_s << " vs " << want;
+  EXPECT_EQ(s.result.bottleneck, "cpu");
+  // The critical path walks the whole period: the step's H2D (forward and the backward's 4
+  // layers again), the rest is the CPU chain that delayed it.
+  double total = 0;
+  for (const auto& [k2, v] : s.result.critical_path) total += v;
+  EXPECT_LT(rel(total, s.result.step_time_s), 1e-9);
+  EXPECT_LT(rel(s.result.critical_path.at("h2d"), forward_h2d + 4 * kLayerBytes / 1e9), 1e-9);
+}
+
+TEST(StepModel, TransferBoundStepIsTotalTransferPlusTheLastLayersBackward) {
+  // Slow link: a layer's H2D (5.2 ms) outlasts its compute for both micro-batches (forward
+  // 1.4 ms, backward 2.8 ms), so H2D never idles within the step. The period ends with the GPU
+  // draining the last transfer: layer 1's backward for each micro-batch (embedding backward ~0).
+  for (int depth : {2, 3}) {
+    RigFigures f;
+    f.h2d = 1e9;
+    PlanKnobs k;
+    k.prefetch = depth;
+    k.buffers = depth + 1;
+    k.grad_accum = 2;
+    const Sim s = simulate_plan(k, f);
+    ASSERT_TRUE(s.result.feasible) << s.result.reason;
+    const double transfers = (kEmbedBytes + 4 * kLayerBytes + kHeadBytes + 4 * kLayerBytes) / 1e9;
+    const double drain = 2 * (2 * kLayerGemmFlops + 2.5 * kAttentionFlops) / 1e12;
+    EXPECT_LT(rel(s.result.step_time_s, transfers + drain), 1e-9)
+        << "depth " << depth << ": " << s.result.step_time_s << " vs " << transfers + drain;
+    EXPECT_EQ(s.result.bottleneck, "h2d");
+    EXPECT_LT(rel(s.result.busy.at("h2d"), transfers / s.result.step_time_s), 1e-9);
+  }
+}
+
+TEST(StepModel, ComputeBoundStepIsTotalComputePlusTheFill) {
+  // Fast link (a layer's weights in 5 us): the GPU never waits once the embedding and layer 1
+  // are on the device (the embedding's forward is ~0, so layer 1's transfer is on the path too).
+  for (int depth : {2, 4}) {
+    RigFigures f;
+    f.h2d = 1e12;
+    PlanKnobs k;
+    k.prefetch = depth;
+    k.buffers = depth + 1;
+    k.grad_accum = 2;
+    const Sim s = simulate_plan(k, f);
+    ASSERT_TRUE(s.result.feasible) << s.result.reason;
+    const double fwd = (kLayerGemmFlops + kAttentionFlops) / 1e12;
+    const double bwd = (2 * kLayerGemmFlops + 2.5 * kAttentionFlops) / 1e12;
+    const double head = 3 * 2.0 * kT * kV * kH / 1e12;
+    const double compute = 2 * (4 * fwd + head + 4 * bwd);
+    const double fill = (kEmbedBytes + kLayerBytes) / 1e12;
+    EXPECT_LT(rel(s.result.step_time_s, compute + fill), 1e-9)
+        << "depth " << depth << ": " << s.result.step_time_s << " vs " << compute + fill;
+    EXPECT_EQ(s.result.bottleneck, "gpu");
+    EXPECT_LT(rel(s.result.busy.at("gpu"), compute / s.result.step_time_s), 1e-9);
+  }
+}
+
+TEST(StepModel, OverlappedOptimizerIsHiddenExceptWhereTheNextForwardWaits) {
+  // Four micro-batches of backward per layer (5.5 ms) hide each layer's update (1.3 ms, 2.6 ms at
+  // half the rate). What the next step waits for: the embedding's update, queued behind layer
+  // 1's, both after the GPU's last task. Halving the Adam rate adds exactly those two updates'
+  // time again, not the whole optimizer's.
+  RigFigures f;
+  f.h2d = 1e11;
+  f.d2h = 1e11;
+  PlanKnobs k;
+  k.grad_accum = 4;
+  f.adam = 2e9;
+  const Sim fast = simulate_plan(k, f);
+  f.adam = 1e9;
+  const Sim half = simulate_plan(k, f);
+  ASSERT_TRUE(fast.result.feasible && half.result.feasible);
+  const double exposed = (kLayerParams + kEmbedParams) / 2e9;
+  const double all_updates = (kEmbedParams + 4 * kLayerParams + kHeadParams) / 2e9;
+  EXPECT_NEAR(half.result.step_time_s - fast.result.step_time_s, exposed, 1e-12);
+  EXPECT_LT(exposed, 0.3 * all_updates);
+  EXPECT_EQ(fast.result.bottleneck, "gpu");
+
+  // A very slow optimizer shows up whole: the CPU is the bottleneck and the GPU waits for it.
+  f.adam = 1e7;
+  const Sim slow = simulate_plan(k, f);
+  ASSERT_TRUE(slow.result.feasible);
+  EXPECT_EQ(slow.result.bottleneck, "cpu");
+  EXPECT_GE(slow.result.step_time_s, (kEmbedParams + 4 * kLayerParams + kHeadParams) / 1e7);
+  ASSERT_TRUE(slow.result.stalls.count("optimizer"));
+  EXPECT_GT(slow.result.stalls.at("optimizer"), 0.5 * slow.result.step_time_s);
+}
+
+// Bytes and count of the weight transfers of the steady-state step.
+std::pair<int64_t, int> weights_moved(const SimResult& r) {
+  int64_t bytes = 0;
+  int count = 0;
+  for (size_t t = 0; t < r.engine->task_count(); ++t) {
+    const TaskSpec& ts = r.engine->task(static_cast<TaskId>(t));
+    if (ts.kind == kH2DWeights && ts.step == 1) {
+      bytes += ts.bytes;
+      ++count;
+    }
+  }
+  return {bytes, count};
+}
+
+TEST(StepModel, LayerMajorMovesWeightsGradAccumTimesLessOften) {
+  for (int accum : {1, 3, 4}) {
+    RigFigures f;
+    PlanKnobs k;
+    k.grad_accum = accum;
+    k.order = "layer-major";
+    const Sim lm = simulate_plan(k, f, true);
+    k.order = "microbatch-major";
+    const Sim mm = simulate_plan(k, f, true);
+    ASSERT_TRUE(lm.result.engine && mm.result.engine);
+    const auto [lm_bytes, lm_count] = weights_moved(lm.result);
+    const auto [mm_bytes, mm_count] = weights_moved(mm.result);
+    // Forward: embedding, 4 layers, head; backward: the 4 layers again.
+    const int64_t once = static_cast<int64_t>(kEmbedBytes + kHeadBytes + 8 * kLayerBytes);
+    EXPECT_EQ(lm_bytes, once) << "accum " << accum;
+    EXPECT_EQ(lm_count, 10);
+    EXPECT_EQ(mm_bytes, accum * once) << "accum " << accum;
+    EXPECT_EQ(mm_count, accum * 10);
+  }
+}
+
+TEST(StepModel, PeakDeviceBytesAreTheHandSummedBuffers) {
+  // 2 layers, 1 micro-batch, no recompute, depth 1 with 2 buffers, fast link, budget 512 MiB.
+  // The peak is when layer 1's backward starts: layer 2's backward has just ended, its fp32
+  // gradient accumulator is still being copied to the host while layer 1's is taken.
+  RigFigures f;
+  f.h2d = 1e12;
+  f.d2h = 1e10;
+  PlanKnobs k;
+  k.layers = 2;
+  k.prefetch = 1;
+  k.buffers = 2;
+  k.device_budget = int64_t{512} << 20;
+  const Sim s = simulate_plan(k, f);
+  ASSERT_TRUE(s.result.feasible) << s.result.reason;
+  const int64_t reserve = (int64_t{512} << 20) / 16;               // min(1 GiB, budget / 16)
+  const int64_t hidden_buffers = 2 * (2 * kT * kH);                 // ping-pong, bf16
+  // Kept activations of one layer, one micro-batch, per token: bf16 norm inputs and outputs (4H),
+  // q, k, v, attention output (q + 2 kv + q), gate, up, SwiGLU (3I), two fp32 rms and one fp32
+  // log-sum-exp per head.
+  const int64_t activations = kT * (2 * (4 * kH + kH + 2 * kH + kH + 3 * kI) + 2 * 4 + 4 * 8);
+  const int64_t layer1_weights = 2 * kLayerParams;                  // bf16
+  const int64_t two_accumulators = 2 * 4 * kLayerParams;            // fp32, layers 2 and 1
+  const int64_t want = reserve + hidden_buffers + activations + layer1_weights + two_accumulators;
+  EXPECT_EQ(s.result.peak_bytes.device, want);
+  EXPECT_LE(s.result.peak_bytes.device, s.result.capacity_bytes.device);
+}
+
+TEST(StepModel, PlanThatDoesNotFitNamesTheTierAndTheExcess) {
+  {  // RAM: 16 bytes per parameter (fp32 master and moments, bf16 copy and gradients) > 100 MB
+    RigFigures f;
+    f.ram = 1e8;
+    const Sim s = simulate_plan({}, f);
+    EXPECT_FALSE(s.result.feasible);
+    EXPECT_EQ(s.result.reason.rfind("ram", 0), 0u) << s.result.reason;
+    EXPECT_NE(s.result.reason.find("over by"), std::string::npos) << s.result.reason;
+    const int64_t n = kEmbedParams + 4 * kLayerParams + kHeadParams;
+    EXPECT_NE(s.result.reason.find(std::to_string(16 * n - 100000000) + " bytes"), std::string::npos) << s.result.reason;
+  }
+  {  // device: 16 MiB cannot hold a layer's bf16 weights and fp32 gradient (15.7 MB) beside the rest
+    RigFigures f;
+    PlanKnobs k;
+    k.device_budget = int64_t{16} << 20;
+    const Sim s = simulate_plan(k, f);
+    EXPECT_FALSE(s.result.feasible);
+    EXPECT_EQ(s.result.reason.rfind("device", 0), 0u) << s.result.reason;
+    EXPECT_NE(s.result.reason.find("over by"), std::string::npos) << s.result.reason;
+  }
+}
+
+// ---- properties on random plans ----------------------------------------------------------------
+
+PlanKnobs random_knobs(std::mt19937& rng) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  PlanKnobs k;
+  k.order = pick(0, 1) ? "layer-major" : "microbatch-major";
+  k.prefetch = pick(1, 4);
+  k.checkpoint_every = pick(0, 2);
+  k.buffers = std::max(k.prefetch + 1, k.checkpoint_every + 1) + pick(0, 1);
+  k.location = pick(0, 1) ? "device" : "host";
+  k.grad_accum = pick(1, 4);
+  k.clip = pick(0, 1) ? 1.0 : 0.0;
+  k.transfer = pick(0, 1) ? "bf16" : "fp32";
+  return k;
+}
+
+RigFigures random_rig(std::mt19937& rng) {
+  auto log_uniform = [&](double lo, double hi) {
+    return std::exp(std::uniform_real_distribution<double>(std::log(lo), std::log(hi))(rng));
+  };
+  RigFigures f;
+  // Wide enough that each of GPU, link and optimizer is the bottleneck in some plans.
+  f.matmul_bf16 = log_uniform(1e10, 1e14);
+  f.gpu_bandwidth = log_uniform(1e10, 1e14);
+  f.h2d = log_uniform(1e8, 1e12);
+  f.d2h = log_uniform(1e8, 1e12);
+  f.adam = log_uniform(1e7, 1e11);
+  return f;
+}
+
+// Invariants of the simulated timeline itself: queues of capacity 1 never overlap, every
+// dependency holds, memory stays within its capacity, and a host checkpoint is read back only
+// after its copy to the host has ended.
+void check_timeline(const SimResult& r, const std::string& what) {
+  const Engine& e = *r.engine;
+  for (size_t q = 0; q < e.resources().size(); ++q) {
+    const auto& queue = e.queue(static_cast<int32_t>(q));
+    for (size_t i = 1; i < queue.size(); ++i)
+      ASSERT_GE(e.times(queue[i]).start, e.times(queue[i - 1]).end - 1e-12) << what << ": overlap on " << e.resources()[q].name;
+  }
+  for (size_t t = 0; t < e.task_count(); ++t) {
+    const TaskTimes& tt = e.times(static_cast<TaskId>(t));
+    ASSERT_GE(tt.end - tt.start, e.task(static_cast<TaskId>(t)).work_s - 1e-12) << what;
+    for (TaskId d : e.dependencies(static_cast<TaskId>(t)))
+      ASSERT_GE(tt.start, e.times(d).end - 1e-12) << what << ": task " << t << " before its dependency " << d;
+  }
+  for (size_t m = 0; m < e.memories().size(); ++m) {
+    for (const auto& [time, bytes] : e.memory_timeline(static_cast<int32_t>(m))) {
+      ASSERT_GE(bytes, 0) << what << " " << e.memories()[m].name;
+      ASSERT_LE(bytes, e.memories()[m].capacity) << what << " " << e.memories()[m].name;
+    }
+    EXPECT_LE(e.memory_peak(static_cast<int32_t>(m)), e.memories()[m].capacity) << what;
+  }
+  std::map<std::tuple<int32_t, int32_t, int32_t>, TaskId> copies;
+  for (size_t t = 0; t < e.task_count(); ++t) {
+    const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+    if (ts.kind == kD2HCheckpoint) copies[{ts.step, ts.layer, ts.micro_batch}] = static_cast<TaskId>(t);
+  }
+  for (size_t t = 0; t < e.task_count(); ++t) {
+    const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+    if (ts.kind != kH2DCheckpoint) continue;
+    auto it = copies.find({ts.step, ts.layer, ts.micro_batch});
+    ASSERT_NE(it, copies.end()) << what << ": a restore without a copy";
+    EXPECT_GE(e.times(static_cast<TaskId>(t)).start, e.times(it->second).end - 1e-12)
+        << what << ": checkpoint of layer " << ts.layer << " mb " << ts.micro_batch << " read back before it was written";
+  }
+}
+
+std::string describe(const PlanKnobs& k) {
+  return k.order + " K=" + std::to_string(k.prefetch) + " buffers=" + std::to_string(k.buffers) +
+         " c=" + std::to_string(k.checkpoint_every) + " " + k.location + " A=" + std::to_string(k.grad_accum) +
+         " clip=" + std::to_string(k.clip > 0) + " " + k.transfer;
+}
+
+TEST(StepModelProperties, RandomPlansKeepTheirInvariants) {
+  std::mt19937 rng(20261202);
+  for (int i = 0; i < 200; ++i) {
+    const PlanKnobs k = random_knobs(rng);
+    const RigFigures f = random_rig(rng);
+    const std::string what = "plan " + std::to_string(i) + " (" + describe(k) + ")";
+    const Sim s = simulate_plan(k, f, true);
+    ASSERT_TRUE(s.result.feasible) << what << ": " << s.result.reason;
+    ASSERT_TRUE(s.result.engine);
+    check_timeline(s.result, what);
+    ASSERT_GT(s.result.step_time_s, 0) << what;
+    for (const char* lane : {"gpu", "h2d", "d2h", "cpu", "nvme_read", "nvme_write"})
+      EXPECT_LE(s.result.busy.at(lane), 1 + 1e-9) << what << " " << lane;
+    double path = 0;
+    for (const auto& [name, v] : s.result.critical_path) path += v;
+    EXPECT_LT(rel(path, s.result.step_time_s), 1e-9) << what << ": the critical path covers the step";
+  }
+}
+
+TEST(StepModelProperties, MoreBandwidthOrComputeNeverMakesTheStepSlower) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200; ++i) {
+    const PlanKnobs k = random_knobs(rng);
+    const RigFigures f = random_rig(rng);
+    const std::string what = "plan " + std::to_string(i) + " (" + describe(k) + ")";
+    const double base = simulate_plan(k, f).result.step_time_s;
+    RigFigures link = f;
+    link.h2d *= 2;
+    link.d2h *= 2;
+    EXPECT_LE(simulate_plan(k, link).result.step_time_s, base * (1 + 1e-9)) << what << ": twice the link bandwidth";
+    RigFigures h2d_only = f;
+    h2d_only.h2d *= 1.5;
+    EXPECT_LE(simulate_plan(k, h2d_only).result.step_time_s, base * (1 + 1e-9)) << what << ": faster H2D";
+    RigFigures gpu = f;
+    gpu.matmul_bf16 *= 2;
+    gpu.gpu_bandwidth *= 2;
+    EXPECT_LE(simulate_plan(k, gpu).result.step_time_s, base * (1 + 1e-9)) << what << ": twice the compute rate";
+  }
+}
+
+TEST(StepModelProperties, DeeperPrefetchNeverMakesTheStepSlowerWhileBuffersFit) {
+  std::mt19937 rng(11);
+  for (int i = 0; i < 200; ++i) {
+    PlanKnobs k = random_knobs(rng);
+    const RigFigures f = random_rig(rng);
+    k.prefetch = std::uniform_int_distribution<int>(1, 3)(rng);
+    k.buffers = std::max(k.prefetch + 1, k.checkpoint_every + 1);
+    const std::string what = "plan " + std::to_string(i) + " (" + describe(k) + ")";
+    const Sim shallow = simulate_plan(k, f);
+    PlanKnobs deeper = k;
+    deeper.prefetch = k.prefetch + 1;
+    deeper.buffers = std::max(deeper.prefetch + 1, k.checkpoint_every + 1);
+    const Sim deep = simulate_plan(deeper, f);
+    ASSERT_TRUE(shallow.result.feasible && deep.result.feasible) << what;
+    EXPECT_LE(deep.result.step_time_s, shallow.result.step_time_s * (1 + 1e-9)) << what << ": prefetch " << deeper.prefetch;
+  }
+}
+
+}  // namespace
+}  // namespace megatrain::sim
