@@ -174,6 +174,22 @@ Status Engine::run() {
     for (TaskId a : active[static_cast<size_t>(p)]) {
       const auto i = static_cast<size_t>(a);
       TaskState& st = state_[i];
+      if (st.speed < 1.0 && now > st.last_update) {
+        // Charge the lost time to the pool that set the speed, so reports can name the culprit.
+        const TaskSpec& ts = tasks_[i];
+        int k_min = 0;
+        double best = 2.0;
+        for (int k = 0; k < 2; ++k) {
+          if (ts.pool[k] < 0) continue;
+          const double sum = demand_sum[static_cast<size_t>(ts.pool[k])];
+          const double f = sum > 0 ? pools_[static_cast<size_t>(ts.pool[k])].capacity / sum : 2.0;
+          if (f < best) {
+            best = f;
+            k_min = k;
+          }
+        }
+        times_[i].slowed_s[k_min] += (now - st.last_update) * (1.0 - st.speed);
+      }
       st.remaining -= (now - st.last_update) * st.speed;
       if (st.remaining < 0) st.remaining = 0;
       st.last_update = now;

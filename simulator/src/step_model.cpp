@@ -736,10 +736,16 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
       const TaskSpec& ts = e.task(cur);
       const double seg_end = std::min(tt.end, t1), seg_start = std::max(tt.start, t0);
       if (seg_end > seg_start) {
+        // Time lost to host-memory sharing is host memory's; time lost to sharing a drive or a
+        // half-duplex link stays with the task's own resource.
         const double dur = seg_end - seg_start;
-        const double slowed = tt.end - tt.start > 0 ? std::max(0.0, 1.0 - ts.work_s / (tt.end - tt.start)) : 0;
-        res.critical_path[bottleneck_of_resource(ts.resource)] += dur * (1 - slowed);
-        if (slowed > 0) res.critical_path["host_memory"] += dur * slowed;
+        const double len = tt.end - tt.start;
+        double host_share = 0;
+        for (int k = 0; k < 2; ++k)
+          if (ts.pool[k] == id.pool_host && len > 0) host_share += tt.slowed_s[k] / len;
+        host_share = std::min(1.0, host_share);
+        res.critical_path[bottleneck_of_resource(ts.resource)] += dur * (1 - host_share);
+        if (host_share > 0) res.critical_path["host_memory"] += dur * host_share;
       }
       if (tt.start <= t0) break;
       const TaskId d = tt.binding, q = qprev[static_cast<size_t>(cur)];

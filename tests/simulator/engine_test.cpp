@@ -387,6 +387,29 @@ TEST(Engine, TaskOnTwoPoolsRunsAtTheSlowerPoolsRate) {
   EXPECT_NEAR(e.times(w).end, 4.0, 1e-9);
 }
 
+// Lost time is charged to the pool that set the speed: x ran 4 s for 1 s of work, limited by P
+// the whole time (3 s lost to pool[0], none to Q); y lost 1 s to Q.
+TEST(Engine, TimeLostToSharingIsChargedToTheLimitingPool) {
+  Engine e;
+  const int32_t r0 = e.add_resource({"r0", "h2d", 1});
+  const int32_t r1 = e.add_resource({"r1", "d2h", 1});
+  const int32_t r2 = e.add_resource({"r2", "cpu", 1});
+  const int32_t P = e.add_pool({"P", 1.0});
+  const int32_t Q = e.add_pool({"Q", 1.0});
+  TaskSpec xs = on(r0, 1.0);
+  xs.pool[0] = P;
+  xs.demand[0] = 1.0;
+  xs.pool[1] = Q;
+  xs.demand[1] = 1.0;
+  const TaskId x = e.add_task(xs);
+  e.add_task(pooled(r1, 1.0, P, 3.0));
+  const TaskId y = e.add_task(pooled(r2, 1.0, Q, 1.0));
+  ASSERT_TRUE(e.run().ok());
+  EXPECT_NEAR(e.times(x).slowed_s[0], 3.0, 1e-9);
+  EXPECT_NEAR(e.times(x).slowed_s[1], 0.0, 1e-9);
+  EXPECT_NEAR(e.times(y).slowed_s[0], 1.0, 1e-9);
+}
+
 // ---- a buffered pipeline -----------------------------------------------------------------------
 
 // N transfers of a seconds feeding N computes of b seconds through K buffer slots: a slot is

@@ -56,6 +56,7 @@ struct TaskTimes {
   double start = 0;   // started (ready + any wait for memory)
   double end = 0;
   int32_t binding = -1;  // the dependency that ended last (-1: none, or the queue predecessor)
+  double slowed_s[2] = {0, 0};  // time lost to sharing TaskSpec::pool[k] (the pool that limited it)
 };
 
 class Engine {
