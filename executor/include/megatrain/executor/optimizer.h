@@ -1,0 +1,40 @@
+// The CPU AdamW of ARCHITECTURE.md section 5: one fused pass per tensor that reads the gradient,
+// master weight and moments and writes the master weight, the moments and the streaming copy for
+// the next step. The arithmetic follows torch.optim.AdamW (decoupled weight decay, bias
+// correction, eps added to sqrt(v_hat)) operation by operation, so the two agree to rounding.
+// Also: the learning-rate schedules of the plan and a deterministic global gradient norm.
+#pragma once
+
+#include <cstdint>
+
+#include "megatrain/core/plan.h"
+
+namespace megatrain::exec {
+
+struct AdamWStep {
+  double lr = 0;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0;  // for this tensor (0 for norms and biases, as HF Trainer does)
+  int64_t t = 1;            // 1-based update count, for bias correction
+  float grad_scale = 1.0f;  // clipping factor applied to the gradient as it is read
+};
+
+// Updates n parameters. `stream_f32` / `stream_bf16` (either may be null) receive the new weights
+// in the transfer dtype. Splits the range over `threads` fixed chunks: every element is computed
+// independently, so the result does not depend on the thread count.
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
+                  float* stream_f32, uint16_t* stream_bf16, int threads);
+
+// The learning rate of 0-based step `step`: linear warmup over warmup_steps ((step+1)/warmup of
+// lr), then constant, cosine or linear decay from lr to min_lr at the last step.
+double learning_rate(const TrainingConfig& t, int64_t step);
+
+// Sum of squares in double, accumulated in fixed blocks of 4096 in order: the same for any thread
+// count and any call order of tensors that sums these partials in a fixed order.
+double sum_of_squares(const float* g, int64_t n);
+
+// Round-to-nearest-even fp32 -> bf16 and back.
+uint16_t to_bf16(float x);
+float from_bf16(uint16_t b);
+
+}  // namespace megatrain::exec

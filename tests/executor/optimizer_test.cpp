@@ -1,0 +1,101 @@
+// AdamW against the update written out by hand in double precision, learning-rate schedules at
+// hand-computed points, bf16 rounding, and thread-count independence.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "megatrain/executor/optimizer.h"
+
+namespace megatrain::exec {
+namespace {
+
+TEST(AdamW, ThreeStepsMatchTheUpdateWrittenOutInDouble) {
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  std::vector<float> w = {0.5f, -1.25f, 2.0f}, m(3, 0.0f), v(3, 0.0f);
+  std::vector<double> wd_ref = {0.5, -1.25, 2.0}, md(3, 0.0), vd(3, 0.0);
+  const std::vector<std::vector<float>> grads = {{0.1f, -0.2f, 0.3f}, {0.05f, 0.4f, -0.1f}, {-0.3f, 0.0f, 0.2f}};
+  for (int t = 1; t <= 3; ++t) {
+    AdamWStep s{lr, b1, b2, eps, wd, t, 1.0f};
+    adamw_update(w.data(), grads[t - 1].data(), m.data(), v.data(), 3, s, nullptr, nullptr, 1);
+    for (int i = 0; i < 3; ++i) {
+      const double g = grads[t - 1][i];
+      wd_ref[i] *= 1 - lr * wd;
+      md[i] = b1 * md[i] + (1 - b1) * g;
+      vd[i] = b2 * vd[i] + (1 - b2) * g * g;
+      const double mhat = md[i] / (1 - std::pow(b1, t)), denom = std::sqrt(vd[i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
+      wd_ref[i] -= lr * mhat / denom;
+      EXPECT_NEAR(w[i], wd_ref[i], 2e-7 * std::max(1.0, std::fabs(wd_ref[i]))) << "t=" << t << " i=" << i;
+      EXPECT_NEAR(m[i], md[i], 1e-7);
+      EXPECT_NEAR(v[i], vd[i], 1e-8);
+    }
+  }
+}
+
+TEST(AdamW, GradScaleClipsTheGradientAsItIsRead) {
+  std::vector<float> w1 = {1.0f}, w2 = {1.0f}, m1(1), v1(1), m2(1), v2(1);
+  const float g_big = 8.0f, g_small = 2.0f;
+  adamw_update(w1.data(), &g_big, m1.data(), v1.data(), 1, AdamWStep{1e-3, 0.9, 0.95, 1e-8, 0, 1, 0.25f}, nullptr, nullptr, 1);
+  adamw_update(w2.data(), &g_small, m2.data(), v2.data(), 1, AdamWStep{1e-3, 0.9, 0.95, 1e-8, 0, 1, 1.0f}, nullptr, nullptr, 1);
+  EXPECT_EQ(w1[0], w2[0]);
+  EXPECT_EQ(m1[0], m2[0]);
+  EXPECT_EQ(v1[0], v2[0]);
+}
+
+TEST(AdamW, ResultDoesNotDependOnTheThreadCountAndStreamsTheNewWeights) {
+  const int64_t n = 300001;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> w(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) w[i] = d(rng), g[i] = d(rng), m[i] = 0.1f * d(rng), v[i] = std::fabs(d(rng));
+  auto w2 = w, m2 = m, v2 = v;
+  std::vector<float> s32(n);
+  std::vector<uint16_t> s16(n);
+  const AdamWStep s{3e-4, 0.9, 0.95, 1e-8, 0.1, 5, 0.7f};
+  adamw_update(w.data(), g.data(), m.data(), v.data(), n, s, s32.data(), s16.data(), 1);
+  adamw_update(w2.data(), g.data(), m2.data(), v2.data(), n, s, nullptr, nullptr, 3);
+  EXPECT_EQ(w, w2);
+  EXPECT_EQ(m, m2);
+  EXPECT_EQ(v, v2);
+  EXPECT_EQ(s32, w);
+  for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(s16[i], to_bf16(w[i]));
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(from_bf16(0x3f80), 1.0f);
+  // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1 + 2^-7: ties to even (1.0).
+  EXPECT_EQ(to_bf16(1.0f + 1.0f / 256), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: ties to even (1 + 2^-6).
+  EXPECT_EQ(to_bf16(1.0f + 3.0f / 256), 0x3f82);
+  EXPECT_EQ(to_bf16(-2.0f), 0xc000);
+  EXPECT_TRUE(std::isnan(from_bf16(to_bf16(NAN))));
+}
+
+TEST(LearningRate, WarmupThenEachScheduleAtHandComputedPoints) {
+  TrainingConfig t;
+  t.lr = 1e-3;
+  t.min_lr = 1e-4;
+  t.steps = 11;
+  t.warmup_steps = 2;
+  t.lr_schedule = "cosine";
+  EXPECT_DOUBLE_EQ(learning_rate(t, 0), 0.5e-3);  // (0+1)/2
+  EXPECT_DOUBLE_EQ(learning_rate(t, 1), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 2), 1e-3);    // decay starts at lr
+  EXPECT_NEAR(learning_rate(t, 6), 1e-4 + 0.9e-3 * 0.5 * (1 + std::cos(3.14159265358979 * 4 / 8)), 1e-15);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 10), 1e-4);   // the last step reaches min_lr
+  t.lr_schedule = "linear";
+  EXPECT_NEAR(learning_rate(t, 6), 1e-3 - 0.9e-3 * 0.5, 1e-15);
+  t.lr_schedule = "constant";
+  EXPECT_DOUBLE_EQ(learning_rate(t, 9), 1e-3);
+}
+
+TEST(GradNorm, SumOfSquaresInDouble) {
+  std::vector<float> g(10000, 0.5f);
+  g[9999] = 3.0f;
+  EXPECT_DOUBLE_EQ(sum_of_squares(g.data(), 10000), 9999 * 0.25 + 9.0);
+}
+
+}  // namespace
+}  // namespace megatrain::exec
