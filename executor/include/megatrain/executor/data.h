@@ -1,0 +1,148 @@
+// Token data for training: token files (llm.c, raw uint16/uint32, text as bytes) and the loader
+// that turns (step, micro-batch) into input/target rows. Formats and rules: docs/data-and-checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain::exec {
+
+// How the bytes of a token file are read. kAuto decides from the extension and the first bytes.
+enum class TokenFormat {
+  kAuto,
+  kLlmc,    // 256 x int32 header; magic 20240520 v1 (uint16 tokens) or 20240801 v7 (uint32 tokens)
+  kRawU16,  // little-endian uint16 tokens, nothing else
+  kRawU32,  // little-endian uint32 tokens, nothing else
+  kText,    // every byte is a token (vocab 256)
+};
+
+const char* token_format_name(TokenFormat f);  // "auto" | "llmc" | "u16" | "u32" | "text"
+Result<TokenFormat> parse_token_format(const std::string& s);
+
+inline constexpr int32_t kLlmcMagicU16 = 20240520;  // llm.c GPT-2 files, version 1
+inline constexpr int32_t kLlmcMagicU32 = 20240801;  // llm.c Llama-3 files, version 7
+inline constexpr int64_t kLlmcHeaderInts = 256;
+
+// A read-only, memory-mapped token file (or an in-memory token list). Move-only; the mapping is
+// released on destruction. All const members are safe to call from several threads at once.
+class TokenFile {
+ public:
+  // Opens and validates `path`: the llm.c magic/version, header token count against the file size,
+  // a raw file whose size is not a whole number of tokens. Errors name the file and what was expected.
+  static Result<TokenFile> open(const std::filesystem::path& path, TokenFormat format = TokenFormat::kAuto);
+  // Tokens held in memory (tests, generated data); `name` stands in for the path in messages.
+  static TokenFile from_tokens(std::vector<uint32_t> tokens, std::string name = "<memory>");
+
+  TokenFile(TokenFile&& other) noexcept;
+  TokenFile& operator=(TokenFile&& other) noexcept;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+  ~TokenFile();
+
+  int64_t size() const { return count_; }      // number of tokens
+  TokenFormat format() const { return format_; }  // the resolved format, never kAuto
+  const std::string& name() const { return name_; }  // the path as given, for messages
+  // The largest vocabulary the format can express: 256 (text), 65536 (u16), 2^32 (u32).
+  int64_t format_vocab_limit() const;
+
+  uint32_t token(int64_t i) const;  // 0 <= i < size(); checked (MT_CHECK), a caller bug otherwise
+  // Copies tokens [begin, begin+count) to `out` as int32, failing with kInvalidArgument (naming
+  // the file, the position, the value and `vocab_size`) on the first token >= vocab_size.
+  // vocab_size 0 means "no model limit"; tokens above INT32_MAX are refused either way.
+  Status copy_tokens(int64_t begin, int64_t count, int64_t vocab_size, int32_t* out) const;
+  // One pass over the whole file, the same check as copy_tokens. Optional: the loader checks
+  // every batch it builds; this lets a run refuse bad data before its first step.
+  Status check_vocab(int64_t vocab_size) const;
+
+ private:
+  TokenFile() = default;
+  void release();
+
+  std::string name_;
+  TokenFormat format_ = TokenFormat::kText;
+  int64_t count_ = 0;
+  int width_ = 1;                  // bytes per token
+  const uint8_t* tokens_ = nullptr;  // first token byte (inside the mapping or memory_)
+  void* map_ = nullptr;            // mmap base, or null
+  size_t map_bytes_ = 0;
+  std::vector<uint32_t> memory_;   // from_tokens storage
+};
+
+enum class DataOrder { kSequential, kShuffled };
+const char* data_order_name(DataOrder o);  // "sequential" | "shuffled"
+Result<DataOrder> parse_data_order(const std::string& s);
+
+struct DataLoaderOptions {
+  int64_t seq_len = 0;      // T
+  int64_t micro_batch = 1;  // B: rows per micro-batch
+  int64_t grad_accum = 1;   // micro-batches per step
+  DataOrder order = DataOrder::kSequential;
+  uint64_t seed = 1;        // shuffled only
+  int64_t vocab_size = 0;   // every batch's tokens must be < vocab_size; 0 = no check beyond INT32_MAX
+};
+
+// Where one row of a batch came from.
+struct RowSource {
+  int64_t global_row = 0;  // r = (step * grad_accum + j) * micro_batch + b
+  int64_t epoch = 0;       // r / rows_per_epoch
+  int64_t file_row = 0;    // row k of the file: inputs [k*T, k*T+T), targets [k*T+1, k*T+T+1)
+};
+
+struct Batch {
+  int64_t step = 0, micro = 0;
+  int64_t micro_batch = 0, seq_len = 0;
+  std::vector<int32_t> inputs;   // [micro_batch, seq_len] row-major
+  std::vector<int32_t> targets;  // [micro_batch, seq_len] row-major, inputs shifted by one token
+  std::vector<RowSource> rows;   // one per row b
+};
+
+// Turns (step, j) into micro-batch j of step `step`. It has no cursor: every batch is a pure
+// function of (step, j, options, file), so a resumed run sees exactly the batches an uninterrupted
+// run would, whatever was drawn before. Row numbering, wrap-around and shuffling are defined in
+// docs/data-and-checkpoints.md. Thread-safe: batch()/fill() may run concurrently (the shuffled
+// order caches the permutations of the last two epochs behind a mutex).
+class DataLoader {
+ public:
+  // Fails (kInvalidArgument) when the file holds fewer than seq_len + 1 tokens, saying how many are
+  // needed, or when a size is not positive.
+  static Result<DataLoader> create(std::shared_ptr<const TokenFile> tokens, const DataLoaderOptions& options);
+  static Result<DataLoader> create(std::shared_ptr<const TokenFile> tokens, int64_t seq_len, int64_t micro_batch,
+                                   int64_t grad_accum, DataOrder order, uint64_t seed, int64_t vocab_size = 0);
+
+  DataLoader(DataLoader&&) noexcept;
+  DataLoader& operator=(DataLoader&&) noexcept;
+  ~DataLoader();
+
+  const DataLoaderOptions& options() const { return options_; }
+  const TokenFile& tokens() const { return *tokens_; }
+  // Whole rows in the file: a row needs T+1 tokens starting at k*T, so floor((N - 1) / T).
+  int64_t rows_per_epoch() const { return rows_per_epoch_; }
+  int64_t tokens_per_step() const { return options_.micro_batch * options_.grad_accum * options_.seq_len; }
+  // The file row that global row r reads (epoch wrap and, when shuffled, the epoch's permutation).
+  RowSource row_source(int64_t global_row) const;
+
+  Result<Batch> batch(int64_t step, int64_t micro) const;
+  // The same rows into caller buffers of micro_batch * seq_len int32 each (pinned staging, say).
+  Status fill(int64_t step, int64_t micro, int32_t* inputs, int32_t* targets) const;
+
+ private:
+  struct PermutationCache;
+  DataLoader() = default;
+  Status check_position(int64_t step, int64_t micro) const;
+
+  std::shared_ptr<const TokenFile> tokens_;
+  DataLoaderOptions options_;
+  int64_t rows_per_epoch_ = 0;
+  std::unique_ptr<PermutationCache> cache_;
+};
+
+// The permutation of [0, n) that the shuffled order uses for `epoch` (Fisher-Yates driven by
+// xoshiro256** seeded through splitmix64; see the doc). Exposed so tests and tools can reproduce it.
+std::vector<uint32_t> shuffled_rows(uint64_t seed, uint64_t epoch, uint32_t n);
+
+}  // namespace megatrain::exec

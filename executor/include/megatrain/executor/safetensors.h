@@ -1,0 +1,137 @@
+// safetensors files: a validating reader (F32/BF16/F16 to fp32), an atomic writer (F32/BF16/F16),
+// and Hugging Face checkpoint folders (model.safetensors or shards named by model.safetensors.index.json).
+// The supported subset and the write protocol are in docs/data-and-checkpoints.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "megatrain/core/model_spec.h"  // DType
+#include "megatrain/core/status.h"
+
+namespace megatrain::exec {
+
+// Scalar conversions used by the reader and writer (round to nearest even; NaN stays NaN).
+float bf16_to_fp32(uint16_t h);
+uint16_t fp32_to_bf16(float f);
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);
+
+const char* safetensors_dtype_name(DType d);  // "F32" | "BF16" | "F16"
+// The DType of a safetensors dtype string, when it is one MegaTrain computes with.
+std::optional<DType> dtype_from_safetensors(std::string_view s);
+
+// One tensor as a safetensors header describes it.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;          // as written in the file: "F32", "BF16", "F16", "I64", "U8", ...
+  size_t element_bytes = 0;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  uint64_t begin = 0;         // data_offsets, relative to the start of the data section
+  uint64_t end = 0;
+};
+
+// An open, fully validated safetensors file. open() reads and checks the header only; tensor data is
+// read on demand with pread, so a 100 GB checkpoint costs no memory until a tensor is asked for.
+// Move-only (owns a descriptor). Reads are const and safe from several threads at once.
+class SafetensorsFile {
+ public:
+  // Errors: kNotFound (no file), kIoError, kCorrupt (anything the header or sizes get wrong: header
+  // length beyond the file, invalid JSON, a bad field, offsets out of range, overlapping or with holes,
+  // sizes != numel x dtype size, duplicate names, bytes after the last tensor), kUnsupported (a dtype
+  // string the format does not define). Every message names the file.
+  static Result<SafetensorsFile> open(const std::filesystem::path& path);
+
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in data (offset) order
+  const SafetensorsEntry* find(std::string_view name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }  // "__metadata__"
+  uint64_t data_start() const { return data_start_; }  // 8 + header length
+  uint64_t file_bytes() const { return file_bytes_; }
+
+  // The stored bytes of `e` (an entry of this file); out_bytes must equal end - begin.
+  Status read_raw(const SafetensorsEntry& e, void* out, size_t out_bytes) const;
+  // The values of `e` as fp32 (F32 copied, BF16/F16 widened exactly; other dtypes kUnsupported).
+  Status read_fp32(const SafetensorsEntry& e, float* out, int64_t out_numel) const;
+  Result<std::vector<float>> read_fp32(std::string_view name) const;
+
+ private:
+  SafetensorsFile() = default;
+  std::filesystem::path path_;
+  int fd_ = -1;
+  uint64_t file_bytes_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t, std::less<>> index_;  // name -> position in entries_
+  std::map<std::string, std::string> metadata_;
+};
+
+// One tensor to write. `data` holds numel values of `source`; the file stores `stored`.
+// Conversions: equal types are copied; fp32 -> bf16/fp16 round to nearest even; bf16/fp16 -> fp32.
+struct TensorToWrite {
+  std::string name;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  DType source = DType::kFp32;
+  DType stored = DType::kFp32;
+};
+
+// Writes `tensors` in the given order, contiguous (as the reference implementation requires), after a
+// JSON header padded with spaces so the data section starts 8-byte aligned. `metadata` goes to
+// "__metadata__"; "format": "pt" is added unless given, because transformers refuses safetensors
+// weights without it. The bytes go to a temporary file in the same directory, then fsync, rename over
+// `path`, fsync of the directory: `path` holds either its previous content or the complete new file.
+// On failure the temporary file is removed and any previous file is left as it was.
+Status write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+
+// A Hugging Face checkpoint: a folder holding model.safetensors, or model.safetensors.index.json and the
+// shards its weight_map names (model.safetensors wins when both exist, as in transformers). A path to
+// a .safetensors file or to an index file is accepted too. All files are opened and validated by open().
+class HfCheckpoint {
+ public:
+  struct Location {
+    std::filesystem::path file;
+    SafetensorsEntry entry;
+  };
+
+  // Errors: kNotFound (no safetensors weights; a message says so when only pytorch_model.bin exists,
+  // or a shard named by the index is missing), kCorrupt (a bad index, a tensor the index places in a
+  // shard that lacks it, any shard's own corruption).
+  static Result<HfCheckpoint> open(const std::filesystem::path& folder_or_file);
+
+  const std::vector<std::filesystem::path>& files() const { return file_paths_; }
+  // tensor name -> (file, entry)
+  const std::map<std::string, Location>& tensors() const { return tensors_; }
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  // The index's "metadata" (values that are not strings are kept as JSON text), or the single file's.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  Result<std::vector<float>> load_fp32(const std::string& name) const;
+  // Loads into `out` (numel of expected_shape floats) after checking the stored shape, so a checkpoint of
+  // another model is refused with both shapes in the message (kInvalidArgument); a name the checkpoint
+  // lacks is kNotFound.
+  Status load_fp32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out) const;
+
+ private:
+  std::vector<std::filesystem::path> file_paths_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, Location> tensors_;
+  std::map<std::string, size_t> file_of_;  // tensor name -> position in files_
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace megatrain::exec

@@ -1,0 +1,67 @@
+// Training from a plan on the CPU backend: the streamed layer-major pipeline of ARCHITECTURE.md
+// section 4 (weights prefetched K units ahead into a bounded set of device buffers by an H2D
+// thread, gradients copied back per unit by a D2H thread, AdamW per unit on an optimizer thread
+// while compute goes on), and the plain in-memory loop of the same model that it is tested
+// against. Both use the same layer templates, so they agree bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/plan.h"
+#include "megatrain/core/status.h"
+#include "megatrain/core/trace_store.h"
+#include "megatrain/executor/data.h"
+#include "megatrain/executor/host_state.h"
+
+namespace megatrain::exec {
+
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0;        // mean cross-entropy over all tokens of the step, before its update
+  int64_t tokens = 0;
+  double time_s = 0;
+  double stall_s = 0;     // time the compute thread waited for weights or the optimizer
+  double grad_norm = 0;   // global norm before clipping (0 when clipping is off)
+};
+
+struct TrainerOptions {
+  bool streamed = true;   // false: the plain in-memory loop (the reference)
+  int threads = 1;        // compute threads of the CPU backend
+  bool record_trace = false;
+};
+
+// Device bytes the streamed pipeline allocates for this plan (all from one arena).
+struct DeviceBudget {
+  int64_t slots = 0, hidden = 0, checkpoints = 0, activations = 0, gradients = 0, workspace = 0;
+  int64_t total() const { return slots + hidden + checkpoints + activations + gradients + workspace; }
+};
+
+class Trainer {
+ public:
+  // Validates that the CPU backend supports the plan and that its buffers fit the device budget
+  // (the error says how many bytes are needed and for what) before anything runs.
+  static Result<std::unique_ptr<Trainer>> create(const Plan& plan, const ModelSpec& model, HostState& state,
+                                                 const DataLoader& data, const TrainerOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs training step `step` (0-based): forward, backward, optimizer; returns its loss and time.
+  Result<StepResult> run_step(int64_t step);
+  const DeviceBudget& budget() const;
+  // Writes every recorded span (compute, copies, optimizer, stalls), the steps and the memory
+  // counters to a trace (needs record_trace).
+  Status write_trace(const std::filesystem::path& path, const std::string& plan_json) const;
+
+  struct Impl;  // opaque; defined in trainer.cpp
+
+ private:
+  explicit Trainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace megatrain::exec
