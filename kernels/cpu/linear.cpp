@@ -21,7 +21,7 @@ using MMap = Eigen::Map<RowMat<T>, 0, Eigen::OuterStride<>>;
 
 // Block boundaries: a multiple of Eigen's register blocks (mr = 3 packets: 48 floats or 24 doubles
 // with AVX-512, nr = 4 or 8) so a block boundary never changes which micro-kernel handles a row.
-constexpr int64_t kAlign = 1;
+constexpr int64_t kAlign = 48;
 // Below this many rows per block the split costs more than it gains.
 constexpr int64_t kMinBlock = 96;
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# megatrain-exec as a user runs it: trains the tiny plan on a text file with the loss falling, writes
+# a measured trace that Python's sqlite3 can read, and refuses bad input with a clear message.
+set -uo pipefail
+src=$2
+exe="$(dirname "$1")/megatrain-exec"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); else echo "ok: $1"; fi; }
+head -c 20000 /usr/share/common-licenses/GPL-3 >"$tmp/text.txt" 2>/dev/null || yes "the quick brown fox jumps over the lazy dog" | head -c 20000 >"$tmp/text.txt"
+
+"$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/text.txt" --steps 12 --trace "$tmp/run.mtrace" >"$tmp/out" 2>"$tmp/err"
+check "trains 12 steps" "[ $? -eq 0 ] && [ \$(grep -c '^step' $tmp/out) -eq 12 ]"
+check "the loss falls" "awk '/^step/ {l[n++]=\$4} END {exit !(l[n-1] < l[0] - 0.3)}' $tmp/out"
+check "the trace is a measured run with steps and spans" "/usr/bin/python3 - $tmp/run.mtrace <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+assert db.execute('select value from meta where key=\"source\"').fetchone()[0] == 'measured'
+assert db.execute('select count(*) from steps').fetchone()[0] == 12
+kinds = {r[0] for r in db.execute('select distinct kind from spans')}
+assert {'forward', 'backward', 'recompute', 'h2d', 'd2h', 'optimizer'} <= kinds, kinds
+losses = [r[0] for r in db.execute('select loss from steps order by step')]
+assert losses[-1] < losses[0]
+PY"
+
+"$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/missing.txt" >"$tmp/out" 2>"$tmp/err"
+check "a missing data file exits non-zero naming it" "[ $? -ne 0 ] && grep -q 'missing.txt' $tmp/err"
+
+/usr/bin/python3 -c "
+import json; d = json.load(open('$src/profiles/plans/tiny-cpu.json')); d['placement']['device_budget_bytes'] = 100000
+json.dump(d, open('$tmp/small.json', 'w'))"
+"$exe" "$tmp/small.json" --data "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"
+check "a device budget too small is refused before training, with the bytes needed" \
+  "[ $? -ne 0 ] && grep -q 'needs' $tmp/err && ! grep -q '^step' $tmp/out"
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
