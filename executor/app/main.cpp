@@ -11,6 +11,7 @@
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/trainer.h"
+#include "megatrain/executor/weights_io.h"
 
 namespace {
 
@@ -24,13 +25,15 @@ int fail(const megatrain::Status& s) {
 int main(int argc, char** argv) {
   using namespace megatrain;
   CLI::App app{"megatrain-exec: train from a plan file (CPU backend)"};
-  std::string plan_path, data_path, trace_path, backend = "cpu";
+  std::string plan_path, data_path, trace_path, init_dir, backend = "cpu";
   int64_t steps = 0;
   int threads = 1;
   bool reference = false;
   app.add_option("plan", plan_path, "plan file (megatrain.plan/1)")->required();
   app.add_option("--data", data_path, "token file: llm.c .bin, raw .u16/.u32, or any other file as bytes (vocab 256)")->required();
   app.add_option("--steps", steps, "steps to run (default: training.steps of the plan)")->check(CLI::PositiveNumber);
+  app.add_option("--init", init_dir, "start from a Hugging Face checkpoint: a folder with model.safetensors or a sharded index")
+      ->check(CLI::ExistingPath);
   app.add_option("--trace", trace_path, "write the measured timeline to this .mtrace file");
   app.add_option("--backend", backend, "cpu (the CUDA backend arrives with issue 7)")->check(CLI::IsMember({"cpu"}));
   app.add_option("--threads", threads, "compute threads of the CPU backend")->check(CLI::Range(1, 256));
@@ -56,7 +59,11 @@ int main(int argc, char** argv) {
                                          model->config().vocab_size);
   if (!loader.ok()) return fail(loader.status());
   exec::HostState state = exec::HostState::create(*model, plan->precision.transfer);
-  state.init_random(static_cast<uint64_t>(plan->training.seed), 0.02);
+  if (!init_dir.empty()) {
+    if (Status s = exec::load_weights(state, init_dir); !s.ok()) return fail(s);
+  } else {
+    state.init_random(static_cast<uint64_t>(plan->training.seed), 0.02);
+  }
   exec::TrainerOptions opt;
   opt.streamed = !reference;
   opt.threads = threads;
