@@ -199,6 +199,10 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
     c.rope_scaling_type = t->get<std::string>();
     if (c.rope_scaling_type != "default") {
       if (auto f = rs->find("factor"); f != rs->end() && f->is_number()) c.rope_scaling_factor = f->get<double>();
+      if (auto f = rs->find("low_freq_factor"); f != rs->end() && f->is_number()) c.rope_low_freq_factor = f->get<double>();
+      if (auto f = rs->find("high_freq_factor"); f != rs->end() && f->is_number()) c.rope_high_freq_factor = f->get<double>();
+      if (auto f = rs->find("original_max_position_embeddings"); f != rs->end() && f->is_number())
+        c.rope_original_max_position = f->get<double>();
     } else {
       c.rope_scaling_type.clear();
     }

@@ -194,6 +194,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   rc.theta = mc.rope_theta;
   MT_ASSIGN_OR_RETURN(rc.scaling, cpu::parse_rope_scaling_type(mc.rope_scaling_type));
   rc.factor = mc.rope_scaling_factor;
+  rc.low_freq_factor = mc.rope_low_freq_factor;
+  rc.high_freq_factor = mc.rope_high_freq_factor;
+  rc.original_max_position_embeddings = mc.rope_original_max_position;
+  // The CPU attention is full causal; a sliding window changes nothing while the sequence fits it.
+  if (mc.sliding_window > 0 && plan.training.seq_len > mc.sliding_window)
+    return unsupported("training.seq_len " + std::to_string(plan.training.seq_len) + " exceeds the model's sliding_window " +
+                       std::to_string(mc.sliding_window) + ", and the CPU attention has no window; accepted: seq_len <= " +
+                       std::to_string(mc.sliding_window));
   MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, cpu::rope_inv_freq<float>(rc));
   I.math = std::make_unique<LayerMath>(*I.ctx, I.d, std::move(inv_freq));
 

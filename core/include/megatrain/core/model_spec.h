@@ -41,6 +41,9 @@ struct ModelConfig {
   double rope_theta = 10000;
   std::string rope_scaling_type;  // "" when absent; "llama3", "linear", "dynamic", "yarn"
   double rope_scaling_factor = 1;
+  double rope_low_freq_factor = 1;            // llama3 scaling
+  double rope_high_freq_factor = 4;           // llama3 scaling
+  double rope_original_max_position = 8192;   // llama3 scaling: original_max_position_embeddings
   bool tie_word_embeddings = false;
   bool qkv_bias = false;          // q/k/v projections carry a bias (Qwen2; Llama attention_bias)
   bool o_bias = false;            // o_proj carries a bias (Llama attention_bias)
