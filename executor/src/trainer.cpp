@@ -105,6 +105,8 @@ struct Trainer::Impl {
   std::vector<float*> hid[2];          // A hidden states, ping-pong
   std::vector<float*> dhid;            // A gradients of the hidden state
   std::vector<std::vector<float*>> ckpt;  // [checkpoint index][mb] layer inputs kept on the device
+  bool host_ckpt = false;              // checkpoints live in host memory (D2H, then H2D back)
+  AlignedArray<float> host_ckpt_store; // [checkpoint index][mb] in RAM
   std::vector<float*> acts;            // activations: c layers (recompute) or L*A (keep all)
   std::vector<float*> grad_bufs;       // per-unit gradient accumulators (c + 1 layers in flight)
   float* embed_grad = nullptr;         // embedding gradient accumulator
@@ -174,8 +176,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     return unsupported("precision.compute: the CPU backend computes in fp32; accepted: fp32 (bf16 compute is the CUDA backend's)");
   if (plan.schedule.order != "layer-major")
     return unsupported("schedule.order: the CPU executor runs layer-major so far; accepted: layer-major");
-  if (plan.schedule.checkpoint_location != "device")
-    return unsupported("schedule.checkpoint_location: the CPU executor keeps checkpoints on the device so far; accepted: device");
   if (plan.placement.master_weights != "ram" || plan.placement.optimizer_states != "ram")
     return unsupported("placement: the CPU executor keeps all state in RAM so far; accepted: ram for master_weights and optimizer_states");
   if (plan.optimizer.m_format != StateFormat::kFp32 || plan.optimizer.v_format != StateFormat::kFp32)
@@ -187,6 +187,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.B = plan.schedule.device_layer_buffers;
   I.c = plan.schedule.checkpoint_every;
   I.clip = plan.training.clip_grad_norm > 0;
+  I.host_ckpt = plan.schedule.checkpoint_location == "host" && I.c > 0;
   I.ctx = std::make_unique<cpu::CpuContext>(options.threads);
   const ModelConfig& mc = model.config();
   cpu::RopeConfig rc;
@@ -222,7 +223,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                                 std::to_string(I.c + 1));
     b.slots = floats_to_bytes(I.B * max_unit);
     b.hidden = floats_to_bytes(3 * I.A * NH);
-    b.checkpoints = floats_to_bytes(n_ckpt * I.A * NH);
+    b.checkpoints = I.host_ckpt ? 0 : floats_to_bytes(n_ckpt * I.A * NH);
     b.activations = floats_to_bytes(act_sets * layer_act_floats(d));
     b.gradients = floats_to_bytes(grad_sets * max_layer + state.units()[0].numel +
                                   state.units()[static_cast<size_t>(I.L + 1)].numel + (d.tied ? d.V * d.H : 0));
@@ -249,8 +250,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
       for (int64_t j = 0; j < I.A; ++j) I.hid[k].push_back(take(NH));
     for (int64_t j = 0; j < I.A; ++j) I.dhid.push_back(take(NH));
     I.ckpt.resize(static_cast<size_t>(n_ckpt));
-    for (auto& v : I.ckpt)
-      for (int64_t j = 0; j < I.A; ++j) v.push_back(take(NH));
+    if (I.host_ckpt) {
+      I.host_ckpt_store.resize(n_ckpt * I.A * NH);
+      for (int64_t k = 0; k < n_ckpt; ++k)
+        for (int64_t j = 0; j < I.A; ++j) I.ckpt[static_cast<size_t>(k)].push_back(I.host_ckpt_store.data() + (k * I.A + j) * NH);
+    } else {
+      for (auto& v : I.ckpt)
+        for (int64_t j = 0; j < I.A; ++j) v.push_back(take(NH));
+    }
     for (int64_t k = 0; k < act_sets; ++k) I.acts.push_back(take(layer_act_floats(d)));
     for (int64_t k = 0; k < grad_sets; ++k) I.grad_bufs.push_back(take(max_layer));
     I.embed_grad = take(state.units()[0].numel);
@@ -403,6 +410,13 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   }
   int64_t compute_at = -1;  // index of the load the compute stream has begun
   double stall = 0;
+  // Host checkpoints: copied out during forward (D2H), restored into hid[0][mb] during backward
+  // (H2D, queued after each block's weights, as the executor issues them).
+  const int64_t n_ck = static_cast<int64_t>(I.ckpt.size());
+  std::vector<char> ckpt_copied(static_cast<size_t>(std::max<int64_t>(1, n_ck * I.A)), 0);
+  std::vector<char> restored(static_cast<size_t>(blocks.size() * static_cast<size_t>(I.A)), 0);
+  std::vector<int64_t> consumed_upto(static_cast<size_t>(I.A), -1);
+  bool backward_begun = false;
   // On an early return (an op's error), stop the queued jobs and wait for them: they refer to
   // this frame's locals.
   struct Drain {
@@ -427,8 +441,9 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   } drain{I};
 
   // H2D: each load waits for a free slot, for the prefetch window and for the unit's update of
-  // the previous step, then copies.
-  for (size_t i = 0; i < loads.size(); ++i) {
+  // the previous step, then copies. A checkpoint restore waits until backward has begun and the
+  // previous block's recompute of that micro-batch has read the buffer it overwrites.
+  auto post_load = [&](size_t i) {
     I.h2d->post([&I, &loads, &compute_at, i, step] {
       Load& ld = loads[i];
       {
@@ -452,6 +467,39 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       }
       I.cv.notify_all();
     });
+  };
+  auto post_restore = [&](size_t bi, int64_t j, int64_t lo) {
+    I.h2d->post([&I, &restored, &consumed_upto, &backward_begun, &ckpt_copied, bi, j, lo, step, NH] {
+      const size_t ck = static_cast<size_t>((lo - 1) / I.c);
+      {
+        std::unique_lock<std::mutex> l(I.mu);
+        I.cv.wait(l, [&] {
+          return I.aborting || (backward_begun && consumed_upto[static_cast<size_t>(j)] >= static_cast<int64_t>(bi) - 1 &&
+                                ckpt_copied[ck * static_cast<size_t>(I.A) + static_cast<size_t>(j)]);
+        });
+        if (I.aborting) return;
+      }
+      const auto a = Clock::now();
+      std::memcpy(I.hid[0][static_cast<size_t>(j)], I.ckpt[ck][static_cast<size_t>(j)], sizeof(float) * static_cast<size_t>(NH));
+      I.record(kLaneH2D, "h2d checkpoint L" + std::to_string(lo) + " mb" + std::to_string(j), "h2d_checkpoint", step, lo, j, a,
+               Clock::now(), NH * 4);
+      {
+        std::lock_guard<std::mutex> g(I.mu);
+        restored[bi * static_cast<size_t>(I.A) + static_cast<size_t>(j)] = 1;
+      }
+      I.cv.notify_all();
+    });
+  };
+  for (size_t i = 0; i < backward_first; ++i) post_load(i);
+  {
+    size_t i = backward_first;
+    for (size_t bi = 0; bi < blocks.size(); ++bi) {
+      const auto [lo, hi] = blocks[bi];
+      const int64_t n_loads = I.c > 0 ? hi - lo + 1 : 1;
+      for (int64_t k = 0; k < n_loads; ++k) post_load(i++);
+      if (I.host_ckpt)
+        for (int64_t j = 0; j < I.A; ++j) post_restore(bi, j, lo);
+    }
   }
   // Compute side: wait for load i (a late prefetch is a stall), and give slots back.
   auto acquire = [&](size_t i) -> const float* {
@@ -538,7 +586,28 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       const auto a = Clock::now();
       float* x_in = I.hid[cur][static_cast<size_t>(j)];
       float* x_out = I.hid[1 - cur][static_cast<size_t>(j)];
-      if (keep_input) std::memcpy(I.ckpt[static_cast<size_t>((l - 1) / I.c)][static_cast<size_t>(j)], x_in, sizeof(float) * static_cast<size_t>(NH));
+      if (I.host_ckpt && l >= 2 && (l - 2) % I.c == 0) {
+        // This layer overwrites the previous layer's input: its copy to the host must be done.
+        const size_t ck = static_cast<size_t>((l - 2) / I.c) * static_cast<size_t>(I.A) + static_cast<size_t>(j);
+        std::unique_lock<std::mutex> lk(I.mu);
+        I.cv.wait(lk, [&] { return ckpt_copied[ck] != 0; });
+      }
+      if (keep_input && !I.host_ckpt) {
+        std::memcpy(I.ckpt[static_cast<size_t>((l - 1) / I.c)][static_cast<size_t>(j)], x_in, sizeof(float) * static_cast<size_t>(NH));
+      } else if (keep_input) {
+        const size_t ck = static_cast<size_t>((l - 1) / I.c);
+        I.d2h->post([&I, &ckpt_copied, ck, j, x_in, l, step, NH] {
+          const auto a = Clock::now();
+          std::memcpy(I.ckpt[ck][static_cast<size_t>(j)], x_in, sizeof(float) * static_cast<size_t>(NH));
+          I.record(kLaneD2H, "d2h checkpoint L" + std::to_string(l) + " mb" + std::to_string(j), "d2h_checkpoint", step, l, j, a,
+                   Clock::now(), NH * 4);
+          {
+            std::lock_guard<std::mutex> g(I.mu);
+            ckpt_copied[ck * static_cast<size_t>(I.A) + static_cast<size_t>(j)] = 1;
+          }
+          I.cv.notify_all();
+        });
+      }
       float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * I.A + j)];
       MT_RETURN_IF_ERROR(I.math->forward(v, x_in, x_out, bind_layer_acts(d, act)));
       compute_span("fwd L" + std::to_string(l) + " mb" + std::to_string(j), "forward", l, j, a);
@@ -572,10 +641,16 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     if (d.tied) release(table_load);
     finish_unit(I.L + 1, I.head_grad, -1);
   }
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    backward_begun = true;
+  }
+  I.cv.notify_all();
   // Backward: block by block from the last; recompute from the checkpoint, then backward.
   std::fill(I.embed_grad, I.embed_grad + units(0).numel, 0.0f);
   li = backward_first;
-  for (auto [lo, hi] : blocks) {
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const auto [lo, hi] = blocks[bi];
     std::vector<const float*> w(static_cast<size_t>(hi - lo + 1));
     std::vector<size_t> load_of(static_cast<size_t>(hi - lo + 1));
     std::vector<std::pair<float*, int>> gb(static_cast<size_t>(hi - lo + 1));
@@ -592,11 +667,32 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     for (int64_t j = 0; j < I.A; ++j) {
       if (I.c > 0) {
         const float* x = I.ckpt[static_cast<size_t>((lo - 1) / I.c)][static_cast<size_t>(j)];
+        if (I.host_ckpt) {
+          const size_t r = bi * static_cast<size_t>(I.A) + static_cast<size_t>(j);
+          const auto a = Clock::now();
+          std::unique_lock<std::mutex> lk(I.mu);
+          I.cv.wait(lk, [&] { return restored[r] != 0; });
+          const auto b2 = Clock::now();
+          lk.unlock();
+          const double waited = std::chrono::duration<double>(b2 - a).count();
+          if (waited > 20e-6) {
+            stall += waited;
+            I.record(kLaneCompute, "stall: activations", "stall", step, lo, j, a, b2);
+          }
+          x = I.hid[0][static_cast<size_t>(j)];
+        }
         for (int64_t l = lo; l <= hi; ++l) {
           const auto a = Clock::now();
           float* out = l == hi ? I.x_scratch : I.acts[static_cast<size_t>(l - lo + 1)];  // next layer's acts.x
           const LayerActs acts = bind_layer_acts(d, I.acts[static_cast<size_t>(l - lo)]);
           MT_RETURN_IF_ERROR(I.math->forward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), l == lo ? x : acts.x, out, acts));
+          if (l == lo && I.host_ckpt) {
+            {
+              std::lock_guard<std::mutex> g(I.mu);
+              consumed_upto[static_cast<size_t>(j)] = static_cast<int64_t>(bi);
+            }
+            I.cv.notify_all();
+          }
           compute_span("recompute L" + std::to_string(l) + " mb" + std::to_string(j), "recompute", l, j, a);
         }
       }

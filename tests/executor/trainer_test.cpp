@@ -72,14 +72,17 @@ TEST(StreamedTraining, MatchesTheInMemoryLoopBitForBit) {
   const TrainRun reference = train(base_plan("tiny-llama-gqa"), false);
   EXPECT_LT(reference.losses.back(), reference.losses.front());  // it learns
   EXPECT_NEAR(reference.losses.front(), std::log(256.0), 0.05);   // a fresh model is near uniform
-  for (int k : {1, 2, 3}) {
-    for (int c : {0, 1, 2}) {
-      Json pj = base_plan("tiny-llama-gqa");
-      pj["schedule"]["prefetch_depth"] = k;
-      pj["schedule"]["device_layer_buffers"] = std::max(k + 1, c + 1);
-      pj["schedule"]["checkpoint_every"] = c;
-      SCOPED_TRACE("K=" + std::to_string(k) + " checkpoint_every=" + std::to_string(c));
-      expect_identical(train(pj, true), reference);
+  for (const char* where : {"device", "host"}) {
+    for (int k : {1, 2, 3}) {
+      for (int c : {0, 1, 2}) {
+        Json pj = base_plan("tiny-llama-gqa");
+        pj["schedule"]["prefetch_depth"] = k;
+        pj["schedule"]["device_layer_buffers"] = std::max(k + 1, c + 1);
+        pj["schedule"]["checkpoint_every"] = c;
+        pj["schedule"]["checkpoint_location"] = where;
+        SCOPED_TRACE(std::string(where) + " K=" + std::to_string(k) + " checkpoint_every=" + std::to_string(c));
+        expect_identical(train(pj, true), reference);
+      }
     }
   }
 }
@@ -90,6 +93,7 @@ TEST(StreamedTraining, MatchesWithClippingBf16TransferAndATiedHead) {
   pj["precision"]["transfer"] = "bf16";
   pj["schedule"]["prefetch_depth"] = 2;
   pj["schedule"]["device_layer_buffers"] = 3;
+  pj["schedule"]["checkpoint_location"] = "host";
   expect_identical(train(pj, true), train(pj, false));
 }
 
