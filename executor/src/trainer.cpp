@@ -174,8 +174,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
   if (plan.precision.compute != DType::kFp32)
     return unsupported("precision.compute: the CPU backend computes in fp32; accepted: fp32 (bf16 compute is the CUDA backend's)");
-  if (plan.schedule.order != "layer-major")
-    return unsupported("schedule.order: the CPU executor runs layer-major so far; accepted: layer-major");
   if (plan.placement.master_weights != "ram" || plan.placement.optimizer_states != "ram")
     return unsupported("placement: the CPU executor keeps all state in RAM so far; accepted: ram for master_weights and optimizer_states");
   if (plan.optimizer.m_format != StateFormat::kFp32 || plan.optimizer.v_format != StateFormat::kFp32)
@@ -212,7 +210,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   for (int64_t u = 0; u < I.U; ++u) max_unit = std::max(max_unit, state.units()[static_cast<size_t>(u)].numel);
   max_layer = I.L > 0 ? state.units()[1].numel : 0;
   const int64_t n_ckpt = I.c > 0 ? (I.L + I.c - 1) / I.c : 0;
-  const int64_t act_sets = I.c > 0 ? I.c : I.L * I.A;
+  const int64_t A_dev = plan.schedule.order == "layer-major" ? I.A : 1;  // micro-batches on the device at once
+  const int64_t act_sets = I.c > 0 ? I.c : I.L * A_dev;
   const int64_t grad_sets = (I.c > 0 ? I.c : 1) + 1;
   const int64_t ws_floats = std::max(layer_workspace_floats(d), head_workspace_floats(d));
   DeviceBudget& b = I.budget;
@@ -222,8 +221,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                                 std::to_string(I.c) + " layers a checkpoint block recomputes plus one in flight; accepted: >= " +
                                 std::to_string(I.c + 1));
     b.slots = floats_to_bytes(I.B * max_unit);
-    b.hidden = floats_to_bytes(3 * I.A * NH);
-    b.checkpoints = I.host_ckpt ? 0 : floats_to_bytes(n_ckpt * I.A * NH);
+    b.hidden = floats_to_bytes(3 * A_dev * NH);
+    b.checkpoints = I.host_ckpt ? 0 : floats_to_bytes(n_ckpt * A_dev * NH);
     b.activations = floats_to_bytes(act_sets * layer_act_floats(d));
     b.gradients = floats_to_bytes(grad_sets * max_layer + state.units()[0].numel +
                                   state.units()[static_cast<size_t>(I.L + 1)].numel + (d.tied ? d.V * d.H : 0));
@@ -247,16 +246,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     };
     for (int64_t s = 0; s < I.B; ++s) I.slots.push_back(take(max_unit));
     for (int k = 0; k < 2; ++k)
-      for (int64_t j = 0; j < I.A; ++j) I.hid[k].push_back(take(NH));
-    for (int64_t j = 0; j < I.A; ++j) I.dhid.push_back(take(NH));
+      for (int64_t j = 0; j < A_dev; ++j) I.hid[k].push_back(take(NH));
+    for (int64_t j = 0; j < A_dev; ++j) I.dhid.push_back(take(NH));
     I.ckpt.resize(static_cast<size_t>(n_ckpt));
     if (I.host_ckpt) {
-      I.host_ckpt_store.resize(n_ckpt * I.A * NH);
+      I.host_ckpt_store.resize(n_ckpt * A_dev * NH);
       for (int64_t k = 0; k < n_ckpt; ++k)
-        for (int64_t j = 0; j < I.A; ++j) I.ckpt[static_cast<size_t>(k)].push_back(I.host_ckpt_store.data() + (k * I.A + j) * NH);
+        for (int64_t j = 0; j < A_dev; ++j) I.ckpt[static_cast<size_t>(k)].push_back(I.host_ckpt_store.data() + (k * A_dev + j) * NH);
     } else {
       for (auto& v : I.ckpt)
-        for (int64_t j = 0; j < I.A; ++j) v.push_back(take(NH));
+        for (int64_t j = 0; j < A_dev; ++j) v.push_back(take(NH));
     }
     for (int64_t k = 0; k < act_sets; ++k) I.acts.push_back(take(layer_act_floats(d)));
     for (int64_t k = 0; k < grad_sets; ++k) I.grad_bufs.push_back(take(max_layer));
@@ -327,6 +326,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   const auto step_start = Clock::now();
   StepResult res;
   res.step = step;
+  {
+    // A step returns only once all its updates are done, so every unit is up to date for `step`
+    // whatever ran before: a fresh Trainer may start at any step (a resumed run).
+    std::lock_guard<std::mutex> g(I.mu);
+    for (int64_t& u : I.updated_step) u = std::max(u, step - 1);
+  }
   for (int64_t j = 0; j < I.A; ++j)
     MT_RETURN_IF_ERROR(I.data->fill(step, j, I.inputs[static_cast<size_t>(j)].data(), I.targets[static_cast<size_t>(j)].data()));
   const float grad_scale = 1.0f / static_cast<float>(d.N * I.A);
@@ -385,7 +390,19 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     return res;
   }
 
-  // ---- the streamed layer-major pipeline ----------------------------------------------------------
+  // ---- the streamed pipeline -----------------------------------------------------------------------
+  // layer-major: one round with every micro-batch, weights cross the link twice per step.
+  // microbatch-major: one round per micro-batch, weights cross twice per micro-batch, gradients are
+  // summed on the host, and the updates wait for the last round.
+  const bool layer_major = I.plan.schedule.order == "layer-major";
+  double stall = 0;
+  if (!layer_major)
+    for (int64_t u = 0; u < I.U; ++u) std::fill(units(u).grad.data(), units(u).grad.data() + units(u).numel, 0.0f);
+  const int64_t rounds = layer_major ? 1 : I.A;
+  for (int64_t round = 0; round < rounds; ++round) {
+  const int64_t AR = layer_major ? I.A : 1;   // micro-batches in this round
+  const int64_t j0 = layer_major ? 0 : round;  // the round's first micro-batch of the step
+  const bool last_round = round == rounds - 1;
   // Loads of this step in issue order: the forward pass streams every unit (and the shared table
   // again for a tied head); the backward pass streams the layers block by block from the last.
   struct Load {
@@ -409,13 +426,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       for (int64_t l = hi; l >= lo; --l) loads.push_back({l});
   }
   int64_t compute_at = -1;  // index of the load the compute stream has begun
-  double stall = 0;
   // Host checkpoints: copied out during forward (D2H), restored into hid[0][mb] during backward
   // (H2D, queued after each block's weights, as the executor issues them).
   const int64_t n_ck = static_cast<int64_t>(I.ckpt.size());
-  std::vector<char> ckpt_copied(static_cast<size_t>(std::max<int64_t>(1, n_ck * I.A)), 0);
-  std::vector<char> restored(static_cast<size_t>(blocks.size() * static_cast<size_t>(I.A)), 0);
-  std::vector<int64_t> consumed_upto(static_cast<size_t>(I.A), -1);
+  std::vector<char> ckpt_copied(static_cast<size_t>(std::max<int64_t>(1, n_ck * AR)), 0);
+  std::vector<char> restored(static_cast<size_t>(blocks.size() * static_cast<size_t>(AR)), 0);
+  std::vector<int64_t> consumed_upto(static_cast<size_t>(AR), -1);
   bool backward_begun = false;
   // On an early return (an op's error), stop the queued jobs and wait for them: they refer to
   // this frame's locals.
@@ -469,13 +485,13 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     });
   };
   auto post_restore = [&](size_t bi, int64_t j, int64_t lo) {
-    I.h2d->post([&I, &restored, &consumed_upto, &backward_begun, &ckpt_copied, bi, j, lo, step, NH] {
+    I.h2d->post([&I, &restored, &consumed_upto, &backward_begun, &ckpt_copied, bi, j, lo, step, NH, AR] {
       const size_t ck = static_cast<size_t>((lo - 1) / I.c);
       {
         std::unique_lock<std::mutex> l(I.mu);
         I.cv.wait(l, [&] {
           return I.aborting || (backward_begun && consumed_upto[static_cast<size_t>(j)] >= static_cast<int64_t>(bi) - 1 &&
-                                ckpt_copied[ck * static_cast<size_t>(I.A) + static_cast<size_t>(j)]);
+                                ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
         });
         if (I.aborting) return;
       }
@@ -485,7 +501,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
                Clock::now(), NH * 4);
       {
         std::lock_guard<std::mutex> g(I.mu);
-        restored[bi * static_cast<size_t>(I.A) + static_cast<size_t>(j)] = 1;
+        restored[bi * static_cast<size_t>(AR) + static_cast<size_t>(j)] = 1;
       }
       I.cv.notify_all();
     });
@@ -498,7 +514,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       const int64_t n_loads = I.c > 0 ? hi - lo + 1 : 1;
       for (int64_t k = 0; k < n_loads; ++k) post_load(i++);
       if (I.host_ckpt)
-        for (int64_t j = 0; j < I.A; ++j) post_restore(bi, j, lo);
+        for (int64_t j = 0; j < AR; ++j) post_restore(bi, j, lo);
     }
   }
   // Compute side: wait for load i (a late prefetch is a stall), and give slots back.
@@ -534,17 +550,22 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   };
   // A unit's gradient is final: copy it to the RAM tier, then (without clipping) update it.
   auto finish_unit = [&](int64_t u, float* grad_buf, int grad_index) {
-    I.d2h->post([&I, u, grad_buf, grad_index, step] {
+    I.d2h->post([&I, u, grad_buf, grad_index, step, layer_major, last_round] {
       UnitState& us = I.state->units()[static_cast<size_t>(u)];
       const auto a = Clock::now();
-      std::memcpy(us.grad.data(), grad_buf, sizeof(float) * static_cast<size_t>(us.numel));
+      if (layer_major) {
+        std::memcpy(us.grad.data(), grad_buf, sizeof(float) * static_cast<size_t>(us.numel));
+      } else {
+        // microbatch-major: every micro-batch's gradient is summed into the RAM tier in fp32.
+        for (int64_t k = 0; k < us.numel; ++k) us.grad[k] += grad_buf[k];
+      }
       I.record(kLaneD2H, "d2h grad L" + std::to_string(u), "d2h", step, u, -1, a, Clock::now(), us.numel * 4);
       if (grad_index >= 0) {
         std::lock_guard<std::mutex> g(I.mu);
         I.grad_buf_free[static_cast<size_t>(grad_index)] = 1;
       }
       I.cv.notify_all();
-      if (I.clip) return;
+      if (I.clip || !last_round) return;
       I.optim->post([&I, u, step] {
         const auto b = Clock::now();
         update_unit(I, u, step, 1.0f);
@@ -571,10 +592,10 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // Forward.
   size_t li = 0;
   const float* w_embed = acquire(li);
-  for (int64_t j = 0; j < I.A; ++j) {
+  for (int64_t j = 0; j < AR; ++j) {
     const auto a = Clock::now();
-    MT_RETURN_IF_ERROR(I.math->embed(w_embed, I.inputs[static_cast<size_t>(j)].data(), I.hid[0][static_cast<size_t>(j)]));
-    compute_span("embed mb" + std::to_string(j), "embed_forward", 0, j, a);
+    MT_RETURN_IF_ERROR(I.math->embed(w_embed, I.inputs[static_cast<size_t>(j0 + j)].data(), I.hid[0][static_cast<size_t>(j)]));
+    compute_span("embed mb" + std::to_string(j0 + j), "embed_forward", 0, j0 + j, a);
   }
   release(li++);
   int cur = 0;
@@ -582,13 +603,13 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     const float* w = acquire(li);
     const UnitView v = view_unit(units(l), w);
     const bool keep_input = I.c > 0 && (l - 1) % I.c == 0;
-    for (int64_t j = 0; j < I.A; ++j) {
+    for (int64_t j = 0; j < AR; ++j) {
       const auto a = Clock::now();
       float* x_in = I.hid[cur][static_cast<size_t>(j)];
       float* x_out = I.hid[1 - cur][static_cast<size_t>(j)];
       if (I.host_ckpt && l >= 2 && (l - 2) % I.c == 0) {
         // This layer overwrites the previous layer's input: its copy to the host must be done.
-        const size_t ck = static_cast<size_t>((l - 2) / I.c) * static_cast<size_t>(I.A) + static_cast<size_t>(j);
+        const size_t ck = static_cast<size_t>((l - 2) / I.c) * static_cast<size_t>(AR) + static_cast<size_t>(j);
         std::unique_lock<std::mutex> lk(I.mu);
         I.cv.wait(lk, [&] { return ckpt_copied[ck] != 0; });
       }
@@ -596,21 +617,21 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         std::memcpy(I.ckpt[static_cast<size_t>((l - 1) / I.c)][static_cast<size_t>(j)], x_in, sizeof(float) * static_cast<size_t>(NH));
       } else if (keep_input) {
         const size_t ck = static_cast<size_t>((l - 1) / I.c);
-        I.d2h->post([&I, &ckpt_copied, ck, j, x_in, l, step, NH] {
-          const auto a = Clock::now();
+        I.d2h->post([&I, &ckpt_copied, ck, j, j0, x_in, l, step, NH, AR] {
+          const auto t_copy = Clock::now();
           std::memcpy(I.ckpt[ck][static_cast<size_t>(j)], x_in, sizeof(float) * static_cast<size_t>(NH));
-          I.record(kLaneD2H, "d2h checkpoint L" + std::to_string(l) + " mb" + std::to_string(j), "d2h_checkpoint", step, l, j, a,
-                   Clock::now(), NH * 4);
+          I.record(kLaneD2H, "d2h checkpoint L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "d2h_checkpoint", step, l,
+                   j0 + j, t_copy, Clock::now(), NH * 4);
           {
             std::lock_guard<std::mutex> g(I.mu);
-            ckpt_copied[ck * static_cast<size_t>(I.A) + static_cast<size_t>(j)] = 1;
+            ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)] = 1;
           }
           I.cv.notify_all();
         });
       }
-      float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * I.A + j)];
+      float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
       MT_RETURN_IF_ERROR(I.math->forward(v, x_in, x_out, bind_layer_acts(d, act)));
-      compute_span("fwd L" + std::to_string(l) + " mb" + std::to_string(j), "forward", l, j, a);
+      compute_span("fwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "forward", l, j0 + j, a);
     }
     release(li);
     cur = 1 - cur;
@@ -630,12 +651,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     if (d.tied) std::fill(I.tied_grad, I.tied_grad + d.V * d.H, 0.0f);
     const float* lm = d.tied ? table : w_head + hu.find(TensorRole::kHead)->offset;
     float* dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
-    for (int64_t j = 0; j < I.A; ++j) {
+    for (int64_t j = 0; j < AR; ++j) {
       const auto a = Clock::now();
       MT_RETURN_IF_ERROR(I.math->head(w_head + hu.find(TensorRole::kFinalNorm)->offset, lm, I.hid[cur][static_cast<size_t>(j)],
-                                      I.targets[static_cast<size_t>(j)].data(), grad_scale, I.dhid[static_cast<size_t>(j)],
+                                      I.targets[static_cast<size_t>(j0 + j)].data(), grad_scale, I.dhid[static_cast<size_t>(j)],
                                       I.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, &loss_sum, &count, I.ws));
-      compute_span("head mb" + std::to_string(j), "head", I.L + 1, j, a);
+      compute_span("head mb" + std::to_string(j0 + j), "head", I.L + 1, j0 + j, a);
     }
     release(head_load);
     if (d.tied) release(table_load);
@@ -664,11 +685,11 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       w[0] = acquire(li++);
     }
     for (int64_t l = lo; l <= hi; ++l) gb[static_cast<size_t>(l - lo)] = take_grad_buf(units(l).numel);
-    for (int64_t j = 0; j < I.A; ++j) {
+    for (int64_t j = 0; j < AR; ++j) {
       if (I.c > 0) {
         const float* x = I.ckpt[static_cast<size_t>((lo - 1) / I.c)][static_cast<size_t>(j)];
         if (I.host_ckpt) {
-          const size_t r = bi * static_cast<size_t>(I.A) + static_cast<size_t>(j);
+          const size_t r = bi * static_cast<size_t>(AR) + static_cast<size_t>(j);
           const auto a = Clock::now();
           std::unique_lock<std::mutex> lk(I.mu);
           I.cv.wait(lk, [&] { return restored[r] != 0; });
@@ -693,16 +714,16 @@ Result<StepResult> Trainer::run_step(int64_t step) {
             }
             I.cv.notify_all();
           }
-          compute_span("recompute L" + std::to_string(l) + " mb" + std::to_string(j), "recompute", l, j, a);
+          compute_span("recompute L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "recompute", l, j0 + j, a);
         }
       }
       for (int64_t l = hi; l >= lo; --l) {
         const auto a = Clock::now();
-        float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * I.A + j)];
+        float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
         float* dx = I.dhid[static_cast<size_t>(j)];
         MT_RETURN_IF_ERROR(I.math->backward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), bind_layer_acts(d, act), dx, dx,
                                             grad_unit(units(l), gb[static_cast<size_t>(l - lo)].first), I.ws));
-        compute_span("bwd L" + std::to_string(l) + " mb" + std::to_string(j), "backward", l, j, a);
+        compute_span("bwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "backward", l, j0 + j, a);
       }
     }
     for (int64_t l = hi; l >= lo; --l) {
@@ -711,13 +732,18 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       if (I.c == 0) break;
     }
   }
-  for (int64_t j = 0; j < I.A; ++j) {
+  for (int64_t j = 0; j < AR; ++j) {
     const auto a = Clock::now();
-    MT_RETURN_IF_ERROR(I.math->embed_backward(I.inputs[static_cast<size_t>(j)].data(), I.dhid[static_cast<size_t>(j)], I.embed_grad));
-    compute_span("embed bwd mb" + std::to_string(j), "embed_backward", 0, j, a);
+    MT_RETURN_IF_ERROR(I.math->embed_backward(I.inputs[static_cast<size_t>(j0 + j)].data(), I.dhid[static_cast<size_t>(j)], I.embed_grad));
+    compute_span("embed bwd mb" + std::to_string(j0 + j), "embed_backward", 0, j0 + j, a);
   }
   if (d.tied) cpu::accumulate<float>(*I.ctx, I.tied_grad, d.V * d.H, I.embed_grad);
   finish_unit(0, I.embed_grad, -1);
+  // The round's buffers are reused by the next: wait for its copies.
+  I.h2d->synchronize();
+  I.d2h->synchronize();
+  drain.armed = false;
+  }  // rounds
   I.h2d->synchronize();
   I.d2h->synchronize();
   if (I.clip) {
@@ -741,7 +767,6 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // The next step's forward waits per unit on updated_step; a step returns once all its work is
   // done so that its loss and state are final.
   I.optim->synchronize();
-  drain.armed = false;
   res.loss = loss_sum / static_cast<double>(count);
   res.tokens = count;
   res.stall_s = stall;
