@@ -95,7 +95,7 @@ void HostState::init_random(uint64_t seed, double std) {
 void HostState::refresh_stream() {
   if (transfer_ != DType::kBf16) return;
   for (UnitState& us : units_)
-    for (int64_t i = 0; i < us.numel; ++i) us.stream_bf16[i] = to_bf16(us.master[i]);
+    for (int64_t i = 0; i < us.numel; ++i) us.stream_bf16[i] = fp32_to_bf16(us.master[i]);
 }
 
 int64_t HostState::bytes() const {

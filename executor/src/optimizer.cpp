@@ -9,21 +9,6 @@
 
 namespace megatrain::exec {
 
-uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
-  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>((u + rounding) >> 16);
-}
-
-float from_bf16(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 namespace {
 
 void adamw_range(float* w, const float* g, float* m, float* v, int64_t begin, int64_t end, const AdamWStep& s,
@@ -49,7 +34,7 @@ void adamw_range(float* w, const float* g, float* m, float* v, int64_t begin, in
     v[i] = vi;
     w[i] = p;
     if (stream_f32) stream_f32[i] = p;
-    if (stream_bf16) stream_bf16[i] = to_bf16(p);
+    if (stream_bf16) stream_bf16[i] = fp32_to_bf16(p);
   }
 }
 

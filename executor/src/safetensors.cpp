@@ -97,14 +97,7 @@ Status write_all(int fd, const void* data, size_t bytes, const std::string& what
 
 // ---- scalar conversions -----------------------------------------------------------------------
 
-float bf16_to_fp32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
-
-uint16_t fp32_to_bf16(float f) {
-  uint32_t bits = std::bit_cast<uint32_t>(f);
-  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x0040);  // keep it a (quiet) NaN
-  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(bits >> 16);
-}
+// fp32 <-> bf16 are inline in bf16.h (the optimizer converts every parameter it writes).
 
 float fp16_to_fp32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

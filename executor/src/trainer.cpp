@@ -149,7 +149,7 @@ struct Trainer::Impl {
   void copy_in(int64_t u, float* dst) {
     UnitState& us = state->units()[static_cast<size_t>(u)];
     if (state->transfer() == DType::kBf16) {
-      for (int64_t i = 0; i < us.numel; ++i) dst[i] = from_bf16(us.stream_bf16[i]);
+      for (int64_t i = 0; i < us.numel; ++i) dst[i] = bf16_to_fp32(us.stream_bf16[i]);
     } else {
       std::memcpy(dst, us.master.data(), sizeof(float) * static_cast<size_t>(us.numel));
     }

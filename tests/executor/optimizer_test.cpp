@@ -59,18 +59,18 @@ TEST(AdamW, ResultDoesNotDependOnTheThreadCountAndStreamsTheNewWeights) {
   EXPECT_EQ(m, m2);
   EXPECT_EQ(v, v2);
   EXPECT_EQ(s32, w);
-  for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(s16[i], to_bf16(w[i]));
+  for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(s16[i], fp32_to_bf16(w[i]));
 }
 
 TEST(Bf16, RoundsToNearestEven) {
-  EXPECT_EQ(to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(from_bf16(0x3f80), 1.0f);
+  EXPECT_EQ(fp32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_fp32(0x3f80), 1.0f);
   // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1 + 2^-7: ties to even (1.0).
-  EXPECT_EQ(to_bf16(1.0f + 1.0f / 256), 0x3f80);
+  EXPECT_EQ(fp32_to_bf16(1.0f + 1.0f / 256), 0x3f80);
   // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: ties to even (1 + 2^-6).
-  EXPECT_EQ(to_bf16(1.0f + 3.0f / 256), 0x3f82);
-  EXPECT_EQ(to_bf16(-2.0f), 0xc000);
-  EXPECT_TRUE(std::isnan(from_bf16(to_bf16(NAN))));
+  EXPECT_EQ(fp32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+  EXPECT_EQ(fp32_to_bf16(-2.0f), 0xc000);
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(fp32_to_bf16(NAN))));
 }
 
 TEST(LearningRate, WarmupThenEachScheduleAtHandComputedPoints) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "megatrain/core/plan.h"
+#include "megatrain/executor/bf16.h"
 
 namespace megatrain::exec {
 
@@ -33,8 +34,5 @@ double learning_rate(const TrainingConfig& t, int64_t step);
 // count and any call order of tensors that sums these partials in a fixed order.
 double sum_of_squares(const float* g, int64_t n);
 
-// Round-to-nearest-even fp32 -> bf16 and back.
-uint16_t to_bf16(float x);
-float from_bf16(uint16_t b);
 
 }  // namespace megatrain::exec

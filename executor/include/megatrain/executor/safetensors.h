@@ -14,12 +14,11 @@
 
 #include "megatrain/core/model_spec.h"  // DType
 #include "megatrain/core/status.h"
+#include "megatrain/executor/bf16.h"
 
 namespace megatrain::exec {
 
 // Scalar conversions used by the reader and writer (round to nearest even; NaN stays NaN).
-float bf16_to_fp32(uint16_t h);
-uint16_t fp32_to_bf16(float f);
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 
