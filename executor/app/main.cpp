@@ -1,13 +1,17 @@
-// megatrain-exec: trains from a plan file on the CPU backend. Argument parsing and the progress
-// line only; the work is in megatrain_executor.
+// megatrain-exec: trains from a plan file on the CPU backend. Argument parsing, the progress line,
+// and when to checkpoint, resume and stop on a signal; the work is in megatrain_executor.
 #include <CLI/CLI.hpp>
 
+#include <signal.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 
 #include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
+#include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/trainer.h"
@@ -20,20 +24,43 @@ int fail(const megatrain::Status& s) {
   return 1;
 }
 
+// SIGINT/SIGTERM only set this; the training loop finishes its step, saves and exits 128 + signal.
+// SA_RESETHAND: a second signal takes the default action and stops the process at once (the last
+// complete checkpoint stays intact: a checkpoint becomes visible only when complete).
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace megatrain;
   CLI::App app{"megatrain-exec: train from a plan file (CPU backend)"};
-  std::string plan_path, data_path, trace_path, init_dir, backend = "cpu";
-  int64_t steps = 0;
+  std::string plan_path, data_path, trace_path, init_dir, checkpoint_dir, backend = "cpu";
+  int64_t steps = 0, checkpoint_every = 0;
   int threads = 1;
-  bool reference = false;
+  bool reference = false, resume = false;
   app.add_option("plan", plan_path, "plan file (megatrain.plan/1)")->required();
   app.add_option("--data", data_path, "token file: llm.c .bin, raw .u16/.u32, or any other file as bytes (vocab 256)")->required();
-  app.add_option("--steps", steps, "steps to run (default: training.steps of the plan)")->check(CLI::PositiveNumber);
-  app.add_option("--init", init_dir, "start from a Hugging Face checkpoint: a folder with model.safetensors or a sharded index")
+  app.add_option("--steps", steps, "total steps of the run, counted from step 0 also when resuming (default: training.steps of the plan)")
+      ->check(CLI::PositiveNumber);
+  auto* init_opt = app.add_option("--init", init_dir, "start from a Hugging Face checkpoint: a folder with model.safetensors or a sharded index")
       ->check(CLI::ExistingPath);
+  auto* ckpt_opt = app.add_option("--checkpoint-dir", checkpoint_dir,
+                                  "write training checkpoints to this folder (always at the end of the run and on Ctrl-C)");
+  app.add_option("--checkpoint-every", checkpoint_every, "also write a checkpoint every N steps")
+      ->check(CLI::PositiveNumber)->needs(ckpt_opt);
+  app.add_flag("--resume", resume, "continue bit for bit from the newest checkpoint in --checkpoint-dir")
+      ->needs(ckpt_opt)->excludes(init_opt);
   app.add_option("--trace", trace_path, "write the measured timeline to this .mtrace file");
   app.add_option("--backend", backend, "cpu (the CUDA backend arrives with issue 7)")->check(CLI::IsMember({"cpu"}));
   app.add_option("--threads", threads, "compute threads of the CPU backend")->check(CLI::Range(1, 256));
@@ -59,10 +86,34 @@ int main(int argc, char** argv) {
                                          model->config().vocab_size);
   if (!loader.ok()) return fail(loader.status());
   exec::HostState state = exec::HostState::create(*model, plan->precision.transfer);
-  if (!init_dir.empty()) {
-    if (Status s = exec::load_weights(state, init_dir); !s.ok()) return fail(s);
+  int64_t start = 0;          // the first step this process runs
+  int64_t losses_first = 0;   // the step of losses[0]
+  std::vector<double> losses;
+  if (resume) {
+    auto loaded = exec::load_checkpoint(checkpoint_dir, state);
+    if (!loaded.ok()) return fail(loaded.status());
+    if (Status s = exec::check_resume_compatible(loaded->info, *plan, *model, *loader); !s.ok())
+      return fail(s.with_context(loaded->dir.string()));
+    start = loaded->info.next_step;
+    losses_first = loaded->info.losses_first_step;
+    losses = loaded->info.losses;
+    if (losses_first + static_cast<int64_t>(losses.size()) != start) {  // an incomplete history is dropped
+      losses_first = start;
+      losses.clear();
+    }
+    std::printf("resuming from %s: %lld steps done\n", loaded->dir.string().c_str(), static_cast<long long>(start));
   } else {
-    state.init_random(static_cast<uint64_t>(plan->training.seed), 0.02);
+    // A new run never mixes its checkpoints with another run's.
+    if (!checkpoint_dir.empty()) {
+      if (auto existing = exec::find_latest_checkpoint(checkpoint_dir); existing.ok())
+        return fail(invalid_argument("--checkpoint-dir '" + checkpoint_dir + "' already holds checkpoints (newest: " +
+                                     existing->string() + "); pass --resume to continue that run, or choose another folder"));
+    }
+    if (!init_dir.empty()) {
+      if (Status s = exec::load_weights(state, init_dir); !s.ok()) return fail(s);
+    } else {
+      state.init_random(static_cast<uint64_t>(plan->training.seed), 0.02);
+    }
   }
   exec::TrainerOptions opt;
   opt.streamed = !reference;
@@ -72,6 +123,11 @@ int main(int argc, char** argv) {
   if (!trainer.ok()) return fail(trainer.status());
 
   const int64_t total = steps > 0 ? steps : plan->training.steps;
+  if (start >= total) {
+    std::printf("the checkpoint has %lld steps done, the run has %lld in all: nothing to run\n", static_cast<long long>(start),
+                static_cast<long long>(total));
+    return 0;
+  }
   std::printf("megatrain-exec: %s, %lld parameters, %lld tokens/step, %lld steps, %s on the CPU backend\n",
               model->name().c_str(), static_cast<long long>(model->parameter_counts().total),
               static_cast<long long>(loader->tokens_per_step()), static_cast<long long>(total),
@@ -81,19 +137,55 @@ int main(int argc, char** argv) {
                 plan->placement.device_budget_bytes > 0
                     ? format_bytes(static_cast<double>(plan->placement.device_budget_bytes)).c_str()
                     : "the rig's whole");
+  const std::string plan_text = plan->to_json_text();
+  auto save = [&](int64_t next_step) -> Status {
+    exec::CheckpointInfo info;
+    info.next_step = next_step;
+    info.model_name = model->name();
+    info.parameters = model->parameter_counts().total;
+    info.plan_json = plan_text;
+    info.data = exec::data_position(*loader);
+    info.seed = static_cast<uint64_t>(plan->training.seed);
+    info.losses_first_step = losses_first;
+    info.losses = losses;
+    const auto t0 = std::chrono::steady_clock::now();
+    MT_RETURN_IF_ERROR(exec::save_checkpoint(checkpoint_dir, state, info));
+    std::printf("checkpoint %s written in %.2f s\n", exec::checkpoint_step_dir(checkpoint_dir, next_step).string().c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::fflush(stdout);
+    return {};
+  };
+  install_stop_handlers();
   double elapsed = 0;
-  for (int64_t s = 0; s < total; ++s) {
+  for (int64_t s = start; s < total; ++s) {
     auto r = (*trainer)->run_step(s);
     if (!r.ok()) return fail(r.status());
+    losses.push_back(r->loss);
     elapsed += r->time_s;
-    const double eta = elapsed / static_cast<double>(s + 1) * static_cast<double>(total - s - 1);
+    const double eta = elapsed / static_cast<double>(s + 1 - start) * static_cast<double>(total - s - 1);
     std::printf("step %5lld/%lld  loss %.4f  %8.0f tokens/s  stall %4.1f%%  ETA %s\n", static_cast<long long>(s + 1),
                 static_cast<long long>(total), r->loss, static_cast<double>(r->tokens) / r->time_s,
                 100.0 * r->stall_s / r->time_s, format_duration(eta).c_str());
     std::fflush(stdout);
+    const int64_t done = s + 1;
+    const int sig = g_stop_signal.load();
+    if (!checkpoint_dir.empty() && (done == total || sig != 0 || (checkpoint_every > 0 && done % checkpoint_every == 0))) {
+      if (Status st = save(done); !st.ok()) return fail(st);
+    }
+    if (sig != 0 && done < total) {
+      std::printf("stopped by %s after step %lld of %lld; %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                  static_cast<long long>(done), static_cast<long long>(total),
+                  checkpoint_dir.empty() ? "nothing saved (no --checkpoint-dir)" : "continue with --resume");
+      if (!trace_path.empty()) {
+        if (Status st = (*trainer)->write_trace(trace_path, plan_text); !st.ok()) return fail(st);
+        std::printf("trace written to %s\n", trace_path.c_str());
+      }
+      std::fflush(stdout);
+      return 128 + sig;
+    }
   }
   if (!trace_path.empty()) {
-    if (Status s = (*trainer)->write_trace(trace_path, plan->to_json_text()); !s.ok()) return fail(s);
+    if (Status s = (*trainer)->write_trace(trace_path, plan_text); !s.ok()) return fail(s);
     std::printf("trace written to %s\n", trace_path.c_str());
   }
   return 0;

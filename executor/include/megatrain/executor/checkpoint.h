@@ -1,0 +1,105 @@
+// Training checkpoints (ARCHITECTURE.md section 6): the fp32 master weights as HF safetensors, the
+// Adam moments alongside, and a JSON manifest (step, plan, data position, RNG seed, sizes and XXH64
+// checksums). A checkpoint becomes visible only when complete, and a resumed run continues bit for
+// bit. Layout, atomicity and resume rules: docs/checkpoints.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/model_spec.h"
+#include "megatrain/core/plan.h"
+#include "megatrain/core/status.h"
+#include "megatrain/executor/data.h"
+#include "megatrain/executor/host_state.h"
+
+namespace megatrain::exec {
+
+inline constexpr const char* kCheckpointSchema = "megatrain.checkpoint/1";
+
+// Where the data stream stands. The loader has no cursor (a batch is a pure function of step,
+// micro-batch, options and file), so the position is CheckpointInfo::next_step (the next batch is
+// micro-batch 0 of that step) plus these options, which must not change across a resume.
+struct DataPosition {
+  int64_t seq_len = 0;
+  int64_t micro_batch = 0;
+  int64_t grad_accum = 0;
+  std::string order;          // "sequential" | "shuffled"
+  uint64_t seed = 0;          // the shuffle seed
+  std::string source;         // the token file as it was named (for people; not checked)
+  int64_t tokens = 0;         // its token count (checked: other data means other batches)
+};
+
+// The options of `loader` as a checkpoint records them.
+DataPosition data_position(const DataLoader& loader);
+
+struct CheckpointInfo {
+  int64_t next_step = 0;      // steps done; a resumed run starts with this step
+  std::string model_name;
+  int64_t parameters = 0;
+  std::string plan_json;      // the run's plan (Plan::to_json_text())
+  DataPosition data;
+  uint64_t seed = 0;          // the run's RNG seed (initialisation and shuffling are keyed by it)
+  // Optional: the loss of steps losses_first_step, losses_first_step + 1, ..., next_step - 1.
+  int64_t losses_first_step = 0;
+  std::vector<double> losses;
+  std::string created;        // UTC, ISO 8601; set by save_checkpoint, read back by load
+};
+
+struct LoadedCheckpoint {
+  std::filesystem::path dir;  // the step directory that was loaded
+  CheckpointInfo info;
+};
+
+// `<checkpoint_dir>/step-<NNNNNNNN>` for `next_step` (8 digits, more when needed).
+std::filesystem::path checkpoint_step_dir(const std::filesystem::path& checkpoint_dir, int64_t next_step);
+
+// Writes `state` (master weights, m, v) and `info` as `<checkpoint_dir>/step-<info.next_step>`:
+// everything goes to a hidden temporary directory first, every file and the directory are
+// fsynced, then one rename makes the step visible, and `latest` is updated (temp file + rename).
+// A step directory of the same number is replaced atomically. Temporary directories left by dead
+// processes are removed first. On failure nothing visible changes: earlier checkpoints stay as
+// they were and the error says so. Creates checkpoint_dir if needed. Not thread-safe: one saver per
+// checkpoint_dir at a time, and no training step may be writing `state` meanwhile.
+Status save_checkpoint(const std::filesystem::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info);
+
+// Loads a checkpoint into `state` and refreshes its streaming copy. `path` is a step directory
+// (holding manifest.json), or a checkpoint_dir, whose newest checkpoint is the one `latest` names,
+// or, when `latest` is missing or names no directory, the highest-numbered step-* directory.
+// Everything is verified before `state` is touched: the manifest's schema and its own checksum,
+// every file's size and XXH64, and every tensor's name and shape. Errors: kNotFound (no
+// checkpoint), kCorrupt naming the file and the problem, kInvalidArgument (a checkpoint of another
+// model). When the newest checkpoint is corrupt and an older one verifies, the error (kCorrupt)
+// names both and says how to resume from the older one; it never falls back silently. Writes no file.
+Result<LoadedCheckpoint> load_checkpoint(const std::filesystem::path& path, HostState& state);
+
+// The step directory load_checkpoint would try first, without verifying it; kNotFound when
+// checkpoint_dir holds no checkpoint.
+Result<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path& checkpoint_dir);
+
+// A resumed run must be the same run: the same model, the same plan keys that decide the numbers
+// (training.*, precision.*, optimizer.* except threads) and the same data options and token count.
+// The error (kInvalidArgument) names the first key that differs and both values.
+Status check_resume_compatible(const CheckpointInfo& saved, const Plan& plan, const ModelSpec& model,
+                               const DataLoader& data);
+
+// XXH64 (xxHash's 64-bit hash, seed 0 by default), the checksum of every checkpoint file.
+class Xxh64 {
+ public:
+  explicit Xxh64(uint64_t seed = 0);
+  void update(const void* data, size_t len);
+  uint64_t digest() const;
+
+ private:
+  uint64_t acc_[4];
+  uint64_t seed_;
+  uint64_t total_ = 0;
+  unsigned char buf_[32];
+  size_t buffered_ = 0;
+};
+uint64_t xxh64(const void* data, size_t len, uint64_t seed = 0);
+
+}  // namespace megatrain::exec

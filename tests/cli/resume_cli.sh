@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Checkpoints and --resume as a user runs them: 4 steps then a resume to 8 print the same losses as 8
+# steps straight and end in byte-identical checkpoint files; a resume that would change the run, or a
+# new run into a folder of checkpoints, is refused; SIGINT finishes the step, saves and exits 130.
+set -uo pipefail
+src=$2
+exe="$(dirname "$1")/megatrain-exec"
+plan="$src/profiles/plans/tiny-cpu.json"
+tmp=$(mktemp -d)
+bg=""
+trap '[ -n "$bg" ] && kill -9 "$bg" 2>/dev/null; rm -rf "$tmp"' EXIT
+fails=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); else echo "ok: $1"; fi; }
+head -c 20000 /usr/share/common-licenses/GPL-3 >"$tmp/text.txt" 2>/dev/null || yes "the quick brown fox jumps over the lazy dog" | head -c 20000 >"$tmp/text.txt"
+# "step 5/8 loss 5.1234": step number and loss, as printed.
+losses() { awk '/^step/ {split($2, s, "/"); print s[1], $4}' "$1"; }
+
+"$exe" "$plan" --data "$tmp/text.txt" --steps 8 --checkpoint-dir "$tmp/A" --trace "$tmp/a.mtrace" >"$tmp/a.out" 2>"$tmp/a.err"
+check "8 steps straight, checkpoint at the end" "[ $? -eq 0 ] && [ -f $tmp/A/step-00000008/manifest.json ] && [ \"\$(cat $tmp/A/latest)\" = step-00000008 ]"
+
+"$exe" "$plan" --data "$tmp/text.txt" --steps 4 --checkpoint-dir "$tmp/B" >"$tmp/b1.out" 2>"$tmp/b1.err"
+check "4 steps, checkpoint at the end" "[ $? -eq 0 ] && [ -f $tmp/B/step-00000004/model.safetensors ]"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 8 --checkpoint-dir "$tmp/B" --resume --trace "$tmp/b.mtrace" >"$tmp/b2.out" 2>"$tmp/b2.err"
+check "--resume runs steps 5..8 only" "[ $? -eq 0 ] && [ \"\$(losses $tmp/b2.out | cut -d' ' -f1 | tr '\n' ' ')\" = '5 6 7 8 ' ]"
+check "the printed losses of steps 5..8 equal the straight run's" \
+  "[ \"\$(losses $tmp/b2.out)\" = \"\$(losses $tmp/a.out | tail -n 4)\" ] && [ -n \"\$(losses $tmp/b2.out)\" ]"
+check "the traced losses of steps 5..8 are equal as doubles" "/usr/bin/python3 - $tmp/a.mtrace $tmp/b.mtrace <<'PY'
+import sqlite3, sys
+a = dict(sqlite3.connect(sys.argv[1]).execute('select step, loss from steps').fetchall())
+b = dict(sqlite3.connect(sys.argv[2]).execute('select step, loss from steps').fetchall())
+assert sorted(b) == [4, 5, 6, 7], sorted(b)
+assert all(a[s] == b[s] for s in b), [(a[s], b[s]) for s in b]
+PY"
+check "the final checkpoints are byte-identical (weights and moments)" \
+  "cmp -s $tmp/A/step-00000008/model.safetensors $tmp/B/step-00000008/model.safetensors && cmp -s $tmp/A/step-00000008/optimizer.safetensors $tmp/B/step-00000008/optimizer.safetensors"
+check "the manifest records the losses of all 8 steps" "/usr/bin/python3 - $tmp/B/step-00000008/manifest.json <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m['schema'] == 'megatrain.checkpoint/1' and m['step'] == 8 and m['data']['next_step'] == 8
+assert m['losses']['first_step'] == 0 and len(m['losses']['values']) == 8
+PY"
+
+"$exe" "$plan" --data "$tmp/text.txt" --steps 8 --checkpoint-dir "$tmp/B" --resume >"$tmp/out" 2>"$tmp/err"
+check "resuming a finished run runs nothing" "[ $? -eq 0 ] && ! grep -q '^step' $tmp/out && grep -q 'nothing to run' $tmp/out"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 4 --checkpoint-dir "$tmp/B" >"$tmp/out" 2>"$tmp/err"
+check "a new run into a folder of checkpoints is refused" "[ $? -ne 0 ] && grep -q -- '--resume' $tmp/err && ! grep -q '^step' $tmp/out"
+"$exe" "$plan" --data "$tmp/text.txt" --checkpoint-dir "$tmp/empty" --resume >"$tmp/out" 2>"$tmp/err"
+check "--resume with no checkpoint fails naming the folder" "[ $? -ne 0 ] && grep -q 'empty' $tmp/err"
+/usr/bin/python3 -c "
+import json; d = json.load(open('$plan')); d['training']['lr'] = 2e-3
+json.dump(d, open('$tmp/other-lr.json', 'w'))"
+"$exe" "$tmp/other-lr.json" --data "$tmp/text.txt" --steps 10 --checkpoint-dir "$tmp/B" --resume >"$tmp/out" 2>"$tmp/err"
+check "a resume with another learning rate is refused naming training.lr" \
+  "[ $? -ne 0 ] && grep -q 'training.lr' $tmp/err && ! grep -q '^step' $tmp/out"
+head -c 10000 "$tmp/text.txt" >"$tmp/other.txt"
+"$exe" "$plan" --data "$tmp/other.txt" --steps 10 --checkpoint-dir "$tmp/B" --resume >"$tmp/out" 2>"$tmp/err"
+check "a resume on other data is refused naming data.tokens" "[ $? -ne 0 ] && grep -q 'data.tokens' $tmp/err"
+cp -r "$tmp/B" "$tmp/C"
+printf 'X' | dd of="$tmp/C/step-00000008/optimizer.safetensors" bs=1 seek=5000 conv=notrunc 2>/dev/null
+"$exe" "$plan" --data "$tmp/text.txt" --steps 10 --checkpoint-dir "$tmp/C" --resume >"$tmp/out" 2>"$tmp/err"
+check "a damaged checkpoint is refused naming the file and the older valid one" \
+  "[ $? -ne 0 ] && grep -q 'optimizer.safetensors' $tmp/err && grep -q 'step-00000004' $tmp/err && ! grep -q '^step' $tmp/out"
+
+# SIGINT: the step in progress finishes, a checkpoint is written, exit 130; the checkpoint resumes.
+"$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/S" >"$tmp/s.out" 2>"$tmp/s.err" &
+bg=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/s.out" 2>/dev/null && break; sleep 0.1; done
+sleep 1
+kill -INT "$bg"
+wait "$bg"
+rc=$?
+bg=""
+check "SIGINT exits 130 after saving" "[ $rc -eq 130 ] && grep -q 'stopped by SIGINT' $tmp/s.out && [ -f $tmp/S/latest ]"
+saved=$(sed 's/step-0*//' "$tmp/S/latest" 2>/dev/null)
+check "the checkpoint is of the last step printed" "[ -n '$saved' ] && [ \"\$(losses $tmp/s.out | tail -n 1 | cut -d' ' -f1)\" = '$saved' ]"
+"$exe" "$plan" --data "$tmp/text.txt" --steps $((saved + 1)) --checkpoint-dir "$tmp/S" --resume >"$tmp/out" 2>"$tmp/err"
+check "the interrupted run resumes" "[ $? -eq 0 ] && [ \"\$(losses $tmp/out | cut -d' ' -f1)\" = '$((saved + 1))' ]"
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,540 @@
+// Training checkpoints: a resumed run matches an uninterrupted one bit for bit (losses, master
+// weights, Adam moments, the bf16 streaming copy); damaged or truncated files are refused naming
+// the file, with nothing changed; a failed save and a writer killed mid-save leave the previous
+// checkpoint loadable; XXH64 matches the published vectors.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "executor/file_test_util.h"
+#include "megatrain/core/plan.h"
+#include "megatrain/executor/checkpoint.h"
+#include "megatrain/executor/safetensors.h"
+#include "megatrain/executor/trainer.h"
+
+namespace megatrain::exec {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+using test::ScratchDir;
+
+Json plan_json(const std::string& transfer, double clip) {
+  return Json{{"schema", "megatrain.plan/1"},
+              {"model", "tiny-llama-gqa"},
+              {"rig", "cpu-dev-2core"},
+              {"training", {{"seq_len", 16}, {"micro_batch", 2}, {"grad_accum", 2}, {"steps", 6}, {"seed", 7},
+                            {"lr", 3e-3}, {"lr_schedule", "cosine"}, {"warmup_steps", 2}, {"min_lr", 3e-4},
+                            {"clip_grad_norm", clip}, {"data_order", "shuffled"}}},
+              {"precision", {{"compute", "fp32"}, {"transfer", transfer}}},
+              {"schedule", {{"prefetch_depth", 2}, {"device_layer_buffers", 3}, {"checkpoint_every", 1},
+                            {"checkpoint_location", "device"}}},
+              {"optimizer", {{"threads", 2}}}};
+}
+
+// One training setup: plan, model, data. Every call builds fresh objects (a fresh process, in effect).
+struct TrainSetup {
+  Plan plan;
+  ModelSpec model;
+  std::unique_ptr<DataLoader> loader;
+};
+
+TrainSetup make_setup(const Json& pj) {
+  auto plan = Plan::from_json_text(pj.dump());
+  MT_CHECK(plan.ok(), plan.status().to_string());
+  auto model = plan->resolve_model();
+  MT_CHECK(model.ok(), model.status().to_string());
+  std::vector<uint32_t> toks;
+  for (uint32_t i = 0; i < 3000; ++i) toks.push_back((i * 2654435761u >> 9) % 256);
+  auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks, "tokens"));
+  auto order = parse_data_order(plan->training.data_order);
+  auto loader = DataLoader::create(file, plan->training.seq_len, plan->training.micro_batch, plan->training.grad_accum,
+                                   *order, static_cast<uint64_t>(plan->training.seed), model->config().vocab_size);
+  MT_CHECK(loader.ok(), loader.status().to_string());
+  return TrainSetup{*plan, *model, std::make_unique<DataLoader>(std::move(loader).value())};
+}
+
+// Steps [first, end) with a fresh Trainer; their losses (and the largest gradient norm seen).
+std::vector<double> run_steps(const TrainSetup& su, HostState& hs, int64_t first, int64_t end, double* max_grad_norm = nullptr) {
+  auto trainer = Trainer::create(su.plan, su.model, hs, *su.loader, TrainerOptions{});
+  EXPECT_TRUE(trainer.ok()) << trainer.status().to_string();
+  std::vector<double> losses;
+  for (int64_t s = first; s < end; ++s) {
+    auto r = (*trainer)->run_step(s);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) break;
+    losses.push_back(r->loss);
+    if (max_grad_norm) *max_grad_norm = std::max(*max_grad_norm, r->grad_norm);
+  }
+  return losses;
+}
+
+CheckpointInfo info_for(const TrainSetup& su, int64_t next_step, const std::vector<double>& losses = {}) {
+  CheckpointInfo info;
+  info.next_step = next_step;
+  info.model_name = su.model.name();
+  info.parameters = su.model.parameter_counts().total;
+  info.plan_json = su.plan.to_json_text();
+  info.data = data_position(*su.loader);
+  info.seed = static_cast<uint64_t>(su.plan.training.seed);
+  info.losses = losses;
+  return info;
+}
+
+bool same_bits(const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+
+// Master, m, v and the streaming copy of every unit, bit for bit.
+void expect_same_state(const HostState& a, const HostState& b) {
+  ASSERT_EQ(a.units().size(), b.units().size());
+  for (size_t u = 0; u < a.units().size(); ++u) {
+    const UnitState& x = a.units()[u];
+    const UnitState& y = b.units()[u];
+    ASSERT_EQ(x.numel, y.numel);
+    const size_t n = static_cast<size_t>(x.numel) * sizeof(float);
+    EXPECT_TRUE(same_bits(x.master.data(), y.master.data(), n)) << "master of unit " << u << " differs";
+    EXPECT_TRUE(same_bits(x.m.data(), y.m.data(), n)) << "m of unit " << u << " differs";
+    EXPECT_TRUE(same_bits(x.v.data(), y.v.data(), n)) << "v of unit " << u << " differs";
+    ASSERT_EQ(x.stream_bf16.size(), y.stream_bf16.size());
+    if (x.stream_bf16.size() > 0) {
+      EXPECT_TRUE(same_bits(x.stream_bf16.data(), y.stream_bf16.data(), static_cast<size_t>(x.numel) * 2))
+          << "bf16 streaming copy of unit " << u << " differs";
+    }
+  }
+}
+
+// Every file under `dir` (relative path -> bytes): "nothing changed" means this map is equal.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    out[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? test::read_bytes(e.path()) : std::string("<dir>");
+  return out;
+}
+
+std::vector<std::string> temporaries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".step-", 0) == 0 || n.rfind(".latest.", 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+TEST(Checkpoint, Xxh64MatchesThePublishedVectors) {
+  auto h = [](const std::string& s, uint64_t seed = 0) { return xxh64(s.data(), s.size(), seed); };
+  EXPECT_EQ(h(""), 0xEF46DB3751D8E999ull);
+  EXPECT_EQ(h("a"), 0xD24EC4F1A98C6E5Bull);
+  EXPECT_EQ(h("abc"), 0x44BC2CF5AD770999ull);
+  EXPECT_EQ(h("message digest"), 0x066ED728FCEEB3BEull);
+  EXPECT_EQ(h("12345678901234567890123456789012"), 0x40FD1AA52D98274Cull);  // exactly one stripe
+  EXPECT_EQ(h("The quick brown fox jumps over the lazy dog"), 0x0B242D361FDA71BCull);
+  EXPECT_EQ(h("Nobody inspects the spammish repetition"), 0xFBCEA83C8A378BF1ull);
+  EXPECT_EQ(h("Nobody inspects the spammish repetition", 123), 0xA8BA45551F24B7AEull);
+  // Streaming in pieces of every size gives the one-shot digest.
+  std::string big(1000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  for (size_t piece : {1, 3, 7, 31, 32, 33, 100, 999}) {
+    Xxh64 x;
+    for (size_t i = 0; i < big.size(); i += piece) x.update(big.data() + i, std::min(piece, big.size() - i));
+    EXPECT_EQ(x.digest(), h(big)) << "piece " << piece;
+  }
+}
+
+// Train 6 steps straight; train 3, save, load into a fresh HostState and a fresh Trainer, train 3
+// more: the same losses and the same final state, bit for bit.
+TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
+  struct Case {
+    std::string transfer;
+    double clip;
+  };
+  for (const Case& c : {Case{"fp32", 0.0}, Case{"bf16", 0.0}, Case{"fp32", 0.5}, Case{"bf16", 0.5}}) {
+    SCOPED_TRACE("transfer " + c.transfer + ", clip_grad_norm " + std::to_string(c.clip));
+    const Json pj = plan_json(c.transfer, c.clip);
+    HostState straight;
+    std::vector<double> straight_losses;
+    double max_norm = 0;
+    {
+      TrainSetup su = make_setup(pj);
+      straight = HostState::create(su.model, su.plan.precision.transfer);
+      straight.init_random(7, 0.02);
+      straight_losses = run_steps(su, straight, 0, 6, &max_norm);
+      ASSERT_EQ(straight_losses.size(), 6u);
+    }
+    if (c.clip > 0) {
+      EXPECT_GT(max_norm, c.clip) << "clipping never acted; the case tests nothing";
+    }
+
+    ScratchDir dir("ckpt-resume");
+    std::vector<uint16_t> stream_before;
+    {
+      TrainSetup su = make_setup(pj);
+      HostState first = HostState::create(su.model, su.plan.precision.transfer);
+      first.init_random(7, 0.02);
+      const std::vector<double> l = run_steps(su, first, 0, 3);
+      for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(l[i], straight_losses[i]);
+      ASSERT_TRUE(save_checkpoint(dir.path(), first, info_for(su, 3, l)).ok());
+      for (const UnitState& u : first.units())
+        stream_before.insert(stream_before.end(), u.stream_bf16.data(), u.stream_bf16.data() + u.stream_bf16.size());
+    }
+    TrainSetup su = make_setup(pj);
+    HostState resumed = HostState::create(su.model, su.plan.precision.transfer);
+    resumed.init_random(12345, 0.5);  // whatever was there must be overwritten
+    auto loaded = load_checkpoint(dir.path(), resumed);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    EXPECT_EQ(loaded->dir, checkpoint_step_dir(dir.path(), 3));
+    EXPECT_EQ(loaded->info.next_step, 3);
+    EXPECT_EQ(loaded->info.losses, std::vector<double>(straight_losses.begin(), straight_losses.begin() + 3));
+    EXPECT_TRUE(check_resume_compatible(loaded->info, su.plan, su.model, *su.loader).ok());
+    // The bf16 streaming copy is not saved: refresh_stream() rebuilds it from the master weights,
+    // and it equals the copy AdamW wrote, because both are to_bf16 of the same fp32 value.
+    std::vector<uint16_t> stream_after;
+    for (const UnitState& u : resumed.units())
+      stream_after.insert(stream_after.end(), u.stream_bf16.data(), u.stream_bf16.data() + u.stream_bf16.size());
+    EXPECT_EQ(stream_after, stream_before);
+    EXPECT_EQ(stream_after.empty(), c.transfer == "fp32");
+
+    const std::vector<double> rest = run_steps(su, resumed, loaded->info.next_step, 6);
+    ASSERT_EQ(rest.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i], straight_losses[3 + i]) << "step " << 3 + i;
+    expect_same_state(resumed, straight);
+  }
+}
+
+TEST(CheckpointResume, APlanOrDataThatChangesTheRunIsRefusedNamingTheKey) {
+  const Json pj = plan_json("fp32", 0.0);
+  TrainSetup su = make_setup(pj);
+  const CheckpointInfo info = info_for(su, 3);
+  EXPECT_TRUE(check_resume_compatible(info, su.plan, su.model, *su.loader).ok());
+  auto refused = [&](Json changed, const std::string& key) {
+    TrainSetup other = make_setup(changed);
+    Status s = check_resume_compatible(info, other.plan, other.model, *other.loader);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << key;
+    EXPECT_NE(s.message().find(key), std::string::npos) << s.message();
+  };
+  Json a = pj;
+  a["training"]["lr"] = 1e-3;
+  refused(a, "training.lr");
+  Json b = pj;
+  b["training"]["seq_len"] = 32;
+  refused(b, "training.seq_len");
+  Json c = pj;
+  c["precision"]["transfer"] = "bf16";
+  refused(c, "precision.transfer");
+  Json d = pj;
+  d["model"] = "tiny-qwen2";
+  refused(d, "model");
+  // Settings that do not change the numbers may change.
+  Json e = pj;
+  e["schedule"]["prefetch_depth"] = 1;
+  e["optimizer"]["threads"] = 1;
+  TrainSetup same = make_setup(e);
+  EXPECT_TRUE(check_resume_compatible(info, same.plan, same.model, *same.loader).ok());
+  // Other data: a different token count.
+  CheckpointInfo other_data = info;
+  other_data.data.tokens += 1;
+  Status s = check_resume_compatible(other_data, su.plan, su.model, *su.loader);
+  EXPECT_NE(s.message().find("data.tokens"), std::string::npos) << s.message();
+}
+
+class CheckpointFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    su_ = std::make_unique<TrainSetup>(make_setup(plan_json("bf16", 0.5)));
+    state_ = HostState::create(su_->model, su_->plan.precision.transfer);
+    state_.init_random(7, 0.02);
+    run_steps(*su_, state_, 0, 2);
+  }
+  HostState fresh() const {
+    HostState hs = HostState::create(su_->model, su_->plan.precision.transfer);
+    hs.init_random(99, 0.02);
+    return hs;
+  }
+  std::unique_ptr<TrainSetup> su_;
+  HostState state_;
+};
+
+TEST_F(CheckpointFiles, LayoutManifestAndLatest) {
+  ScratchDir dir("ckpt-layout");
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2, {5.5, 5.25})).ok());
+  const fs::path step = dir / "step-00000002";
+  EXPECT_EQ(test::read_bytes(dir / "latest"), "step-00000002\n");
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "manifest.json"})
+    EXPECT_TRUE(fs::is_regular_file(step / f)) << f;
+  EXPECT_TRUE(temporaries(dir.path()).empty());
+  // model.safetensors is a plain HF weights file: every tensor under its HF name, fp32.
+  auto weights = SafetensorsFile::open(step / "model.safetensors");
+  ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+  EXPECT_NE(weights->find("model.layers.1.mlp.down_proj.weight"), nullptr);
+  EXPECT_EQ(weights->find("model.embed_tokens.weight")->dtype, "F32");
+  EXPECT_EQ(weights->metadata().at("format"), "pt");
+  auto opt = SafetensorsFile::open(step / "optimizer.safetensors");
+  ASSERT_TRUE(opt.ok());
+  EXPECT_NE(opt->find("model.norm.weight.exp_avg_sq"), nullptr);
+  EXPECT_EQ(opt->entries().size(), 2 * weights->entries().size());
+  // The manifest: the schema, the step, every file's size and XXH64, the plan and data position.
+  const std::string text = test::read_bytes(step / "manifest.json");
+  const Json m = Json::parse(text);
+  EXPECT_EQ(m["schema"].get<std::string>(), "megatrain.checkpoint/1");
+  EXPECT_EQ(m["step"], 2);
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string bytes = test::read_bytes(step / f);
+    EXPECT_EQ(m["files"][f]["bytes"].get<uint64_t>(), bytes.size());
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(bytes.data(), bytes.size())));
+    EXPECT_EQ(m["files"][f]["xxh64"].get<std::string>(), hex);
+  }
+  EXPECT_EQ(m["plan"]["training"]["seq_len"], 16);
+  EXPECT_EQ(m["data"]["next_step"], 2);
+  EXPECT_EQ(m["data"]["order"].get<std::string>(), "shuffled");
+  EXPECT_EQ(m["rng"]["seed"], 7);
+  EXPECT_EQ(m["losses"]["values"][1].get<double>(), 5.25);
+  // The manifest's own checksum covers every byte before its trailer.
+  const size_t at = text.rfind(",\n  \"manifest_xxh64\": \"");
+  ASSERT_NE(at, std::string::npos);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(text.data(), at)));
+  EXPECT_EQ(m["manifest_xxh64"].get<std::string>(), hex);
+  // The newest wins and `latest` follows it; a step directory can be loaded directly too.
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 4)).ok());
+  EXPECT_EQ(test::read_bytes(dir / "latest"), "step-00000004\n");
+  HostState hs = fresh();
+  auto direct = load_checkpoint(step, hs);
+  ASSERT_TRUE(direct.ok()) << direct.status().to_string();
+  EXPECT_EQ(direct->info.next_step, 2);
+  EXPECT_EQ(direct->info.model_name, "tiny-llama-gqa");
+  expect_same_state(hs, state_);
+}
+
+TEST_F(CheckpointFiles, LatestIsFollowedAndScanningIsTheFallback) {
+  ScratchDir dir("ckpt-latest");
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 5)).ok());
+  HostState hs = fresh();
+  // `latest` is the authority on which step is newest.
+  test::write_bytes(dir / "latest", "step-00000002\n");
+  auto a = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->info.next_step, 2);
+  // Without it (or when it names nothing), the highest-numbered step directory.
+  fs::remove(dir / "latest");
+  auto b = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->info.next_step, 5);
+  test::write_bytes(dir / "latest", "step-00000009\n");
+  auto c = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->info.next_step, 5);
+  ScratchDir empty("ckpt-empty");
+  auto none = load_checkpoint(empty.path(), hs);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(find_latest_checkpoint(empty.path()).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointFiles, SavingAStepAgainReplacesItWhole) {
+  ScratchDir dir("ckpt-replace");
+  HostState other = fresh();
+  ASSERT_TRUE(save_checkpoint(dir.path(), other, info_for(*su_, 3)).ok());
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 3)).ok());
+  EXPECT_TRUE(temporaries(dir.path()).empty());
+  HostState hs = fresh();
+  ASSERT_TRUE(load_checkpoint(dir.path(), hs).ok());
+  expect_same_state(hs, state_);
+}
+
+// A truncated file or one flipped byte, in any of the three files: kCorrupt naming the file, the
+// directory byte-identical afterwards and the training state untouched.
+TEST_F(CheckpointFiles, CorruptOrTruncatedFilesAreRefusedAndNothingChanges) {
+  ScratchDir pristine("ckpt-pristine");
+  ASSERT_TRUE(save_checkpoint(pristine.path(), state_, info_for(*su_, 2)).ok());
+  struct Damage {
+    std::string name;
+    std::function<void(std::string&)> apply;
+  };
+  const std::vector<Damage> damages = {
+      {"truncated by one byte", [](std::string& b) { b.pop_back(); }},
+      {"truncated to half", [](std::string& b) { b.resize(b.size() / 2); }},
+      {"a flipped byte in the middle", [](std::string& b) { b[b.size() / 2] ^= 0x10; }},
+      {"a flipped byte near the start", [](std::string& b) { b[9] ^= 0x01; }},
+      {"a flipped byte near the end", [](std::string& b) { b[b.size() - 3] ^= 0x04; }},
+      {"one byte too many", [](std::string& b) { b.push_back(' '); }},
+  };
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "manifest.json"}) {
+    for (const Damage& d : damages) {
+      SCOPED_TRACE(std::string(file) + ", " + d.name);
+      ScratchDir dir("ckpt-corrupt");
+      fs::copy(pristine.path(), dir.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+      const fs::path victim = dir / "step-00000002" / file;
+      std::string bytes = test::read_bytes(victim);
+      d.apply(bytes);
+      test::write_bytes(victim, bytes);
+      const auto before = snapshot(dir.path());
+      HostState hs = fresh();
+      const HostState untouched = fresh();
+      for (const fs::path& p : {dir.path(), dir / "step-00000002"}) {
+        auto r = load_checkpoint(p, hs);
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.status().code(), StatusCode::kCorrupt) << r.status().to_string();
+        EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status().to_string();
+      }
+      EXPECT_EQ(snapshot(dir.path()), before);
+      expect_same_state(hs, untouched);
+    }
+  }
+  // A missing file is corrupt too, naming it.
+  ScratchDir dir("ckpt-missing");
+  fs::copy(pristine.path(), dir.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  fs::remove(dir / "step-00000002" / "optimizer.safetensors");
+  HostState hs = fresh();
+  auto r = load_checkpoint(dir.path(), hs);
+  EXPECT_EQ(r.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(r.status().message().find("optimizer.safetensors"), std::string::npos) << r.status().to_string();
+}
+
+// Decision: a corrupt newest checkpoint is never skipped silently, even when an older one is fine.
+TEST_F(CheckpointFiles, ACorruptNewestCheckpointIsRefusedNamingTheOlderValidOne) {
+  ScratchDir dir("ckpt-newest");
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 4)).ok());
+  const fs::path victim = dir / "step-00000004" / "model.safetensors";
+  std::string bytes = test::read_bytes(victim);
+  bytes[bytes.size() - 100] ^= 0x20;
+  test::write_bytes(victim, bytes);
+  HostState hs = fresh();
+  auto r = load_checkpoint(dir.path(), hs);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(r.status().message().find("step-00000004"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("step-00000002"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("checksum mismatch"), std::string::npos) << r.status().message();
+  // Moving the corrupt one away is how a user resumes from the older one.
+  fs::rename(dir / "step-00000004", dir / "bad-step-4");
+  auto older = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(older.ok()) << older.status().to_string();
+  EXPECT_EQ(older->info.next_step, 2);
+}
+
+TEST_F(CheckpointFiles, AFailedSaveLeavesThePreviousCheckpointLoadable) {
+  ScratchDir dir("ckpt-failsave");
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
+  const auto before = snapshot(dir.path());
+  // checkpoint_dir is a file.
+  const fs::path file = dir / "a-file";
+  test::write_bytes(file, "x");
+  Status s = save_checkpoint(file, state_, info_for(*su_, 3));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("a-file"), std::string::npos) << s.message();
+  EXPECT_EQ(test::read_bytes(file), "x");
+  fs::remove(file);
+  // Under a file, so it cannot be created.
+  EXPECT_FALSE(save_checkpoint(dir / "step-00000002" / "manifest.json" / "sub", state_, info_for(*su_, 3)).ok());
+  EXPECT_EQ(snapshot(dir.path()), before);
+  // A write that fails half-way (the file size limit: EFBIG) in a child process.
+  HostState other = fresh();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{64 * 1024, 64 * 1024};
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    Status st = save_checkpoint(dir.path(), other, info_for(*su_, 3));
+    const bool says_unchanged = st.message().find("earlier checkpoints are unchanged") != std::string::npos;
+    ::_exit(!st.ok() && st.code() == StatusCode::kIoError && says_unchanged ? 0 : 1);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "the save did not fail with kIoError saying earlier checkpoints are unchanged";
+  EXPECT_EQ(snapshot(dir.path()), before);  // not even a temporary is left
+  HostState hs = fresh();
+  auto r = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->info.next_step, 2);
+  expect_same_state(hs, state_);
+}
+
+// A writer SIGKILLed at arbitrary moments of a save loop: the newest complete step always loads,
+// and its contents are those of that step (each save marks the state with its step number).
+TEST(CheckpointKill, AWriterKilledDuringASaveLeavesThePreviousCheckpointLoadable) {
+  Json cfg = Json::parse(test::read_bytes(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-llama-gqa.json"));
+  cfg["hidden_size"] = 128;  // 1.8M parameters: 21 MB per save, long enough to be killed inside one
+  cfg["intermediate_size"] = 344;
+  cfg["num_hidden_layers"] = 4;
+  cfg["vocab_size"] = 4096;
+  auto model = ModelSpec::from_config_json(cfg.dump(), "kill-test-model");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  HostState state = HostState::create(*model, DType::kFp32);
+  state.init_random(3, 0.02);
+  auto mark = [](HostState& hs, int64_t step) {
+    UnitState& u = hs.units()[1];
+    u.master[0] = static_cast<float>(step);
+    u.m[0] = static_cast<float>(step);
+    u.v[u.numel - 1] = static_cast<float>(step);
+  };
+  auto info = [&](int64_t step) {
+    CheckpointInfo i;
+    i.next_step = step;
+    i.model_name = model->name();
+    i.parameters = model->parameter_counts().total;
+    return i;
+  };
+  ScratchDir dir("ckpt-kill");
+  mark(state, 1);
+  ASSERT_TRUE(save_checkpoint(dir.path(), state, info(1)).ok());
+  int64_t newest = 1;
+  int killed_mid_save = 0;
+  const int delays_ms[] = {1, 5, 20, 60, 150, 400};
+  for (int round = 0; round < 6; ++round) {
+    const int64_t first = 100 * (round + 1);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      for (int64_t k = first; k < first + 90; ++k) {
+        mark(state, k);
+        if (!save_checkpoint(dir.path(), state, info(k)).ok()) ::_exit(2);
+      }
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delays_ms[round]));
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    int wstatus = 0;
+    ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(wstatus)) << "the writer finished before it was killed; make the state bigger";
+    if (!temporaries(dir.path()).empty()) ++killed_mid_save;
+    HostState loaded = HostState::create(*model, DType::kFp32);
+    auto r = load_checkpoint(dir.path(), loaded);
+    ASSERT_TRUE(r.ok()) << "round " << round << ": " << r.status().to_string();
+    const int64_t step = r->info.next_step;
+    EXPECT_TRUE(step == newest || (step >= first && step < first + 90)) << "round " << round << " loaded step " << step;
+    const UnitState& u = loaded.units()[1];
+    EXPECT_EQ(u.master[0], static_cast<float>(step));
+    EXPECT_EQ(u.m[0], static_cast<float>(step));
+    EXPECT_EQ(u.v[u.numel - 1], static_cast<float>(step));
+    newest = step;
+    // Without `latest`, scanning picks the highest-numbered step directory: it must be complete too
+    // (a step directory appears only by the final rename).
+    fs::rename(dir / "latest", dir / "latest.kept");
+    auto scanned = load_checkpoint(dir.path(), loaded);
+    fs::rename(dir / "latest.kept", dir / "latest");
+    ASSERT_TRUE(scanned.ok()) << "round " << round << ", without latest: " << scanned.status().to_string();
+    EXPECT_GE(scanned->info.next_step, step);
+    EXPECT_EQ(u.master[0], static_cast<float>(scanned->info.next_step));
+    EXPECT_EQ(u.v[u.numel - 1], static_cast<float>(scanned->info.next_step));
+  }
+  EXPECT_GT(killed_mid_save, 0) << "no kill landed inside a save";
+  // The next save clears what the killed writers left behind.
+  mark(state, 5000);
+  ASSERT_TRUE(save_checkpoint(dir.path(), state, info(5000)).ok());
+  EXPECT_TRUE(temporaries(dir.path()).empty());
+}
+
+}  // namespace
+}  // namespace megatrain::exec
