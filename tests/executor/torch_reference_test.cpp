@@ -75,7 +75,9 @@ void run_against_torch(const std::string& model_name, double clip) {
   std::ofstream(dir / "spec.json") << spec.dump();
   fs::copy_file(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / (model_name + ".json"), dir / "config.json",
                 fs::copy_options::overwrite_existing);
-  const std::string cmd = "/usr/bin/python3 " + std::string(MEGATRAIN_TEST_DATA_DIR) + "/../python/torch_train_ref.py " +
+  // tests/data may not exist in a fresh checkout, so the script's path is built, not resolved.
+  const fs::path script = fs::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "python" / "torch_train_ref.py";
+  const std::string cmd = "/usr/bin/python3 " + script.string() + " " +
                           (dir / "config.json").string() + " " + (dir / "init.safetensors").string() + " " +
                           (dir / "tokens.u32").string() + " " + (dir / "spec.json").string() + " " +
                           (dir / "ours.json").string() + " " + (dir / "final.safetensors").string() + " 2>&1";
