@@ -26,7 +26,7 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
   d.eps = c.rms_norm_eps;
   d.tied = c.tie_word_embeddings;
   if (c.o_bias || c.mlp_bias)
-    return unsupported("o_proj and MLP biases (Llama attention_bias/mlp_bias) are not implemented by the CPU backend yet");
+    return unsupported("attention_bias/mlp_bias: o_proj and MLP biases are not supported by the CPU backend yet; accepted: false for both (q/k/v biases, as in Qwen2, are supported)");
   return d;
 }
 
