@@ -1,0 +1,484 @@
+// megatrain-bench-exec: the executor's two speed targets (issue 4, "Speed"), each reported as a ratio
+// against a reference measured in the same run: `overlap` (streamed vs in-memory training tokens/s)
+// and `gemm` (the model's GEMM path, megatrain::cpu::linear_*, vs a plain Eigen product).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+// GCC 12 reports false "(may be) used uninitialized" warnings inside Eigen's AVX-512 packet code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <Eigen/Core>
+
+#include "megatrain/core/plan.h"
+#include "megatrain/executor/data.h"
+#include "megatrain/executor/host_state.h"
+#include "megatrain/executor/trainer.h"
+#include "megatrain/kernels/cpu/context.h"
+#include "megatrain/kernels/cpu/linear.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace exec = megatrain::exec;
+
+double seconds_since(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+
+// How much of the machine other processes used while a benchmark ran: the CPU time all cores spent
+// busy (/proc/stat) less this process's own (getrusage), over wall time x cores. On these shared
+// 2-core machines a run with a large share is noise, not a result.
+class OtherLoad {
+ public:
+  OtherLoad() : wall0_(Clock::now()), busy0_(machine_busy_s()), self0_(self_cpu_s()) {}
+  double share() const {
+    const double wall = seconds_since(wall0_);
+    const double cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+    const double other = (machine_busy_s() - busy0_) - (self_cpu_s() - self0_);
+    return std::clamp(other / (wall * cores), 0.0, 1.0);
+  }
+
+ private:
+  static double machine_busy_s() {
+    std::FILE* f = std::fopen("/proc/stat", "r");
+    if (!f) return 0;
+    unsigned long long v[8] = {};
+    const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                                &v[5], &v[6], &v[7]);
+    std::fclose(f);
+    if (got < 5) return 0;
+    const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+    // user nice system [idle iowait] irq softirq steal
+    return static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / ticks;
+  }
+  static double self_cpu_s() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+    return s(u.ru_utime) + s(u.ru_stime);
+  }
+  Clock::time_point wall0_;
+  double busy0_, self0_;
+};
+
+// Minor page faults of this process so far. A page fault costs microseconds on these VMs, so a
+// buffer that gets fresh pages on every call (malloc handing memory back to the kernel and taking
+// it again) can cost more than the arithmetic; the benchmarks count them to show it.
+int64_t minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_minflt);
+}
+
+// A Llama-like model big enough that a layer's compute (about 9 GFLOP per step) dwarfs the copy of
+// its weights (2.9 MB, about 0.1 ms at the rig's 30 GB/s): a compute-bound configuration.
+const char* kModel = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+  "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8, "num_key_value_heads": 4,
+  "num_hidden_layers": 6, "vocab_size": 512, "max_position_embeddings": 128,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+  "tie_word_embeddings": false, "torch_dtype": "float32"
+})";
+
+std::string plan_text(int checkpoint_every, int64_t steps) {
+  return std::string(R"({"schema": "megatrain.plan/1", "model": )") + kModel + R"(, "rig": "cpu-dev-2core",
+    "training": {"seq_len": 128, "micro_batch": 4, "grad_accum": 4, "steps": )" + std::to_string(steps) + R"(,
+                 "seed": 1, "lr": 1e-3, "lr_schedule": "cosine", "warmup_steps": 1, "min_lr": 1e-4,
+                 "clip_grad_norm": 1.0, "data_order": "sequential"},
+    "precision": {"compute": "fp32", "master": "fp32", "transfer": "fp32"},
+    "schedule": {"order": "layer-major", "prefetch_depth": 2, "device_layer_buffers": 3,
+                 "checkpoint_every": )" + std::to_string(checkpoint_every) + R"(, "checkpoint_location": "device"},
+    "placement": {"master_weights": "ram", "optimizer_states": "ram", "device_budget_bytes": 1073741824},
+    "optimizer": {"type": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "threads": 1}
+  })";
+}
+
+[[noreturn]] void die(const std::string& what, const megatrain::Status& s) {
+  std::fprintf(stderr, "megatrain-bench-exec: %s: %s\n", what.c_str(), s.to_string().c_str());
+  std::exit(1);
+}
+
+// ---- overlap ------------------------------------------------------------------------------------
+
+// One training run: its own plan, RAM tier, data and trainer, so runs never share state.
+struct Run {
+  std::string label;
+  bool streamed = true;
+  int checkpoint_every = 1;
+  megatrain::Plan plan;
+  std::unique_ptr<megatrain::ModelSpec> model;
+  std::unique_ptr<exec::HostState> state;
+  std::unique_ptr<exec::DataLoader> data;
+  std::unique_ptr<exec::Trainer> trainer;
+  std::vector<double> losses, wall_s, stall_s;
+  int64_t tokens_per_step = 0, faults = 0;  // faults: minor page faults in the timed steps
+};
+
+void setup(Run& r, int64_t steps, int threads, const std::shared_ptr<const exec::TokenFile>& tokens) {
+  auto plan = megatrain::Plan::from_json_text(plan_text(r.checkpoint_every, steps), "bench plan");
+  if (!plan.ok()) die("plan", plan.status());
+  r.plan = *plan;
+  auto model = r.plan.resolve_model();
+  if (!model.ok()) die("model", model.status());
+  r.model = std::make_unique<megatrain::ModelSpec>(std::move(model).value());
+  r.state = std::make_unique<exec::HostState>(exec::HostState::create(*r.model, r.plan.precision.transfer));
+  r.state->init_random(static_cast<uint64_t>(r.plan.training.seed), 0.02);
+  auto loader = exec::DataLoader::create(tokens, r.plan.training.seq_len, r.plan.training.micro_batch,
+                                         r.plan.training.grad_accum, exec::DataOrder::kSequential, 1,
+                                         r.model->config().vocab_size);
+  if (!loader.ok()) die("data", loader.status());
+  r.data = std::make_unique<exec::DataLoader>(std::move(loader).value());
+  r.tokens_per_step = r.data->tokens_per_step();
+  exec::TrainerOptions o;
+  o.streamed = r.streamed;
+  o.threads = threads;
+  auto t = exec::Trainer::create(r.plan, *r.model, *r.state, *r.data, o);
+  if (!t.ok()) die("trainer (" + r.label + ")", t.status());
+  r.trainer = std::move(t).value();
+}
+
+// Tokens with some structure (a noisy repeating pattern) so the model has something to learn.
+std::vector<uint32_t> make_tokens(size_t n, uint32_t vocab) {
+  std::vector<uint32_t> t(n);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t[i] = (x % 8 == 0) ? static_cast<uint32_t>(x >> 20) % vocab : static_cast<uint32_t>((i * 7 + i / 64) % vocab);
+  }
+  return t;
+}
+
+bool same_weights(const exec::HostState& a, const exec::HostState& b) {
+  for (size_t u = 0; u < a.units().size(); ++u) {
+    const auto& x = a.units()[u];
+    const auto& y = b.units()[u];
+    if (x.numel != y.numel || std::memcmp(x.master.data(), y.master.data(), sizeof(float) * static_cast<size_t>(x.numel)) != 0)
+      return false;
+  }
+  return true;
+}
+
+struct RunStats {
+  double tokens_per_s = 0, step_min = 0, step_max = 0, stall_share = 0, faults_per_step = 0;
+};
+
+// Step 0 is a warm-up (first touch of every buffer) and is left out of the rates.
+RunStats stats_of(const Run& r) {
+  RunStats s;
+  double wall = 0, stall = 0, lo = 1e30, hi = 0;
+  for (size_t i = 1; i < r.wall_s.size(); ++i) {
+    wall += r.wall_s[i];
+    stall += r.stall_s[i];
+    lo = std::min(lo, r.wall_s[i]);
+    hi = std::max(hi, r.wall_s[i]);
+  }
+  const double tok = static_cast<double>(r.tokens_per_step);
+  s.tokens_per_s = tok * static_cast<double>(r.wall_s.size() - 1) / wall;
+  s.step_min = tok / hi;
+  s.step_max = tok / lo;
+  s.stall_share = stall / wall;
+  s.faults_per_step = static_cast<double>(r.faults) / static_cast<double>(r.wall_s.size() - 1);
+  return s;
+}
+
+int overlap(int64_t steps, int threads, bool json) {
+  // Three runs of the same model, seed and batches, stepped in rotation (step s: A B C, then B C A,
+  // ...) so that machine noise falls on all of them alike:
+  //   in-memory:  the plain loop, every activation kept, optimizer inline (the reference);
+  //   streamed c=1: the brief's configuration, checkpoints every layer, so backward recomputes each
+  //                 layer's forward (one more forward per layer than the reference);
+  //   streamed c=0: every activation kept on the device: the same arithmetic as the reference, so
+  //                 its ratio is the cost of streaming itself.
+  std::vector<Run> runs(3);
+  runs[0].label = "in-memory loop (reference)";
+  runs[0].streamed = false;
+  runs[1].label = "streamed, checkpoint_every 1";
+  runs[1].checkpoint_every = 1;
+  runs[2].label = "streamed, checkpoint_every 0";
+  runs[2].checkpoint_every = 0;
+  auto tokens = std::make_shared<const exec::TokenFile>(exec::TokenFile::from_tokens(make_tokens(1 << 20, 512)));
+  for (Run& r : runs) setup(r, steps, threads, tokens);
+  const OtherLoad load;
+
+  for (int64_t s = 0; s < steps; ++s) {
+    for (size_t k = 0; k < runs.size(); ++k) {
+      Run& r = runs[(static_cast<size_t>(s) + k) % runs.size()];
+      const int64_t f0 = minor_faults();
+      const auto a = Clock::now();
+      auto res = r.trainer->run_step(s);
+      const double wall = seconds_since(a);
+      if (s > 0) r.faults += minor_faults() - f0;  // a step returns when all its threads' work is done
+      if (!res.ok()) die("step " + std::to_string(s) + " (" + r.label + ")", res.status());
+      r.losses.push_back(res->loss);
+      r.wall_s.push_back(wall);
+      r.stall_s.push_back(res->stall_s);
+    }
+  }
+  const double other_share = load.share();
+  bool identical = true;
+  for (size_t k = 1; k < runs.size(); ++k)
+    identical = identical && runs[k].losses == runs[0].losses && same_weights(*runs[k].state, *runs[0].state);
+
+  std::vector<RunStats> st;
+  for (const Run& r : runs) st.push_back(stats_of(r));
+  // Per-step ratios (same step, adjacent in time) give the spread within the run.
+  auto step_ratios = [&](size_t k) {
+    std::vector<double> q;
+    for (size_t i = 1; i < runs[0].wall_s.size(); ++i) q.push_back(runs[0].wall_s[i] / runs[k].wall_s[i]);
+    std::sort(q.begin(), q.end());
+    return q;
+  };
+  auto median = [](const std::vector<double>& q) {
+    return q.size() % 2 ? q[q.size() / 2] : 0.5 * (q[q.size() / 2 - 1] + q[q.size() / 2]);
+  };
+  const double ratio1 = st[1].tokens_per_s / st[0].tokens_per_s;
+  const double ratio0 = st[2].tokens_per_s / st[0].tokens_per_s;
+  if (json) {
+    std::printf("{\"benchmark\": \"overlap\", \"steps\": %lld, \"timed_steps\": %lld, \"threads\": %d, "
+                "\"tokens_per_step\": %lld, \"losses_identical\": %s, \"runs\": [",
+                static_cast<long long>(steps), static_cast<long long>(steps - 1), threads,
+                static_cast<long long>(runs[0].tokens_per_step), identical ? "true" : "false");
+    for (size_t k = 0; k < runs.size(); ++k) {
+      std::printf("%s{\"name\": \"%s\", \"tokens_per_s\": %.1f, \"ratio_to_in_memory\": %.4f, \"stall_share\": %.4f, "
+                  "\"page_faults_per_step\": %.0f, \"median_step_ratio\": %.4f, \"final_loss\": %.6f}",
+                  k ? ", " : "", runs[k].label.c_str(), st[k].tokens_per_s, st[k].tokens_per_s / st[0].tokens_per_s,
+                  st[k].stall_share, st[k].faults_per_step, k ? median(step_ratios(k)) : 1.0, runs[k].losses.back());
+    }
+    std::printf("], \"target\": 0.90, \"ratio\": %.4f, \"ratio_same_arithmetic\": %.4f, \"other_load\": %.3f}\n", ratio1,
+                ratio0, other_share);
+    return identical ? 0 : 2;
+  }
+  const auto& cfg = runs[0].model->config();
+  std::printf("megatrain-bench-exec overlap: Llama-like hidden %lld, intermediate %lld, %lld heads / %lld kv, %lld layers,\n"
+              "  vocab %lld, %lld parameters; seq 128 x micro-batch 4 x grad_accum 4 = %lld tokens/step; fp32 transfer,\n"
+              "  prefetch 2, 3 layer buffers, clip 1.0, rig cpu-dev-2core; %d compute thread(s); %lld steps, step 0 untimed\n",
+              static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.intermediate_size),
+              static_cast<long long>(cfg.num_heads), static_cast<long long>(cfg.num_kv_heads),
+              static_cast<long long>(cfg.num_layers), static_cast<long long>(cfg.vocab_size),
+              static_cast<long long>(runs[0].model->parameter_counts().total),
+              static_cast<long long>(runs[0].tokens_per_step), threads, static_cast<long long>(steps));
+  std::printf("  %-30s %11s %19s %14s %24s %8s %12s\n", "", "tokens/s", "per step (min-max)", "vs in-memory",
+              "per-step ratio: median (range)", "stall", "faults/step");
+  for (size_t k = 0; k < runs.size(); ++k) {
+    char range[40] = "";
+    if (k > 0) {
+      const auto q = step_ratios(k);
+      std::snprintf(range, sizeof range, "%.2f (%.2f-%.2f)", median(q), q.front(), q.back());
+    }
+    char stall[16] = "";
+    if (runs[k].streamed) std::snprintf(stall, sizeof stall, "%.1f%%", 100 * st[k].stall_share);
+    std::printf("  %-30s %11.0f %9.0f-%-9.0f %13.3fx %24s %8s %12.0f\n", runs[k].label.c_str(), st[k].tokens_per_s,
+                st[k].step_min, st[k].step_max, st[k].tokens_per_s / st[0].tokens_per_s, range, stall, st[k].faults_per_step);
+  }
+  std::printf("  losses (step 0 .. %lld): %.6f .. %.6f; streamed and in-memory losses and final weights %s\n",
+              static_cast<long long>(steps - 1), runs[0].losses.front(), runs[0].losses.back(),
+              identical ? "bit-identical" : "DIFFER (a correctness bug)");
+  std::printf("  other processes used %.0f%% of the machine during the run%s\n", 100 * other_share,
+              other_share > 0.05 ? ": the numbers are noisy, rerun when the machine is quiet" : "");
+  std::printf("  recompute cost, measured: checkpoint_every 1 runs at %.3fx the tokens/s of checkpoint_every 0\n",
+              st[1].tokens_per_s / st[2].tokens_per_s);
+  std::printf("  verdict: streamed (checkpoint_every 1) / in-memory = %.3f, target >= 0.90: %s; "
+              "with the reference's arithmetic (checkpoint_every 0): %.3f, %s\n",
+              ratio1, ratio1 >= 0.90 ? "met" : "MISSED", ratio0, ratio0 >= 0.90 ? "met" : "MISSED");
+  return identical ? 0 : 2;
+}
+
+// ---- gemm ---------------------------------------------------------------------------------------
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using CMap = Eigen::Map<const RowMat>;
+using MMap = Eigen::Map<RowMat>;
+
+struct Shape {
+  std::string name;
+  int64_t in, out;
+};
+
+struct Operands {
+  int64_t n, in, out;
+  std::vector<float> x, w, y, dy, dx, dw;
+  Operands(int64_t n_, int64_t in_, int64_t out_) : n(n_), in(in_), out(out_) {
+    uint32_t s = 12345;
+    auto fill = [&](std::vector<float>& v, int64_t count) {
+      v.resize(static_cast<size_t>(count));
+      for (float& f : v) {
+        s = s * 1664525u + 1013904223u;
+        f = static_cast<float>(s >> 8) / 16777216.0f - 0.5f;
+      }
+    };
+    fill(x, n * in);
+    fill(w, out * in);
+    fill(dy, n * out);
+    y.assign(static_cast<size_t>(n * out), 0.0f);
+    dx.assign(static_cast<size_t>(n * in), 0.0f);
+    dw.assign(static_cast<size_t>(out * in), 0.0f);
+  }
+};
+
+// Mean seconds per call over `iters` back-to-back calls (the caller keeps the best of several).
+template <typename F>
+double seconds_per_call(F&& f, int iters) {
+  const auto a = Clock::now();
+  for (int i = 0; i < iters; ++i) f();
+  return seconds_since(a) / iters;
+}
+
+int gemm(int reps, bool json) {
+  auto plan = megatrain::Plan::from_json_text(plan_text(1, 1), "bench plan");
+  if (!plan.ok()) die("plan", plan.status());
+  auto model = plan->resolve_model();
+  if (!model.ok()) die("model", model.status());
+  const auto& c = model->config();
+  const int64_t n = plan->training.micro_batch * plan->training.seq_len;
+  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const std::vector<Shape> shapes = {{"q_proj", c.hidden_size, q},
+                                     {"k_proj", c.hidden_size, kv},
+                                     {"v_proj", c.hidden_size, kv},
+                                     {"o_proj", q, c.hidden_size},
+                                     {"gate_proj", c.hidden_size, c.intermediate_size},
+                                     {"up_proj", c.hidden_size, c.intermediate_size},
+                                     {"down_proj", c.intermediate_size, c.hidden_size},
+                                     {"lm_head", c.hidden_size, c.vocab_size}};
+  megatrain::cpu::CpuContext ctx1(1), ctx2(2);
+
+  struct Row {
+    double flops = 0;
+    double fwd_model = 1e30, fwd_eigen = 1e30, bwd_model = 1e30, bwd_eigen = 1e30, fwd_model2 = 1e30;
+    int64_t calls_model = 0, faults_model = 0, calls_eigen = 0, faults_eigen = 0;  // 1-thread fwd + bwd
+  };
+  std::vector<Row> rows(shapes.size());
+  std::vector<Operands> ops;
+  for (const Shape& s : shapes) ops.emplace_back(n, s.in, s.out);
+  // About 20 ms per timing whatever the shape (at a nominal 100 GFLOP/s).
+  auto iters_for = [](double flops) { return std::max(3, static_cast<int>(2e9 / flops)); };
+
+  const OtherLoad load;
+  for (int r = 0; r < reps; ++r) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      Operands& o = ops[i];
+      Row& row = rows[i];
+      row.flops = 2.0 * static_cast<double>(n * o.in * o.out);
+      const int it = iters_for(row.flops);
+      const int bwd_it = std::max(2, it / 2);
+      int64_t f0 = minor_faults();
+      // Forward: y = x W^T. The model's path, then the plain Eigen product, back to back.
+      row.fwd_model = std::min(row.fwd_model, seconds_per_call([&] {
+        megatrain::cpu::linear_forward<float>(ctx1, o.x.data(), o.w.data(), nullptr, n, o.in, o.out, o.y.data());
+      }, it));
+      row.faults_model += minor_faults() - f0;
+      f0 = minor_faults();
+      row.fwd_eigen = std::min(row.fwd_eigen, seconds_per_call([&] {
+        MMap(o.y.data(), n, o.out).noalias() = CMap(o.x.data(), n, o.in) * CMap(o.w.data(), o.out, o.in).transpose();
+      }, it));
+      row.faults_eigen += minor_faults() - f0;
+      row.fwd_model2 = std::min(row.fwd_model2, seconds_per_call([&] {
+        megatrain::cpu::linear_forward<float>(ctx2, o.x.data(), o.w.data(), nullptr, n, o.in, o.out, o.y.data());
+      }, it));
+      // Backward: dx = dy W (overwrite) and dW += dy^T x: two GEMMs of the forward's size.
+      f0 = minor_faults();
+      row.bwd_model = std::min(row.bwd_model, seconds_per_call([&] {
+        megatrain::cpu::linear_backward<float>(ctx1, o.dy.data(), o.x.data(), o.w.data(), n, o.in, o.out, o.dx.data(),
+                                               false, o.dw.data(), nullptr);
+      }, bwd_it));
+      row.faults_model += minor_faults() - f0;
+      f0 = minor_faults();
+      row.bwd_eigen = std::min(row.bwd_eigen, seconds_per_call([&] {
+        const CMap dy(o.dy.data(), n, o.out);
+        MMap(o.dx.data(), n, o.in).noalias() = dy * CMap(o.w.data(), o.out, o.in);
+        MMap(o.dw.data(), o.out, o.in).noalias() += dy.transpose() * CMap(o.x.data(), n, o.in);
+      }, bwd_it));
+      row.faults_eigen += minor_faults() - f0;
+      row.calls_model += it + bwd_it;
+      row.calls_eigen += it + bwd_it;
+    }
+  }
+  const double other_share = load.share();
+  // Totals weight each shape by its FLOPs: one layer's seven projections plus the LM head once.
+  double t_fm = 0, t_fe = 0, t_bm = 0, t_be = 0, t_fm2 = 0, fl = 0;
+  double worst_fwd = 1e30, worst_bwd = 1e30;
+  for (const Row& r : rows) {
+    t_fm += r.fwd_model, t_fe += r.fwd_eigen, t_bm += r.bwd_model, t_be += r.bwd_eigen, t_fm2 += r.fwd_model2;
+    fl += r.flops;
+    worst_fwd = std::min(worst_fwd, r.fwd_eigen / r.fwd_model);
+    worst_bwd = std::min(worst_bwd, r.bwd_eigen / r.bwd_model);
+  }
+  const double ratio_fwd = t_fe / t_fm, ratio_bwd = t_be / t_bm;
+  auto per_call = [](int64_t faults, int64_t calls) { return static_cast<double>(faults) / static_cast<double>(calls); };
+  if (json) {
+    std::printf("{\"benchmark\": \"gemm\", \"n\": %lld, \"reps\": %d, \"shapes\": [", static_cast<long long>(n), reps);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Row& r = rows[i];
+      std::printf("%s{\"name\": \"%s\", \"in\": %lld, \"out\": %lld, \"fwd_gflops\": %.2f, \"fwd_eigen_gflops\": %.2f, "
+                  "\"fwd_ratio\": %.4f, \"fwd_2threads_gflops\": %.2f, \"bwd_gflops\": %.2f, \"bwd_eigen_gflops\": %.2f, "
+                  "\"bwd_ratio\": %.4f, \"faults_per_call_model\": %.2f, \"faults_per_call_eigen\": %.2f}",
+                  i ? ", " : "", shapes[i].name.c_str(), static_cast<long long>(shapes[i].in),
+                  static_cast<long long>(shapes[i].out), r.flops / r.fwd_model * 1e-9, r.flops / r.fwd_eigen * 1e-9,
+                  r.fwd_eigen / r.fwd_model, r.flops / r.fwd_model2 * 1e-9, 2 * r.flops / r.bwd_model * 1e-9,
+                  2 * r.flops / r.bwd_eigen * 1e-9, r.bwd_eigen / r.bwd_model, per_call(r.faults_model, r.calls_model),
+                  per_call(r.faults_eigen, r.calls_eigen));
+    }
+    std::printf("], \"target\": 0.70, \"fwd_ratio\": %.4f, \"bwd_ratio\": %.4f, \"worst_fwd_ratio\": %.4f, "
+                "\"worst_bwd_ratio\": %.4f, \"other_load\": %.3f}\n", ratio_fwd, ratio_bwd, worst_fwd, worst_bwd, other_share);
+    return 0;
+  }
+  std::printf("megatrain-bench-exec gemm: the model's projections at N = micro-batch x seq = %lld rows, fp32, row-major,\n"
+              "  best of %d; reference: a plain Eigen product (row-major maps, noalias) timed right after, 1 thread each;\n"
+              "  page faults per call (forward and backward, 1 thread): model path, Eigen\n",
+              static_cast<long long>(n), reps);
+  std::printf("  %-10s %5s %5s | %-27s | %-27s | %-18s | %s\n", "", "in", "out", "forward GFLOP/s: model  Eigen",
+              "backward GFLOP/s: model Eigen", "forward, 2 threads", "page faults/call");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf("  %-10s %5lld %5lld | %7.1f %7.1f %9.2fx | %7.1f %7.1f %9.2fx | %7.1f GFLOP/s    | %6.1f %6.1f\n",
+                shapes[i].name.c_str(), static_cast<long long>(shapes[i].in), static_cast<long long>(shapes[i].out),
+                r.flops / r.fwd_model * 1e-9, r.flops / r.fwd_eigen * 1e-9, r.fwd_eigen / r.fwd_model,
+                2 * r.flops / r.bwd_model * 1e-9, 2 * r.flops / r.bwd_eigen * 1e-9, r.bwd_eigen / r.bwd_model,
+                r.flops / r.fwd_model2 * 1e-9, per_call(r.faults_model, r.calls_model), per_call(r.faults_eigen, r.calls_eigen));
+  }
+  std::printf("  %-22s | %7.1f %7.1f %9.2fx | %7.1f %7.1f %9.2fx | %7.1f GFLOP/s\n", "all (FLOP-weighted)", fl / t_fm * 1e-9,
+              fl / t_fe * 1e-9, ratio_fwd, 2 * fl / t_bm * 1e-9, 2 * fl / t_be * 1e-9, ratio_bwd, fl / t_fm2 * 1e-9);
+  std::printf("  other processes used %.0f%% of the machine during the run%s\n", 100 * other_share,
+              other_share > 0.05 ? ": the numbers are noisy, rerun when the machine is quiet" : "");
+  std::printf("  verdict: model GEMM path / Eigen = %.2f forward (worst shape %.2f), %.2f backward (worst %.2f); "
+              "target >= 0.70: %s\n",
+              ratio_fwd, worst_fwd, ratio_bwd, worst_bwd, std::min(ratio_fwd, ratio_bwd) >= 0.70 ? "met" : "MISSED");
+  return 0;
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: megatrain-bench-exec overlap [--steps N] [--threads T] [--json]\n"
+                       "       megatrain-bench-exec gemm [--repeat N] [--json]\n");
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  const std::string which = argv[1];
+  if (which != "overlap" && which != "gemm") return usage();
+  int64_t steps = 5;
+  int threads = 2, reps = 7;
+  bool json = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") json = true;
+    else if (a == "--steps" && i + 1 < argc && which == "overlap") steps = std::max(2, std::atoi(argv[++i]));
+    else if (a == "--threads" && i + 1 < argc && which == "overlap") threads = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--repeat" && i + 1 < argc && which == "gemm") reps = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "megatrain-bench-exec %s: unknown argument '%s'\n", which.c_str(), a.c_str());
+      return usage();
+    }
+  }
+  return which == "overlap" ? overlap(steps, threads, json) : gemm(reps, json);
+}
