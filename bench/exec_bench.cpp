@@ -3,7 +3,6 @@
 // and `gemm` (the model's GEMM path, megatrain::cpu::linear_*, vs a plain Eigen product).
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
