@@ -116,7 +116,9 @@ struct Trainer::Impl {
   float* x_scratch = nullptr;          // forward output of the last layer per micro-batch
   std::vector<std::vector<int32_t>> inputs, targets;
   std::vector<float> reference_x;      // the in-memory loop's working buffers
-  std::vector<float> weights_f32;      // in-memory: expanded weights when the transfer is bf16
+  // The in-memory loop's weights as the device would see them (the bf16 copy expanded), one array
+  // per unit, allocated once so that each step only refills them.
+  std::vector<std::vector<float>> reference_w;
 
   // Pipeline state, guarded by mu.
   std::mutex mu;
@@ -140,11 +142,6 @@ struct Trainer::Impl {
     std::lock_guard<std::mutex> g(trace_mu);
     spans.push_back(Span{lane, std::move(name), kind, step, layer, mb, ns(a), ns(b), bytes, flops});
   }
-  const float* unit_weights_host(int64_t u) {
-    // fp32 transfer streams the master itself; bf16 streams the bf16 copy (expanded on arrival).
-    return state->units()[static_cast<size_t>(u)].master.data();
-  }
-
   // Copies unit u from the RAM tier into slot s (H2D). bf16 is expanded to fp32 on arrival.
   void copy_in(int64_t u, float* dst) {
     UnitState& us = state->units()[static_cast<size_t>(u)];
@@ -274,6 +271,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     // way to train big models.
     I.reference_x.resize(static_cast<size_t>(I.A * (I.L + 1) * NH + I.A * I.L * layer_act_floats(d) + ws_floats + 2 * NH));
     if (d.tied) I.reference_x.resize(I.reference_x.size() + static_cast<size_t>(d.V * d.H));
+    I.reference_w.resize(static_cast<size_t>(I.U));
+    for (int64_t u = 0; u < I.U; ++u)
+      I.reference_w[static_cast<size_t>(u)].resize(static_cast<size_t>(state.units()[static_cast<size_t>(u)].numel));
   }
   I.updated_step.assign(static_cast<size_t>(I.U), -1);
   I.inputs.assign(static_cast<size_t>(I.A), std::vector<int32_t>(static_cast<size_t>(d.N)));
@@ -352,9 +352,8 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     p += NH;
     float* tied = d.tied ? p + NH : nullptr;
     // Weights as the device would see them (the bf16 copy expanded), then fresh gradients.
-    std::vector<std::vector<float>> w(static_cast<size_t>(I.U));
+    std::vector<std::vector<float>>& w = I.reference_w;
     for (int64_t u = 0; u < I.U; ++u) {
-      w[static_cast<size_t>(u)].resize(static_cast<size_t>(units(u).numel));
       I.copy_in(u, w[static_cast<size_t>(u)].data());
       std::fill(units(u).grad.data(), units(u).grad.data() + units(u).numel, 0.0f);
     }
@@ -409,7 +408,6 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     int64_t unit;
     int slot = -1;
     bool ready = false;
-    bool released = false;
   };
   std::vector<Load> loads;
   for (int64_t u = 0; u < I.U; ++u) loads.push_back({u});
@@ -541,7 +539,6 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     {
       std::lock_guard<std::mutex> g(I.mu);
       I.free_slots.push_back(loads[i].slot);
-      loads[i].released = true;
     }
     I.cv.notify_all();
   };

@@ -262,7 +262,7 @@ class Builder {
             e_.acquire(g, id_.mem_device, s_.full_act);
             kept_[cell(l, mb)] = s_.full_act;
           }
-          if (ckpt) checkpoint(l, mb, g);
+          if (ckpt) checkpoint(l, mb);
           producer_[static_cast<size_t>(mb)] = g;
         }
       }
@@ -280,7 +280,7 @@ class Builder {
 
   // The input of layer l for micro-batch mb (produced by the previous GPU task for mb) is kept:
   // on the device until backward recomputes from it, or copied to pinned host memory.
-  void checkpoint(int32_t l, int32_t mb, TaskId consumer) {
+  void checkpoint(int32_t l, int32_t mb) {
     const TaskId producer = producer_[static_cast<size_t>(mb)];
     if (plan_.schedule.checkpoint_location == "device") {
       e_.acquire(producer, id_.mem_device, s_.hidden);
@@ -293,7 +293,6 @@ class Builder {
     after(producer, d);
     ckpt_d2h_[cell(l, mb)] = d;
     ckpt_copy_[cell(l, mb)] = d;
-    (void)consumer;
   }
 
   // ---- backward ---------------------------------------------------------------------------------
