@@ -1,4 +1,4 @@
-// megatrain-exec: trains from a plan file on the CPU backend. Argument parsing, the progress line,
+// megatrain-exec: trains from a plan file on a backend (backend.h). Argument parsing, the progress line,
 // and when to checkpoint, resume and stop on a signal; the work is in megatrain_executor.
 #include <CLI/CLI.hpp>
 
@@ -11,6 +11,7 @@
 
 #include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
+#include "megatrain/executor/backend.h"
 #include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
@@ -44,8 +45,8 @@ void install_stop_handlers() {
 
 int main(int argc, char** argv) {
   using namespace megatrain;
-  CLI::App app{"megatrain-exec: train from a plan file (CPU backend)"};
-  std::string plan_path, data_path, trace_path, init_dir, checkpoint_dir, backend = "cpu";
+  CLI::App app{"megatrain-exec: train from a plan file"};
+  std::string plan_path, data_path, trace_path, init_dir, checkpoint_dir, backend = "auto";
   int64_t steps = 0, checkpoint_every = 0;
   int threads = 1;
   bool reference = false, resume = false;
@@ -62,13 +63,19 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue bit for bit from the newest checkpoint in --checkpoint-dir")
       ->needs(ckpt_opt)->excludes(init_opt);
   app.add_option("--trace", trace_path, "write the measured timeline to this .mtrace file");
-  app.add_option("--backend", backend, "cpu (the CUDA backend arrives with issue 7)")->check(CLI::IsMember({"cpu"}));
+  app.add_option("--backend", backend, "auto (default: CUDA when this build can train on a present GPU, else cpu), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--threads", threads, "compute threads of the CPU backend")->check(CLI::Range(1, 256));
   app.add_flag("--in-memory", reference, "run the plain in-memory loop instead of the streamed pipeline (the reference)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  // Asked for a GPU that is not there: say so before loading anything.
+  if (backend == "cuda") {
+    if (const std::string why = exec::cuda_unavailable_reason(); !why.empty())
+      return fail(unavailable("--backend cuda: no usable GPU: " + why + "; accepted here: --backend cpu (or auto)"));
   }
 
   auto plan = Plan::load(plan_path);
@@ -118,6 +125,7 @@ int main(int argc, char** argv) {
   exec::TrainerOptions opt;
   opt.streamed = !reference;
   opt.threads = threads;
+  opt.backend = backend;
   opt.record_trace = !trace_path.empty();
   auto trainer = exec::Trainer::create(*plan, *model, state, *loader, opt);
   if (!trainer.ok()) return fail(trainer.status());
@@ -128,10 +136,10 @@ int main(int argc, char** argv) {
                 static_cast<long long>(total));
     return 0;
   }
-  std::printf("megatrain-exec: %s, %lld parameters, %lld tokens/step, %lld steps, %s on the CPU backend\n",
+  std::printf("megatrain-exec: %s, %lld parameters, %lld tokens/step, %lld steps, %s on the %s\n",
               model->name().c_str(), static_cast<long long>(model->parameter_counts().total),
               static_cast<long long>(loader->tokens_per_step()), static_cast<long long>(total),
-              reference ? "in-memory loop" : "streamed");
+              reference ? "in-memory loop" : "streamed", (*trainer)->backend_description().c_str());
   if (!reference)
     std::printf("device arena %s of %s budget\n", format_bytes(static_cast<double>((*trainer)->budget().total())).c_str(),
                 plan->placement.device_budget_bytes > 0

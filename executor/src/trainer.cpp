@@ -1,11 +1,12 @@
-// The streamed layer-major pipeline on the CPU backend and the plain in-memory reference loop.
+// The streamed pipeline over the backend table (backend.h), and the plain in-memory reference loop.
 //
-// Streams of the CPU backend are threads: the caller's thread is the compute stream; an H2D
-// thread copies units from the RAM tier into device buffer slots (the arena), at most
-// prefetch_depth units ahead of the unit being computed; a D2H thread copies each unit's
-// accumulated gradient back; an optimizer thread runs AdamW per unit as soon as its gradient is
-// final (without clipping) or after the global norm (with clipping). The next step's copy of a
-// unit waits for that unit's update, so updates are exact, never stale.
+// The caller's thread issues the compute stream; an H2D thread issues the copies of units from the
+// RAM tier into device buffer slots (the arena), at most prefetch_depth units ahead of the unit
+// being computed; a D2H thread issues each unit's accumulated gradient back; an optimizer thread
+// runs AdamW per unit on the host as soon as its gradient is final (without clipping) or after
+// the global norm (with clipping). The next step's copy of a unit waits for that unit's update, so
+// updates are exact, never stale. Cross-stream order is carried by backend events; host-side
+// conditions (a free slot, the prefetch window, a finished update) are scheduling state kept here.
 #include "megatrain/executor/trainer.h"
 
 #include <algorithm>
@@ -14,66 +15,17 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <mutex>
-#include <thread>
 
 #include "megatrain/core/units.h"
+#include "megatrain/executor/backend.h"
 #include "megatrain/executor/model.h"
 #include "megatrain/executor/optimizer.h"
-#include "megatrain/kernels/cpu/ops.h"
 
 namespace megatrain::exec {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// One in-order queue served by its own thread: the CPU backend's notion of a stream.
-class Stream {
- public:
-  Stream() : thread_([this] { loop(); }) {}
-  ~Stream() {
-    {
-      std::lock_guard<std::mutex> g(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> g(m_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_all();
-  }
-  void synchronize() {
-    std::unique_lock<std::mutex> l(m_);
-    idle_cv_.wait(l, [&] { return jobs_.empty() && !busy_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> l(m_);
-    while (true) {
-      cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty() && stop_) return;
-      auto job = std::move(jobs_.front());
-      jobs_.pop_front();
-      busy_ = true;
-      l.unlock();
-      job();
-      l.lock();
-      busy_ = false;
-      idle_cv_.notify_all();
-    }
-  }
-  std::mutex m_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false, busy_ = false;
-  std::thread thread_;
-};
 
 struct Span {
   int lane;
@@ -94,13 +46,12 @@ struct Trainer::Impl {
   TrainerOptions opt;
   Dims d;
   DeviceBudget budget;
-  std::unique_ptr<cpu::CpuContext> ctx;
-  std::unique_ptr<LayerMath> math;
+  std::unique_ptr<Backend> be;
   int64_t L = 0, U = 0, A = 0, K = 1, B = 2, c = 1;
   bool clip = false;
 
   // The device arena: one allocation of the plan's budget, carved at startup.
-  AlignedArray<float> arena;
+  std::unique_ptr<Arena> arena;
   std::vector<float*> slots;           // B weight buffers of the largest unit
   std::vector<float*> hid[2];          // A hidden states, ping-pong
   std::vector<float*> dhid;            // A gradients of the hidden state
@@ -124,10 +75,11 @@ struct Trainer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int> free_slots;
+  std::vector<std::unique_ptr<Event>> slot_free;  // recorded on compute when a slot's last reader is issued
   std::vector<int64_t> updated_step;   // last step whose update of unit u has finished
   std::vector<char> grad_buf_free;
   bool aborting = false;  // an error mid-step: queued jobs give up instead of waiting forever
-  std::unique_ptr<Stream> h2d, d2h, optim;
+  std::unique_ptr<WorkQueue> h2d, d2h, optim;
 
   // Trace.
   std::mutex trace_mu;
@@ -141,15 +93,6 @@ struct Trainer::Impl {
     if (!opt.record_trace) return;
     std::lock_guard<std::mutex> g(trace_mu);
     spans.push_back(Span{lane, std::move(name), kind, step, layer, mb, ns(a), ns(b), bytes, flops});
-  }
-  // Copies unit u from the RAM tier into slot s (H2D). bf16 is expanded to fp32 on arrival.
-  void copy_in(int64_t u, float* dst) {
-    UnitState& us = state->units()[static_cast<size_t>(u)];
-    if (state->transfer() == DType::kBf16) {
-      for (int64_t i = 0; i < us.numel; ++i) dst[i] = bf16_to_fp32(us.stream_bf16[i]);
-    } else {
-      std::memcpy(dst, us.master.data(), sizeof(float) * static_cast<size_t>(us.numel));
-    }
   }
 };
 
@@ -183,23 +126,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.c = plan.schedule.checkpoint_every;
   I.clip = plan.training.clip_grad_norm > 0;
   I.host_ckpt = plan.schedule.checkpoint_location == "host" && I.c > 0;
-  I.ctx = std::make_unique<cpu::CpuContext>(options.threads);
   const ModelConfig& mc = model.config();
-  cpu::RopeConfig rc;
-  rc.head_dim = mc.head_dim;
-  rc.theta = mc.rope_theta;
-  MT_ASSIGN_OR_RETURN(rc.scaling, cpu::parse_rope_scaling_type(mc.rope_scaling_type));
-  rc.factor = mc.rope_scaling_factor;
-  rc.low_freq_factor = mc.rope_low_freq_factor;
-  rc.high_freq_factor = mc.rope_high_freq_factor;
-  rc.original_max_position_embeddings = mc.rope_original_max_position;
   // The CPU attention is full causal; a sliding window changes nothing while the sequence fits it.
   if (mc.sliding_window > 0 && plan.training.seq_len > mc.sliding_window)
     return unsupported("training.seq_len " + std::to_string(plan.training.seq_len) + " exceeds the model's sliding_window " +
                        std::to_string(mc.sliding_window) + ", and the CPU attention has no window; accepted: seq_len <= " +
                        std::to_string(mc.sliding_window));
-  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, cpu::rope_inv_freq<float>(rc));
-  I.math = std::make_unique<LayerMath>(*I.ctx, I.d, std::move(inv_freq));
+  BackendOptions bo;
+  bo.threads = options.threads;
+  MT_ASSIGN_OR_RETURN(I.be, make_backend(options.backend, model, I.d, bo));
+  if (!options.streamed && I.be->name() != "cpu")
+    return unsupported("the plain in-memory loop is the CPU reference; accepted: backend cpu with --in-memory");
 
   const Dims& d = I.d;
   const int64_t NH = d.N * d.H;
@@ -210,7 +147,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   const int64_t A_dev = plan.schedule.order == "layer-major" ? I.A : 1;  // micro-batches on the device at once
   const int64_t act_sets = I.c > 0 ? I.c : I.L * A_dev;
   const int64_t grad_sets = (I.c > 0 ? I.c : 1) + 1;
-  const int64_t ws_floats = std::max(layer_workspace_floats(d), head_workspace_floats(d));
+  const int64_t ws_floats = std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
+  const int64_t act_floats = I.be->layer_act_floats();
   DeviceBudget& b = I.budget;
   if (options.streamed) {
     if (I.c > 0 && I.B < I.c + 1)
@@ -220,7 +158,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     b.slots = floats_to_bytes(I.B * max_unit);
     b.hidden = floats_to_bytes(3 * A_dev * NH);
     b.checkpoints = I.host_ckpt ? 0 : floats_to_bytes(n_ckpt * A_dev * NH);
-    b.activations = floats_to_bytes(act_sets * layer_act_floats(d));
+    b.activations = floats_to_bytes(act_sets * act_floats);
     b.gradients = floats_to_bytes(grad_sets * max_layer + state.units()[0].numel +
                                   state.units()[static_cast<size_t>(I.L + 1)].numel + (d.tied ? d.V * d.H : 0));
     b.workspace = floats_to_bytes(ws_floats + NH);
@@ -234,42 +172,54 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
           format_bytes(static_cast<double>(b.checkpoints)) + ", activations " + format_bytes(static_cast<double>(b.activations)) +
           ", gradients " + format_bytes(static_cast<double>(b.gradients)) + ", workspace " +
           format_bytes(static_cast<double>(b.workspace)) + ")");
-    I.arena.resize(b.total() / static_cast<int64_t>(sizeof(float)));
-    float* p = I.arena.data();
-    auto take = [&](int64_t n) {
-      float* r = p;
-      p += n;
-      return r;
+    // Each carve is rounded up to 64 bytes: room for that on top of the budgeted bytes.
+    const int64_t carves = I.B + 3 * A_dev + (I.host_ckpt ? 0 : n_ckpt * A_dev) + act_sets + grad_sets + 5;
+    MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(b.total() + 64 * carves));
+    Arena& ar = *I.arena;
+    auto take = [&](std::vector<float*>& into, int64_t count, int64_t n, const char* what) -> Status {
+      for (int64_t k = 0; k < count; ++k) {
+        MT_ASSIGN_OR_RETURN(float* p, ar.take_floats(n, what));
+        into.push_back(p);
+      }
+      return Status{};
     };
-    for (int64_t s = 0; s < I.B; ++s) I.slots.push_back(take(max_unit));
-    for (int k = 0; k < 2; ++k)
-      for (int64_t j = 0; j < A_dev; ++j) I.hid[k].push_back(take(NH));
-    for (int64_t j = 0; j < A_dev; ++j) I.dhid.push_back(take(NH));
+    MT_RETURN_IF_ERROR(take(I.slots, I.B, max_unit, "layer buffers"));
+    for (int k = 0; k < 2; ++k) MT_RETURN_IF_ERROR(take(I.hid[k], A_dev, NH, "hidden states"));
+    MT_RETURN_IF_ERROR(take(I.dhid, A_dev, NH, "hidden-state gradients"));
     I.ckpt.resize(static_cast<size_t>(n_ckpt));
     if (I.host_ckpt) {
       I.host_ckpt_store.resize(n_ckpt * A_dev * NH);
       for (int64_t k = 0; k < n_ckpt; ++k)
         for (int64_t j = 0; j < A_dev; ++j) I.ckpt[static_cast<size_t>(k)].push_back(I.host_ckpt_store.data() + (k * A_dev + j) * NH);
     } else {
-      for (auto& v : I.ckpt)
-        for (int64_t j = 0; j < A_dev; ++j) v.push_back(take(NH));
+      for (auto& v : I.ckpt) MT_RETURN_IF_ERROR(take(v, A_dev, NH, "checkpoints"));
     }
-    for (int64_t k = 0; k < act_sets; ++k) I.acts.push_back(take(layer_act_floats(d)));
-    for (int64_t k = 0; k < grad_sets; ++k) I.grad_bufs.push_back(take(max_layer));
-    I.embed_grad = take(state.units()[0].numel);
-    I.head_grad = take(state.units()[static_cast<size_t>(I.L + 1)].numel);
-    if (d.tied) I.tied_grad = take(d.V * d.H);
-    I.ws = take(ws_floats);
-    I.x_scratch = take(NH);
-    for (int64_t s = 0; s < I.B; ++s) I.free_slots.push_back(static_cast<int>(s));
+    MT_RETURN_IF_ERROR(take(I.acts, act_sets, act_floats, "activations"));
+    MT_RETURN_IF_ERROR(take(I.grad_bufs, grad_sets, max_layer, "gradient accumulators"));
+    std::vector<float*> one;
+    MT_RETURN_IF_ERROR(take(one, 1, state.units()[0].numel, "embedding gradient"));
+    MT_RETURN_IF_ERROR(take(one, 1, state.units()[static_cast<size_t>(I.L + 1)].numel, "head gradient"));
+    if (d.tied) MT_RETURN_IF_ERROR(take(one, 1, d.V * d.H, "tied head gradient"));
+    MT_RETURN_IF_ERROR(take(one, 1, ws_floats, "workspace"));
+    MT_RETURN_IF_ERROR(take(one, 1, NH, "last layer output"));
+    size_t k1 = 0;
+    I.embed_grad = one[k1++];
+    I.head_grad = one[k1++];
+    if (d.tied) I.tied_grad = one[k1++];
+    I.ws = one[k1++];
+    I.x_scratch = one[k1++];
+    for (int64_t s = 0; s < I.B; ++s) {
+      I.free_slots.push_back(static_cast<int>(s));
+      I.slot_free.push_back(std::make_unique<Event>(true));
+    }
     I.grad_buf_free.assign(static_cast<size_t>(grad_sets), 1);
-    I.h2d = std::make_unique<Stream>();
-    I.d2h = std::make_unique<Stream>();
-    I.optim = std::make_unique<Stream>();
+    I.h2d = std::make_unique<WorkQueue>();
+    I.d2h = std::make_unique<WorkQueue>();
+    I.optim = std::make_unique<WorkQueue>();
   } else {
     // The in-memory loop keeps every activation of every micro-batch; it is the reference, not a
     // way to train big models.
-    I.reference_x.resize(static_cast<size_t>(I.A * (I.L + 1) * NH + I.A * I.L * layer_act_floats(d) + ws_floats + 2 * NH));
+    I.reference_x.resize(static_cast<size_t>(I.A * (I.L + 1) * NH + I.A * I.L * act_floats + ws_floats + 2 * NH));
     if (d.tied) I.reference_x.resize(I.reference_x.size() + static_cast<size_t>(d.V * d.H));
     I.reference_w.resize(static_cast<size_t>(I.U));
     for (int64_t u = 0; u < I.U; ++u)
@@ -284,6 +234,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() = default;
 const DeviceBudget& Trainer::budget() const { return impl_->budget; }
+std::string Trainer::backend_description() const { return impl_->be->describe(); }
 
 namespace {
 
@@ -345,16 +296,16 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     std::vector<float*> xs;  // [mb][layer 0..L] hidden states
     for (int64_t k = 0; k < I.A * (I.L + 1); ++k, p += NH) xs.push_back(p);
     std::vector<float*> act_buf;
-    for (int64_t k = 0; k < I.A * I.L; ++k, p += layer_act_floats(d)) act_buf.push_back(p);
+    for (int64_t k = 0; k < I.A * I.L; ++k, p += I.be->layer_act_floats()) act_buf.push_back(p);
     float* ws = p;
-    p += std::max(layer_workspace_floats(d), head_workspace_floats(d));
+    p += std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
     float* dx = p;
     p += NH;
     float* tied = d.tied ? p + NH : nullptr;
     // Weights as the device would see them (the bf16 copy expanded), then fresh gradients.
     std::vector<std::vector<float>>& w = I.reference_w;
     for (int64_t u = 0; u < I.U; ++u) {
-      I.copy_in(u, w[static_cast<size_t>(u)].data());
+      I.be->upload_unit(StreamKind::kCompute, units(u), I.state->transfer(), w[static_cast<size_t>(u)].data());
       std::fill(units(u).grad.data(), units(u).grad.data() + units(u).numel, 0.0f);
     }
     if (tied) std::fill(tied, tied + d.V * d.H, 0.0f);
@@ -363,23 +314,23 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     float* dlm = d.tied ? tied : units(I.L + 1).grad.data() + head_u.find(TensorRole::kHead)->offset;
     for (int64_t j = 0; j < I.A; ++j) {
       float** x = &xs[static_cast<size_t>(j * (I.L + 1))];
-      MT_RETURN_IF_ERROR(I.math->embed(w[0].data(), I.inputs[static_cast<size_t>(j)].data(), x[0]));
+      MT_RETURN_IF_ERROR(I.be->embed(w[0].data(), I.inputs[static_cast<size_t>(j)].data(), x[0]));
       for (int64_t l = 1; l <= I.L; ++l) {
         const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
-        MT_RETURN_IF_ERROR(I.math->forward(view_unit(units(l), w[static_cast<size_t>(l)].data()), x[l - 1], x[l], a));
+        MT_RETURN_IF_ERROR(I.be->layer_forward(view_unit(units(l), w[static_cast<size_t>(l)].data()), x[l - 1], x[l], a));
       }
       const float* fn = w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kFinalNorm)->offset;
       float* dfn = units(I.L + 1).grad.data() + head_u.find(TensorRole::kFinalNorm)->offset;
-      MT_RETURN_IF_ERROR(I.math->head(fn, lm, x[I.L], I.targets[static_cast<size_t>(j)].data(), grad_scale, dx, dfn, dlm,
+      MT_RETURN_IF_ERROR(I.be->head(fn, lm, x[I.L], I.targets[static_cast<size_t>(j)].data(), grad_scale, dx, dfn, dlm,
                                       &loss_sum, &count, ws));
       for (int64_t l = I.L; l >= 1; --l) {
         const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
-        MT_RETURN_IF_ERROR(I.math->backward(view_unit(units(l), w[static_cast<size_t>(l)].data()), a, dx, dx,
+        MT_RETURN_IF_ERROR(I.be->layer_backward(view_unit(units(l), w[static_cast<size_t>(l)].data()), a, dx, dx,
                                             grad_unit(units(l), units(l).grad.data()), ws));
       }
-      MT_RETURN_IF_ERROR(I.math->embed_backward(I.inputs[static_cast<size_t>(j)].data(), dx, units(0).grad.data()));
+      MT_RETURN_IF_ERROR(I.be->embed_backward(I.inputs[static_cast<size_t>(j)].data(), dx, units(0).grad.data()));
     }
-    if (tied) cpu::accumulate<float>(*I.ctx, tied, d.V * d.H, units(0).grad.data());
+    if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
     if (I.clip) res.grad_norm = global_norm(I);
     const float scale = clip_scale(I, res.grad_norm);
     for (int64_t u = 0; u < I.U; ++u) update_unit(I, u, step, scale);
@@ -393,6 +344,8 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // layer-major: one round with every micro-batch, weights cross the link twice per step.
   // microbatch-major: one round per micro-batch, weights cross twice per micro-batch, gradients are
   // summed on the host, and the updates wait for the last round.
+  Backend& be = *I.be;
+  constexpr StreamKind kC = StreamKind::kCompute, kH = StreamKind::kH2D, kD = StreamKind::kD2H;
   const bool layer_major = I.plan.schedule.order == "layer-major";
   double stall = 0;
   if (!layer_major)
@@ -402,12 +355,16 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   const int64_t AR = layer_major ? I.A : 1;   // micro-batches in this round
   const int64_t j0 = layer_major ? 0 : round;  // the round's first micro-batch of the step
   const bool last_round = round == rounds - 1;
+  // The round's events; a deque keeps their addresses while it grows.
+  std::deque<Event> events;
+  auto new_event = [&]() -> Event& { return events.emplace_back(); };
   // Loads of this step in issue order: the forward pass streams every unit (and the shared table
   // again for a tied head); the backward pass streams the layers block by block from the last.
   struct Load {
     int64_t unit;
     int slot = -1;
-    bool ready = false;
+    Event* loaded = nullptr;  // H2D: the weights are in the slot
+    Event* begun = nullptr;   // compute: has begun this load's unit (opens the prefetch window)
   };
   std::vector<Load> loads;
   for (int64_t u = 0; u < I.U; ++u) loads.push_back({u});
@@ -423,18 +380,25 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     else
       for (int64_t l = hi; l >= lo; --l) loads.push_back({l});
   }
-  int64_t compute_at = -1;  // index of the load the compute stream has begun
+  for (Load& ld : loads) {
+    ld.loaded = &new_event();
+    ld.begun = &new_event();
+  }
   // Host checkpoints: copied out during forward (D2H), restored into hid[0][mb] during backward
   // (H2D, queued after each block's weights, as the executor issues them).
   const int64_t n_ck = static_cast<int64_t>(I.ckpt.size());
-  std::vector<char> ckpt_copied(static_cast<size_t>(std::max<int64_t>(1, n_ck * AR)), 0);
-  std::vector<char> restored(static_cast<size_t>(blocks.size() * static_cast<size_t>(AR)), 0);
-  std::vector<int64_t> consumed_upto(static_cast<size_t>(AR), -1);
-  bool backward_begun = false;
+  std::vector<Event*> ckpt_copied, restored, consumed;
+  for (int64_t k = 0; k < n_ck * AR; ++k) ckpt_copied.push_back(&new_event());
+  for (size_t k = 0; k < blocks.size() * static_cast<size_t>(AR); ++k) {
+    restored.push_back(&new_event());
+    consumed.push_back(&new_event());  // block bi's recompute of a micro-batch has read hid[0][mb]
+  }
+  Event& backward_begun = new_event();
   // On an early return (an op's error), stop the queued jobs and wait for them: they refer to
   // this frame's locals.
   struct Drain {
     Impl& I;
+    std::deque<Event>& events;
     bool armed = true;
     ~Drain() {
       if (!armed) return;
@@ -443,65 +407,68 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         I.aborting = true;
       }
       I.cv.notify_all();
+      for (Event& e : events) e.signal();
       I.h2d->synchronize();
       I.d2h->synchronize();
       I.optim->synchronize();
       std::lock_guard<std::mutex> g(I.mu);
       I.aborting = false;
       I.free_slots.clear();
-      for (int64_t s = 0; s < I.B; ++s) I.free_slots.push_back(static_cast<int>(s));
+      for (int64_t s = 0; s < I.B; ++s) {
+        I.free_slots.push_back(static_cast<int>(s));
+        I.slot_free[static_cast<size_t>(s)]->signal();
+      }
       std::fill(I.grad_buf_free.begin(), I.grad_buf_free.end(), 1);
     }
-  } drain{I};
+  } drain{I, events};
+  auto aborted = [&I] {
+    std::lock_guard<std::mutex> g(I.mu);
+    return I.aborting;
+  };
 
-  // H2D: each load waits for a free slot, for the prefetch window and for the unit's update of
-  // the previous step, then copies. A checkpoint restore waits until backward has begun and the
-  // previous block's recompute of that micro-batch has read the buffer it overwrites.
+  // H2D: each load waits for the prefetch window (compute has begun the load K places earlier),
+  // for a free slot and for the unit's update of the previous step, then copies. A checkpoint
+  // restore waits until backward has begun and the previous block's recompute of that micro-batch
+  // has read the buffer it overwrites.
   auto post_load = [&](size_t i) {
-    I.h2d->post([&I, &loads, &compute_at, i, step] {
+    I.h2d->post([&I, &be, &loads, &aborted, i, step] {
       Load& ld = loads[i];
+      if (i >= static_cast<size_t>(I.K)) be.wait(kH, *loads[i - static_cast<size_t>(I.K)].begun);
       {
         std::unique_lock<std::mutex> l(I.mu);
         I.cv.wait(l, [&] {
-          return I.aborting || (!I.free_slots.empty() && compute_at >= static_cast<int64_t>(i) - I.K &&
-                                I.updated_step[static_cast<size_t>(ld.unit)] >= step - 1);
+          return I.aborting || (!I.free_slots.empty() && I.updated_step[static_cast<size_t>(ld.unit)] >= step - 1);
         });
         if (I.aborting) return;
         ld.slot = I.free_slots.back();
         I.free_slots.pop_back();
       }
+      Event& slot_free = *I.slot_free[static_cast<size_t>(ld.slot)];
+      be.wait(kH, slot_free);  // the slot's last reader on the compute stream is done
+      slot_free.reset();
+      if (aborted()) return;
+      const UnitState& us = I.state->units()[static_cast<size_t>(ld.unit)];
       const auto a = Clock::now();
-      I.copy_in(ld.unit, I.slots[static_cast<size_t>(ld.slot)]);
-      const auto b = Clock::now();
-      I.record(kLaneH2D, "h2d L" + std::to_string(ld.unit), "h2d", step, ld.unit, -1, a, b,
-               I.state->units()[static_cast<size_t>(ld.unit)].numel * (I.state->transfer() == DType::kBf16 ? 2 : 4));
-      {
-        std::lock_guard<std::mutex> g(I.mu);
-        ld.ready = true;
-      }
-      I.cv.notify_all();
+      be.upload_unit(kH, us, I.state->transfer(), I.slots[static_cast<size_t>(ld.slot)]);
+      be.synchronize(kH);
+      I.record(kLaneH2D, "h2d L" + std::to_string(ld.unit), "h2d", step, ld.unit, -1, a, Clock::now(),
+               us.numel * (I.state->transfer() == DType::kBf16 ? 2 : 4));
+      be.record(kH, *ld.loaded);
     });
   };
   auto post_restore = [&](size_t bi, int64_t j, int64_t lo) {
-    I.h2d->post([&I, &restored, &consumed_upto, &backward_begun, &ckpt_copied, bi, j, lo, step, NH, AR] {
+    I.h2d->post([&I, &be, &restored, &consumed, &backward_begun, &ckpt_copied, &aborted, bi, j, lo, step, NH, AR] {
       const size_t ck = static_cast<size_t>((lo - 1) / I.c);
-      {
-        std::unique_lock<std::mutex> l(I.mu);
-        I.cv.wait(l, [&] {
-          return I.aborting || (backward_begun && consumed_upto[static_cast<size_t>(j)] >= static_cast<int64_t>(bi) - 1 &&
-                                ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
-        });
-        if (I.aborting) return;
-      }
+      be.wait(kH, backward_begun);
+      if (bi > 0) be.wait(kH, *consumed[(bi - 1) * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
+      be.wait(kH, *ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
+      if (aborted()) return;
       const auto a = Clock::now();
-      std::memcpy(I.hid[0][static_cast<size_t>(j)], I.ckpt[ck][static_cast<size_t>(j)], sizeof(float) * static_cast<size_t>(NH));
+      be.copy_to_device(kH, I.hid[0][static_cast<size_t>(j)], I.ckpt[ck][static_cast<size_t>(j)], NH);
+      be.synchronize(kH);
       I.record(kLaneH2D, "h2d checkpoint L" + std::to_string(lo) + " mb" + std::to_string(j), "h2d_checkpoint", step, lo, j, a,
                Clock::now(), NH * 4);
-      {
-        std::lock_guard<std::mutex> g(I.mu);
-        restored[bi * static_cast<size_t>(AR) + static_cast<size_t>(j)] = 1;
-      }
-      I.cv.notify_all();
+      be.record(kH, *restored[bi * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
     });
   };
   for (size_t i = 0; i < backward_first; ++i) post_load(i);
@@ -515,27 +482,26 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         for (int64_t j = 0; j < AR; ++j) post_restore(bi, j, lo);
     }
   }
-  // Compute side: wait for load i (a late prefetch is a stall), and give slots back.
-  auto acquire = [&](size_t i) -> const float* {
-    {
-      std::lock_guard<std::mutex> g(I.mu);
-      compute_at = static_cast<int64_t>(i);
-    }
-    I.cv.notify_all();
+  // The compute stream waits for an event; a wait longer than 20 us is a stall with a reason.
+  auto compute_wait = [&](Event& e, const char* reason, int64_t layer, int64_t mb) {
     const auto a = Clock::now();
-    std::unique_lock<std::mutex> l(I.mu);
-    I.cv.wait(l, [&] { return loads[i].ready; });  // loads never fail on the CPU backend
+    be.wait(kC, e);
     const auto b = Clock::now();
     const double waited = std::chrono::duration<double>(b - a).count();
     if (waited > 20e-6) {
       stall += waited;
-      l.unlock();
-      I.record(kLaneCompute, "stall: weights", "stall", step, loads[i].unit, -1, a, b);
-      l.lock();
+      I.record(kLaneCompute, std::string("stall: ") + reason, "stall", step, layer, mb, a, b);
     }
+  };
+  // Compute side: open the prefetch window, wait for load i (a late prefetch is a stall).
+  auto acquire = [&](size_t i) -> const float* {
+    be.record(kC, *loads[i].begun);
+    compute_wait(*loads[i].loaded, "weights", loads[i].unit, -1);
     return I.slots[static_cast<size_t>(loads[i].slot)];
   };
+  // The slot's readers have all been issued: once they are done, the slot may be refilled.
   auto release = [&](size_t i) {
+    be.record(kC, *I.slot_free[static_cast<size_t>(loads[i].slot)]);
     {
       std::lock_guard<std::mutex> g(I.mu);
       I.free_slots.push_back(loads[i].slot);
@@ -547,15 +513,18 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   };
   // A unit's gradient is final: copy it to the RAM tier, then (without clipping) update it.
   auto finish_unit = [&](int64_t u, float* grad_buf, int grad_index) {
-    I.d2h->post([&I, u, grad_buf, grad_index, step, layer_major, last_round] {
+    Event& ready = new_event();
+    be.record(kC, ready);
+    I.d2h->post([&I, &be, &ready, &aborted, u, grad_buf, grad_index, step, layer_major, last_round] {
       UnitState& us = I.state->units()[static_cast<size_t>(u)];
+      be.wait(kD, ready);
+      if (aborted()) return;
       const auto a = Clock::now();
-      if (layer_major) {
-        std::memcpy(us.grad.data(), grad_buf, sizeof(float) * static_cast<size_t>(us.numel));
-      } else {
-        // microbatch-major: every micro-batch's gradient is summed into the RAM tier in fp32.
-        for (int64_t k = 0; k < us.numel; ++k) us.grad[k] += grad_buf[k];
-      }
+      if (layer_major)
+        be.copy_to_host(kD, us.grad.data(), grad_buf, us.numel);
+      else  // microbatch-major: every micro-batch's gradient is summed into the RAM tier in fp32
+        be.add_to_host(kD, us.grad.data(), grad_buf, us.numel);
+      be.synchronize(kD);  // the host reads the gradient next
       I.record(kLaneD2H, "d2h grad L" + std::to_string(u), "d2h", step, u, -1, a, Clock::now(), us.numel * 4);
       if (grad_index >= 0) {
         std::lock_guard<std::mutex> g(I.mu);
@@ -582,7 +551,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     I.grad_buf_free[static_cast<size_t>(k)] = 0;
     l.unlock();
     float* g = I.grad_bufs[static_cast<size_t>(k)];
-    std::fill(g, g + numel, 0.0f);
+    be.fill_zero(kC, g, numel);
     return {g, k};
   };
 
@@ -591,7 +560,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   const float* w_embed = acquire(li);
   for (int64_t j = 0; j < AR; ++j) {
     const auto a = Clock::now();
-    MT_RETURN_IF_ERROR(I.math->embed(w_embed, I.inputs[static_cast<size_t>(j0 + j)].data(), I.hid[0][static_cast<size_t>(j)]));
+    MT_RETURN_IF_ERROR(be.embed(w_embed, I.inputs[static_cast<size_t>(j0 + j)].data(), I.hid[0][static_cast<size_t>(j)]));
     compute_span("embed mb" + std::to_string(j0 + j), "embed_forward", 0, j0 + j, a);
   }
   release(li++);
@@ -601,33 +570,34 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     const UnitView v = view_unit(units(l), w);
     const bool keep_input = I.c > 0 && (l - 1) % I.c == 0;
     for (int64_t j = 0; j < AR; ++j) {
-      const auto a = Clock::now();
       float* x_in = I.hid[cur][static_cast<size_t>(j)];
       float* x_out = I.hid[1 - cur][static_cast<size_t>(j)];
       if (I.host_ckpt && l >= 2 && (l - 2) % I.c == 0) {
         // This layer overwrites the previous layer's input: its copy to the host must be done.
         const size_t ck = static_cast<size_t>((l - 2) / I.c) * static_cast<size_t>(AR) + static_cast<size_t>(j);
-        std::unique_lock<std::mutex> lk(I.mu);
-        I.cv.wait(lk, [&] { return ckpt_copied[ck] != 0; });
+        compute_wait(*ckpt_copied[ck], "checkpoint_copy", l, j0 + j);
       }
+      const auto a = Clock::now();
       if (keep_input && !I.host_ckpt) {
-        std::memcpy(I.ckpt[static_cast<size_t>((l - 1) / I.c)][static_cast<size_t>(j)], x_in, sizeof(float) * static_cast<size_t>(NH));
+        be.copy_on_device(kC, I.ckpt[static_cast<size_t>((l - 1) / I.c)][static_cast<size_t>(j)], x_in, NH);
       } else if (keep_input) {
         const size_t ck = static_cast<size_t>((l - 1) / I.c);
-        I.d2h->post([&I, &ckpt_copied, ck, j, j0, x_in, l, step, NH, AR] {
+        Event& produced = new_event();
+        be.record(kC, produced);
+        Event& copied = *ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)];
+        I.d2h->post([&I, &be, &produced, &copied, &aborted, ck, j, j0, x_in, l, step, NH] {
+          be.wait(kD, produced);
+          if (aborted()) return;
           const auto t_copy = Clock::now();
-          std::memcpy(I.ckpt[ck][static_cast<size_t>(j)], x_in, sizeof(float) * static_cast<size_t>(NH));
+          be.copy_to_host(kD, I.ckpt[ck][static_cast<size_t>(j)], x_in, NH);
+          be.synchronize(kD);
           I.record(kLaneD2H, "d2h checkpoint L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "d2h_checkpoint", step, l,
                    j0 + j, t_copy, Clock::now(), NH * 4);
-          {
-            std::lock_guard<std::mutex> g(I.mu);
-            ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)] = 1;
-          }
-          I.cv.notify_all();
+          be.record(kD, copied);
         });
       }
       float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-      MT_RETURN_IF_ERROR(I.math->forward(v, x_in, x_out, bind_layer_acts(d, act)));
+      MT_RETURN_IF_ERROR(be.layer_forward(v, x_in, x_out, bind_layer_acts(d, act)));
       compute_span("fwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "forward", l, j0 + j, a);
     }
     release(li);
@@ -644,28 +614,24 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       table = acquire(table_load);
     }
     const UnitState& hu = units(I.L + 1);
-    std::fill(I.head_grad, I.head_grad + hu.numel, 0.0f);
-    if (d.tied) std::fill(I.tied_grad, I.tied_grad + d.V * d.H, 0.0f);
+    be.fill_zero(kC, I.head_grad, hu.numel);
+    if (d.tied) be.fill_zero(kC, I.tied_grad, d.V * d.H);
     const float* lm = d.tied ? table : w_head + hu.find(TensorRole::kHead)->offset;
     float* dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
     for (int64_t j = 0; j < AR; ++j) {
       const auto a = Clock::now();
-      MT_RETURN_IF_ERROR(I.math->head(w_head + hu.find(TensorRole::kFinalNorm)->offset, lm, I.hid[cur][static_cast<size_t>(j)],
-                                      I.targets[static_cast<size_t>(j0 + j)].data(), grad_scale, I.dhid[static_cast<size_t>(j)],
-                                      I.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, &loss_sum, &count, I.ws));
+      MT_RETURN_IF_ERROR(be.head(w_head + hu.find(TensorRole::kFinalNorm)->offset, lm, I.hid[cur][static_cast<size_t>(j)],
+                                 I.targets[static_cast<size_t>(j0 + j)].data(), grad_scale, I.dhid[static_cast<size_t>(j)],
+                                 I.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, &loss_sum, &count, I.ws));
       compute_span("head mb" + std::to_string(j0 + j), "head", I.L + 1, j0 + j, a);
     }
     release(head_load);
     if (d.tied) release(table_load);
     finish_unit(I.L + 1, I.head_grad, -1);
   }
-  {
-    std::lock_guard<std::mutex> g(I.mu);
-    backward_begun = true;
-  }
-  I.cv.notify_all();
+  be.record(kC, backward_begun);
   // Backward: block by block from the last; recompute from the checkpoint, then backward.
-  std::fill(I.embed_grad, I.embed_grad + units(0).numel, 0.0f);
+  be.fill_zero(kC, I.embed_grad, units(0).numel);
   li = backward_first;
   for (size_t bi = 0; bi < blocks.size(); ++bi) {
     const auto [lo, hi] = blocks[bi];
@@ -685,32 +651,17 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     for (int64_t j = 0; j < AR; ++j) {
       if (I.c > 0) {
         const float* x = I.ckpt[static_cast<size_t>((lo - 1) / I.c)][static_cast<size_t>(j)];
+        const size_t r = bi * static_cast<size_t>(AR) + static_cast<size_t>(j);
         if (I.host_ckpt) {
-          const size_t r = bi * static_cast<size_t>(AR) + static_cast<size_t>(j);
-          const auto a = Clock::now();
-          std::unique_lock<std::mutex> lk(I.mu);
-          I.cv.wait(lk, [&] { return restored[r] != 0; });
-          const auto b2 = Clock::now();
-          lk.unlock();
-          const double waited = std::chrono::duration<double>(b2 - a).count();
-          if (waited > 20e-6) {
-            stall += waited;
-            I.record(kLaneCompute, "stall: activations", "stall", step, lo, j, a, b2);
-          }
+          compute_wait(*restored[r], "activations", lo, j0 + j);
           x = I.hid[0][static_cast<size_t>(j)];
         }
         for (int64_t l = lo; l <= hi; ++l) {
           const auto a = Clock::now();
           float* out = l == hi ? I.x_scratch : I.acts[static_cast<size_t>(l - lo + 1)];  // next layer's acts.x
           const LayerActs acts = bind_layer_acts(d, I.acts[static_cast<size_t>(l - lo)]);
-          MT_RETURN_IF_ERROR(I.math->forward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), l == lo ? x : acts.x, out, acts));
-          if (l == lo && I.host_ckpt) {
-            {
-              std::lock_guard<std::mutex> g(I.mu);
-              consumed_upto[static_cast<size_t>(j)] = static_cast<int64_t>(bi);
-            }
-            I.cv.notify_all();
-          }
+          MT_RETURN_IF_ERROR(be.layer_forward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), l == lo ? x : acts.x, out, acts));
+          if (l == lo) be.record(kC, *consumed[r]);
           compute_span("recompute L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "recompute", l, j0 + j, a);
         }
       }
@@ -718,8 +669,8 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         const auto a = Clock::now();
         float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
         float* dx = I.dhid[static_cast<size_t>(j)];
-        MT_RETURN_IF_ERROR(I.math->backward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), bind_layer_acts(d, act), dx, dx,
-                                            grad_unit(units(l), gb[static_cast<size_t>(l - lo)].first), I.ws));
+        MT_RETURN_IF_ERROR(be.layer_backward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), bind_layer_acts(d, act), dx, dx,
+                                             grad_unit(units(l), gb[static_cast<size_t>(l - lo)].first), I.ws));
         compute_span("bwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "backward", l, j0 + j, a);
       }
     }
@@ -731,12 +682,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   }
   for (int64_t j = 0; j < AR; ++j) {
     const auto a = Clock::now();
-    MT_RETURN_IF_ERROR(I.math->embed_backward(I.inputs[static_cast<size_t>(j0 + j)].data(), I.dhid[static_cast<size_t>(j)], I.embed_grad));
+    MT_RETURN_IF_ERROR(be.embed_backward(I.inputs[static_cast<size_t>(j0 + j)].data(), I.dhid[static_cast<size_t>(j)], I.embed_grad));
     compute_span("embed bwd mb" + std::to_string(j0 + j), "embed_backward", 0, j0 + j, a);
   }
-  if (d.tied) cpu::accumulate<float>(*I.ctx, I.tied_grad, d.V * d.H, I.embed_grad);
+  if (d.tied) be.add(I.embed_grad, I.tied_grad, d.V * d.H);
   finish_unit(0, I.embed_grad, -1);
-  // The round's buffers are reused by the next: wait for its copies.
+  // The round's buffers and events are reused or freed by the next: wait for its copies.
   I.h2d->synchronize();
   I.d2h->synchronize();
   drain.armed = false;

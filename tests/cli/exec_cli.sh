@@ -34,5 +34,18 @@ json.dump(d, open('$tmp/small.json', 'w'))"
 check "a device budget too small is refused before training, with the bytes needed" \
   "[ $? -ne 0 ] && grep -q 'needs' $tmp/err && ! grep -q '^step' $tmp/out"
 
+"$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/text.txt" --steps 1 --backend cpu >"$tmp/out" 2>"$tmp/err"
+check "--backend cpu trains and says which backend" "[ $? -eq 0 ] && grep -q 'on the CPU backend' $tmp/out"
+"$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/text.txt" --steps 1 --backend cuda >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if grep -q 'no usable GPU' "$tmp/err"; then
+  check "--backend cuda without a GPU exits non-zero, says why and what is accepted" \
+    "[ $rc -ne 0 ] && grep -q 'accepted here: --backend cpu' $tmp/err && ! grep -q '^step' $tmp/out"
+else
+  echo "skip: --backend cuda without a GPU (a GPU is present here: $(head -c 200 "$tmp/err"))"
+fi
+"$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/text.txt" --backend tpu >"$tmp/out" 2>"$tmp/err"
+check "an unknown backend is refused listing the accepted ones" "[ $? -ne 0 ] && grep -q 'cuda' $tmp/err"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

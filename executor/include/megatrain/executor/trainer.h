@@ -1,8 +1,8 @@
-// Training from a plan on the CPU backend: the streamed layer-major pipeline of ARCHITECTURE.md
-// section 4 (weights prefetched K units ahead into a bounded set of device buffers by an H2D
-// thread, gradients copied back per unit by a D2H thread, AdamW per unit on an optimizer thread
-// while compute goes on), and the plain in-memory loop of the same model that it is tested
-// against. Both use the same layer templates, so they agree bit for bit.
+// Training from a plan: the streamed pipeline of ARCHITECTURE.md section 4 over the backend table
+// of backend.h (weights prefetched K units ahead into a bounded set of device buffers on the H2D
+// stream, gradients copied back per unit on the D2H stream, AdamW per unit on a host optimizer
+// thread while compute goes on), and the plain in-memory loop of the same model that it is tested
+// against. Both use the same layer templates, so on the CPU backend they agree bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,7 @@ struct StepResult {
 struct TrainerOptions {
   bool streamed = true;   // false: the plain in-memory loop (the reference)
   int threads = 1;        // compute threads of the CPU backend
+  std::string backend = "cpu";  // auto | cpu | cuda (make_backend in backend.h)
   bool record_trace = false;
 };
 
@@ -53,6 +54,8 @@ class Trainer {
   // Runs training step `step` (0-based): forward, backward, optimizer; returns its loss and time.
   Result<StepResult> run_step(int64_t step);
   const DeviceBudget& budget() const;
+  // The backend in use, in words ("CPU backend (2 compute threads)").
+  std::string backend_description() const;
   // Writes every recorded span (compute, copies, optimizer, stalls), the steps and the memory
   // counters to a trace (needs record_trace).
   Status write_trace(const std::filesystem::path& path, const std::string& plan_json) const;

@@ -1,0 +1,196 @@
+// The CPU backend: the reference implementation of the backend table (backend.h).
+//
+// Its streams are the pipeline's issuing threads themselves: a copy or an op runs during the call
+// on the thread that issues it, so record() can signal at once and wait() is a host wait. Device
+// memory is one 64-byte aligned region of host RAM (the arena), and the ops are kernels/cpu with
+// GEMMs through Eigen, deterministic for a given thread count.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "megatrain/executor/backend.h"
+#include "megatrain/executor/bf16.h"
+#include "megatrain/kernels/cpu/ops.h"
+#if defined(MEGATRAIN_HAVE_CUDA)
+#include "megatrain/kernels/cuda_device.h"
+#endif
+
+namespace megatrain::exec {
+
+const char* stream_name(StreamKind s) {
+  switch (s) {
+    case StreamKind::kCompute: return "compute";
+    case StreamKind::kH2D: return "h2d";
+    case StreamKind::kD2H: return "d2h";
+  }
+  return "?";
+}
+
+WorkQueue::WorkQueue() : thread_([this] { loop(); }) {}
+
+WorkQueue::~WorkQueue() {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void WorkQueue::post(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+void WorkQueue::synchronize() {
+  std::unique_lock<std::mutex> l(m_);
+  idle_cv_.wait(l, [&] { return jobs_.empty() && !busy_; });
+}
+
+void WorkQueue::loop() {
+  std::unique_lock<std::mutex> l(m_);
+  while (true) {
+    cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty() && stop_) return;
+    auto job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    l.unlock();
+    job();
+    l.lock();
+    busy_ = false;
+    idle_cv_.notify_all();
+  }
+}
+
+Arena::Arena(void* base, int64_t capacity_bytes, std::function<void(void*)> release)
+    : base_(static_cast<char*>(base)), capacity_(capacity_bytes), release_(std::move(release)) {}
+
+Arena::~Arena() {
+  if (release_) release_(base_);
+}
+
+Result<float*> Arena::take_floats(int64_t n, const char* what) {
+  const int64_t bytes = ((n * static_cast<int64_t>(sizeof(float)) + 63) / 64) * 64;
+  if (n < 0 || used_ + bytes > capacity_)
+    return internal_error(std::string("device arena: ") + what + " needs " + std::to_string(bytes) + " bytes, but only " +
+                          std::to_string(capacity_ - used_) + " of " + std::to_string(capacity_) + " are left");
+  float* p = reinterpret_cast<float*>(base_ + used_);
+  used_ += bytes;
+  return p;
+}
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Dims& d, int threads, std::vector<float> inv_freq)
+      : Backend(d), ctx_(threads), math_(ctx_, d, std::move(inv_freq)) {}
+
+  std::string name() const override { return "cpu"; }
+  std::string describe() const override {
+    return "CPU backend (" + std::to_string(ctx_.threads()) + " compute thread" + (ctx_.threads() == 1 ? "" : "s") + ")";
+  }
+
+  Result<std::unique_ptr<Arena>> create_arena(int64_t bytes) override {
+    const size_t rounded = static_cast<size_t>(((std::max<int64_t>(bytes, 1) + 63) / 64) * 64);
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr)
+      return resource_exhausted("CPU backend: could not allocate the device arena of " + std::to_string(bytes) +
+                                " bytes of host memory");
+    std::memset(p, 0, rounded);  // touch every page now, not during the first step
+    return std::make_unique<Arena>(p, static_cast<int64_t>(rounded), [](void* q) { std::free(q); });
+  }
+
+  void upload_unit(StreamKind, const UnitState& unit, DType transfer, float* dst) override {
+    if (transfer == DType::kBf16) {
+      for (int64_t i = 0; i < unit.numel; ++i) dst[i] = bf16_to_fp32(unit.stream_bf16[i]);
+    } else {
+      std::memcpy(dst, unit.master.data(), sizeof(float) * static_cast<size_t>(unit.numel));
+    }
+  }
+  void copy_to_device(StreamKind, float* dst, const float* src, int64_t n) override { copy(dst, src, n); }
+  void copy_to_host(StreamKind, float* dst, const float* src, int64_t n) override { copy(dst, src, n); }
+  void copy_on_device(StreamKind, float* dst, const float* src, int64_t n) override { copy(dst, src, n); }
+  void add_to_host(StreamKind, float* dst, const float* src, int64_t n) override {
+    for (int64_t k = 0; k < n; ++k) dst[k] += src[k];
+  }
+  void fill_zero(StreamKind, float* dst, int64_t n) override { std::fill(dst, dst + n, 0.0f); }
+
+  // The work before a record has already run on the recording thread.
+  void record(StreamKind, Event& e) override { e.signal(); }
+  void wait(StreamKind, Event& e) override { e.host_wait(); }
+  void synchronize(StreamKind) override {}
+
+  Status embed(const float* table, const int32_t* tokens, float* x_out) override { return math_.embed(table, tokens, x_out); }
+  Status embed_backward(const int32_t* tokens, const float* dx, float* dtable) override {
+    return math_.embed_backward(tokens, dx, dtable);
+  }
+  Status layer_forward(const UnitView& w, const float* x_in, float* x_out, const LayerActs& acts) override {
+    return math_.forward(w, x_in, x_out, acts);
+  }
+  Status layer_backward(const UnitView& w, const LayerActs& acts, const float* dout, float* dx, const UnitGrad& g,
+                        float* workspace) override {
+    return math_.backward(w, acts, dout, dx, g, workspace);
+  }
+  Status head(const float* final_norm, const float* lm_head, const float* x, const int32_t* targets, float grad_scale,
+              float* dx, float* d_final_norm, float* d_lm_head, double* loss_sum, int64_t* count, float* workspace) override {
+    return math_.head(final_norm, lm_head, x, targets, grad_scale, dx, d_final_norm, d_lm_head, loss_sum, count, workspace);
+  }
+  void add(float* dst, const float* src, int64_t n) override { cpu::accumulate<float>(ctx_, src, n, dst); }
+
+  int64_t layer_act_floats() const override { return exec::layer_act_floats(dims_); }
+  int64_t layer_workspace_floats() const override { return exec::layer_workspace_floats(dims_); }
+  int64_t head_workspace_floats() const override { return exec::head_workspace_floats(dims_); }
+
+ private:
+  static void copy(float* dst, const float* src, int64_t n) {
+    if (dst != src) std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+  }
+  cpu::CpuContext ctx_;
+  LayerMath math_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cpu_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options) {
+  const ModelConfig& mc = model.config();
+  cpu::RopeConfig rc;
+  rc.head_dim = mc.head_dim;
+  rc.theta = mc.rope_theta;
+  MT_ASSIGN_OR_RETURN(rc.scaling, cpu::parse_rope_scaling_type(mc.rope_scaling_type));
+  rc.factor = mc.rope_scaling_factor;
+  rc.low_freq_factor = mc.rope_low_freq_factor;
+  rc.high_freq_factor = mc.rope_high_freq_factor;
+  rc.original_max_position_embeddings = mc.rope_original_max_position;
+  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, cpu::rope_inv_freq<float>(rc));
+  return std::unique_ptr<Backend>(new CpuBackend(dims, options.threads, std::move(inv_freq)));
+}
+
+std::string cuda_unavailable_reason() {
+#if defined(MEGATRAIN_HAVE_CUDA)
+  auto devices = cuda::list_devices();
+  if (!devices.ok()) return devices.status().message();
+  if (devices->empty()) return "no CUDA device is visible";
+  return "";
+#else
+  return "this build has no CUDA (configured with MEGATRAIN_CUDA=OFF or without nvcc)";
+#endif
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name, const ModelSpec& model, const Dims& dims,
+                                              const BackendOptions& options) {
+  if (name == "cpu" || name == "auto") return make_cpu_backend(model, dims, options);
+  if (name == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty()) return unavailable("--backend cuda: no usable GPU: " + why + "; accepted here: --backend cpu (or auto)");
+    return unsupported("--backend cuda: a GPU is present, but this build trains on the CPU backend only (the CUDA "
+                       "training backend is issue 7); accepted: --backend cpu or auto");
+  }
+  return invalid_argument("backend '" + name + "' is unknown; accepted: auto, cpu, cuda");
+}
+
+}  // namespace megatrain::exec
