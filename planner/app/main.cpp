@@ -8,6 +8,7 @@
 #include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
 #include "megatrain/planner/inspect.h"
+#include "megatrain/planner/profile.h"
 #include "megatrain/simulator/step_model.h"
 
 namespace {
@@ -89,6 +90,13 @@ int main(int argc, char** argv) {
   simulate->add_option("--trace", trace_path, "write the simulated timeline to this .mtrace file");
   simulate->add_flag("--json", sim_json, "print one JSON object on stdout");
 
+  megatrain::planner::ProfileCommand prof;
+  CLI::App* profile = app.add_subcommand("profile", "Measure this machine (memory, AdamW, GEMMs, transfers, storage) and write a rig profile");
+  profile->add_option("--storage", prof.storage_dirs, "directory on a drive to measure with O_DIRECT (repeatable)");
+  profile->add_flag("--quick", prof.quick, "smaller sizes and fewer points (about 15-30 s instead of 1-3 min)");
+  profile->add_option("-o,--output", prof.output, "write the measured rig (megatrain.rig/1) to this file, atomically");
+  profile->add_flag("--json", prof.json, "print one JSON object {rig, fits, ...} on stdout");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -103,5 +111,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (simulate->parsed()) return run_simulate(plan_path, trace_path, sim_json);
+  if (profile->parsed()) return megatrain::planner::profile_command(prof);
   return 0;
 }
