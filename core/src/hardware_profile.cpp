@@ -188,7 +188,8 @@ Status read_curve(FieldReader& parent, const std::string& key, Curve& out, const
 
 Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
   MT_RETURN_IF_ERROR(check_keys(j, path, {"name", "memory_bytes", "memory_bandwidth", "matmul_fp32", "matmul_tf32",
-                                          "matmul_bf16", "gemm_efficiency"}));
+                                          "matmul_bf16", "gemm_efficiency", "attention_efficiency",
+                                          "attention_backward_ratio"}));
   FieldReader r(j, path);
   r.string("name", g.name, Need::kRequired);
   MT_RETURN_IF_ERROR(first_error(r));
@@ -199,6 +200,16 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
   MT_RETURN_IF_ERROR(read_figure(r, "matmul_tf32", g.matmul_tf32, kPositive));
   MT_RETURN_IF_ERROR(read_figure(r, "matmul_bf16", g.matmul_bf16, kPositive));
   MT_RETURN_IF_ERROR(read_curve(r, "gemm_efficiency", g.gemm_efficiency, kFraction));
+  if (j.contains("attention_efficiency")) {
+    Curve c;
+    MT_RETURN_IF_ERROR(read_curve(r, "attention_efficiency", c, kFraction));
+    g.attention_efficiency = std::move(c);
+  }
+  if (j.contains("attention_backward_ratio")) {
+    Figure f;
+    MT_RETURN_IF_ERROR(read_figure(r, "attention_backward_ratio", f, kPositive));
+    g.attention_backward_ratio = std::move(f);
+  }
   return r.finish();
 }
 
@@ -430,6 +441,8 @@ Json to_json(const HardwareProfile& hw) {
   gpu["matmul_tf32"] = figure_json(hw.gpu.matmul_tf32);
   gpu["matmul_bf16"] = figure_json(hw.gpu.matmul_bf16);
   gpu["gemm_efficiency"] = curve_json(hw.gpu.gemm_efficiency);
+  if (hw.gpu.attention_efficiency) gpu["attention_efficiency"] = curve_json(*hw.gpu.attention_efficiency);
+  if (hw.gpu.attention_backward_ratio) gpu["attention_backward_ratio"] = figure_json(*hw.gpu.attention_backward_ratio);
   root["gpu"] = std::move(gpu);
 
   Json links;

@@ -91,11 +91,18 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   const double V = static_cast<double>(c.vocab_size);
   const double gemms = gemm_time(T, q, H) + 2 * gemm_time(T, kv, H) + gemm_time(T, H, q) + 2 * gemm_time(T, I, H) +
                        gemm_time(T, H, I);
-  // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V.
-  const double attention = 0.5 * 2 * gemm_time(T, s, q);
+  // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V. A profile
+  // may give the attention kernel's own rate (the CPU backend's is not GEMM-like) and its backward
+  // / forward time ratio.
+  double attention = 0.5 * 2 * gemm_time(T, s, q);
+  if (rig.gpu.attention_efficiency) {
+    const double f = 2 * T * s * q;  // 2 GEMMs of 2*T*s*q FLOPs, each half computed
+    attention = f / (peak_ * rig.gpu.attention_efficiency->at(f));
+  }
+  const double attention_bwd_ratio = rig.gpu.attention_backward_ratio ? rig.gpu.attention_backward_ratio->value : 2.5;
   const double elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv + 3 * I);
   layer_fwd_ = gemms + attention + elementwise_time(elementwise_bytes);
-  layer_bwd_ = 2 * gemms + 2.5 * attention + elementwise_time(2 * elementwise_bytes);
+  layer_bwd_ = 2 * gemms + attention_bwd_ratio * attention + elementwise_time(2 * elementwise_bytes);
   // Head: logits, cross-entropy in fp32 (write logits, softmax, gradient), dX and dW.
   head_ = 3 * gemm_time(T, V, H) + elementwise_time(3 * 4 * T * V + 4 * cb * T * H);
   embed_fwd_ = elementwise_time(2 * cb * T * H);

@@ -105,6 +105,8 @@ TEST(HardwareProfile, RoundTripKeepsAwkwardValuesAndMeasuredProvenance) {
   hw.links.d2h.pinned_bandwidth.points = {{1.0 / 3.0, 123456789.123456789}, {4096, 2.5e10}};
   hw.host.adam.push_back({"q4", 3, {987654321.0 / 7.0, {Provenance::Kind::kEstimate, "basis", "", ""}}});
   hw.description = "line one\nline two\ttab";
+  hw.gpu.attention_efficiency = Curve{{{1e6, 0.05}, {1e9, 0.31}}, {Provenance::Kind::kEstimate, "attention basis", "", ""}};
+  hw.gpu.attention_backward_ratio = Figure{2.75, {Provenance::Kind::kEstimate, "ratio basis", "", ""}};
   auto back = HardwareProfile::from_json_text(hw.to_json_text());
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_TRUE(hw == *back);
@@ -379,6 +381,21 @@ TEST(RigErrors, ProvenanceMustBeOneOfTheKindsWithASource) {
     j["gpu"]["memory_bytes"]["provenance"]["machine"] = "box";
   });
   EXPECT_TRUE(ok.ok()) << ok.to_string();
+}
+
+TEST(RigErrors, TheOptionalAttentionFiguresAreCheckedLikeTheOthers) {
+  EXPECT_ERROR(parse_edited([](Json& j) {
+                 j["gpu"]["attention_efficiency"] = {{"points", {{1e6, 1.5}}}, {"provenance", {{"kind", "estimate"}, {"source", "x"}}}};
+               }),
+               StatusCode::kInvalidArgument, "gpu.attention_efficiency.points[0]", "out of range");
+  EXPECT_ERROR(parse_edited([](Json& j) {
+                 j["gpu"]["attention_backward_ratio"] = {{"value", -1}, {"provenance", {{"kind", "estimate"}, {"source", "x"}}}};
+               }),
+               StatusCode::kInvalidArgument, "gpu.attention_backward_ratio.value");
+  auto absent = HardwareProfile::from_json_text(read_text(rig_file("h200-1.5tb")));
+  ASSERT_TRUE(absent.ok());
+  EXPECT_FALSE(absent->gpu.attention_efficiency.has_value());
+  EXPECT_FALSE(absent->gpu.attention_backward_ratio.has_value());
 }
 
 TEST(RigErrors, CurvesAndIoTablesMustBeSortedAndNonEmpty) {

@@ -177,6 +177,22 @@ TEST(StepModelCosts, SyntheticFiguresGiveHandComputedCosts) {
   EXPECT_LT(cost.embed_forward_time() + cost.embed_backward_time(), 1e-15);
 }
 
+TEST(StepModelCosts, AnAttentionCurveAndBackwardRatioReplaceTheGemmRuleForAttention) {
+  const Sim s = simulate_plan({}, RigFigures{});
+  HardwareProfile rig = s.rig;
+  const CostModel gemm_rule(s.plan, s.model, rig);
+  // A kernel at 25% of peak, whose backward takes 3x its forward.
+  rig.gpu.attention_efficiency = Curve{{{1.0, 0.25}}, Provenance{}};
+  rig.gpu.attention_backward_ratio = Figure{3.0, Provenance{}};
+  const CostModel own(s.plan, s.model, rig);
+  const double attention = kAttentionFlops / (1e12 * 0.25);
+  EXPECT_LT(rel(own.layer_forward_time(), kLayerGemmFlops / 1e12 + attention), 1e-9);
+  EXPECT_LT(rel(own.layer_backward_time(), 2 * kLayerGemmFlops / 1e12 + 3 * attention), 1e-9);
+  EXPECT_GT(own.layer_forward_time(), gemm_rule.layer_forward_time());
+  // The head and the GEMMs are untouched.
+  EXPECT_DOUBLE_EQ(own.head_time(), gemm_rule.head_time());
+}
+
 // ---- hand-computed schedules -------------------------------------------------------------------
 
 // Bytes of one unit's weights in bf16.

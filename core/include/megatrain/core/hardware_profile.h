@@ -51,6 +51,12 @@ struct GpuSpec {
   Figure matmul_tf32;               // dense FLOP/s
   Figure matmul_bf16;               // dense FLOP/s (no sparsity)
   Curve gemm_efficiency;            // x: FLOPs of one GEMM (2mnk), y: fraction of peak in 0..1
+  // Optional, for backends whose attention kernel is not GEMM-like (the CPU backend's): its own
+  // rate. x: FLOPs of one causal attention forward over a micro-batch (the lower triangle of Q.K^T
+  // and P.V, 2 * tokens * seq * heads * head_dim), y: fraction of the compute dtype's peak. When
+  // absent, attention costs what GEMMs of the same FLOPs cost.
+  std::optional<Curve> attention_efficiency;
+  std::optional<Figure> attention_backward_ratio;  // backward time / forward time (absent: 2.5)
   bool operator==(const GpuSpec&) const = default;
 };
 
