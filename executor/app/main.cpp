@@ -2,12 +2,14 @@
 // and when to checkpoint, resume and stop on a signal; the work is in megatrain_executor.
 #include <CLI/CLI.hpp>
 
+#include <sched.h>
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <thread>
 
 #include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
@@ -41,6 +43,15 @@ void install_stop_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
+// Cores in this process's affinity mask (what taskset or a container allows).
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,7 +59,7 @@ int main(int argc, char** argv) {
   CLI::App app{"megatrain-exec: train from a plan file"};
   std::string plan_path, data_path, trace_path, init_dir, checkpoint_dir, backend = "auto";
   int64_t steps = 0, checkpoint_every = 0;
-  int threads = 1;
+  int threads = 0;
   bool reference = false, resume = false;
   app.add_option("plan", plan_path, "plan file (megatrain.plan/1)")->required();
   app.add_option("--data", data_path, "token file: llm.c .bin, raw .u16/.u32, or any other file as bytes (vocab 256)")->required();
@@ -65,7 +76,10 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace_path, "write the measured timeline to this .mtrace file");
   app.add_option("--backend", backend, "auto (default: CUDA when this build can train on a present GPU, else cpu), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--threads", threads, "compute threads of the CPU backend")->check(CLI::Range(1, 256));
+  app.add_option("--threads", threads,
+                 "compute threads of the CPU backend (default: every core this process may run on, as megatrain-plan "
+                 "profile measures them)")
+      ->check(CLI::Range(1, 256));
   app.add_flag("--in-memory", reference, "run the plain in-memory loop instead of the streamed pipeline (the reference)");
   try {
     app.parse(argc, argv);
@@ -124,7 +138,7 @@ int main(int argc, char** argv) {
   }
   exec::TrainerOptions opt;
   opt.streamed = !reference;
-  opt.threads = threads;
+  opt.threads = threads > 0 ? threads : usable_cores();
   opt.backend = backend;
   opt.record_trace = !trace_path.empty();
   auto trainer = exec::Trainer::create(*plan, *model, state, *loader, opt);
