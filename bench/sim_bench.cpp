@@ -57,9 +57,12 @@ double reference_events_per_s(size_t events) {
 
 }  // namespace
 
+int search_bench_main(int argc, char** argv);  // bench/search_bench.cpp
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "search") == 0) return search_bench_main(argc, argv);
   if (argc < 2 || std::strcmp(argv[1], "sim") != 0) {
-    std::fprintf(stderr, "usage: megatrain-bench sim [--repeat N] [--json]\n"
+    std::fprintf(stderr, "usage: megatrain-bench sim|search [--repeat N] [--json]\n"
                          "  (adam and io arrive with the executor issues; the TraceStore benchmark is megatrain-bench-trace)\n");
     return 1;
   }

@@ -9,6 +9,8 @@
 #include "megatrain/core/units.h"
 #include "megatrain/planner/inspect.h"
 #include "megatrain/planner/profile.h"
+#include "megatrain/planner/search.h"
+#include "megatrain/planner/size.h"
 #include "megatrain/simulator/step_model.h"
 
 namespace {
@@ -94,8 +96,44 @@ int main(int argc, char** argv) {
   CLI::App* profile = app.add_subcommand("profile", "Measure this machine (memory, AdamW, GEMMs, transfers, storage) and write a rig profile");
   profile->add_option("--storage", prof.storage_dirs, "directory on a drive to measure with O_DIRECT (repeatable)");
   profile->add_flag("--quick", prof.quick, "smaller sizes and fewer points (about 15-30 s instead of 1-3 min)");
+  profile->add_option("--model,-m", prof.model,
+                      "also time this model's layer GEMMs, attention and element-wise work (config.json, folder or name)");
+  profile->add_option("--seq", prof.seq, "sequence length for --model (default: min(its max, 2048))")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   profile->add_option("-o,--output", prof.output, "write the measured rig (megatrain.rig/1) to this file, atomically");
   profile->add_flag("--json", prof.json, "print one JSON object {rig, fits, ...} on stdout");
+
+  megatrain::planner::PlanCommand plan_cmd;
+  CLI::App* plan = app.add_subcommand("plan", "Search the plan knobs for the highest simulated tokens/s that fits the rig");
+  plan->add_option("--model,-m", plan_cmd.model, "config.json, a folder holding one, or a name in profiles/models/")->required();
+  plan->add_option("--rig,-r", plan_cmd.rig, "rig profile: a path or a name in profiles/hardware/")->required();
+  plan->add_option("--seq", plan_cmd.seq_len, "sequence length (default: min(4096, the model's max))")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  plan->add_option("--tokens-per-step", plan_cmd.tokens_per_step, "tokens per optimizer step, a multiple of --seq (default: 64 sequences)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  plan->add_option("--top", plan_cmd.top, "alternatives to list (default 5)")->check(CLI::Range(0, 1000));
+  plan->add_option("-o,--output", plan_cmd.output, "write the best plan (with predicted) to this file, atomically");
+  plan->add_option("--state-formats", plan_cmd.state_formats,
+                   "optimizer-state formats m and v may use, comma-separated (default fp32: full precision; lossy: bf16, q8, q4, q3, q2)");
+  plan->add_option("--compute", plan_cmd.compute, "compute dtype: auto (bf16 on a GPU, fp32 on the CPU backend), bf16, fp32");
+  plan->add_option("--steps", plan_cmd.steps, "training.steps written into the plan (default 1000)")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  plan->add_option("--tolerance", plan_cmd.tolerance, "skip candidates that cannot beat the best by more than this fraction (default 0: exact)")
+      ->check(CLI::Range(0.0, 0.5));
+  plan->add_flag("--json", plan_cmd.json, "print one JSON object {plan, alternatives, ...} on stdout");
+
+  megatrain::planner::SizeCommand size_cmd;
+  CLI::App* size = app.add_subcommand("size", "The smallest rig per GPU that trains a model, or the largest model of a family a rig trains");
+  size->add_option("--model,-m", size_cmd.model, "model to size rigs for: config.json, a folder holding one, or a name in profiles/models/");
+  size->add_option("--target-tokens-per-s", size_cmd.target_tokens_per_s, "the rig must also reach this many tokens/s")
+      ->check(CLI::Range(0.0, 1e15));
+  size->add_option("--gpu", size_cmd.gpu, "only GPUs whose rig or GPU name contains this (case-insensitive)");
+  size->add_option("--family", size_cmd.family, "with --rig: the largest model of this family (llama-2, llama-3, qwen2.5, ...) the rig trains");
+  size->add_option("--rig,-r", size_cmd.rig, "with --family: the rig, a path or a name in profiles/hardware/");
+  size->add_option("--seq", size_cmd.seq_len, "sequence length (default: min(4096, the model's max))")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  size->add_option("--tokens-per-step", size_cmd.tokens_per_step, "tokens per step, a multiple of --seq (default: 64 sequences)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  size->add_option("--state-formats", size_cmd.state_formats, "optimizer-state formats allowed (default fp32)");
+  size->add_flag("--json", size_cmd.json, "print one JSON object on stdout");
 
   try {
     app.parse(argc, argv);
@@ -112,5 +150,7 @@ int main(int argc, char** argv) {
   }
   if (simulate->parsed()) return run_simulate(plan_path, trace_path, sim_json);
   if (profile->parsed()) return megatrain::planner::profile_command(prof);
+  if (plan->parsed()) return megatrain::planner::plan_command(plan_cmd);
+  if (size->parsed()) return megatrain::planner::size_command(size_cmd);
   return 0;
 }

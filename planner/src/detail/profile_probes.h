@@ -1,0 +1,104 @@
+// Internal: the profiler's probes. Each one runs the executor's own building block and returns raw
+// timings; profile.cpp turns them into fits and a HardwareProfile. Not a public header.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megatrain/core/hardware_profile.h"
+#include "megatrain/core/status.h"
+#include "megatrain/planner/profile.h"
+
+namespace megatrain::planner::detail {
+
+using Progress = std::function<void(const std::string&)>;
+
+struct HostInfo {
+  std::string cpu;        // /proc/cpuinfo "model name" (or the architecture when absent)
+  std::string hostname;
+  int64_t cores = 1;      // CPUs in this process's affinity mask
+  double ram_bytes = 0;   // physical memory (sysconf)
+  double memlock_bytes = -1;  // RLIMIT_MEMLOCK soft limit; -1 = unlimited
+};
+HostInfo host_info();
+
+// Thread counts a probe sweeps: 1, 2, 4, ... up to `cores`, and `cores` itself.
+std::vector<int> thread_counts(int64_t cores);
+
+// CPU time other processes used over wall time x cores while it lived (from /proc/stat and getrusage):
+// measurements taken under a large share are noisy, and the report says so.
+class OtherLoad {
+ public:
+  OtherLoad();
+  double share() const;
+
+ private:
+  std::chrono::steady_clock::time_point wall0_;
+  double busy0_ = 0, self0_ = 0;
+};
+
+// STREAM triad a[i] = b[i] + s * c[i] over three arrays of `bytes` each, on the kernels' thread pool;
+// bytes per pass counted as STREAM does (3 x bytes). Best of `reps` per thread count.
+struct TriadPoint {
+  int threads = 1;
+  double bytes_per_s = 0;
+};
+std::vector<TriadPoint> measure_triad(int64_t bytes, int reps, int64_t cores);
+
+// exec::adamw_update on `params` fp32 parameters (fp32 m and v), without a streaming copy (an fp32
+// transfer: the master itself is streamed) and, at the largest thread count, with the bf16 streaming
+// copy of a bf16 transfer. Best of `reps`.
+struct AdamPoint {
+  int threads = 1;
+  bool bf16_stream = false;
+  double params_per_s = 0;
+};
+std::vector<AdamPoint> measure_adam(int64_t params, int reps, int64_t cores);
+
+// The layer shapes the profile times: for each H, (rows, H -> H), (rows, H -> H/4), (rows, H -> 8H/3
+// rounded to 64), each rows in `rows`, skipping those above `max_flops`. m = rows, n = out, k = H.
+std::vector<GemmSample> gemm_shapes(const std::vector<int64_t>& rows, const std::vector<int64_t>& hidden, double max_flops);
+
+// cpu::linear_forward<float> (the CPU backend's GEMM path) on every shape with `threads` threads;
+// fills `seconds` per call with the best batch of at least min_time_s in all.
+std::vector<GemmSample> measure_gemm(std::vector<GemmSample> shapes, int threads, double min_time_s, const Progress& progress);
+
+// The CPU backend's transfer copies on one thread: kind "memcpy" (fp32 H2D and D2H: std::memcpy) or
+// "bf16" (H2D of a bf16 transfer: bf16 -> fp32 expansion, exec::bf16_to_fp32; x = bf16 bytes).
+// Sources and destinations rotate through buffers larger than the caches. (bytes, seconds per copy).
+std::vector<std::pair<double, double>> measure_copy(const std::string& kind, const std::vector<int64_t>& sizes,
+                                                    double min_time_s);
+
+// Two copies of `bytes` at once on two threads (H2D and D2H together): the rate of each relative to
+// one copy alone (1 = no interference, 0.5 = they share one bandwidth).
+double measure_copy_duplex(int64_t bytes, double min_time_s);
+
+// O_DIRECT + io_uring probe of one directory: write then read a temp file at every (block, depth).
+struct StorageResult {
+  NvmeSpec spec;
+  std::string device;   // "/dev/vda"
+  std::string fs_type;  // "ext4"
+  std::string mount;    // "/"
+};
+Result<StorageResult> measure_storage(const std::string& dir, const ProfileSizes& sizes, const Progress& progress);
+
+// ---- GPU (profile_cuda.cu; a build without CUDA reports kUnavailable) ----------------------------
+struct GpuProbe {
+  std::string name;
+  double free_memory_bytes = 0;
+  double memory_bandwidth = 0;  // device-to-device copy, 2 x bytes / time
+  double matmul_fp32 = 0, matmul_tf32 = 0, matmul_bf16 = 0;
+  std::vector<GemmSample> bf16_samples;  // cuBLAS bf16 GEMMs (fp32 accumulate) at the layer shapes
+  // (bytes, seconds per transfer)
+  std::vector<std::pair<double, double>> h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable;
+  double duplex_ratio = 0;      // each direction's pinned rate with both running / alone
+};
+// The first CUDA device's name, or kUnavailable with the reason (no driver, no device, no CUDA build).
+Result<std::string> gpu_present();
+Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSample>& shapes, const Progress& progress);
+
+}  // namespace megatrain::planner::detail

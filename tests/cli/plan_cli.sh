@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# megatrain-plan plan and size: --json parses with an independent reader (Python's json), -o writes
+# a plan that loads and simulates, an impossible request exits 2 with a per-tier explanation, and
+# a bad model name or rig file fails with a message naming it.
+set -uo pipefail
+plan=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); else echo "ok: $1"; fi; }
+
+"$plan" plan --model llama-2-7b --rig rtx4090-256gb --json -o "$tmp/p.json" >"$tmp/out.json" 2>"$tmp/err"
+check "plan --json exits 0" "[ $? -eq 0 ]"
+check "nothing on stderr" "[ ! -s $tmp/err ]"
+check "plan --json has plan (with predicted) and alternatives" "/usr/bin/python3 - $tmp/out.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['feasible'] is True
+p = d['plan']
+assert p['schema'] == 'megatrain.plan/1'
+assert p['predicted']['tokens_per_s'] > 0 and p['predicted']['bottleneck']
+assert isinstance(d['alternatives'], list) and len(d['alternatives']) > 0
+for a in d['alternatives']:
+    assert a['tokens_per_s'] <= p['predicted']['tokens_per_s'] and 'slower' in a['why']
+assert d['bottleneck']['text'] and d['search']['simulated'] > 0
+PY"
+"$plan" simulate "$tmp/p.json" --json >"$tmp/sim.json" 2>"$tmp/err"
+check "the written plan simulates feasibly" "[ $? -eq 0 ] && /usr/bin/python3 -c \"import json; d = json.load(open('$tmp/sim.json')); assert d['feasible'] is True\""
+check "the written plan's prediction is the simulator's" "/usr/bin/python3 -c \"
+import json; a = json.load(open('$tmp/p.json'))['predicted']['tokens_per_s']; b = json.load(open('$tmp/sim.json'))['tokens_per_s']
+assert abs(a - b) <= 1e-9 * b, (a, b)\""
+
+"$plan" plan --model tiny-llama-gqa --rig cpu-dev-2core --seq 128 --tokens-per-step 1024 -o "$tmp/cpu.json" >"$tmp/out" 2>"$tmp/err"
+check "a CPU-backend plan: fp32 compute, states in RAM" "[ $? -eq 0 ] && /usr/bin/python3 -c \"
+import json; p = json.load(open('$tmp/cpu.json'))
+assert p['precision']['compute'] == 'fp32' and p['precision']['transfer'] == 'fp32'
+assert p['placement']['master_weights'] == 'ram' and p['placement']['optimizer_states'] == 'ram'\""
+check "the table names the best plan and the bottleneck" "grep -q 'best plan' $tmp/out && grep -q 'bound' $tmp/out"
+
+/usr/bin/python3 -c "
+import json; d = json.load(open('$src/profiles/hardware/rtx4090-256gb.json'))
+d['host']['ram_bytes']['value'] = 24 * 2**30; d['host']['pinnable_bytes']['value'] = 20 * 2**30; d['storage'] = []
+json.dump(d, open('$tmp/small-rig.json', 'w'))"
+"$plan" plan --model mistral-large-2 --rig "$tmp/small-rig.json" >"$tmp/out" 2>"$tmp/err"
+check "an impossible request exits 2" "[ $? -eq 2 ]"
+check "it names the tiers and the shortfall" "grep -q 'ram needs' $tmp/err && grep -q 'short by' $tmp/err"
+"$plan" plan --model mistral-large-2 --rig "$tmp/small-rig.json" --json >"$tmp/out.json" 2>/dev/null
+check "with --json it prints feasible false and the shortfalls" "/usr/bin/python3 -c \"
+import json; d = json.load(open('$tmp/out.json')); assert d['feasible'] is False
+assert any(s['tier'] == 'ram' and s['short_bytes'] > 0 for s in d['shortfalls'])\""
+
+"$plan" plan --model llama-9-1t --rig h200-1.5tb >"$tmp/out" 2>"$tmp/err"
+check "a bad model name fails naming it and the known ones" "[ $? -eq 1 ] && grep -q 'llama-9-1t' $tmp/err && grep -q 'llama-2-70b' $tmp/err"
+echo '{"schema": "megatrain.rig/1", "name": "x", "gpu": {}}' >"$tmp/bad-rig.json"
+"$plan" plan --model llama-2-7b --rig "$tmp/bad-rig.json" >"$tmp/out" 2>"$tmp/err"
+check "a bad rig file fails naming the file and the field" "[ $? -eq 1 ] && grep -q 'bad-rig.json' $tmp/err && grep -q 'missing' $tmp/err"
+"$plan" plan --model llama-2-7b --rig h200-1.5tb --tokens-per-step 1000 >"$tmp/out" 2>"$tmp/err"
+check "tokens per step not a multiple of seq fails naming what is accepted" "[ $? -eq 1 ] && grep -q 'multiple' $tmp/err"
+"$plan" plan --model llama-2-7b --rig h200-1.5tb --state-formats fp32,q5 >"$tmp/out" 2>"$tmp/err"
+check "an unknown state format fails naming it" "[ $? -eq 1 ] && grep -q 'q5' $tmp/err"
+
+"$plan" size --model llama-2-7b --gpu h100-sxm --json >"$tmp/size.json" 2>"$tmp/err"
+check "size --json exits 0 and lists a rig that trains" "[ $? -eq 0 ] && /usr/bin/python3 -c \"
+import json; d = json.load(open('$tmp/size.json'))
+r = d['rigs'][0]; assert r['trains'] and r['ram_bytes'] > 0 and r['tokens_per_s'] > 0 and d['assumptions']\""
+"$plan" size --family llama-2 --rig rtx4090-256gb --json >"$tmp/fam.json" 2>"$tmp/err"
+check "size --family --json gives the largest model" "[ $? -eq 0 ] && /usr/bin/python3 -c \"
+import json; d = json.load(open('$tmp/fam.json'))
+assert d['trains_any'] and 6e9 < d['largest']['parameters'] < 7e10\""
+"$plan" size --model llama-2-7b --gpu voodoo >"$tmp/out" 2>"$tmp/err"
+check "size with an unknown GPU fails listing the known ones" "[ $? -eq 1 ] && grep -q 'h200-1.5tb' $tmp/err"
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,346 @@
+// The profiler: its least-squares fits on synthetic data with known answers, a small real profile that
+// must validate and round-trip through save/load, and clear refusals of unusable storage directories.
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "megatrain/planner/profile.h"
+
+namespace megatrain::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<double> transfer_sizes() {
+  std::vector<double> x;
+  for (double b = 4096; b <= 268435456; b *= 4) x.push_back(b);
+  return x;
+}
+
+TEST(ProfileFit, RecoversLatencyAndBandwidthFromExactData) {
+  const double lat = 8e-6, bw = 25e9;
+  std::vector<double> x = transfer_sizes(), t;
+  for (double b : x) t.push_back(lat + b / bw);
+  auto f = fit_latency_bandwidth(x, t);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_NEAR(f->latency_s, lat, lat * 1e-9);
+  EXPECT_NEAR(f->bandwidth, bw, bw * 1e-9);
+  EXPECT_LT(f->rms_rel, 1e-12);
+  EXPECT_LT(f->max_rel, 1e-12);
+  EXPECT_EQ(f->points, static_cast<int64_t>(x.size()));
+  EXPECT_NEAR(f->rate_at(1e9), 1e9 / (lat + 1e9 / bw), 1.0);
+}
+
+TEST(ProfileFit, RecoversLatencyAndBandwidthFromNoisyData) {
+  const double lat = 5e-6, bw = 12e9;
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> noise(-0.03, 0.03);
+  std::vector<double> x, t;
+  for (int rep = 0; rep < 3; ++rep)
+    for (double b : transfer_sizes()) {
+      x.push_back(b);
+      t.push_back((lat + b / bw) * (1 + noise(gen)));
+    }
+  auto f = fit_latency_bandwidth(x, t);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_NEAR(f->latency_s, lat, 0.05 * lat);
+  EXPECT_NEAR(f->bandwidth, bw, 0.05 * bw);
+  // The residuals report the noise: about 3% / sqrt(3) RMS, never more than the 3% put in (plus the fit's own error).
+  EXPECT_GT(f->rms_rel, 0.005);
+  EXPECT_LT(f->rms_rel, 0.03);
+  EXPECT_LT(f->max_rel, 0.05);
+}
+
+TEST(ProfileFit, NegativeInterceptIsRefittedThroughTheOrigin) {
+  // Small transfers relatively faster than large ones (a cache effect) pull the intercept below zero.
+  std::vector<double> x = {1e4, 1e5, 1e6, 1e7}, t = {0.5e-6, 6e-6, 70e-6, 800e-6};
+  auto f = fit_latency_bandwidth(x, t);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->latency_s, 0.0);
+  EXPECT_GT(f->bandwidth, 1e10);
+  EXPECT_LT(f->bandwidth, 2e10);
+}
+
+TEST(ProfileFit, RejectsUnusableData) {
+  EXPECT_FALSE(fit_latency_bandwidth({1, 2}, {1}).ok());
+  EXPECT_FALSE(fit_latency_bandwidth({1}, {1}).ok());
+  EXPECT_FALSE(fit_latency_bandwidth({5, 5, 5}, {1, 1, 1}).ok());
+  EXPECT_FALSE(fit_latency_bandwidth({1, 2}, {1, 0}).ok());
+  EXPECT_FALSE(fit_latency_bandwidth({1, -2}, {1, 2}).ok());
+  EXPECT_FALSE(fit_latency_bandwidth({1, 2}, {1, NAN}).ok());
+  auto shrinking = fit_latency_bandwidth({1e3, 1e6}, {1e-3, 1e-6});  // bigger is faster: no positive bandwidth
+  ASSERT_FALSE(shrinking.ok());
+  EXPECT_NE(shrinking.status().message().find("bandwidth"), std::string::npos);
+}
+
+// Samples t = t0 + F / R over layer-like shapes.
+std::vector<GemmSample> synthetic_gemms(double t0, double rate) {
+  std::vector<GemmSample> s;
+  for (int64_t m : {64, 256, 1024, 4096})
+    for (int64_t h : {128, 512, 2048}) {
+      GemmSample g{m, h, h, 0};
+      g.seconds = t0 + g.flops() / rate;
+      s.push_back(g);
+    }
+  return s;
+}
+
+void expect_valid_curve(const std::vector<std::pair<double, double>>& pts) {
+  ASSERT_FALSE(pts.empty());
+  for (size_t i = 0; i < pts.size(); ++i) {
+    EXPECT_GT(pts[i].first, 0);
+    EXPECT_GT(pts[i].second, 0);
+    EXPECT_LE(pts[i].second, 1.0);
+    if (i > 0) {
+      EXPECT_GT(pts[i].first, pts[i - 1].first) << "x must increase strictly";
+      EXPECT_GE(pts[i].second, pts[i - 1].second) << "the curve is monotone";
+    }
+  }
+}
+
+TEST(ProfileFit, GemmEfficiencyCurveFromExactOverheadModel) {
+  const double t0 = 5e-6, rate = 100e9;
+  auto f = fit_gemm_efficiency(synthetic_gemms(t0, rate));
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  expect_valid_curve(f->points);
+  EXPECT_NEAR(f->overhead.latency_s, t0, t0 * 1e-6);
+  EXPECT_NEAR(f->overhead.bandwidth, rate, rate * 1e-6);
+  EXPECT_DOUBLE_EQ(f->points.back().second, 1.0);  // the largest shape is the peak
+  // Efficiency of each point is the model's: F / (t0 + F / R) / peak.
+  for (const auto& [x, y] : f->points) EXPECT_NEAR(y * f->peak_flops_per_s, x / (t0 + x / rate), 1e-6 * rate);
+  EXPECT_LT(f->curve_rms_rel, 1e-9);
+  // A rig with this curve loads.
+  Curve c;
+  c.points = f->points;
+  EXPECT_NEAR(c.at(f->points.front().first), f->points.front().second, 1e-12);
+}
+
+TEST(ProfileFit, GemmEfficiencyIsMonotoneAndBoundedOnNoisyData) {
+  auto s = synthetic_gemms(20e-6, 200e9);
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<double> noise(0.8, 1.25);
+  for (auto& g : s) g.seconds *= noise(gen);
+  s.push_back({32, 64, 64, 1e-7});  // a tiny, cache-resident GEMM far faster than the large-shape peak
+  auto f = fit_gemm_efficiency(s);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  expect_valid_curve(f->points);
+  EXPECT_GT(f->curve_rms_rel, 0);  // the noise shows in the residuals
+  double large_best = 0, largest = 0;
+  for (const auto& g : s) largest = std::max(largest, g.flops());
+  for (const auto& g : s)
+    if (g.flops() >= largest / 16) large_best = std::max(large_best, g.flops() / g.seconds);
+  EXPECT_DOUBLE_EQ(f->peak_flops_per_s, large_best);
+}
+
+TEST(ProfileFit, GemmEfficiencyRejectsTooFewShapes) {
+  EXPECT_FALSE(fit_gemm_efficiency({}).ok());
+  EXPECT_FALSE(fit_gemm_efficiency({{64, 64, 64, 1e-6}, {64, 64, 64, 2e-6}}).ok());
+  EXPECT_FALSE(fit_gemm_efficiency({{64, 64, 64, 1e-6}, {0, 64, 64, 2e-6}}).ok());
+}
+
+// A temp directory on the same file system as the build (ext4 here; /tmp may be tmpfs elsewhere).
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::path(MEGATRAIN_BINARY_DIR) / ("profile-test-" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+ProfileSizes tiny_sizes() {
+  ProfileSizes s;
+  s.triad_bytes = 4 << 20;
+  s.triad_reps = 2;
+  s.adam_params = 1 << 20;
+  s.adam_reps = 1;
+  s.gemm_rows = {32, 128};
+  s.gemm_hidden = {64, 256};
+  s.gemm_max_flops = 1e9;
+  s.gemm_min_time_s = 0.003;
+  s.copy_bytes = {64 << 10, 1 << 20, 4 << 20};
+  s.copy_min_time_s = 0.003;
+  s.storage_file_bytes = 16 << 20;
+  s.storage_blocks = {128 << 10, 1 << 20};
+  s.storage_depths = {1, 4};
+  s.storage_point_max_s = 0.1;
+  return s;
+}
+
+TEST(Profile, SmallRunGivesAValidMeasuredRigThatRoundTrips) {
+  TempDir dir;
+  if (Status s = check_storage_dir(dir.path.string()); !s.ok()) GTEST_SKIP() << "no O_DIRECT here: " << s.to_string();
+  ProfileOptions opt;
+  opt.storage_dirs = {dir.path.string()};
+  opt.sizes = tiny_sizes();
+  opt.mode = "test";
+  opt.use_gpu = false;
+  int last_step = 0, steps_seen = 0;
+  opt.progress = [&](int step, int steps, const std::string& what) {
+    EXPECT_GE(step, last_step);
+    EXPECT_LE(step, steps);
+    EXPECT_FALSE(what.empty());
+    last_step = step;
+    steps_seen = steps;
+  };
+  auto r = run_profile(opt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(last_step, steps_seen);
+  const HardwareProfile& rig = r->rig;
+
+  // Validation: the rig as written parses back to itself.
+  auto back = HardwareProfile::from_json_text(rig.to_json_text());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(*back, rig);
+  const fs::path file = dir.path / "rig.json";
+  ASSERT_TRUE(rig.save(file).ok());
+  auto loaded = HardwareProfile::load(file.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  EXPECT_EQ(*loaded, rig);
+
+  // Measured figures say when and where.
+  for (const Provenance* p : {&rig.host.memory_bandwidth.provenance, &rig.gpu.matmul_fp32.provenance,
+                              &rig.gpu.gemm_efficiency.provenance, &rig.links.h2d.pinned_bandwidth.provenance,
+                              &rig.storage.at(0).io_provenance}) {
+    EXPECT_EQ(p->kind, Provenance::Kind::kMeasured) << p->source;
+    EXPECT_FALSE(p->when.empty());
+    EXPECT_FALSE(p->machine.empty());
+    EXPECT_NE(p->source.find("megatrain-plan profile"), std::string::npos) << p->source;
+  }
+  EXPECT_GT(rig.host.memory_bandwidth.value, 1e8);
+  EXPECT_GT(rig.gpu.matmul_fp32.value, 1e8);
+  expect_valid_curve(rig.gpu.gemm_efficiency.points);
+  ASSERT_FALSE(rig.host.adam.empty());
+  std::set<int64_t> threads;
+  for (const auto& a : rig.host.adam) {
+    EXPECT_EQ(a.state_format, "fp32");
+    EXPECT_GT(a.params_per_s.value, 1e6);
+    EXPECT_TRUE(threads.insert(a.threads).second);
+  }
+  EXPECT_EQ(*threads.rbegin(), rig.host.cores);
+  EXPECT_EQ(rig.links.h2d.pinned_bandwidth.points.size(), 3u);
+  EXPECT_FALSE(rig.links.full_duplex);
+
+  ASSERT_EQ(rig.storage.size(), 1u);
+  const NvmeSpec& d = rig.storage[0];
+  EXPECT_EQ(d.read.size(), 4u);
+  EXPECT_EQ(d.write.size(), 4u);
+  EXPECT_EQ(d.read.front().block_bytes, 128 << 10);
+  EXPECT_EQ(d.read.back().block_bytes, 1 << 20);
+  EXPECT_EQ(d.read.back().queue_depth, 4);
+  for (const IoPoint& p : d.read) EXPECT_GT(p.bytes_per_s, 1e6);
+  EXPECT_GT(d.capacity_bytes.value, 0);
+  EXPECT_GT(d.read_bandwidth(1 << 20, 32), 0);
+
+  // The temp file is gone (only the rig we saved is left).
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    EXPECT_EQ(e.path().filename(), "rig.json");
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1);
+
+  // Fits and --json.
+  std::set<std::string> fit_names;
+  for (const FitReport& f : r->fits) {
+    fit_names.insert(f.name);
+    EXPECT_GE(f.rms_rel, 0);
+    EXPECT_GE(f.max_rel, f.rms_rel);
+  }
+  for (const char* n : {"h2d", "d2h", "gemm_overhead", "gemm_efficiency_curve"}) EXPECT_TRUE(fit_names.count(n)) << n;
+  const auto j = nlohmann::json::parse(profile_json(*r));
+  ASSERT_TRUE(j.contains("rig") && j.contains("fits"));
+  EXPECT_EQ(j["rig"]["schema"], "megatrain.rig/1");
+  EXPECT_TRUE(j["fits"]["h2d"].contains("rms_rel_residual"));
+  EXPECT_TRUE(HardwareProfile::from_json_text(j["rig"].dump()).ok());
+  EXPECT_NE(profile_table(*r).find("fits"), std::string::npos);
+}
+
+TEST(Profile, MissingStorageDirIsRejectedByName) {
+  const std::string missing = "/nonexistent-megatrain-dir/sub";
+  Status s = check_storage_dir(missing);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(missing), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("No such file"), std::string::npos) << s.message();
+
+  ProfileOptions opt;
+  opt.storage_dirs = {missing};
+  opt.sizes = tiny_sizes();
+  opt.use_gpu = false;
+  bool measured = false;
+  opt.progress = [&](int, int, const std::string&) { measured = true; };
+  auto r = run_profile(opt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(missing), std::string::npos);
+  EXPECT_FALSE(measured) << "storage directories are checked before anything is measured";
+}
+
+TEST(Profile, StorageDirThatIsAFileOrGivenTwiceIsRejected) {
+  TempDir dir;
+  const fs::path file = dir.path / "plain-file";
+  { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  Status s = check_storage_dir(file.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(file.string()), std::string::npos);
+  EXPECT_NE(s.message().find("not a directory"), std::string::npos);
+
+  ProfileOptions opt;
+  opt.storage_dirs = {dir.path.string(), dir.path.string()};
+  opt.use_gpu = false;
+  auto r = run_profile(opt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("twice"), std::string::npos);
+}
+
+TEST(Profile, ReadOnlyStorageDirIsRejectedByName) {
+  TempDir dir;
+  const fs::path ro = dir.path / "read-only";
+  fs::create_directories(ro);
+  bool immutable = false;
+  if (::geteuid() == 0) {
+    // root ignores permission bits; the immutable attribute stops even root from creating files.
+    const int fd = ::open(ro.c_str(), O_RDONLY | O_DIRECTORY);
+    int flags = 0;
+    if (fd >= 0 && ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0) {
+      flags |= FS_IMMUTABLE_FL;
+      immutable = ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+    }
+    if (fd >= 0) ::close(fd);
+    if (!immutable) GTEST_SKIP() << "running as root on a file system without the immutable attribute";
+  } else {
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+  }
+  Status s = check_storage_dir(ro.string());
+  // Undo before asserting, so the directory can always be removed.
+  if (immutable) {
+    const int fd = ::open(ro.c_str(), O_RDONLY | O_DIRECTORY);
+    int flags = 0;
+    if (fd >= 0 && ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0) {
+      flags &= ~FS_IMMUTABLE_FL;
+      (void)::ioctl(fd, FS_IOC_SETFLAGS, &flags);
+    }
+    if (fd >= 0) ::close(fd);
+  } else {
+    fs::permissions(ro, fs::perms::owner_all);
+  }
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(ro.string()), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("writable"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace megatrain::planner
