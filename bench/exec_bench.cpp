@@ -214,6 +214,7 @@ int overlap(int64_t steps, int threads, bool json) {
       const int64_t f0 = minor_faults();
       const auto a = Clock::now();
       auto res = r.trainer->run_step(s);
+      r.trainer->wait_for_updates();  // the runs take turns: none may overlap another's optimizer
       const double wall = seconds_since(a);
       if (s > 0) r.faults += minor_faults() - f0;  // a step returns when all its threads' work is done
       if (!res.ok()) die("step " + std::to_string(s) + " (" + r.label + ")", res.status());

@@ -192,6 +192,7 @@ int main(int argc, char** argv) {
     const int64_t done = s + 1;
     const int sig = g_stop_signal.load();
     if (!checkpoint_dir.empty() && (done == total || sig != 0 || (checkpoint_every > 0 && done % checkpoint_every == 0))) {
+      (*trainer)->wait_for_updates();  // the checkpoint holds the state after this step's updates
       if (Status st = save(done); !st.ok()) return fail(st);
     }
     if (sig != 0 && done < total) {

@@ -78,6 +78,7 @@ struct Trainer::Impl {
   std::vector<std::unique_ptr<Event>> slot_free;  // recorded on compute when a slot's last reader is issued
   std::vector<int64_t> updated_step;   // last step whose update of unit u has finished
   std::vector<char> grad_buf_free;
+  int64_t last_step = -1;  // the step run_step last ran
   bool aborting = false;  // an error mid-step: queued jobs give up instead of waiting forever
   std::unique_ptr<WorkQueue> h2d, d2h, optim;
 
@@ -232,7 +233,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
 }
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Trainer::~Trainer() = default;
+Trainer::~Trainer() { wait_for_updates(); }
+void Trainer::wait_for_updates() {
+  if (impl_ && impl_->optim) impl_->optim->synchronize();
+}
 const DeviceBudget& Trainer::budget() const { return impl_->budget; }
 std::string Trainer::backend_description() const { return impl_->be->describe(); }
 
@@ -244,11 +248,17 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   const OptimizerConfig& o = I.plan.optimizer;
   const double lr = learning_rate(I.plan.training, step);
   const int threads = o.threads > 0 ? static_cast<int>(o.threads) : 1;
-  for (const TensorSlot& t : us.tensors) {
+  // Adjacent tensors with the same weight decay are one call: AdamW is element-wise, so the result
+  // is the same, with fewer thread starts and longer chunks per thread.
+  for (size_t a = 0; a < us.tensors.size();) {
+    const TensorSlot& t = us.tensors[a];
+    int64_t n = t.numel;
+    size_t b = a + 1;
+    while (b < us.tensors.size() && us.tensors[b].decay == t.decay && us.tensors[b].offset == t.offset + n) n += us.tensors[b++].numel;
     AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, step + 1, grad_scale};
-    adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.data() + t.offset, us.v.data() + t.offset,
-                 t.numel, s, nullptr, I.state->transfer() == DType::kBf16 ? us.stream_bf16.data() + t.offset : nullptr,
-                 threads);
+    adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.data() + t.offset, us.v.data() + t.offset, n,
+                 s, nullptr, I.state->transfer() == DType::kBf16 ? us.stream_bf16.data() + t.offset : nullptr, threads);
+    a = b;
   }
 }
 
@@ -277,12 +287,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   const auto step_start = Clock::now();
   StepResult res;
   res.step = step;
-  {
-    // A step returns only once all its updates are done, so every unit is up to date for `step`
-    // whatever ran before: a fresh Trainer may start at any step (a resumed run).
+  if (I.last_step < 0 || step != I.last_step + 1) {
+    // A fresh Trainer may start at any step (a resumed run), and a caller may skip steps: once the
+    // updates in flight are done, every unit counts as up to date for `step`. Consecutive steps
+    // instead let this step's loads wait, unit by unit, for the previous step's updates.
+    if (I.optim) I.optim->synchronize();
     std::lock_guard<std::mutex> g(I.mu);
     for (int64_t& u : I.updated_step) u = std::max(u, step - 1);
   }
+  I.last_step = step;
   for (int64_t j = 0; j < I.A; ++j)
     MT_RETURN_IF_ERROR(I.data->fill(step, j, I.inputs[static_cast<size_t>(j)].data(), I.targets[static_cast<size_t>(j)].data()));
   const float grad_scale = 1.0f / static_cast<float>(d.N * I.A);
@@ -348,8 +361,6 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   constexpr StreamKind kC = StreamKind::kCompute, kH = StreamKind::kH2D, kD = StreamKind::kD2H;
   const bool layer_major = I.plan.schedule.order == "layer-major";
   double stall = 0;
-  if (!layer_major)
-    for (int64_t u = 0; u < I.U; ++u) std::fill(units(u).grad.data(), units(u).grad.data() + units(u).numel, 0.0f);
   const int64_t rounds = layer_major ? 1 : I.A;
   for (int64_t round = 0; round < rounds; ++round) {
   const int64_t AR = layer_major ? I.A : 1;   // micro-batches in this round
@@ -515,14 +526,16 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   auto finish_unit = [&](int64_t u, float* grad_buf, int grad_index) {
     Event& ready = new_event();
     be.record(kC, ready);
-    I.d2h->post([&I, &be, &ready, &aborted, u, grad_buf, grad_index, step, layer_major, last_round] {
+    I.d2h->post([&I, &be, &ready, &aborted, u, grad_buf, grad_index, step, layer_major, round, last_round] {
       UnitState& us = I.state->units()[static_cast<size_t>(u)];
       be.wait(kD, ready);
       if (aborted()) return;
       const auto a = Clock::now();
-      if (layer_major)
+      // microbatch-major: the first micro-batch's gradient is copied, the others are summed into the
+      // RAM tier in fp32 (the previous step's update of this unit finished before its load).
+      if (layer_major || round == 0)
         be.copy_to_host(kD, us.grad.data(), grad_buf, us.numel);
-      else  // microbatch-major: every micro-batch's gradient is summed into the RAM tier in fp32
+      else
         be.add_to_host(kD, us.grad.data(), grad_buf, us.numel);
       be.synchronize(kD);  // the host reads the gradient next
       I.record(kLaneD2H, "d2h grad L" + std::to_string(u), "d2h", step, u, -1, a, Clock::now(), us.numel * 4);
@@ -712,9 +725,9 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       });
     }
   }
-  // The next step's forward waits per unit on updated_step; a step returns once all its work is
-  // done so that its loss and state are final.
-  I.optim->synchronize();
+  // The updates may still be running: the next step's loads wait for them unit by unit, so its
+  // forward overlaps the optimizer's tail. wait_for_updates() (checkpoints, the end of a run) and
+  // the destructor wait for all of them.
   res.loss = loss_sum / static_cast<double>(count);
   res.tokens = count;
   res.stall_s = stall;
@@ -728,6 +741,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
 
 Status Trainer::write_trace(const std::filesystem::path& path, const std::string& plan_json) const {
   const Impl& I = *impl_;
+  if (I.optim) I.optim->synchronize();  // the optimizer's last spans
   MT_ASSIGN_OR_RETURN(auto w, TraceWriter::create(path, {{"source", "measured"}, {"plan", plan_json}, {"backend", "cpu"}}));
   const char* names[kLaneCount] = {"GPU compute", "H2D", "D2H", "CPU optimizer"};
   const char* kinds[kLaneCount] = {"gpu", "h2d", "d2h", "cpu"};

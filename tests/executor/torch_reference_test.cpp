@@ -68,6 +68,7 @@ void run_against_torch(const std::string& model_name, double clip) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     ours["losses"].push_back(r->loss);
   }
+  (*trainer)->wait_for_updates();
   ASSERT_TRUE(save_weights(hs, dir / "final.safetensors").ok());
   std::ofstream(dir / "ours.json") << ours.dump();
   Json spec = pj["training"];

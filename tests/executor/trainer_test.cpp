@@ -57,6 +57,7 @@ TrainRun train(const Json& pj, bool streamed, int steps = 4) {
     EXPECT_TRUE(res.ok()) << res.status().to_string();
     r.losses.push_back(res->loss);
   }
+  (*trainer)->wait_for_updates();
   for (const auto& u : hs.units()) r.master.emplace_back(u.master.data(), u.master.data() + u.numel);
   return r;
 }

@@ -52,7 +52,11 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Runs training step `step` (0-based): forward, backward, optimizer; returns its loss and time.
+  // On the streamed pipeline the step's last updates may still be running when it returns: the
+  // next step's loads wait for them unit by unit (its forward overlaps the optimizer's tail). Call
+  // wait_for_updates() before reading the weights or saving a checkpoint; the destructor waits too.
   Result<StepResult> run_step(int64_t step);
+  void wait_for_updates();
   const DeviceBudget& budget() const;
   // The backend in use, in words ("CPU backend (2 compute threads)").
   std::string backend_description() const;
