@@ -2,7 +2,8 @@
 # The README's main job, as far as it exists: set up, build, show what MegaTrain knows about a
 # ~100B-class model (Mistral Large 2, 123B) and the tiny test model, then simulate the 123B plan
 # on the paper's rig and write its timeline, and train the tiny model on a text file shipped with
-# Debian on the CPU backend, streamed through a bounded "device", writing its measured timeline.
+# Debian on the CPU backend, streamed through a bounded "device", writing its measured timeline;
+# last, when Qt6 is there, megatrain-gui shoots both timelines headless into out/megatrain-gui.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,3 +33,26 @@ echo "== megatrain-plan simulate profiles/plans/tiny-cpu.json --json"
 echo
 echo "== megatrain-exec profiles/plans/tiny-cpu.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-cpu.mtrace"
 "$exec_bin" profiles/plans/tiny-cpu.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-cpu.mtrace
+echo
+build_targets=$(cmake --build "$build_dir" --target help 2>/dev/null || true)
+if grep -q '^megatrain-gui:' <<<"$build_targets"; then
+  echo "== megatrain-gui out/mistral-large-2-h200.mtrace out/tiny-cpu.mtrace --screenshot out/megatrain-gui.png"
+  cmake --build "$build_dir" -j "$(nproc)" --target megatrain-gui
+  QT_QPA_PLATFORM=offscreen "$build_dir/bin/megatrain-gui" out/mistral-large-2-h200.mtrace out/tiny-cpu.mtrace \
+    --screenshot out/megatrain-gui.png
+else
+  echo "== megatrain-gui skipped: configure found no Qt6 Widgets/Charts (qt6-base-dev qt6-charts-dev libqt6opengl6-dev)"
+fi
+echo
+echo "== megatrain-plan profile --quick --model tiny-llama-gqa --seq 128 -o out/this-machine.json"
+"$plan" profile --quick --model tiny-llama-gqa --seq 128 -o out/this-machine.json
+echo
+echo "== megatrain-plan plan --model tiny-llama-gqa --rig out/this-machine.json --seq 128 --tokens-per-step 1024 --steps 50 -o out/tiny-planned.json"
+"$plan" plan --model tiny-llama-gqa --rig out/this-machine.json --seq 128 --tokens-per-step 1024 --steps 50 \
+  -o out/tiny-planned.json
+echo
+echo "== megatrain-exec out/tiny-planned.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-planned.mtrace"
+"$exec_bin" out/tiny-planned.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-planned.mtrace
+echo
+echo "== megatrain-plan plan --model mistral-large-2 --rig h200-1.5tb"
+"$plan" plan --model mistral-large-2 --rig h200-1.5tb

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Proves the cost model against measured runs on this machine (issue 5):
+#   1. profiles this machine with megatrain-plan profile (the rig every prediction below uses);
+#   2. for a grid of plans of the small model (profiles/models/small-llama.json) that varies
+#      prefetch depth, micro-batch, schedule order, checkpoint interval and location, optimizer
+#      threads, transfer precision and clipping: simulates each plan, trains it with megatrain-exec
+#      on the CPU backend for a few steps, and compares predicted against measured step time;
+#   3. prints the table and the mean absolute percentage error (MAPE). Target: 10% or less.
+#
+# usage: bench/validate-cost-model.sh [--build DIR] [--quick] [--steps N] [--out DIR] [--rig FILE]
+#   --build DIR  the build folder holding bin/megatrain-plan and bin/megatrain-exec (default: build)
+#   --quick      profile with --quick (about 30 s) instead of the full profile (about 3 minutes)
+#   --steps N    training steps per plan; the first is a warm-up and is not timed (default 4)
+#   --out DIR    keep the profile, plans, traces and the table here (default: a temp folder)
+#   --rig FILE   skip profiling and use this rig file (a profile of this machine)
+# The measured step time of a plan is the median of its timed steps (the trace's steps table).
+# The runs get the highest scheduling priority when allowed (their own session and autogroup at
+# nice -20, and nice -19), so that other work on the machine disturbs them less.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=$here/build
+quick=""
+steps=4
+out=""
+rig=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --quick) quick=--quick; shift ;;
+    --steps) steps=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --rig) rig=$2; shift 2 ;;
+    *) echo "validate-cost-model.sh: unknown argument '$1'; accepted: --build DIR, --quick, --steps N, --out DIR, --rig FILE" >&2; exit 2 ;;
+  esac
+done
+plan_bin=$build/bin/megatrain-plan
+exec_bin=$build/bin/megatrain-exec
+for b in "$plan_bin" "$exec_bin"; do
+  [ -x "$b" ] || { echo "validate-cost-model.sh: $b not found; build first (./scripts/test.sh or cmake --build $build)" >&2; exit 2; }
+done
+[ "$steps" -ge 2 ] || { echo "validate-cost-model.sh: --steps must be at least 2 (the first is untimed)" >&2; exit 2; }
+if [ -z "$out" ]; then
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
+mkdir -p "$out"
+# Measurements run in a session of their own whose scheduling group gets the highest priority when
+# this user may set it (the kernel's autogroups make a plain `nice` count only within a session).
+nice_cmd=()
+if nice -n -19 true 2>/dev/null; then
+  nice_cmd=(setsid sh -c 'echo -20 > /proc/self/autogroup 2>/dev/null; exec nice -n -19 "$@"' prio)
+fi
+
+data=/usr/share/common-licenses/GPL-3
+[ -r "$data" ] || { yes "the quick brown fox jumps over the lazy dog" | head -c 200000 >"$out/text.txt"; data=$out/text.txt; }
+
+if [ -z "$rig" ]; then
+  echo "== 1. profiling this machine (megatrain-plan profile ${quick:-(full)})" >&2
+  "${nice_cmd[@]}" "$plan_bin" profile $quick --model "$here/profiles/models/small-llama.json" --seq 128 -o "$out/rig.json" >"$out/profile.txt"
+  rig=$out/rig.json
+fi
+rig=$(cd "$(dirname "$rig")" && pwd)/$(basename "$rig")
+
+echo "== 2. the grid: simulate, then train each plan for $steps steps" >&2
+/usr/bin/python3 - "$here" "$rig" "$out" "$plan_bin" "$exec_bin" "$data" "$steps" "${nice_cmd[@]}" <<'PY'
+import json, os, sqlite3, statistics, subprocess, sys
+
+here, rig, out, plan_bin, exec_bin, data, steps = sys.argv[1:8]
+nice = sys.argv[8:]
+steps = int(steps)
+cores = len(os.sched_getaffinity(0))
+
+# (name, order, prefetch, buffers, micro_batch, grad_accum, checkpoint_every, location, optimizer threads, transfer, clip)
+grid = [
+    ("lm-k1-mb4-c1dev",       "layer-major",      1, 2, 4, 4, 1, "device", 1, "fp32", 1.0),
+    ("lm-k2-mb4-c1dev-t2",    "layer-major",      2, 3, 4, 4, 1, "device", 2, "fp32", 1.0),
+    ("lm-k3-mb2-c1host",      "layer-major",      3, 4, 2, 4, 1, "host",   2, "fp32", 1.0),
+    ("lm-k2-mb8-keepall",     "layer-major",      2, 3, 8, 2, 0, "device", 2, "fp32", 1.0),
+    ("lm-k1-mb4-c2host-t1",   "layer-major",      1, 3, 4, 4, 2, "host",   1, "fp32", 1.0),
+    ("lm-k2-mb4-c1dev-noclip","layer-major",      2, 3, 4, 4, 1, "device", 2, "fp32", 0.0),
+    ("lm-k2-mb4-bf16",        "layer-major",      2, 3, 4, 4, 1, "device", 2, "bf16", 1.0),
+    ("mm-k1-mb4-c1dev",       "microbatch-major", 1, 2, 4, 2, 1, "device", 1, "fp32", 1.0),
+    ("mm-k2-mb2-c1host",      "microbatch-major", 2, 3, 2, 4, 1, "host",   2, "fp32", 1.0),
+    ("mm-k3-mb4-keepall",     "microbatch-major", 3, 4, 4, 2, 0, "device", 2, "fp32", 0.0),
+]
+
+rows = []
+for (name, order, k, bufs, mb, acc, ck, loc, othreads, transfer, clip) in grid:
+    plan = {
+        "schema": "megatrain.plan/1", "model": os.path.join(here, "profiles/models/small-llama.json"), "rig": rig,
+        "training": {"seq_len": 128, "micro_batch": mb, "grad_accum": acc, "steps": steps, "seed": 1, "lr": 1e-3,
+                     "lr_schedule": "cosine", "warmup_steps": 1, "min_lr": 1e-4, "clip_grad_norm": clip,
+                     "data_order": "sequential"},
+        "precision": {"compute": "fp32", "master": "fp32", "transfer": transfer},
+        "schedule": {"order": order, "prefetch_depth": k, "device_layer_buffers": bufs, "checkpoint_every": ck,
+                     "checkpoint_location": loc},
+        "placement": {"master_weights": "ram", "optimizer_states": "ram", "device_budget_bytes": 1 << 30},
+        "optimizer": {"type": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
+                      "m_format": "fp32", "v_format": "fp32", "threads": othreads},
+    }
+    path = os.path.join(out, name + ".json")
+    with open(path, "w") as f:
+        json.dump(plan, f, indent=1)
+    sim = subprocess.run([plan_bin, "simulate", path, "--json"], capture_output=True, text=True)
+    if sim.returncode != 0:
+        sys.exit(f"simulate {name} failed: {sim.stderr}")
+    predicted = json.loads(sim.stdout)
+    trace = os.path.join(out, name + ".mtrace")
+    if os.path.exists(trace):
+        os.remove(trace)
+    run = subprocess.run(nice + [exec_bin, path, "--data", data, "--steps", str(steps), "--threads", str(cores),
+                                 "--trace", trace], capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"megatrain-exec {name} failed: {run.stderr}")
+    db = sqlite3.connect(trace)
+    times = [t for (t,) in db.execute("select time_s from steps where step >= 1 order by step")]
+    measured = statistics.median(times)
+    err = (predicted["step_time_s"] - measured) / measured
+    rows.append((name, predicted["step_time_s"], measured, min(times), max(times), err, predicted["bottleneck"]))
+    print(f"  {name:<24} predicted {predicted['step_time_s'] * 1e3:8.1f} ms  measured {measured * 1e3:8.1f} ms"
+          f"  {100 * err:+6.1f}%", file=sys.stderr)
+
+mape = 100 * statistics.mean(abs(r[5]) for r in rows)
+lines = ["| plan | predicted step | measured step (median, min-max) | error | bottleneck (predicted) |",
+         "|---|---|---|---|---|"]
+for (name, p, m, lo, hi, err, bn) in rows:
+    lines.append(f"| {name} | {p * 1e3:.1f} ms | {m * 1e3:.1f} ms ({lo * 1e3:.1f}-{hi * 1e3:.1f}) | {100 * err:+.1f}% | {bn} |")
+lines.append("")
+lines.append(f"MAPE over {len(rows)} plans: {mape:.1f}% (target: 10% or less) - {'met' if mape <= 10 else 'MISSED'}")
+text = "\n".join(lines)
+print(text)
+with open(os.path.join(out, "validation.md"), "w") as f:
+    f.write(text + "\n")
+PY
