@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The README's main job, as far as it exists: set up, build, show what MegaTrain knows about a
-# ~100B-class model (Mistral Large 2, 123B) and the tiny test model, then simulate the 123B plan
-# on the paper's rig and write its timeline, and train the tiny model on a text file shipped with
-# Debian on the CPU backend, streamed through a bounded "device", writing its measured timeline;
-# last, when Qt6 is there, megatrain-gui shoots both timelines headless into out/megatrain-gui.png.
+# The README's main job: set up, build, show what MegaTrain knows about a ~100B-class model
+# (Mistral Large 2, 123B) and the tiny test model, simulate the 123B plan on the paper's rig and
+# write its timeline, and train the tiny model on a text file shipped with Debian on the CPU
+# backend, streamed through a bounded "device", writing its measured timeline; then, when Qt6 is
+# there, megatrain-gui shoots both timelines headless into out/megatrain-gui.png. Last, the
+# planner's loop on this machine: profile it quickly, plan the tiny model for it, train that plan,
+# and plan the 123B model on the paper's rig with its table of alternatives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
