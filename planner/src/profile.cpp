@@ -241,7 +241,7 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
     }
     rep.measurements.push_back(t);
     rep.notes.push_back("host.adam lists state format fp32 only: the executor's AdamW keeps m and v in fp32 "
-                        "(bf16 and quantised moment formats are not implemented in the executor, so they are not measured)");
+                        "(the executor has no bf16 or quantised moment formats yet, issue 8, so there is nothing else to measure)");
   }
 
   if (have_gpu) {
