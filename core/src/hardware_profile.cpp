@@ -189,7 +189,7 @@ Status read_curve(FieldReader& parent, const std::string& key, Curve& out, const
 Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
   MT_RETURN_IF_ERROR(check_keys(j, path, {"name", "memory_bytes", "memory_bandwidth", "matmul_fp32", "matmul_tf32",
                                           "matmul_bf16", "gemm_efficiency", "attention_efficiency",
-                                          "attention_backward_ratio"}));
+                                          "attention_backward_ratio", "layer_times"}));
   FieldReader r(j, path);
   r.string("name", g.name, Need::kRequired);
   MT_RETURN_IF_ERROR(first_error(r));
@@ -204,6 +204,43 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     Curve c;
     MT_RETURN_IF_ERROR(read_curve(r, "attention_efficiency", c, kFraction));
     g.attention_efficiency = std::move(c);
+  }
+  if (j.contains("layer_times")) {
+    const Json* lt = r.object("layer_times", Need::kRequired);
+    if (!lt) return first_error(r);
+    const std::string lt_path = r.path_of("layer_times");
+    MT_RETURN_IF_ERROR(check_keys(*lt, lt_path, {"model", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "seq",
+                                              "points", "provenance"}));
+    FieldReader lr(*lt, lt_path);
+    LayerTimes t;
+    lr.string("model", t.model, Need::kRequired);
+    lr.integer("hidden", t.hidden, Need::kRequired, 1, int64_t{1} << 24);
+    lr.integer("intermediate", t.intermediate, Need::kRequired, 1, int64_t{1} << 26);
+    lr.integer("heads", t.heads, Need::kRequired, 1, 1 << 16);
+    lr.integer("kv_heads", t.kv_heads, Need::kRequired, 1, 1 << 16);
+    lr.integer("head_dim", t.head_dim, Need::kRequired, 1, 1 << 16);
+    lr.integer("seq", t.seq, Need::kRequired, 1, int64_t{1} << 24);
+    const Json* pts = lr.array("points", Need::kRequired);
+    MT_RETURN_IF_ERROR(first_error(lr));
+    const std::string pts_path = lr.path_of("points");
+    if (pts->empty()) return invalid_argument(pts_path + ": empty; expected [micro_batch, forward_s, backward_s] points");
+    for (size_t i = 0; i < pts->size(); ++i) {
+      const Json& q = (*pts)[i];
+      const std::string qp = indexed(pts_path, i);
+      if (!q.is_array() || q.size() != 3 || !q[0].is_number_integer() || !q[1].is_number() || !q[2].is_number())
+        return invalid_argument(qp + ": expected [micro_batch (integer), forward_s, backward_s], got " + q.dump().substr(0, 60));
+      LayerTimes::Point pt{q[0].get<int64_t>(), q[1].get<double>(), q[2].get<double>()};
+      if (pt.micro_batch < 1 || !(pt.forward_s > 0) || !(pt.backward_s > 0))
+        return invalid_argument(qp + ": out of range; accepted: micro_batch >= 1, forward_s > 0, backward_s > 0");
+      if (!t.points.empty() && pt.micro_batch <= t.points.back().micro_batch)
+        return invalid_argument(qp + ": micro_batch " + std::to_string(pt.micro_batch) +
+                                " does not follow " + std::to_string(t.points.back().micro_batch) +
+                                "; points must be sorted by micro_batch without repeats");
+      t.points.push_back(pt);
+    }
+    MT_RETURN_IF_ERROR(read_provenance_member(lr, "provenance", t.provenance));
+    MT_RETURN_IF_ERROR(lr.finish());
+    g.layer_times = std::move(t);
   }
   if (j.contains("attention_backward_ratio")) {
     Figure f;
@@ -443,6 +480,22 @@ Json to_json(const HardwareProfile& hw) {
   gpu["gemm_efficiency"] = curve_json(hw.gpu.gemm_efficiency);
   if (hw.gpu.attention_efficiency) gpu["attention_efficiency"] = curve_json(*hw.gpu.attention_efficiency);
   if (hw.gpu.attention_backward_ratio) gpu["attention_backward_ratio"] = figure_json(*hw.gpu.attention_backward_ratio);
+  if (hw.gpu.layer_times) {
+    const LayerTimes& t = *hw.gpu.layer_times;
+    Json lt = Json::object();
+    lt["model"] = t.model;
+    lt["hidden"] = t.hidden;
+    lt["intermediate"] = t.intermediate;
+    lt["heads"] = t.heads;
+    lt["kv_heads"] = t.kv_heads;
+    lt["head_dim"] = t.head_dim;
+    lt["seq"] = t.seq;
+    Json pts = Json::array();
+    for (const auto& p : t.points) pts.push_back(Json::array({p.micro_batch, p.forward_s, p.backward_s}));
+    lt["points"] = std::move(pts);
+    lt["provenance"] = provenance_json(t.provenance);
+    gpu["layer_times"] = std::move(lt);
+  }
   root["gpu"] = std::move(gpu);
 
   Json links;

@@ -7,6 +7,9 @@
 #include <map>
 #include <memory>
 
+#include "megatrain/executor/backend.h"
+#include "megatrain/executor/host_state.h"
+#include "megatrain/executor/model.h"
 #include "megatrain/kernels/cpu/add.h"
 #include "megatrain/kernels/cpu/context.h"
 #include "megatrain/kernels/cpu/rmsnorm.h"
@@ -172,6 +175,48 @@ Result<ElementwiseSample> measure_elementwise(int64_t tokens, int64_t hidden, in
       },
       min_time_s);
   return e;
+}
+
+Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t seq, const std::vector<int64_t>& micro_batches,
+                                               int threads, double min_time_s, int64_t max_params) {
+  if (model.parameter_counts().total > max_params)
+    return resource_exhausted("layer probe: " + model.name() + " has " + std::to_string(model.parameter_counts().total) +
+                              " parameters; the probe builds the whole RAM tier and accepts up to " +
+                              std::to_string(max_params));
+  if (model.config().num_layers < 1) return invalid_argument("layer probe: the model has no decoder layer");
+  exec::HostState hs = exec::HostState::create(model, DType::kFp32);
+  hs.init_random(1, 0.02);
+  const exec::UnitState& unit = hs.units()[1];
+  const exec::UnitView w = exec::view_unit(unit, unit.master.data());
+  std::vector<LayerSample> out;
+  for (int64_t mb : micro_batches) {
+    MT_ASSIGN_OR_RETURN(exec::Dims d, exec::make_dims(model, mb, seq));
+    exec::BackendOptions bo;
+    bo.threads = threads;
+    MT_ASSIGN_OR_RETURN(std::unique_ptr<exec::Backend> be, exec::make_cpu_backend(model, d, bo));
+    const int64_t NH = d.N * d.H;
+    Buffer x = make_buffer(NH, 1e-2f), y = make_buffer(NH, 0), dout = make_buffer(NH, 1e-4f), dx = make_buffer(NH, 0);
+    Buffer acts = make_buffer(be->layer_act_floats(), 0), ws = make_buffer(be->layer_workspace_floats(), 0);
+    Buffer grads = make_buffer(unit.numel, 0);
+    const exec::LayerActs a = exec::bind_layer_acts(d, acts.get());
+    const exec::UnitGrad g = exec::grad_unit(unit, grads.get());
+    Status st;
+    LayerSample s;
+    s.micro_batch = mb;
+    s.forward_s = best_per_call(
+        [&] {
+          if (st.ok()) st = be->layer_forward(w, x.get(), y.get(), a);
+        },
+        min_time_s);
+    s.backward_s = best_per_call(
+        [&] {
+          if (st.ok()) st = be->layer_backward(w, a, dout.get(), dx.get(), g, ws.get());
+        },
+        min_time_s);
+    MT_RETURN_IF_ERROR(st);
+    out.push_back(s);
+  }
+  return out;
 }
 
 }  // namespace megatrain::planner::detail

@@ -163,7 +163,8 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
   const bool have_gpu = gpu_name.ok();
   const std::string gpu_why = have_gpu ? "" : gpu_name.status().message();
 
-  const int steps = 4 + (have_gpu ? 0 : 3) + static_cast<int>(options.storage_dirs.size());
+  const int steps = 4 + (have_gpu ? 0 : 3) + (!have_gpu && options.model_spec ? 1 : 0) +
+                    static_cast<int>(options.storage_dirs.size());
   const ModelConfig* model = options.model ? &*options.model : nullptr;
   const int64_t model_seq =
       model == nullptr ? 0 : (options.seq > 0 ? options.seq : std::min<int64_t>(model->max_position_embeddings, 2048));
@@ -430,6 +431,40 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
       rep.measurements.push_back(et);
     }
 
+    // ---- CPU backend: the model's whole layer --------------------------------------------------------
+    if (options.model_spec) {
+      const ModelSpec& spec = *options.model_spec;
+      progress("layer: " + spec.name() + " decoder layer forward and backward (exec LayerMath on the CPU backend), "
+               "micro-batch 1, 2, 4, 8 at seq " + std::to_string(model_seq));
+      detail::OtherLoad lload;
+      auto layer = detail::measure_layer(spec, model_seq, {1, 2, 4, 8}, static_cast<int>(host.cores), sz.gemm_min_time_s,
+                                         int64_t{4} << 30);
+      if (layer.ok()) {
+        LayerTimes lt;
+        const ModelConfig& mc = spec.config();
+        lt.model = spec.name();
+        lt.hidden = mc.hidden_size;
+        lt.intermediate = mc.intermediate_size;
+        lt.heads = mc.num_heads;
+        lt.kv_heads = mc.num_kv_heads;
+        lt.head_dim = mc.head_dim;
+        lt.seq = model_seq;
+        MeasurementTable lt_table{"layer", {"micro_batch", "forward_s", "backward_s"}, {}};
+        for (const auto& p : *layer) {
+          lt.points.push_back({p.micro_batch, p.forward_s, p.backward_s});
+          lt_table.rows.push_back({double(p.micro_batch), p.forward_s, p.backward_s});
+        }
+        lt.provenance = st.measured("one decoder layer of " + spec.name() + " forward and backward through the CPU "
+                                    "backend's table (exec::LayerMath), " + std::to_string(host.cores) +
+                                    " threads, best batch of >= " + format_duration(sz.gemm_min_time_s) + " per point" +
+                                    load_note(lload.share()));
+        rig.gpu.layer_times = std::move(lt);
+        rep.measurements.push_back(lt_table);
+      } else {
+        rep.notes.push_back("layer probe skipped: " + layer.status().message());
+      }
+    }
+
     // ---- CPU backend transfers -----------------------------------------------------------------------
     progress("H2D/D2H: the CPU backend's copies (memcpy, bf16 -> fp32), " + sizes_text(sz.copy_bytes));
     detail::OtherLoad cload;
@@ -604,6 +639,7 @@ int profile_command(const ProfileCommand& cmd) {
       return 1;
     }
     opt.model = spec->config();
+    opt.model_spec = std::make_shared<const ModelSpec>(*spec);
     opt.seq = cmd.seq;
     opt.mode += ", shapes of " + spec->name() + " at seq " +
                 std::to_string(cmd.seq > 0 ? cmd.seq : std::min<int64_t>(spec->config().max_position_embeddings, 2048));

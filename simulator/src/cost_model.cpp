@@ -103,6 +103,29 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   const double elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv + 3 * I);
   layer_fwd_ = gemms + attention + elementwise_time(elementwise_bytes);
   layer_bwd_ = 2 * gemms + attention_bwd_ratio * attention + elementwise_time(2 * elementwise_bytes);
+  // A profile made for this model (megatrain-plan profile --model) may hold the measured time of
+  // the whole layer by micro-batch: it replaces the sum of op-level terms, which misses how the
+  // layer's ops share threads and caches. Between points time is linear in the micro-batch; beyond
+  // the last it scales in proportion; below the first, linearly to zero.
+  if (const auto& lt = rig.gpu.layer_times;
+      lt && lt->hidden == c.hidden_size && lt->intermediate == c.intermediate_size && lt->heads == c.num_heads &&
+      lt->kv_heads == c.num_kv_heads && lt->head_dim == c.head_dim && lt->seq == plan.training.seq_len) {
+    const double mb = static_cast<double>(plan.training.micro_batch);
+    auto at = [&](auto field) {
+      const auto& p = lt->points;
+      if (mb <= static_cast<double>(p.front().micro_batch)) return field(p.front()) * mb / static_cast<double>(p.front().micro_batch);
+      for (size_t i = 1; i < p.size(); ++i)
+        if (mb <= static_cast<double>(p[i].micro_batch)) {
+          const double x0 = static_cast<double>(p[i - 1].micro_batch), x1 = static_cast<double>(p[i].micro_batch);
+          return field(p[i - 1]) + (field(p[i]) - field(p[i - 1])) * (mb - x0) / (x1 - x0);
+        }
+      return field(p.back()) * mb / static_cast<double>(p.back().micro_batch);
+    };
+    layer_fwd_ = at([](const LayerTimes::Point& pt) { return pt.forward_s; });
+    layer_bwd_ = at([](const LayerTimes::Point& pt) { return pt.backward_s; });
+    assumptions_.push_back("layer forward and backward times are the profile's layer probe of " + lt->model + " at seq " +
+                           std::to_string(lt->seq) + " (" + std::to_string(lt->points.size()) + " micro-batch sizes)");
+  }
   // Head: logits, cross-entropy in fp32 (write logits, softmax, gradient), dX and dW.
   head_ = 3 * gemm_time(T, V, H) + elementwise_time(3 * 4 * T * V + 4 * cb * T * H);
   embed_fwd_ = elementwise_time(2 * cb * T * H);

@@ -107,6 +107,8 @@ TEST(HardwareProfile, RoundTripKeepsAwkwardValuesAndMeasuredProvenance) {
   hw.description = "line one\nline two\ttab";
   hw.gpu.attention_efficiency = Curve{{{1e6, 0.05}, {1e9, 0.31}}, {Provenance::Kind::kEstimate, "attention basis", "", ""}};
   hw.gpu.attention_backward_ratio = Figure{2.75, {Provenance::Kind::kEstimate, "ratio basis", "", ""}};
+  hw.gpu.layer_times = LayerTimes{"small", 256, 688, 8, 4, 32, 128, {{1, 1.5e-3, 3.25e-3}, {4, 5e-3, 1.1e-2}},
+                                  {Provenance::Kind::kMeasured, "layer probe", "2026-12-02", "vm"}};
   auto back = HardwareProfile::from_json_text(hw.to_json_text());
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_TRUE(hw == *back);
@@ -392,10 +394,21 @@ TEST(RigErrors, TheOptionalAttentionFiguresAreCheckedLikeTheOthers) {
                  j["gpu"]["attention_backward_ratio"] = {{"value", -1}, {"provenance", {{"kind", "estimate"}, {"source", "x"}}}};
                }),
                StatusCode::kInvalidArgument, "gpu.attention_backward_ratio.value");
+  const Json layer = {{"model", "m"},  {"hidden", 8}, {"intermediate", 16}, {"heads", 2}, {"kv_heads", 1},
+                      {"head_dim", 4}, {"seq", 16}, {"points", {{2, 1e-3, 2e-3}, {1, 1e-3, 2e-3}}},
+                      {"provenance", {{"kind", "estimate"}, {"source", "x"}}}};
+  EXPECT_ERROR(parse_edited([&](Json& j) { j["gpu"]["layer_times"] = layer; }), StatusCode::kInvalidArgument,
+               "gpu.layer_times.points[1]", "sorted by micro_batch");
+  EXPECT_ERROR(parse_edited([&](Json& j) {
+                 j["gpu"]["layer_times"] = layer;
+                 j["gpu"]["layer_times"]["points"] = {{1, 0, 2e-3}};
+               }),
+               StatusCode::kInvalidArgument, "gpu.layer_times.points[0]", "forward_s > 0");
   auto absent = HardwareProfile::from_json_text(read_text(rig_file("h200-1.5tb")));
   ASSERT_TRUE(absent.ok());
   EXPECT_FALSE(absent->gpu.attention_efficiency.has_value());
   EXPECT_FALSE(absent->gpu.attention_backward_ratio.has_value());
+  EXPECT_FALSE(absent->gpu.layer_times.has_value());
 }
 
 TEST(RigErrors, CurvesAndIoTablesMustBeSortedAndNonEmpty) {

@@ -193,6 +193,32 @@ TEST(StepModelCosts, AnAttentionCurveAndBackwardRatioReplaceTheGemmRuleForAttent
   EXPECT_DOUBLE_EQ(own.head_time(), gemm_rule.head_time());
 }
 
+TEST(StepModelCosts, AMatchingLayerProbeGivesTheLayerTimesInterpolatedByMicroBatch) {
+  const Sim s = simulate_plan({}, RigFigures{});
+  ASSERT_EQ(s.plan.training.micro_batch, 1);
+  const ModelConfig& c = s.model.config();
+  HardwareProfile rig = s.rig;
+  LayerTimes lt{"synthetic", c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                s.plan.training.seq_len, {{1, 0.010, 0.030}, {4, 0.025, 0.070}}, Provenance{}};
+  rig.gpu.layer_times = lt;
+  const CostModel at_one(s.plan, s.model, rig);
+  EXPECT_DOUBLE_EQ(at_one.layer_forward_time(), 0.010);
+  EXPECT_DOUBLE_EQ(at_one.layer_backward_time(), 0.030);
+  Plan two = s.plan;
+  two.training.micro_batch = 2;  // a third of the way from 1 to 4
+  const CostModel at_two(two, s.model, rig);
+  EXPECT_NEAR(at_two.layer_forward_time(), 0.015, 1e-15);
+  EXPECT_NEAR(at_two.layer_backward_time(), 0.030 + 0.040 / 3, 1e-15);
+  Plan eight = s.plan;
+  eight.training.micro_batch = 8;  // beyond the last point: in proportion
+  EXPECT_NEAR(CostModel(eight, s.model, rig).layer_forward_time(), 0.050, 1e-15);
+  // Another sequence length (or shape) is not this probe: the op-level terms apply.
+  rig.gpu.layer_times->seq += 1;
+  const CostModel other(s.plan, s.model, rig);
+  const CostModel none(s.plan, s.model, s.rig);
+  EXPECT_DOUBLE_EQ(other.layer_forward_time(), none.layer_forward_time());
+}
+
 // ---- hand-computed schedules -------------------------------------------------------------------
 
 // Bytes of one unit's weights in bf16.

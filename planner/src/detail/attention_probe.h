@@ -66,4 +66,15 @@ struct ElementwiseSample {
 Result<ElementwiseSample> measure_elementwise(int64_t tokens, int64_t hidden, int64_t n_heads, int64_t n_kv_heads,
                                               int64_t head_dim, int64_t intermediate, int threads, double min_time_s);
 
+// One decoder layer of `model`, forward and backward, on the CPU backend (the executor's LayerMath
+// through its backend table) at each micro-batch of `seq` tokens: what the pipeline's compute
+// stream runs per layer and micro-batch. Models over `max_params` parameters are refused (the probe
+// builds the model's RAM tier to lay out one layer's weights).
+struct LayerSample {
+  int64_t micro_batch = 0;
+  double forward_s = 0, backward_s = 0;
+};
+Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t seq, const std::vector<int64_t>& micro_batches,
+                                               int threads, double min_time_s, int64_t max_params);
+
 }  // namespace megatrain::planner::detail

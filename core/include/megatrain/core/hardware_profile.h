@@ -43,6 +43,22 @@ struct Curve {
   bool operator==(const Curve&) const = default;
 };
 
+// Measured time of one decoder layer of one model shape on this device, by micro-batch (the
+// profiler's layer probe, `megatrain-plan profile --model`). Used by the cost model instead of the
+// sum of its op-level terms when a plan's model and sequence length match exactly.
+struct LayerTimes {
+  std::string model;  // the model's name, for the reader
+  int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, seq = 0;
+  struct Point {
+    int64_t micro_batch = 0;
+    double forward_s = 0, backward_s = 0;
+    bool operator==(const Point&) const = default;
+  };
+  std::vector<Point> points;  // micro_batch strictly increasing
+  Provenance provenance;
+  bool operator==(const LayerTimes&) const = default;
+};
+
 struct GpuSpec {
   std::string name;                 // "NVIDIA H200"
   Figure memory_bytes;              // device memory usable by the process
@@ -57,6 +73,7 @@ struct GpuSpec {
   // absent, attention costs what GEMMs of the same FLOPs cost.
   std::optional<Curve> attention_efficiency;
   std::optional<Figure> attention_backward_ratio;  // backward time / forward time (absent: 2.5)
+  std::optional<LayerTimes> layer_times;           // optional, model-specific
   bool operator==(const GpuSpec&) const = default;
 };
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -94,6 +95,7 @@ struct ProfileOptions {
   // micro-batches 1, 2, 4, 8 of `seq` tokens) join the GEMM curve, and the attention and element-wise
   // probes run at its head and layer sizes. Without it they run at a generic set of shapes.
   std::optional<ModelConfig> model;
+  std::shared_ptr<const ModelSpec> model_spec;  // the same model, for the layer probe
   int64_t seq = 0;                        // 0: min(the model's max_position_embeddings, 2048)
   // Called before each probe (step counts from 1) and with finer detail within long ones.
   std::function<void(int step, int steps, const std::string& what)> progress;
