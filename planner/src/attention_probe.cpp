@@ -187,7 +187,6 @@ Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t s
   exec::HostState hs = exec::HostState::create(model, DType::kFp32);
   hs.init_random(1, 0.02);
   const exec::UnitState& unit = hs.units()[1];
-  const exec::UnitView w = exec::view_unit(unit, unit.master.data());
   std::vector<LayerSample> out;
   for (int64_t mb : micro_batches) {
     MT_ASSIGN_OR_RETURN(exec::Dims d, exec::make_dims(model, mb, seq));
@@ -195,25 +194,48 @@ Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t s
     bo.threads = threads;
     MT_ASSIGN_OR_RETURN(std::unique_ptr<exec::Backend> be, exec::make_cpu_backend(model, d, bo));
     const int64_t NH = d.N * d.H;
-    Buffer x = make_buffer(NH, 1e-2f), y = make_buffer(NH, 0), dout = make_buffer(NH, 1e-4f), dx = make_buffer(NH, 0);
-    Buffer acts = make_buffer(be->layer_act_floats(), 0), ws = make_buffer(be->layer_workspace_floats(), 0);
-    Buffer grads = make_buffer(unit.numel, 0);
-    const exec::LayerActs a = exec::bind_layer_acts(d, acts.get());
-    const exec::UnitGrad g = exec::grad_unit(unit, grads.get());
-    Status st;
+    // As in the pipeline, each call finds its weights, activations and hidden states in other
+    // buffers than the call before: the sets rotate through at least 256 MiB (and 4 sets, at most 64), so no
+    // call starts with the previous call's data in the caches.
+    struct Set {
+      Buffer w, x, y, dout, dx, acts, grads;
+    };
+    const int64_t set_floats = unit.numel * 2 + 4 * NH + be->layer_act_floats();
+    const int64_t n_sets = std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(1, set_floats), 4, 64);
+    std::vector<Set> sets;
+    for (int64_t k = 0; k < n_sets; ++k) {
+      Set st{make_buffer(unit.numel, 0), make_buffer(NH, 1e-2f), make_buffer(NH, 0), make_buffer(NH, 1e-4f),
+             make_buffer(NH, 0),         make_buffer(be->layer_act_floats(), 0), make_buffer(unit.numel, 0)};
+      std::copy(unit.master.data(), unit.master.data() + unit.numel, st.w.get());
+      sets.push_back(std::move(st));
+    }
+    Buffer ws = make_buffer(be->layer_workspace_floats(), 0);
+    Status status;
     LayerSample s;
     s.micro_batch = mb;
+    size_t next = 0;
     s.forward_s = best_per_call(
         [&] {
-          if (st.ok()) st = be->layer_forward(w, x.get(), y.get(), a);
+          Set& st = sets[next++ % sets.size()];
+          if (status.ok())
+            status = be->layer_forward(exec::view_unit(unit, st.w.get()), st.x.get(), st.y.get(),
+                                       exec::bind_layer_acts(d, st.acts.get()));
         },
         min_time_s);
+    // Every set's activations now hold a forward's; backward reads them, rotating the same way.
+    for (Set& st : sets)
+      if (status.ok())
+        status = be->layer_forward(exec::view_unit(unit, st.w.get()), st.x.get(), st.y.get(), exec::bind_layer_acts(d, st.acts.get()));
+    next = 0;
     s.backward_s = best_per_call(
         [&] {
-          if (st.ok()) st = be->layer_backward(w, a, dout.get(), dx.get(), g, ws.get());
+          Set& st = sets[next++ % sets.size()];
+          if (status.ok())
+            status = be->layer_backward(exec::view_unit(unit, st.w.get()), exec::bind_layer_acts(d, st.acts.get()),
+                                        st.dout.get(), st.dx.get(), exec::grad_unit(unit, st.grads.get()), ws.get());
         },
         min_time_s);
-    MT_RETURN_IF_ERROR(st);
+    MT_RETURN_IF_ERROR(status);
     out.push_back(s);
   }
   return out;

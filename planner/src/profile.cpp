@@ -437,8 +437,9 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
       progress("layer: " + spec.name() + " decoder layer forward and backward (exec LayerMath on the CPU backend), "
                "micro-batch 1, 2, 4, 8 at seq " + std::to_string(model_seq));
       detail::OtherLoad lload;
+      // The probe builds the model's RAM tier (16 B per parameter): at most a quarter of RAM.
       auto layer = detail::measure_layer(spec, model_seq, {1, 2, 4, 8}, static_cast<int>(host.cores), sz.gemm_min_time_s,
-                                         int64_t{4} << 30);
+                                         static_cast<int64_t>(host.ram_bytes / 64));
       if (layer.ok()) {
         LayerTimes lt;
         const ModelConfig& mc = spec.config();
