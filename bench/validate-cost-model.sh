@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Proves the cost model against measured runs on this machine (issue 5):
-#   1. profiles this machine with megatrain-plan profile (the rig every prediction below uses);
+#   1. profiles this machine with megatrain-plan profile --model small-llama (the rig the round's
+#      predictions use; every round profiles again, since a shared VM's speed drifts over minutes);
 #   2. for a grid of plans of the small model (profiles/models/small-llama.json) that varies
 #      prefetch depth, micro-batch, schedule order, checkpoint interval and location, optimizer
 #      threads, transfer precision and clipping: simulates each plan, trains it with megatrain-exec
@@ -11,9 +12,12 @@
 #   --build DIR  the build folder holding bin/megatrain-plan and bin/megatrain-exec (default: build)
 #   --quick      profile with --quick (about 30 s) instead of the full profile (about 3 minutes)
 #   --steps N    training steps per plan; the first is a warm-up and is not timed (default 4)
+#   --rounds R   profile and run the whole grid R times (default 3); each plan reports the round
+#                with its median error
 #   --out DIR    keep the profile, plans, traces and the table here (default: a temp folder)
-#   --rig FILE   skip profiling and use this rig file (a profile of this machine)
-# The measured step time of a plan is the median of its timed steps (the trace's steps table). The
+#   --rig FILE   skip profiling and use this rig file (a profile of this machine) in every round
+# The measured step time of a plan in a round is the median of its timed steps (the trace's steps
+# table). The
 # "other load" column is the share of the CPUs other processes used during that plan's run: rows
 # measured while the machine was busy are noisy, and the table says so.
 # The runs get the highest scheduling priority when allowed (their own session and autogroup at
@@ -23,6 +27,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 build=$here/build
 quick=""
 steps=4
+rounds=3
 out=""
 rig=""
 while [ $# -gt 0 ]; do
@@ -30,9 +35,10 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --quick) quick=--quick; shift ;;
     --steps) steps=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --rig) rig=$2; shift 2 ;;
-    *) echo "validate-cost-model.sh: unknown argument '$1'; accepted: --build DIR, --quick, --steps N, --out DIR, --rig FILE" >&2; exit 2 ;;
+    *) echo "validate-cost-model.sh: unknown argument '$1'; accepted: --build DIR, --quick, --steps N, --rounds R, --out DIR, --rig FILE" >&2; exit 2 ;;
   esac
 done
 plan_bin=$build/bin/megatrain-plan
@@ -41,6 +47,7 @@ for b in "$plan_bin" "$exec_bin"; do
   [ -x "$b" ] || { echo "validate-cost-model.sh: $b not found; build first (./scripts/test.sh or cmake --build $build)" >&2; exit 2; }
 done
 [ "$steps" -ge 2 ] || { echo "validate-cost-model.sh: --steps must be at least 2 (the first is untimed)" >&2; exit 2; }
+[ "$rounds" -ge 1 ] || { echo "validate-cost-model.sh: --rounds must be at least 1" >&2; exit 2; }
 if [ -z "$out" ]; then
   out=$(mktemp -d)
   trap 'rm -rf "$out"' EXIT
@@ -56,20 +63,16 @@ fi
 data=/usr/share/common-licenses/GPL-3
 [ -r "$data" ] || { yes "the quick brown fox jumps over the lazy dog" | head -c 200000 >"$out/text.txt"; data=$out/text.txt; }
 
-if [ -z "$rig" ]; then
-  echo "== 1. profiling this machine (megatrain-plan profile ${quick:-(full)})" >&2
-  "${nice_cmd[@]}" "$plan_bin" profile $quick --model "$here/profiles/models/small-llama.json" --seq 128 -o "$out/rig.json" >"$out/profile.txt"
-  rig=$out/rig.json
-fi
-rig=$(cd "$(dirname "$rig")" && pwd)/$(basename "$rig")
+if [ -n "$rig" ]; then rig=$(cd "$(dirname "$rig")" && pwd)/$(basename "$rig"); fi
 
-echo "== 2. the grid: simulate, then train each plan for $steps steps" >&2
-/usr/bin/python3 - "$here" "$rig" "$out" "$plan_bin" "$exec_bin" "$data" "$steps" "${nice_cmd[@]}" <<'PY'
+echo "== the grid: $rounds round(s); each round profiles this machine (unless --rig), simulates every plan with that profile and trains each for $steps steps" >&2
+/usr/bin/python3 - "$here" "$rig" "$out" "$plan_bin" "$exec_bin" "$data" "$steps" "$rounds" "$quick" "${nice_cmd[@]}" <<'PY'
 import json, os, resource, sqlite3, statistics, subprocess, sys, time
 
-here, rig, out, plan_bin, exec_bin, data, steps = sys.argv[1:8]
-nice = sys.argv[8:]
+here, fixed_rig, out, plan_bin, exec_bin, data, steps, rounds, quick = sys.argv[1:10]
+nice = sys.argv[10:]
 steps = int(steps)
+rounds = int(rounds)
 cores = len(os.sched_getaffinity(0))
 
 # (name, order, prefetch, buffers, micro_batch, grad_accum, checkpoint_every, location, optimizer threads, transfer, clip)
@@ -93,8 +96,8 @@ def cpu_busy_s():
     return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
 
 
-rows = []
-for (name, order, k, bufs, mb, acc, ck, loc, othreads, transfer, clip) in grid:
+def write_plan(spec, rig, path):
+    (name, order, k, bufs, mb, acc, ck, loc, othreads, transfer, clip) = spec
     plan = {
         "schema": "megatrain.plan/1", "model": os.path.join(here, "profiles/models/small-llama.json"), "rig": rig,
         "training": {"seq_len": 128, "micro_batch": mb, "grad_accum": acc, "steps": steps, "seed": 1, "lr": 1e-3,
@@ -107,41 +110,79 @@ for (name, order, k, bufs, mb, acc, ck, loc, othreads, transfer, clip) in grid:
         "optimizer": {"type": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
                       "m_format": "fp32", "v_format": "fp32", "threads": othreads},
     }
-    path = os.path.join(out, name + ".json")
     with open(path, "w") as f:
         json.dump(plan, f, indent=1)
-    sim = subprocess.run([plan_bin, "simulate", path, "--json"], capture_output=True, text=True)
-    if sim.returncode != 0:
-        sys.exit(f"simulate {name} failed: {sim.stderr}")
-    predicted = json.loads(sim.stdout)
-    trace = os.path.join(out, name + ".mtrace")
-    if os.path.exists(trace):
-        os.remove(trace)
-    busy0, wall0 = cpu_busy_s(), time.monotonic()
-    child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = subprocess.run(nice + [exec_bin, path, "--data", data, "--steps", str(steps), "--threads", str(cores),
-                                 "--trace", trace], capture_output=True, text=True)
-    if run.returncode != 0:
-        sys.exit(f"megatrain-exec {name} failed: {run.stderr}")
-    child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    ours = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
-    other = max(0.0, (cpu_busy_s() - busy0 - ours) / ((time.monotonic() - wall0) * cores))
-    db = sqlite3.connect(trace)
-    times = [t for (t,) in db.execute("select time_s from steps where step >= 1 order by step")]
-    measured = statistics.median(times)
-    err = (predicted["step_time_s"] - measured) / measured
-    rows.append((name, predicted["step_time_s"], measured, min(times), max(times), err, predicted["bottleneck"], other))
-    print(f"  {name:<24} predicted {predicted['step_time_s'] * 1e3:8.1f} ms  measured {measured * 1e3:8.1f} ms"
-          f"  {100 * err:+6.1f}%  (other processes: {100 * other:.0f}% of the CPUs)", file=sys.stderr)
+
+
+# Each round: a fresh profile (the machine's speed drifts by tens of percent over minutes on a
+# shared VM, so a prediction is compared with a run made minutes after its own profile), then
+# every plan simulated with it and trained once.
+results = {spec[0]: [] for spec in grid}  # name -> [(error, predicted, measured, min, max, other, bottleneck)]
+for r in range(rounds):
+    rig = fixed_rig
+    if not rig:
+        rig = os.path.join(out, f"rig.r{r}.json")
+        print(f"  round {r + 1}/{rounds}: megatrain-plan profile {quick or '(full)'} --model small-llama --seq 128",
+              file=sys.stderr)
+        prof = subprocess.run(nice + [plan_bin, "profile"] + ([quick] if quick else []) +
+                              ["--model", os.path.join(here, "profiles/models/small-llama.json"), "--seq", "128", "-o", rig],
+                              capture_output=True, text=True)
+        if prof.returncode != 0:
+            sys.exit(f"profile failed: {prof.stderr}")
+        with open(os.path.join(out, f"profile.r{r}.txt"), "w") as f:
+            f.write(prof.stdout)
+    for spec in grid:
+        name = spec[0]
+        path = os.path.join(out, f"{name}.r{r}.json")
+        write_plan(spec, rig, path)
+        sim = subprocess.run([plan_bin, "simulate", path, "--json"], capture_output=True, text=True)
+        if sim.returncode != 0:
+            sys.exit(f"simulate {name} failed: {sim.stderr}")
+        predicted = json.loads(sim.stdout)
+        trace = os.path.join(out, f"{name}.r{r}.mtrace")
+        if os.path.exists(trace):
+            os.remove(trace)
+        busy0, wall0 = cpu_busy_s(), time.monotonic()
+        child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run = subprocess.run(nice + [exec_bin, path, "--data", data, "--steps", str(steps), "--threads", str(cores),
+                                     "--trace", trace], capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"megatrain-exec {name} failed: {run.stderr}")
+        child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ours = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
+        other = max(0.0, (cpu_busy_s() - busy0 - ours) / ((time.monotonic() - wall0) * cores))
+        db = sqlite3.connect(trace)
+        times = [t for (t,) in db.execute("select time_s from steps where step >= 1 order by step")]
+        measured = statistics.median(times)
+        err = (predicted["step_time_s"] - measured) / measured
+        results[name].append((err, predicted["step_time_s"], measured, min(times), max(times), other, predicted["bottleneck"]))
+        print(f"  round {r + 1}/{rounds} {name:<24} predicted {predicted['step_time_s'] * 1e3:8.1f} ms  measured"
+              f" {measured * 1e3:8.1f} ms  {100 * err:+6.1f}%  (other processes: {100 * other:.0f}% of the CPUs)",
+              file=sys.stderr)
+
+# Per plan, the round with the median error (rounds sorted by error; the middle one, or the lower
+# middle for an even count), so that one disturbed round neither helps nor hurts.
+rows = []
+for spec in grid:
+    name = spec[0]
+    ordered = sorted(results[name])
+    e, p, m, lo, hi, other, bn = ordered[(len(ordered) - 1) // 2]
+    errs = [x[0] for x in results[name]]
+    rows.append((name, p, m, min(errs), max(errs), e, bn, other))
 
 mape = 100 * statistics.mean(abs(r[5]) for r in rows)
-lines = ["| plan | predicted step | measured step (median, min-max) | error | bottleneck (predicted) | other load |",
-         "|---|---|---|---|---|---|"]
+lines = ["| plan | predicted step | measured step (median of its steps) | error (median round) | errors of all rounds | bottleneck (predicted) | other load |",
+         "|---|---|---|---|---|---|---|"]
 for (name, p, m, lo, hi, err, bn, other) in rows:
-    lines.append(f"| {name} | {p * 1e3:.1f} ms | {m * 1e3:.1f} ms ({lo * 1e3:.1f}-{hi * 1e3:.1f}) | {100 * err:+.1f}% | {bn} |"
-                 f" {100 * other:.0f}% |")
+    lines.append(f"| {name} | {p * 1e3:.1f} ms | {m * 1e3:.1f} ms | {100 * err:+.1f}% | {100 * lo:+.1f}% .. {100 * hi:+.1f}% |"
+                 f" {bn} | {100 * other:.0f}% |")
 lines.append("")
-lines.append(f"MAPE over {len(rows)} plans: {mape:.1f}% (target: 10% or less) - {'met' if mape <= 10 else 'MISSED'}")
+for r in range(rounds):
+    errs = [results[spec[0]][r][0] for spec in grid]
+    lines.append(f"round {r + 1}: MAPE {100 * statistics.mean(abs(e) for e in errs):.1f}%, mean signed error "
+                 f"{100 * statistics.mean(errs):+.1f}% (a round's errors share a sign when the machine's speed moved "
+                 f"between its profile and its runs)")
+lines.append(f"MAPE over {len(rows)} plans, each at its median round: {mape:.1f}% (target: 10% or less) - {'met' if mape <= 10 else 'MISSED'}")
 text = "\n".join(lines)
 print(text)
 with open(os.path.join(out, "validation.md"), "w") as f:
