@@ -60,7 +60,11 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
         best = &a;
     }
     if (!best) return 0;
-    return best->params_per_s.value * static_cast<double>(threads) / static_cast<double>(best->threads);
+    // Linear in threads from the nearest measurement, but never past the cores (or past the
+    // measured thread count, when the profile measured more threads than cores): more threads than
+    // cores share them.
+    const int64_t usable = std::min(threads, std::max(rig.host.cores, best->threads));
+    return best->params_per_s.value * static_cast<double>(usable) / static_cast<double>(best->threads);
   };
   const StateFormat slow = bytes_per_param(plan.optimizer.m_format, block) >= bytes_per_param(plan.optimizer.v_format, block)
                                ? plan.optimizer.v_format : plan.optimizer.m_format;

@@ -177,6 +177,17 @@ TEST(StepModelCosts, SyntheticFiguresGiveHandComputedCosts) {
   EXPECT_LT(cost.embed_forward_time() + cost.embed_backward_time(), 1e-15);
 }
 
+TEST(StepModelCosts, AdamScalesWithThreadsUpToTheCoresOnly) {
+  RigFigures f;
+  f.adam = 2e9;  // measured at f.cores = 4 threads
+  const Sim s = simulate_plan({}, f);
+  Plan p = s.plan;
+  p.optimizer.threads = 2;  // below the measurement: the rate of 4 threads scaled down
+  EXPECT_DOUBLE_EQ(CostModel(p, s.model, s.rig).adam_rate(), 1e9);
+  p.optimizer.threads = 16;  // more threads than the 4 cores share them: no faster than 4
+  EXPECT_DOUBLE_EQ(CostModel(p, s.model, s.rig).adam_rate(), 2e9);
+}
+
 TEST(StepModelCosts, AnAttentionCurveAndBackwardRatioReplaceTheGemmRuleForAttention) {
   const Sim s = simulate_plan({}, RigFigures{});
   HardwareProfile rig = s.rig;
