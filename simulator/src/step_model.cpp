@@ -135,7 +135,6 @@ class Builder {
   TaskId stream_in(std::vector<PassUnit>& pass, size_t i) {
     const int32_t u = pass[i].unit;
     const double bytes = static_cast<double>(s_.streamed[static_cast<size_t>(u)]) * s_.tb;
-    const int64_t device_bytes = ceil_i(static_cast<double>(s_.streamed[static_cast<size_t>(u)]) * std::max(s_.cb, s_.tb));
     TaskId read = -1;
     if (s_.stream_from_nvme) {  // fp32 master on NVMe: read into pinned staging, then DMA
       read = task(id_.nvme_r, cost_.nvme_read_time(bytes), kNvmeRead, u, -1, ceil_i(bytes));
@@ -146,8 +145,7 @@ class Builder {
     }
     TaskId h = task(id_.h2d, cost_.h2d_time(bytes), kH2DWeights, u, -1, ceil_i(bytes));
     dma(h, bytes, cost_.h2d_time(bytes));
-    e_.acquire(h, id_.mem_slots, 1);
-    e_.acquire(h, id_.mem_device, device_bytes);
+    e_.acquire(h, id_.mem_slots, 1);  // the slot's bytes are carved at start-up (device_static)
     if (read >= 0) {
       after(read, h);
       e_.release(h, id_.mem_staging, ceil_i(bytes));
@@ -211,8 +209,6 @@ class Builder {
       for (TaskId g : uses_[static_cast<size_t>(pass[i].unit)]) after(h, g);
       if (pass[i].last_use >= 0) {
         e_.release(pass[i].last_use, id_.mem_slots, 1);
-        e_.release(pass[i].last_use, id_.mem_device,
-                   ceil_i(static_cast<double>(s_.streamed[static_cast<size_t>(pass[i].unit)]) * std::max(s_.cb, s_.tb)));
       }
     }
     restores_.clear();
@@ -578,7 +574,13 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   for (const auto& d : rig.storage) nvme_capacity += d.capacity_bytes.value;
   const double device_budget = plan.placement.device_budget_bytes > 0 ? static_cast<double>(plan.placement.device_budget_bytes)
                                                                        : rig.gpu.memory_bytes.value;
-  const double device_static = static_cast<double>(device_reserve(device_budget)) + 2.0 * static_cast<double>(a_hidden * s.hidden);
+  // The layer buffers are carved once, as the executor's arena does: device_layer_buffers slots,
+  // each the size of the largest streamed unit in the device's weight dtype.
+  double largest_streamed = 0;
+  for (int64_t n_u : s.streamed) largest_streamed = std::max(largest_streamed, static_cast<double>(n_u));
+  const double slot_bytes = static_cast<double>(plan.schedule.device_layer_buffers) * largest_streamed * std::max(s.cb, s.tb);
+  const double device_static =
+      static_cast<double>(device_reserve(device_budget)) + 2.0 * static_cast<double>(a_hidden * s.hidden) + slot_bytes;
   res.capacity_bytes = {static_cast<int64_t>(device_budget), static_cast<int64_t>(rig.host.pinnable_bytes.value),
                         static_cast<int64_t>(rig.host.ram_bytes.value), static_cast<int64_t>(nvme_capacity)};
   res.peak_bytes = {ceil_i(device_static), ceil_i(pinned), ceil_i(ram), ceil_i(nvme)};
@@ -601,7 +603,7 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   {
     double unit_max = 0;
     for (size_t u = 0; u < s.streamed.size(); ++u)
-      unit_max = std::max(unit_max, static_cast<double>(s.streamed[u]) * (std::max(s.cb, s.tb) + 4));
+      unit_max = std::max(unit_max, static_cast<double>(s.streamed[u]) * 4);  // its fp32 gradient accumulator
     const double logits = 4.0 * static_cast<double>(s.T * s.V);
     const double need = device_static + unit_max + std::max(logits, static_cast<double>(s.full_act)) +
                         (s.c == 0 ? static_cast<double>(s.L * a_hidden * s.full_act) : 0);
