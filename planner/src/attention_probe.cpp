@@ -2,11 +2,11 @@
 #include "detail/attention_probe.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <memory>
 
+#include "detail/profile_probes.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/model.h"
@@ -19,8 +19,6 @@
 namespace megatrain::planner::detail {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
 };
@@ -31,24 +29,6 @@ Buffer make_buffer(int64_t n, float scale) {
   Buffer b(static_cast<float*>(std::aligned_alloc(64, bytes)));
   for (int64_t i = 0; i < n; ++i) b.get()[i] = scale * static_cast<float>((i * 37) % 101 - 50);
   return b;
-}
-
-// Best seconds per call over batches of calls, at least min_time_s in all (and 3 batches).
-template <typename F>
-double best_per_call(F&& f, double min_time_s) {
-  f();  // warm-up: first touch, thread wake-up
-  double best = 1e300, total = 0;
-  int64_t calls = 1;
-  for (int batch = 0; batch < 3 || total < min_time_s; ++batch) {
-    const auto t0 = Clock::now();
-    for (int64_t c = 0; c < calls; ++c) f();
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    total += dt;
-    best = std::min(best, dt / static_cast<double>(calls));
-    if (dt < 0.02) calls *= 2;
-    if (batch > 1000) break;
-  }
-  return best;
 }
 
 }  // namespace

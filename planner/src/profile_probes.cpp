@@ -63,27 +63,6 @@ double self_cpu_s() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
-// Times `call` (one operation) in batches: returns the best per-call time of batches that together
-// last at least min_time_s (a warm-up call first, counted as a batch of one, then at least one batch).
-template <typename F>
-double best_per_call(F&& call, double min_time_s) {
-  auto t0 = Clock::now();
-  call();
-  double best = seconds_since(t0);
-  const double batch_target = std::max(min_time_s / 5, 1e-4);
-  const int64_t batch = std::clamp<int64_t>(static_cast<int64_t>(batch_target / std::max(best, 1e-9)), 1, 1 << 20);
-  double total = best;
-  for (int b = 0; b < 1 || total < min_time_s; ++b) {
-    t0 = Clock::now();
-    for (int64_t i = 0; i < batch; ++i) call();
-    const double dt = seconds_since(t0);
-    total += dt;
-    best = std::min(best, dt / static_cast<double>(batch));
-    if (b > 1000) break;
-  }
-  return best;
-}
-
 }  // namespace
 
 OtherLoad::OtherLoad() : wall0_(Clock::now()), busy0_(machine_busy_s()), self0_(self_cpu_s()) {}

@@ -2,6 +2,7 @@
 // timings; profile.cpp turns them into fits and a HardwareProfile. Not a public header.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -25,6 +26,29 @@ struct HostInfo {
   double memlock_bytes = -1;  // RLIMIT_MEMLOCK soft limit; -1 = unlimited
 };
 HostInfo host_info();
+
+// Times `call` (one operation) in batches: returns the best per-call time of batches that together
+// last at least min_time_s (a warm-up call first, counted as a batch of one, then at least one batch).
+template <typename F>
+inline double best_per_call(F&& call, double min_time_s) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
+  auto t0 = Clock::now();
+  call();
+  double best = seconds_since(t0);
+  const double batch_target = std::max(min_time_s / 5, 1e-4);
+  const int64_t batch = std::clamp<int64_t>(static_cast<int64_t>(batch_target / std::max(best, 1e-9)), 1, 1 << 20);
+  double total = best;
+  for (int b = 0; b < 1 || total < min_time_s; ++b) {
+    t0 = Clock::now();
+    for (int64_t i = 0; i < batch; ++i) call();
+    const double dt = seconds_since(t0);
+    total += dt;
+    best = std::min(best, dt / static_cast<double>(batch));
+    if (b > 1000) break;
+  }
+  return best;
+}
 
 // Thread counts a probe sweeps: 1, 2, 4, ... up to `cores`, and `cores` itself.
 std::vector<int> thread_counts(int64_t cores);
