@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
                  "compute threads of the CPU backend (default: every core this process may run on, as megatrain-plan "
                  "profile measures them)")
       ->check(CLI::Range(1, 256));
+  double pinned_limit_gib = -1;
+  app.add_option("--pinned-limit-gib", pinned_limit_gib,
+                 "most host memory (GiB) the CUDA backend may page-lock for copies (default: half of RAM); the rest of "
+                 "the RAM tier is copied from pageable memory, more slowly")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_flag("--in-memory", reference, "run the plain in-memory loop instead of the streamed pipeline (the reference)");
   try {
     app.parse(argc, argv);
@@ -140,6 +145,7 @@ int main(int argc, char** argv) {
   opt.streamed = !reference;
   opt.threads = threads > 0 ? threads : usable_cores();
   opt.backend = backend;
+  opt.pinned_limit_bytes = pinned_limit_gib >= 0 ? static_cast<int64_t>(pinned_limit_gib * 1073741824.0) : -1;
   opt.record_trace = !trace_path.empty();
   auto trainer = exec::Trainer::create(*plan, *model, state, *loader, opt);
   if (!trainer.ok()) return fail(trainer.status());
@@ -159,6 +165,7 @@ int main(int argc, char** argv) {
                 plan->placement.device_budget_bytes > 0
                     ? format_bytes(static_cast<double>(plan->placement.device_budget_bytes)).c_str()
                     : "the rig's whole");
+  if (const std::string pinned = (*trainer)->pinned_report(); !pinned.empty()) std::printf("%s\n", pinned.c_str());
   const std::string plan_text = plan->to_json_text();
   auto save = [&](int64_t next_step) -> Status {
     exec::CheckpointInfo info;

@@ -156,7 +156,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_cpu_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options) {
+namespace {
+Result<std::vector<float>> inv_freq_for(const ModelSpec& model) {
   const ModelConfig& mc = model.config();
   cpu::RopeConfig rc;
   rc.head_dim = mc.head_dim;
@@ -166,7 +167,12 @@ Result<std::unique_ptr<Backend>> make_cpu_backend(const ModelSpec& model, const 
   rc.low_freq_factor = mc.rope_low_freq_factor;
   rc.high_freq_factor = mc.rope_high_freq_factor;
   rc.original_max_position_embeddings = mc.rope_original_max_position;
-  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, cpu::rope_inv_freq<float>(rc));
+  return cpu::rope_inv_freq<float>(rc);
+}
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cpu_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options) {
+  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, inv_freq_for(model));
   return std::unique_ptr<Backend>(new CpuBackend(dims, options.threads, std::move(inv_freq)));
 }
 
@@ -181,16 +187,29 @@ std::string cuda_unavailable_reason() {
 #endif
 }
 
+#if !defined(MEGATRAIN_HAVE_CUDA)
+bool have_cuda_backend() { return false; }
+Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec&, const Dims&, const BackendOptions&, std::vector<float>) {
+  return unsupported("this build has no CUDA backend (configured with MEGATRAIN_CUDA=OFF or without nvcc); accepted: "
+                     "--backend cpu");
+}
+#endif
+
 Result<std::unique_ptr<Backend>> make_backend(const std::string& name, const ModelSpec& model, const Dims& dims,
                                               const BackendOptions& options) {
-  if (name == "cpu" || name == "auto") return make_cpu_backend(model, dims, options);
+  bool use_cuda = false;
   if (name == "cuda") {
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) return unavailable("--backend cuda: no usable GPU: " + why + "; accepted here: --backend cpu (or auto)");
-    return unsupported("--backend cuda: a GPU is present, but this build trains on the CPU backend only (the CUDA "
-                       "training backend is issue 7); accepted: --backend cpu or auto");
+    use_cuda = true;
+  } else if (name == "auto") {
+    use_cuda = have_cuda_backend() && cuda_unavailable_reason().empty();
+  } else if (name != "cpu") {
+    return invalid_argument("backend '" + name + "' is unknown; accepted: auto, cpu, cuda");
   }
-  return invalid_argument("backend '" + name + "' is unknown; accepted: auto, cpu, cuda");
+  if (!use_cuda) return make_cpu_backend(model, dims, options);
+  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, inv_freq_for(model));
+  return make_cuda_backend(model, dims, options, std::move(inv_freq));
 }
 
 }  // namespace megatrain::exec

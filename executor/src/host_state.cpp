@@ -1,7 +1,10 @@
 // Building the per-unit RAM tier from a ModelSpec, and seeded HF-style initialisation.
 #include "megatrain/executor/host_state.h"
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "megatrain/executor/optimizer.h"
 
@@ -78,15 +81,26 @@ void HostState::init_random(uint64_t seed, double std) {
         continue;
       }
       // Box-Muller on a counter-based stream: element i's value depends only on (seed, name, i).
-      uint64_t state = seed ^ hash_name(t.name);
-      const double kTwoPi = 6.283185307179586;
-      for (int64_t i = 0; i < t.numel; i += 2) {
-        const double u1 = (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
-        const double u2 = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
-        const double r = std::sqrt(-2.0 * std::log(u1));
-        w[i] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
-        if (i + 1 < t.numel) w[i + 1] = static_cast<float>(std * r * std::sin(kTwoPi * u2));
-      }
+      // splitmix64 advances its state by a constant, so a thread can start anywhere in the stream:
+      // pair p uses draws 2p and 2p + 1. Threads split the pairs; the values do not change.
+      const uint64_t state0 = seed ^ hash_name(t.name);
+      const int64_t pairs = (t.numel + 1) / 2;
+      auto fill = [&, w, state0](int64_t p0, int64_t p1) {
+        uint64_t state = state0 + static_cast<uint64_t>(2 * p0) * 0x9e3779b97f4a7c15ull;
+        const double kTwoPi = 6.283185307179586;
+        for (int64_t i = 2 * p0; i < 2 * p1; i += 2) {
+          const double u1 = (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
+          const double u2 = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+          const double r = std::sqrt(-2.0 * std::log(u1));
+          w[i] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
+          if (i + 1 < t.numel) w[i + 1] = static_cast<float>(std * r * std::sin(kTwoPi * u2));
+        }
+      };
+      const int64_t n_threads = std::clamp<int64_t>(pairs / (int64_t{1} << 20), 1, std::max(1u, std::thread::hardware_concurrency()));
+      std::vector<std::thread> workers;
+      for (int64_t k = 1; k < n_threads; ++k) workers.emplace_back(fill, pairs * k / n_threads, pairs * (k + 1) / n_threads);
+      fill(0, pairs / n_threads);
+      for (auto& th : workers) th.join();
     }
   }
   refresh_stream();

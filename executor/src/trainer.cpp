@@ -21,6 +21,7 @@
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/model.h"
 #include "megatrain/executor/optimizer.h"
+#include "nvtx_range.h"
 
 namespace megatrain::exec {
 namespace {
@@ -113,8 +114,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.data = &data;
   I.opt = options;
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
-  if (plan.precision.compute != DType::kFp32)
-    return unsupported("precision.compute: the CPU backend computes in fp32; accepted: fp32 (bf16 compute is the CUDA backend's)");
   if (plan.placement.master_weights != "ram" || plan.placement.optimizer_states != "ram")
     return unsupported("placement: the CPU executor keeps all state in RAM so far; accepted: ram for master_weights and optimizer_states");
   if (plan.optimizer.m_format != StateFormat::kFp32 || plan.optimizer.v_format != StateFormat::kFp32)
@@ -135,7 +134,18 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                        std::to_string(mc.sliding_window));
   BackendOptions bo;
   bo.threads = options.threads;
-  MT_ASSIGN_OR_RETURN(I.be, make_backend(options.backend, model, I.d, bo));
+  bo.transfer = state.transfer();
+  bo.compute = plan.precision.compute;
+  bo.pinned_limit_bytes = options.pinned_limit_bytes;
+  // The in-memory loop is the CPU reference: "auto" means the CPU backend there.
+  MT_ASSIGN_OR_RETURN(I.be, make_backend(!options.streamed && options.backend == "auto" ? "cpu" : options.backend, model, I.d, bo));
+  if (I.be->name() == "cpu" && plan.precision.compute != DType::kFp32) {
+    const std::string why = cuda_unavailable_reason();
+    return unsupported("precision.compute " + std::string(dtype_name(plan.precision.compute)) +
+                       ": the CPU backend computes in fp32, and bf16 compute is the CUDA backend's" +
+                       (why.empty() ? std::string(" (pass --backend cuda or auto)") : " (no GPU here: " + why + ")") +
+                       "; accepted on the CPU backend: precision.compute fp32");
+  }
   if (!options.streamed && I.be->name() != "cpu")
     return unsupported("the plain in-memory loop is the CPU reference; accepted: backend cpu with --in-memory");
 
@@ -162,7 +172,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     b.activations = floats_to_bytes(act_sets * act_floats);
     b.gradients = floats_to_bytes(grad_sets * max_layer + state.units()[0].numel +
                                   state.units()[static_cast<size_t>(I.L + 1)].numel + (d.tied ? d.V * d.H : 0));
-    b.workspace = floats_to_bytes(ws_floats + NH);
+    b.workspace = floats_to_bytes(ws_floats + NH) + I.be->private_bytes();
     const int64_t budget = plan.placement.device_budget_bytes;
     if (budget > 0 && b.total() > budget)
       return resource_exhausted(
@@ -217,6 +227,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     I.h2d = std::make_unique<WorkQueue>();
     I.d2h = std::make_unique<WorkQueue>();
     I.optim = std::make_unique<WorkQueue>();
+    // Page-lock what the copy streams read and write (a no-op on the CPU backend): each unit's
+    // streamed weights and its gradient, and the host checkpoints.
+    for (UnitState& us : state.units()) {
+      if (state.transfer() == DType::kBf16)
+        MT_RETURN_IF_ERROR(I.be->register_host(us.stream_bf16.data(), 2 * us.numel, "streamed weights"));
+      else
+        MT_RETURN_IF_ERROR(I.be->register_host(us.master.data(), 4 * us.numel, "streamed weights"));
+      MT_RETURN_IF_ERROR(I.be->register_host(us.grad.data(), 4 * us.numel, "gradients"));
+    }
+    MT_RETURN_IF_ERROR(I.be->register_host(I.host_ckpt_store.data(), 4 * I.host_ckpt_store.size(), "host checkpoints"));
   } else {
     // The in-memory loop keeps every activation of every micro-batch; it is the reference, not a
     // way to train big models.
@@ -239,11 +259,13 @@ void Trainer::wait_for_updates() {
 }
 const DeviceBudget& Trainer::budget() const { return impl_->budget; }
 std::string Trainer::backend_description() const { return impl_->be->describe(); }
+std::string Trainer::pinned_report() const { return impl_->be->pinned_report(); }
 
 namespace {
 
 // AdamW for one unit, tensor by tensor (weight decay only on matrices and the embedding).
 void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
+  const NvtxRange range("optimizer");
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
   const OptimizerConfig& o = I.plan.optimizer;
   const double lr = learning_rate(I.plan.training, step);
@@ -580,7 +602,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   int cur = 0;
   for (int64_t l = 1; l <= I.L; ++l, ++li) {
     const float* w = acquire(li);
-    const UnitView v = view_unit(units(l), w);
+    const UnitView v = be.view_weights(units(l), w);
     const bool keep_input = I.c > 0 && (l - 1) % I.c == 0;
     for (int64_t j = 0; j < AR; ++j) {
       float* x_in = I.hid[cur][static_cast<size_t>(j)];
@@ -610,7 +632,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         });
       }
       float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-      MT_RETURN_IF_ERROR(be.layer_forward(v, x_in, x_out, bind_layer_acts(d, act)));
+      MT_RETURN_IF_ERROR(be.layer_forward(v, x_in, x_out, be.bind_acts(act)));
       compute_span("fwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "forward", l, j0 + j, a);
     }
     release(li);
@@ -629,11 +651,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     const UnitState& hu = units(I.L + 1);
     be.fill_zero(kC, I.head_grad, hu.numel);
     if (d.tied) be.fill_zero(kC, I.tied_grad, d.V * d.H);
-    const float* lm = d.tied ? table : w_head + hu.find(TensorRole::kHead)->offset;
+    const UnitView hv = be.view_weights(hu, w_head);
+    const float* lm = d.tied ? be.view_weights(units(0), table)[TensorRole::kEmbedding] : hv[TensorRole::kHead];
     float* dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
     for (int64_t j = 0; j < AR; ++j) {
       const auto a = Clock::now();
-      MT_RETURN_IF_ERROR(be.head(w_head + hu.find(TensorRole::kFinalNorm)->offset, lm, I.hid[cur][static_cast<size_t>(j)],
+      MT_RETURN_IF_ERROR(be.head(hv[TensorRole::kFinalNorm], lm, I.hid[cur][static_cast<size_t>(j)],
                                  I.targets[static_cast<size_t>(j0 + j)].data(), grad_scale, I.dhid[static_cast<size_t>(j)],
                                  I.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, &loss_sum, &count, I.ws));
       compute_span("head mb" + std::to_string(j0 + j), "head", I.L + 1, j0 + j, a);
@@ -672,8 +695,8 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         for (int64_t l = lo; l <= hi; ++l) {
           const auto a = Clock::now();
           float* out = l == hi ? I.x_scratch : I.acts[static_cast<size_t>(l - lo + 1)];  // next layer's acts.x
-          const LayerActs acts = bind_layer_acts(d, I.acts[static_cast<size_t>(l - lo)]);
-          MT_RETURN_IF_ERROR(be.layer_forward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), l == lo ? x : acts.x, out, acts));
+          const LayerActs acts = be.bind_acts(I.acts[static_cast<size_t>(l - lo)]);
+          MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w[static_cast<size_t>(l - lo)]), l == lo ? x : acts.x, out, acts));
           if (l == lo) be.record(kC, *consumed[r]);
           compute_span("recompute L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "recompute", l, j0 + j, a);
         }
@@ -682,7 +705,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         const auto a = Clock::now();
         float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
         float* dx = I.dhid[static_cast<size_t>(j)];
-        MT_RETURN_IF_ERROR(be.layer_backward(view_unit(units(l), w[static_cast<size_t>(l - lo)]), bind_layer_acts(d, act), dx, dx,
+        MT_RETURN_IF_ERROR(be.layer_backward(be.view_weights(units(l), w[static_cast<size_t>(l - lo)]), be.bind_acts(act), dx, dx,
                                              grad_unit(units(l), gb[static_cast<size_t>(l - lo)].first), I.ws));
         compute_span("bwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "backward", l, j0 + j, a);
       }
@@ -742,7 +765,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
 Status Trainer::write_trace(const std::filesystem::path& path, const std::string& plan_json) const {
   const Impl& I = *impl_;
   if (I.optim) I.optim->synchronize();  // the optimizer's last spans
-  MT_ASSIGN_OR_RETURN(auto w, TraceWriter::create(path, {{"source", "measured"}, {"plan", plan_json}, {"backend", "cpu"}}));
+  MT_ASSIGN_OR_RETURN(auto w, TraceWriter::create(path, {{"source", "measured"}, {"plan", plan_json}, {"backend", I.be->name()}}));
   const char* names[kLaneCount] = {"GPU compute", "H2D", "D2H", "CPU optimizer"};
   const char* kinds[kLaneCount] = {"gpu", "h2d", "d2h", "cpu"};
   std::vector<int64_t> lane(kLaneCount);

@@ -44,7 +44,8 @@ INSTANTIATE_TEST_SUITE_P(Models, PublishedCount,
                          ::testing::Values(Published{"llama-2-7b", 6738415616}, Published{"llama-2-70b", 68976648192},
                                            Published{"llama-3-8b", 8030261248}, Published{"llama-3-70b", 70553706496},
                                            Published{"mistral-7b", 7241732096}, Published{"qwen2.5-7b", 7615616512},
-                                           Published{"qwen2.5-72b", 72706203648}),
+                                           Published{"qwen2.5-72b", 72706203648},
+                                           Published{"tinyllama-1.1b", 1100048384}),
                          [](const auto& param_info) {
                            std::string n = param_info.param.name;
                            for (auto& ch : n)

@@ -41,6 +41,9 @@ class Event {
  public:
   Event() = default;
   explicit Event(bool signalled) : signalled_(signalled) {}
+  ~Event() {
+    if (native != nullptr && release_native != nullptr) release_native(native);
+  }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   void signal() {
@@ -62,7 +65,9 @@ class Event {
     std::unique_lock<std::mutex> l(m_);
     cv_.wait(l, [&] { return signalled_; });
   }
+  // Created by the backend's first record() and destroyed with the Event.
   void* native = nullptr;
+  void (*release_native)(void*) = nullptr;
 
  private:
   mutable std::mutex m_;
@@ -113,6 +118,14 @@ class Arena {
 
 struct BackendOptions {
   int threads = 1;  // compute threads (CPU backend)
+  // The dtype weights are streamed in, and the plan's compute dtype. The CUDA backend computes in
+  // bf16 (the mixed-precision path: bf16 GEMM inputs and activations, fp32 accumulation, fp32
+  // residual stream and gradients; weights streamed in bf16) or fp32 (the exact path; weights
+  // streamed in fp32). The CPU backend computes in fp32 from either transfer dtype.
+  DType transfer = DType::kFp32;
+  DType compute = DType::kFp32;
+  // The most host memory the backend may page-lock (register) for copies; -1: half of physical RAM.
+  int64_t pinned_limit_bytes = -1;
 };
 
 class Backend {
@@ -162,6 +175,26 @@ class Backend {
   virtual int64_t layer_workspace_floats() const = 0;
   virtual int64_t head_workspace_floats() const = 0;
 
+  // ---- layouts: how the backend reads a unit's weights in a device buffer and a layer's saved
+  // activations (a backend computing in bf16 keeps both in bf16; the pointers keep the float type
+  // of the table and are reinterpreted by that backend). acts.x is always first and fp32.
+  virtual UnitView view_weights(const UnitState& layout, const float* block) const { return view_unit(layout, block); }
+  virtual LayerActs bind_acts(float* base) const { return bind_layer_acts(dims_, base); }
+  // Device bytes the backend keeps for itself inside the arena (library workspaces, token buffers,
+  // attention blocks); create_arena(bytes) must be given them on top of the pipeline's buffers.
+  virtual int64_t private_bytes() const { return 0; }
+
+  // ---- host memory
+  // Page-locks a host buffer that copies read or write (the RAM tier's streamed weights and
+  // gradients), within BackendOptions::pinned_limit_bytes; beyond the limit the buffer stays
+  // pageable (slower copies), which pinned_report() says. A no-op on the CPU backend.
+  virtual Status register_host(void* p, int64_t bytes, const char* what) {
+    (void)p, (void)bytes, (void)what;
+    return {};
+  }
+  // One line on pinned host memory ("" when the backend pins nothing).
+  virtual std::string pinned_report() const { return ""; }
+
  protected:
   explicit Backend(const Dims& d) : dims_(d) {}
   Dims dims_;
@@ -177,5 +210,11 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& name, const Mod
 // The CPU backend: streams are host threads, device memory is an aligned region of host RAM
 // bounded by the arena, ops are kernels/cpu (Eigen GEMMs), deterministic for a thread count.
 Result<std::unique_ptr<Backend>> make_cpu_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options);
+// The CUDA backend (kernels/cuda, cuBLAS): three CUDA streams with events, the arena in device
+// memory, the RAM tier's buffers page-locked within a bound. Only in builds with CUDA.
+Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options,
+                                                   std::vector<float> inv_freq);
+// Whether this build has the CUDA training backend.
+bool have_cuda_backend();
 
 }  // namespace megatrain::exec

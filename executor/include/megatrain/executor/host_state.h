@@ -15,7 +15,7 @@
 
 namespace megatrain::exec {
 
-// 64-byte aligned array that never copies implicitly.
+// 64-byte (page, from 64 KiB) aligned array that never copies implicitly.
 template <typename T>
 class AlignedArray {
  public:
@@ -23,8 +23,12 @@ class AlignedArray {
   explicit AlignedArray(int64_t n) { resize(n); }
   void resize(int64_t n) {
     n_ = n;
-    const size_t bytes = ((static_cast<size_t>(n) * sizeof(T) + 63) / 64) * 64;
-    p_.reset(bytes ? static_cast<T*>(std::aligned_alloc(64, bytes)) : nullptr);
+    // Arrays of 64 KiB or more own whole pages, so that the CUDA backend can page-lock each one
+    // (cudaHostRegister) without two registrations sharing a page.
+    const size_t raw = static_cast<size_t>(n) * sizeof(T);
+    const size_t align = raw >= (size_t{64} << 10) ? 4096 : 64;
+    const size_t bytes = (raw + align - 1) / align * align;
+    p_.reset(bytes ? static_cast<T*>(std::aligned_alloc(align, bytes)) : nullptr);
     for (int64_t i = 0; i < n; ++i) p_.get()[i] = T{};
   }
   T* data() { return p_.get(); }

@@ -40,6 +40,9 @@ UnitGrad grad_unit(const UnitState& layout, float* block);
 // What backward needs from one layer's forward for one micro-batch.
 struct LayerActs {
   float *x, *rstd1, *xn1, *q, *k, *v, *probs, *attn, *h, *rstd2, *xn2, *gate, *up, *act;
+  // The log-sum-exp of each attention row [B, n_heads, T], kept instead of probs by a backend whose
+  // attention recomputes the probabilities (CUDA); null on the CPU backend.
+  float* lse = nullptr;
 };
 int64_t layer_act_floats(const Dims& d);
 LayerActs bind_layer_acts(const Dims& d, float* base);

@@ -32,6 +32,7 @@ struct TrainerOptions {
   bool streamed = true;   // false: the plain in-memory loop (the reference)
   int threads = 1;        // compute threads of the CPU backend
   std::string backend = "cpu";  // auto | cpu | cuda (make_backend in backend.h)
+  int64_t pinned_limit_bytes = -1;  // page-locked host memory of the CUDA backend; -1: half of RAM
   bool record_trace = false;
 };
 
@@ -60,6 +61,8 @@ class Trainer {
   const DeviceBudget& budget() const;
   // The backend in use, in words ("CPU backend (2 compute threads)").
   std::string backend_description() const;
+  // Page-locked host memory, in words ("" on the CPU backend).
+  std::string pinned_report() const;
   // Writes every recorded span (compute, copies, optimizer, stalls), the steps and the memory
   // counters to a trace (needs record_trace).
   Status write_trace(const std::filesystem::path& path, const std::string& plan_json) const;

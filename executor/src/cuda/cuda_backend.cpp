@@ -1,0 +1,630 @@
+// The CUDA backend: the backend table (backend.h) on a GPU, with the ops of kernels/cuda and
+// GEMMs on cuBLAS. The pipeline above it (trainer.cpp) is the same as on the CPU backend.
+//
+// Streams and events. Three CUDA streams (compute, H2D, D2H). record(s, e) records a CUDA event on
+// stream s and signals the host Event; wait(s, e) waits for the host signal (the record has been
+// issued) and then makes stream s wait for the CUDA event on the device. The pipeline synchronises
+// a copy stream after each copy, and every op on the compute stream returns once its kernels are
+// done, so the spans the trainer records are the GPU's real busy times: the cost is one host round
+// trip per layer (tens of microseconds against milliseconds of layer compute).
+//
+// Precision. T is the dtype the weights are streamed in. bf16 is the mixed-precision path: weights,
+// GEMM inputs and the attention/MLP activations in bf16, fp32 accumulation in every GEMM, and fp32
+// for the residual stream (the hidden states between layers), the norms' statistics, the
+// log-sum-exp rows and all gradients (accumulated in fp32 on the device, then copied to the fp32
+// RAM tier). fp32 is the exact path: everything fp32, no TF32, equal to the CPU backend to rounding.
+//
+// Memory. One cudaMalloc of the arena at start-up, capped by the plan's device budget: the
+// pipeline's buffers, then this backend's private region (the cuBLAS workspace, token buffers, the
+// attention blocks). The RAM tier's streamed weights and gradients are page-locked with
+// cudaHostRegister up to a limit, counted and reported.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "cuda/attention.cuh"
+#include "cuda/cast.cuh"
+#include "cuda/cross_entropy.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/embedding.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/reduce.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/swiglu.cuh"
+#include "megatrain/core/units.h"
+#include "megatrain/executor/backend.h"
+#include "megatrain/kernels/cuda_device.h"
+
+namespace megatrain::exec {
+
+namespace {
+
+using cuda::bf16;
+
+constexpr int64_t kAlign = 256;
+constexpr int64_t kBlasWorkspace = int64_t{32} << 20;     // cuBLAS's recommendation for Hopper
+constexpr int64_t kAttentionBudget = int64_t{256} << 20;  // attention score blocks
+constexpr int64_t kLogitElems = int64_t{16} << 20;        // logits of one vocabulary chunk
+constexpr int64_t kPinMinBytes = int64_t{64} << 10;       // smaller buffers are not worth pinning
+
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Carves consecutive 256-byte aligned regions out of a base pointer (or just sums their sizes).
+class Carver {
+ public:
+  explicit Carver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+  template <typename U>
+  U* take(int64_t n) {
+    U* p = base_ ? reinterpret_cast<U*>(base_ + used_) : nullptr;
+    used_ += align_up(n * static_cast<int64_t>(sizeof(U)));
+    return p;
+  }
+  int64_t bytes() const { return used_; }
+
+ private:
+  char* base_;
+  int64_t used_ = 0;
+};
+
+int64_t floats_of(int64_t bytes) { return (bytes + 3) / 4; }
+
+// A scoped NVTX range (Nsight Systems shows the pipeline's stages under these names).
+struct Range {
+  explicit Range(const char* name) { nvtxRangePushA(name); }
+  ~Range() { nvtxRangePop(); }
+};
+
+void destroy_event(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+
+int64_t physical_ram_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+template <typename T>
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Dims& d, const BackendOptions& o, std::vector<float> inv_freq, cuda::DeviceInfo dev)
+      : Backend(d), opt_(o), inv_freq_(std::move(inv_freq)), dev_(std::move(dev)) {
+    attn_ = cuda::AttnDims{d.B, d.T, d.nh, d.nkv, d.hd};
+    attn_rows_ = cuda::attention_block_rows(attn_, kAttentionBudget);
+    vocab_chunk_ = std::clamp<int64_t>(kLogitElems / std::max<int64_t>(d.N, 1) / 128 * 128, 128, d.V);
+    pinned_limit_ = o.pinned_limit_bytes >= 0 ? o.pinned_limit_bytes : physical_ram_bytes() / 2;
+  }
+
+  ~CudaBackend() override {
+    for (auto& [p, bytes] : registered_) cudaHostUnregister(p);
+    if (staging_) cudaFreeHost(staging_);
+    if (blas_) cublasDestroy(blas_);
+    for (cudaStream_t s : streams_)
+      if (s) cudaStreamDestroy(s);
+  }
+
+  Status init() {
+    MT_CUDA_RETURN(cudaSetDevice(dev_.index));
+    for (cudaStream_t& s : streams_) MT_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    MT_CUBLAS_RETURN(cublasCreate(&blas_));
+    MT_CUBLAS_RETURN(cublasSetStream(blas_, stream(StreamKind::kCompute)));
+    MT_CUBLAS_RETURN(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));  // no TF32 on the fp32 path
+    return {};
+  }
+
+  std::string name() const override { return "cuda"; }
+  std::string describe() const override {
+    return "CUDA backend: " + dev_.name + " (sm_" + std::to_string(dev_.compute_major) + std::to_string(dev_.compute_minor) +
+           ", " + format_bytes(static_cast<double>(dev_.total_memory_bytes)) + "), " +
+           (std::is_same_v<T, float> ? "fp32" : "bf16 mixed precision") + ", cuBLAS GEMMs";
+  }
+
+  // ---- memory -----------------------------------------------------------------------------
+  int64_t private_bytes() const override { return carve_private(nullptr).bytes(); }
+
+  Result<std::unique_ptr<Arena>> create_arena(int64_t bytes) override {
+    MT_CUDA_RETURN(cudaSetDevice(dev_.index));
+    const int64_t priv = private_bytes();
+    const int64_t pipeline = std::max<int64_t>(bytes - priv, 0);
+    size_t free_b = 0, total_b = 0;
+    MT_CUDA_RETURN(cudaMemGetInfo(&free_b, &total_b));
+    const int64_t want = align_up(pipeline) + priv;
+    if (want > static_cast<int64_t>(free_b))
+      return resource_exhausted("CUDA backend: the device arena needs " + format_bytes(static_cast<double>(want)) + " (" +
+                                std::to_string(want) + " bytes), but " + dev_.name + " has " +
+                                format_bytes(static_cast<double>(free_b)) +
+                                " free; accepted: a plan whose placement.device_budget_bytes fits the free memory");
+    void* base = nullptr;
+    MT_CUDA_RETURN(cudaMalloc(&base, static_cast<size_t>(want)));
+    MT_CUDA_RETURN(cudaMemset(base, 0, static_cast<size_t>(want)));
+    char* priv_base = static_cast<char*>(base) + align_up(pipeline);
+    carve_private(priv_base);
+    MT_CUBLAS_RETURN(cublasSetWorkspace(blas_, blas_ws_, static_cast<size_t>(kBlasWorkspace)));
+    // Constant inputs of every layer: positions (0..T-1 per sequence) and RoPE's inverse frequencies.
+    std::vector<int32_t> pos(static_cast<size_t>(dims_.N));
+    for (int64_t i = 0; i < dims_.N; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i % dims_.T);
+    MT_CUDA_RETURN(cudaMemcpy(positions_, pos.data(), sizeof(int32_t) * pos.size(), cudaMemcpyHostToDevice));
+    MT_CUDA_RETURN(cudaMemcpy(inv_freq_dev_, inv_freq_.data(), sizeof(float) * inv_freq_.size(), cudaMemcpyHostToDevice));
+    return std::make_unique<Arena>(base, pipeline, [](void* p) { cudaFree(p); });
+  }
+
+  Status register_host(void* p, int64_t bytes, const char* what) override {
+    if (p == nullptr || bytes < kPinMinBytes) return {};
+    if (pinned_ + bytes > pinned_limit_) {
+      unpinned_ += bytes;
+      return {};
+    }
+    const cudaError_t err = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault);
+    if (err == cudaErrorHostMemoryAlreadyRegistered) {
+      cudaGetLastError();
+      return {};
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return resource_exhausted(std::string("CUDA backend: could not page-lock ") + format_bytes(static_cast<double>(bytes)) +
+                                " of host memory for " + what + " (" + cudaGetErrorString(err) + ") after pinning " +
+                                format_bytes(static_cast<double>(pinned_)) +
+                                "; accepted: a lower --pinned-limit-gib (the rest is copied from pageable memory)");
+    }
+    registered_.push_back({p, bytes});
+    pinned_ += bytes;
+    return {};
+  }
+
+  std::string pinned_report() const override {
+    std::string r = "pinned host memory: " + format_bytes(static_cast<double>(pinned_ + staging_bytes_)) + " (limit " +
+                    format_bytes(static_cast<double>(pinned_limit_)) + ")";
+    if (unpinned_ > 0)
+      r += "; " + format_bytes(static_cast<double>(unpinned_)) + " of the RAM tier over the limit is copied from pageable memory";
+    return r;
+  }
+
+  // ---- copies -----------------------------------------------------------------------------
+  void upload_unit(StreamKind s, const UnitState& unit, DType transfer, float* dst) override {
+    Range r("prefetch");
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (transfer != DType::kBf16) die("a bf16 CUDA backend was given fp32 weights to upload");
+      MT_CUDA_CHECK(cudaMemcpyAsync(dst, unit.stream_bf16.data(), 2 * static_cast<size_t>(unit.numel), cudaMemcpyHostToDevice,
+                                    stream(s)));
+    } else {
+      if (transfer != DType::kFp32) die("an fp32 CUDA backend was given bf16 weights to upload");
+      MT_CUDA_CHECK(cudaMemcpyAsync(dst, unit.master.data(), 4 * static_cast<size_t>(unit.numel), cudaMemcpyHostToDevice,
+                                    stream(s)));
+    }
+  }
+  void copy_to_device(StreamKind s, float* dst, const float* src, int64_t n) override {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, 4 * static_cast<size_t>(n), cudaMemcpyHostToDevice, stream(s)));
+  }
+  void copy_to_host(StreamKind s, float* dst, const float* src, int64_t n) override {
+    Range r("offload");
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, 4 * static_cast<size_t>(n), cudaMemcpyDeviceToHost, stream(s)));
+  }
+  void add_to_host(StreamKind s, float* dst, const float* src, int64_t n) override {
+    Range r("offload (accumulate)");
+    // Through a pinned staging buffer, then summed on the host in index order (as the CPU backend).
+    if (staging_bytes_ < 4 * n) {
+      if (staging_) MT_CUDA_CHECK(cudaFreeHost(staging_));
+      staging_ = nullptr;
+      MT_CUDA_CHECK(cudaMallocHost(&staging_, 4 * static_cast<size_t>(n)));
+      staging_bytes_ = 4 * n;
+    }
+    MT_CUDA_CHECK(cudaMemcpyAsync(staging_, src, 4 * static_cast<size_t>(n), cudaMemcpyDeviceToHost, stream(s)));
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream(s)));
+    const float* st = static_cast<const float*>(staging_);
+    for (int64_t k = 0; k < n; ++k) dst[k] += st[k];
+  }
+  void copy_on_device(StreamKind s, float* dst, const float* src, int64_t n) override {
+    if (dst != src) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, 4 * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream(s)));
+  }
+  void fill_zero(StreamKind s, float* dst, int64_t n) override {
+    MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, 4 * static_cast<size_t>(n), stream(s)));
+  }
+
+  // ---- ordering ---------------------------------------------------------------------------
+  void record(StreamKind s, Event& e) override {
+    if (e.native == nullptr) {
+      cudaEvent_t ev = nullptr;
+      MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      e.native = ev;
+      e.release_native = destroy_event;
+    }
+    MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e.native), stream(s)));
+    e.signal();
+  }
+  void wait(StreamKind s, Event& e) override {
+    e.host_wait();
+    if (e.native != nullptr) MT_CUDA_CHECK(cudaStreamWaitEvent(stream(s), static_cast<cudaEvent_t>(e.native), 0));
+  }
+  void synchronize(StreamKind s) override { MT_CUDA_CHECK(cudaStreamSynchronize(stream(s))); }
+
+  // ---- ops --------------------------------------------------------------------------------
+  Status embed(const float* table, const int32_t* tokens, float* x_out) override {
+    Range r("embed");
+    MT_RETURN_IF_ERROR(check_ids(tokens, "token", false));
+    cudaStream_t s = compute();
+    MT_CUDA_RETURN(cudaMemcpyAsync(tokens_, tokens, sizeof(int32_t) * static_cast<size_t>(dims_.N), cudaMemcpyHostToDevice, s));
+    MT_RETURN_IF_ERROR(cuda::embedding_forward<T>(tokens_, dims_.N, as_t(table), dims_.H, x_out, s));
+    return finish();
+  }
+
+  Status embed_backward(const int32_t* tokens, const float* dx, float* dtable) override {
+    Range r("embed backward");
+    MT_RETURN_IF_ERROR(check_ids(tokens, "token", false));
+    const cuda::TokenGroups g = cuda::build_token_groups(tokens, dims_.N);
+    cudaStream_t s = compute();
+    const int64_t nu = static_cast<int64_t>(g.unique.size());
+    MT_CUDA_RETURN(cudaMemcpyAsync(g_unique_, g.unique.data(), sizeof(int32_t) * g.unique.size(), cudaMemcpyHostToDevice, s));
+    MT_CUDA_RETURN(cudaMemcpyAsync(g_offsets_, g.offsets.data(), sizeof(int32_t) * g.offsets.size(), cudaMemcpyHostToDevice, s));
+    MT_CUDA_RETURN(
+        cudaMemcpyAsync(g_positions_, g.positions.data(), sizeof(int32_t) * g.positions.size(), cudaMemcpyHostToDevice, s));
+    MT_RETURN_IF_ERROR(cuda::embedding_backward(g_unique_, g_offsets_, g_positions_, nu, dx, dims_.H, dtable, s));
+    return finish();
+  }
+
+  Status layer_forward(const UnitView& w, const float* x_in, float* x_out, const LayerActs& a) override {
+    Range r("forward layer");
+    const Dims& d = dims_;
+    cudaStream_t s = compute();
+    const int64_t NH = d.N * d.H;
+    if (a.x != x_in) MT_CUDA_RETURN(cudaMemcpyAsync(a.x, x_in, 4 * static_cast<size_t>(NH), cudaMemcpyDeviceToDevice, s));
+    T* xn1 = as_t(a.xn1);
+    T* q = as_t(a.q);
+    T* k = as_t(a.k);
+    T* v = as_t(a.v);
+    T* attn = as_t(a.attn);
+    T* xn2 = as_t(a.xn2);
+    T* gate = as_t(a.gate);
+    T* up = as_t(a.up);
+    T* act = as_t(a.act);
+    MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(a.x, wt(w, TensorRole::kAttnNorm), d.N, d.H, eps(), xn1, a.rstd1, s));
+    MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kQ, TensorRole::kQBias, d.q, q));
+    MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kK, TensorRole::kKBias, d.kv, k));
+    MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kV, TensorRole::kVBias, d.kv, v));
+    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(q, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s));
+    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(k, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s));
+    MT_RETURN_IF_ERROR(cuda::attention_forward<T>(blas_, attn_, q, k, v, attn, a.lse, attn_ws_, attn_rows_, s));
+    // h = x + o_proj(attn): the GEMM adds into a copy of x (beta = 1), in fp32.
+    MT_CUDA_RETURN(cudaMemcpyAsync(a.h, a.x, 4 * static_cast<size_t>(NH), cudaMemcpyDeviceToDevice, s));
+    MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, attn, wt(w, TensorRole::kO), d.N, d.q, d.H, a.h, 1.0f)));
+    MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(a.h, wt(w, TensorRole::kMlpNorm), d.N, d.H, eps(), xn2, a.rstd2, s));
+    MT_RETURN_IF_ERROR((cuda::linear_forward<T, T>(blas_, xn2, wt(w, TensorRole::kGate), d.N, d.H, d.I, gate, 0.0f)));
+    MT_RETURN_IF_ERROR((cuda::linear_forward<T, T>(blas_, xn2, wt(w, TensorRole::kUp), d.N, d.H, d.I, up, 0.0f)));
+    MT_RETURN_IF_ERROR(cuda::swiglu_forward<T>(gate, up, d.N * d.I, act, s));
+    // x_out = h + down(act)
+    if (x_out != a.h) MT_CUDA_RETURN(cudaMemcpyAsync(x_out, a.h, 4 * static_cast<size_t>(NH), cudaMemcpyDeviceToDevice, s));
+    MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, act, wt(w, TensorRole::kDown), d.N, d.I, d.H, x_out, 1.0f)));
+    return finish();
+  }
+
+  Status layer_backward(const UnitView& w, const LayerActs& a, const float* dout, float* dx, const UnitGrad& g,
+                        float* workspace) override {
+    Range r("backward layer");
+    const Dims& d = dims_;
+    cudaStream_t s = compute();
+    const int64_t NH = d.N * d.H;
+    const Ws ws = layer_ws(workspace);
+    const T* xn1 = as_t(a.xn1);
+    const T* q = as_t(a.q);
+    const T* k = as_t(a.k);
+    const T* v = as_t(a.v);
+    const T* attn = as_t(a.attn);
+    const T* xn2 = as_t(a.xn2);
+    const T* gate = as_t(a.gate);
+    const T* up = as_t(a.up);
+    const T* act = as_t(a.act);
+    // MLP: out = h + down(act)
+    const T* dout_t = to_t(dout, ws.dout_t, NH);
+    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, T>(blas_, dout_t, wt(w, TensorRole::kDown), d.N, d.I, d.H, ws.dact, false)));
+    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dout_t, act, d.N, d.I, d.H, g[TensorRole::kDown]));
+    MT_RETURN_IF_ERROR(cuda::swiglu_backward<T>(gate, up, ws.dact, d.N * d.I, ws.dgate, ws.dup, s));
+    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, ws.dgate, wt(w, TensorRole::kGate), d.N, d.H, d.I, ws.dxn, false)));
+    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, ws.dup, wt(w, TensorRole::kUp), d.N, d.H, d.I, ws.dxn, true)));
+    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, ws.dgate, xn2, d.N, d.H, d.I, g[TensorRole::kGate]));
+    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, ws.dup, xn2, d.N, d.H, d.I, g[TensorRole::kUp]));
+    MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dxn, a.h, wt(w, TensorRole::kMlpNorm), a.rstd2, d.N, d.H, ws.tmp,
+                                                 g[TensorRole::kMlpNorm], s));
+    MT_RETURN_IF_ERROR(cuda::add(dout, ws.tmp, NH, ws.dh, s));  // the residual
+    // Attention: h = x + o_proj(attn)
+    const T* dh_t = to_t(ws.dh, ws.dh_t, NH);
+    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, T>(blas_, dh_t, wt(w, TensorRole::kO), d.N, d.q, d.H, ws.dattn, false)));
+    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dh_t, attn, d.N, d.q, d.H, g[TensorRole::kO]));
+    MT_RETURN_IF_ERROR(cuda::attention_backward<T>(blas_, attn_, q, k, v, attn, ws.dattn, a.lse, ws.dq, ws.dk, ws.dv, attn_ws_,
+                                                   attn_rows_, s));
+    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dq, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s));
+    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dk, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s));
+    MT_RETURN_IF_ERROR(project_backward(ws.dq, ws.dq_t, xn1, w, g, TensorRole::kQ, TensorRole::kQBias, d.q, ws.dxn, false));
+    MT_RETURN_IF_ERROR(project_backward(ws.dk, ws.dk_t, xn1, w, g, TensorRole::kK, TensorRole::kKBias, d.kv, ws.dxn, true));
+    MT_RETURN_IF_ERROR(project_backward(ws.dv, ws.dv_t, xn1, w, g, TensorRole::kV, TensorRole::kVBias, d.kv, ws.dxn, true));
+    MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dxn, a.x, wt(w, TensorRole::kAttnNorm), a.rstd1, d.N, d.H, ws.tmp,
+                                                 g[TensorRole::kAttnNorm], s));
+    MT_RETURN_IF_ERROR(cuda::add(ws.dh, ws.tmp, NH, dx, s));
+    return finish();
+  }
+
+  Status head(const float* final_norm, const float* lm_head, const float* x, const int32_t* targets, float grad_scale,
+              float* dx, float* d_final_norm, float* d_lm_head, double* loss_sum, int64_t* count, float* workspace) override {
+    Range r("head");
+    const Dims& d = dims_;
+    cudaStream_t s = compute();
+    MT_RETURN_IF_ERROR(check_ids(targets, "target", true));
+    MT_CUDA_RETURN(cudaMemcpyAsync(targets_, targets, sizeof(int32_t) * static_cast<size_t>(d.N), cudaMemcpyHostToDevice, s));
+    const Hw hw = head_ws(workspace);
+    const T* norm = as_t(final_norm);
+    const T* lm = as_t(lm_head);
+    MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(x, norm, d.N, d.H, eps(), hw.xn, hw.rstd, s));
+    // Pass 1: the log-sum-exp of every row, one vocabulary chunk at a time.
+    for (int64_t v0 = 0; v0 < d.V; v0 += vocab_chunk_) {
+      const int64_t vc = std::min(vocab_chunk_, d.V - v0);
+      MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, hw.xn, lm + v0 * d.H, d.N, d.H, vc, hw.logits, 0.0f)));
+      MT_RETURN_IF_ERROR(cuda::cross_entropy_chunk_stats(hw.logits, d.N, vc, v0, targets_, hw.run_max, hw.run_sum, hw.target_logit, s));
+    }
+    MT_CUDA_RETURN(cudaMemsetAsync(loss_dev_, 0, sizeof(double), s));
+    MT_CUDA_RETURN(cudaMemsetAsync(count_dev_, 0, sizeof(long long), s));
+    MT_RETURN_IF_ERROR(cuda::cross_entropy_finish(hw.run_max, hw.run_sum, hw.target_logit, targets_, d.N, hw.lse, loss_dev_,
+                                                  count_dev_, s));
+    // Pass 2: the logits again, their gradient, and its products with the head and the input.
+    for (int64_t v0 = 0; v0 < d.V; v0 += vocab_chunk_) {
+      const int64_t vc = std::min(vocab_chunk_, d.V - v0);
+      MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, hw.xn, lm + v0 * d.H, d.N, d.H, vc, hw.logits, 0.0f)));
+      MT_RETURN_IF_ERROR(cuda::cross_entropy_chunk_grad<T>(hw.logits, d.N, vc, v0, targets_, hw.lse, grad_scale, hw.dlogits, s));
+      MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, hw.dlogits, lm + v0 * d.H, d.N, d.H, vc, hw.dxn, v0 > 0)));
+      MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, hw.dlogits, hw.xn, d.N, d.H, vc, d_lm_head + v0 * d.H));
+    }
+    MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(hw.dxn, x, norm, hw.rstd, d.N, d.H, dx, d_final_norm, s));
+    double loss = 0;
+    long long n = 0;
+    MT_CUDA_RETURN(cudaMemcpyAsync(&loss, loss_dev_, sizeof(double), cudaMemcpyDeviceToHost, s));
+    MT_CUDA_RETURN(cudaMemcpyAsync(&n, count_dev_, sizeof(long long), cudaMemcpyDeviceToHost, s));
+    MT_RETURN_IF_ERROR(finish());
+    *loss_sum += loss;
+    *count += static_cast<int64_t>(n);
+    return {};
+  }
+
+  void add(float* dst, const float* src, int64_t n) override {
+    const Status st = cuda::accumulate(src, n, dst, compute());
+    if (!st.ok()) die(st.message());
+  }
+
+  int64_t layer_act_floats() const override { return floats_of(carve_acts(nullptr).bytes); }
+  int64_t layer_workspace_floats() const override { return floats_of(layer_ws(nullptr).bytes); }
+  int64_t head_workspace_floats() const override { return floats_of(head_ws(nullptr).bytes); }
+
+  UnitView view_weights(const UnitState& layout, const float* block) const override {
+    UnitView v;
+    const T* base = reinterpret_cast<const T*>(block);
+    for (const auto& t : layout.tensors) v.p[static_cast<int>(t.role)] = reinterpret_cast<const float*>(base + t.offset);
+    return v;
+  }
+  LayerActs bind_acts(float* base) const override { return carve_acts(base).acts; }
+
+ private:
+  // ---- layouts ----------------------------------------------------------------------------
+  struct Acts {
+    LayerActs acts{};
+    int64_t bytes = 0;
+  };
+  Acts carve_acts(float* base) const {
+    const Dims& d = dims_;
+    Carver c(base);
+    Acts r;
+    LayerActs& a = r.acts;
+    a.x = c.take<float>(d.N * d.H);  // first: the pipeline writes a recompute's input here
+    a.rstd1 = c.take<float>(d.N);
+    a.xn1 = f(c.take<T>(d.N * d.H));
+    a.q = f(c.take<T>(d.N * d.q));
+    a.k = f(c.take<T>(d.N * d.kv));
+    a.v = f(c.take<T>(d.N * d.kv));
+    a.attn = f(c.take<T>(d.N * d.q));
+    a.lse = c.take<float>(d.B * d.nh * d.T);
+    a.h = c.take<float>(d.N * d.H);
+    a.rstd2 = c.take<float>(d.N);
+    a.xn2 = f(c.take<T>(d.N * d.H));
+    a.gate = f(c.take<T>(d.N * d.I));
+    a.up = f(c.take<T>(d.N * d.I));
+    a.act = f(c.take<T>(d.N * d.I));
+    a.probs = nullptr;
+    r.bytes = c.bytes();
+    return r;
+  }
+
+  struct Ws {
+    T *dout_t, *dact, *dgate, *dup, *dh_t, *dattn, *dq_t, *dk_t, *dv_t;
+    float *dxn, *tmp, *dh, *dq, *dk, *dv;
+    int64_t bytes;
+  };
+  Ws layer_ws(float* base) const {
+    const Dims& d = dims_;
+    constexpr bool kCast = !std::is_same_v<T, float>;  // fp32 needs no bf16 copies for the GEMMs
+    Carver c(base);
+    Ws w{};
+    w.dout_t = c.take<T>(kCast ? d.N * d.H : 0);
+    w.dact = c.take<T>(d.N * d.I);
+    w.dgate = c.take<T>(d.N * d.I);
+    w.dup = c.take<T>(d.N * d.I);
+    w.dh_t = c.take<T>(kCast ? d.N * d.H : 0);
+    w.dattn = c.take<T>(d.N * d.q);
+    w.dq_t = c.take<T>(kCast ? d.N * d.q : 0);
+    w.dk_t = c.take<T>(kCast ? d.N * d.kv : 0);
+    w.dv_t = c.take<T>(kCast ? d.N * d.kv : 0);
+    w.dxn = c.take<float>(d.N * d.H);
+    w.tmp = c.take<float>(d.N * d.H);
+    w.dh = c.take<float>(d.N * d.H);
+    w.dq = c.take<float>(d.N * d.q);
+    w.dk = c.take<float>(d.N * d.kv);
+    w.dv = c.take<float>(d.N * d.kv);
+    w.bytes = c.bytes();
+    return w;
+  }
+
+  struct Hw {
+    T *xn, *dlogits;
+    float *rstd, *logits, *run_max, *run_sum, *target_logit, *lse, *dxn;
+    int64_t bytes;
+  };
+  Hw head_ws(float* base) const {
+    const Dims& d = dims_;
+    Carver c(base);
+    Hw h{};
+    h.xn = c.take<T>(d.N * d.H);
+    h.rstd = c.take<float>(d.N);
+    h.dxn = c.take<float>(d.N * d.H);
+    h.run_max = c.take<float>(d.N);
+    h.run_sum = c.take<float>(d.N);
+    h.target_logit = c.take<float>(d.N);
+    h.lse = c.take<float>(d.N);
+    h.logits = c.take<float>(d.N * vocab_chunk_);
+    if constexpr (std::is_same_v<T, float>)
+      h.dlogits = h.logits;  // in place: each logit is read before its gradient is written
+    else
+      h.dlogits = c.take<T>(d.N * vocab_chunk_);
+    h.bytes = c.bytes();
+    return h;
+  }
+
+  // The backend's own region of the arena (const: only computes its size when base is null).
+  Carver carve_private(char* base) const {
+    Carver c(base);
+    auto* self = const_cast<CudaBackend*>(this);
+    void* blas = c.take<char>(kBlasWorkspace);
+    void* attn = c.take<char>(cuda::attention_workspace_bytes(attn_, attn_rows_));
+    int32_t* tokens = c.take<int32_t>(dims_.N);
+    int32_t* targets = c.take<int32_t>(dims_.N);
+    int32_t* positions = c.take<int32_t>(dims_.N);
+    int32_t* unique = c.take<int32_t>(dims_.N);
+    int32_t* offsets = c.take<int32_t>(dims_.N + 1);
+    int32_t* gpos = c.take<int32_t>(dims_.N);
+    float* inv = c.take<float>(static_cast<int64_t>(inv_freq_.size()));
+    double* loss = c.take<double>(1);
+    long long* count = c.take<long long>(1);
+    if (base != nullptr) {
+      self->blas_ws_ = blas;
+      self->attn_ws_ = attn;
+      self->tokens_ = tokens;
+      self->targets_ = targets;
+      self->positions_ = positions;
+      self->g_unique_ = unique;
+      self->g_offsets_ = offsets;
+      self->g_positions_ = gpos;
+      self->inv_freq_dev_ = inv;
+      self->loss_dev_ = loss;
+      self->count_dev_ = count;
+    }
+    return c;
+  }
+
+  // ---- helpers ----------------------------------------------------------------------------
+  cudaStream_t stream(StreamKind s) const { return streams_[static_cast<int>(s)]; }
+  cudaStream_t compute() const { return stream(StreamKind::kCompute); }
+  float eps() const { return static_cast<float>(dims_.eps); }
+  static float* f(T* p) { return reinterpret_cast<float*>(p); }
+  static T* as_t(float* p) { return reinterpret_cast<T*>(p); }
+  static const T* as_t(const float* p) { return reinterpret_cast<const T*>(p); }
+  static const T* wt(const UnitView& w, TensorRole r) { return reinterpret_cast<const T*>(w[r]); }
+  [[noreturn]] static void die(const std::string& what) {
+    die_on_bad_result_access(internal_error("CUDA backend: " + what));
+  }
+
+  // An op returns once its kernels are done, so that its span is its real GPU time.
+  Status finish() {
+    MT_CUDA_RETURN(cudaStreamSynchronize(compute()));
+    MT_CUDA_RETURN(cudaGetLastError());
+    return {};
+  }
+
+  // fp32 -> T for a GEMM input (the fp32 path uses the fp32 buffer itself).
+  const T* to_t(const float* src, T* dst, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      (void)dst, (void)n;
+      return src;
+    } else {
+      const Status st = cuda::convert<float, T>(src, n, dst, compute());
+      if (!st.ok()) die(st.message());
+      return dst;
+    }
+  }
+
+  // y = xn W^T (+ bias), in T.
+  Status project(const T* xn, const UnitView& w, TensorRole weight, TensorRole bias, int64_t out, T* y) {
+    MT_RETURN_IF_ERROR((cuda::linear_forward<T, T>(blas_, xn, wt(w, weight), dims_.N, dims_.H, out, y, 0.0f)));
+    if (w[bias] != nullptr) MT_RETURN_IF_ERROR(cuda::add_bias<T>(y, wt(w, bias), dims_.N, out, compute()));
+    return {};
+  }
+  // The backward of project for a q/k/v projection whose output gradient dy is fp32.
+  Status project_backward(const float* dy, T* dy_t_buf, const T* xn, const UnitView& w, const UnitGrad& g, TensorRole weight,
+                          TensorRole bias, int64_t out, float* dxn, bool accumulate) {
+    const T* dy_t = to_t(dy, dy_t_buf, dims_.N * out);
+    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, dy_t, wt(w, weight), dims_.N, dims_.H, out, dxn, accumulate)));
+    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dy_t, xn, dims_.N, dims_.H, out, g[weight]));
+    if (g[bias] != nullptr) MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(dy, dims_.N, out, g[bias], compute()));
+    return {};
+  }
+
+  // Token ids and targets are checked on the host before they reach a kernel (as the CPU ops do).
+  Status check_ids(const int32_t* ids, const char* what, bool allow_ignore) const {
+    for (int64_t i = 0; i < dims_.N; ++i) {
+      const int32_t t = ids[i];
+      if ((t < 0 || t >= dims_.V) && !(allow_ignore && t == -1))
+        return invalid_argument(std::string(what) + " id " + std::to_string(t) + " at position " + std::to_string(i) +
+                                " is outside the vocabulary [0, " + std::to_string(dims_.V) + ")" +
+                                (allow_ignore ? " and is not the ignore index -1" : ""));
+    }
+    return {};
+  }
+
+  BackendOptions opt_;
+  std::vector<float> inv_freq_;
+  cuda::DeviceInfo dev_;
+  cuda::AttnDims attn_;
+  int64_t attn_rows_ = 0, vocab_chunk_ = 0;
+  cudaStream_t streams_[kStreamCount] = {};
+  cublasHandle_t blas_ = nullptr;
+  // the private region
+  void *blas_ws_ = nullptr, *attn_ws_ = nullptr;
+  int32_t *tokens_ = nullptr, *targets_ = nullptr, *positions_ = nullptr;
+  int32_t *g_unique_ = nullptr, *g_offsets_ = nullptr, *g_positions_ = nullptr;
+  float* inv_freq_dev_ = nullptr;
+  double* loss_dev_ = nullptr;
+  long long* count_dev_ = nullptr;
+  // pinned host memory
+  std::vector<std::pair<void*, int64_t>> registered_;
+  int64_t pinned_ = 0, unpinned_ = 0, pinned_limit_ = 0;
+  void* staging_ = nullptr;
+  int64_t staging_bytes_ = 0;
+};
+
+}  // namespace
+
+bool have_cuda_backend() { return true; }
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options,
+                                                   std::vector<float> inv_freq) {
+  (void)model;
+  MT_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
+  if (devices.empty()) return unavailable("--backend cuda: no CUDA device is visible; accepted here: --backend cpu");
+  if (devices[0].compute_major < 8)
+    return unsupported("--backend cuda: " + devices[0].name + " (sm_" + std::to_string(devices[0].compute_major) +
+                       std::to_string(devices[0].compute_minor) + ") has no bf16 tensor cores; accepted: sm_80 or newer, or --backend cpu");
+  if (dims.hd % 2 != 0) return invalid_argument("head_dim " + std::to_string(dims.hd) + " is odd; RoPE needs an even head_dim");
+  if (options.compute != options.transfer || (options.compute != DType::kBf16 && options.compute != DType::kFp32))
+    return unsupported(std::string("precision: the CUDA backend streams weights in the dtype it computes in; got compute ") +
+                       dtype_name(options.compute) + " with transfer " + dtype_name(options.transfer) +
+                       "; accepted: compute bf16 with transfer bf16 (mixed precision), or fp32 with fp32");
+  std::unique_ptr<Backend> be;
+  if (options.compute == DType::kBf16) {
+    auto b = std::make_unique<CudaBackend<bf16>>(dims, options, std::move(inv_freq), devices[0]);
+    MT_RETURN_IF_ERROR(b->init());
+    be = std::move(b);
+  } else {
+    auto b = std::make_unique<CudaBackend<float>>(dims, options, std::move(inv_freq), devices[0]);
+    MT_RETURN_IF_ERROR(b->init());
+    be = std::move(b);
+  }
+  return be;
+}
+
+}  // namespace megatrain::exec

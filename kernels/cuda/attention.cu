@@ -1,0 +1,251 @@
+// Causal GQA attention, memory-efficient by blocks of query rows, with the GEMMs on cuBLAS.
+//
+// Algorithm. For each sequence b and each block of R query rows [r0, r0 + rows), only the keys
+// [0, r0 + rows) can be seen (causal), so the block's scores are an [n_heads, rows, r0 + rows]
+// tensor: at most n_heads x R x seq, never seq x seq. R is chosen from the workspace budget.
+//
+//   forward   S_h   = scale * Q_h K_g^T                  (cuBLAS, batched over kv heads g; the
+//                                                         query heads h = g * rep + r of a group
+//                                                         are a fixed stride apart)
+//             P_h   = softmax over the visible keys j <= r0 + i, and lse = max + log(sum)
+//                                                        (softmax_rows: one block per row)
+//             O_h   = P_h V_g                            (cuBLAS, written into out in place)
+//   backward  Drow  = rowsum(dO * O)                     (one warp per row, for all rows first)
+//             per block: S again, P = exp(S - lse) (the saved log-sum-exp: no second softmax)
+//             dP_h  = dO_h V_g^T
+//             dV_g += P_h^T dO_h                         (heads r = 0..rep-1 in order: fixed)
+//             dS_h  = P_h * (dP_h - Drow) * scale
+//             dQ_h  = dS_h K_g;   dK_g += dS_h^T Q_h
+// This is FlashAttention's arithmetic (the saved lse, D = rowsum(dO * O)) with the tiles made by
+// cuBLAS at the size of a row block rather than in shared memory. P and dS are in T (bf16 on the
+// mixed-precision path, as FlashAttention keeps them); S, dP, lse and D are fp32.
+// Deterministic: each output is written by GEMMs issued in a fixed order, and the reductions in
+// softmax_rows and row_dot have a fixed tree. The schedule itself (which GEMM on which sub-matrix)
+// is attention_schedule.h, shared with a host emulation that tests it without a GPU; this file
+// holds its GPU operations: the kernels and cuBLAS.
+#include "cuda/attention.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "cuda/gemm.cuh"
+
+namespace megatrain::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_f(float x) {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return __float2bfloat16(x);
+}
+
+// Fixed-order block reduction (max or sum) of one value per thread; every thread gets the result.
+template <bool kMax>
+__device__ float block_reduce(float v, float* shared) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = kMax ? fmaxf(v, o) : v + o;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // shared may still be read by a previous reduction
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : (kMax ? -INFINITY : 0.0f);
+    for (int off = 16; off > 0; off >>= 1) {
+      const float o = __shfl_xor_sync(0xffffffffu, v, off);
+      v = kMax ? fmaxf(v, o) : v + o;
+    }
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  return shared[0];
+}
+
+// One block per score row (h, i): S [n_heads, rows, keys] fp32 -> P in T, and lse.
+template <typename T>
+__global__ void softmax_rows(const float* __restrict__ s, T* __restrict__ p, float* __restrict__ lse, int64_t rows,
+                             int64_t keys, int64_t r0, int64_t seq, int64_t lse_base) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;  // h * rows + i
+  const int64_t h = row / rows, i = row % rows;
+  const int64_t visible = r0 + i + 1;  // keys j <= r0 + i
+  const float* sr = s + row * keys;
+  T* pr = p + row * keys;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, sr[j]);
+  m = block_reduce<true>(m, red);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) sum += expf(sr[j] - m);
+  sum = block_reduce<false>(sum, red);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) pr[j] = from_f<T>(j < visible ? expf(sr[j] - m) * inv : 0.0f);
+  if (threadIdx.x == 0) lse[lse_base + h * seq + r0 + i] = m + logf(sum);
+}
+
+// P = exp(S - lse) on the visible keys, 0 above the diagonal.
+template <typename T>
+__global__ void probs_from_lse(const float* __restrict__ s, const float* __restrict__ lse, T* __restrict__ p,
+                               int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t seq, int64_t lse_base) {
+  const int64_t total = n_heads * rows * keys;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = e % keys, i = (e / keys) % rows, h = e / (rows * keys);
+    const float l = lse[lse_base + h * seq + r0 + i];
+    p[e] = from_f<T>(j <= r0 + i ? expf(s[e] - l) : 0.0f);
+  }
+}
+
+// dS = P * (dP - D) * scale, in place over P.
+template <typename T>
+__global__ void scores_grad(T* __restrict__ p_ds, const float* __restrict__ dp, const float* __restrict__ drow,
+                            int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t seq, int64_t d_base,
+                            float scale) {
+  const int64_t total = n_heads * rows * keys;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = (e / keys) % rows, h = e / (rows * keys);
+    const float pv = to_f(p_ds[e]);
+    p_ds[e] = from_f<T>(pv * (dp[e] - drow[d_base + h * seq + r0 + i]) * scale);
+  }
+}
+
+// D[b, h, t] = sum_d dO[b, t, h, d] * O[b, t, h, d]: one warp per (b, t, h) row, fixed lane order.
+template <typename T>
+__global__ void row_dot(const T* __restrict__ dout, const T* __restrict__ out, float* __restrict__ d, int64_t batch,
+                        int64_t seq, int64_t n_heads, int64_t head_dim) {
+  const int64_t warps_per_block = blockDim.x / 32;
+  const int64_t row = blockIdx.x * warps_per_block + threadIdx.x / 32;  // (b * seq + t) * n_heads + h
+  const int lane = threadIdx.x % 32;
+  if (row >= batch * seq * n_heads) return;
+  const T* a = dout + row * head_dim;
+  const T* o = out + row * head_dim;
+  float acc = 0.0f;
+  for (int64_t k = lane; k < head_dim; k += 32) acc += to_f(a[k]) * to_f(o[k]);
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    const int64_t h = row % n_heads, bt = row / n_heads, t = bt % seq, b = bt / seq;
+    d[(b * n_heads + h) * seq + t] = acc;
+  }
+}
+
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
+
+constexpr int64_t kAlign = 256;
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// The schedule's operations on the GPU: cuBLAS and the kernels above, on one stream.
+template <typename T>
+struct GpuOps {
+  cublasHandle_t h;
+  cudaStream_t s;
+  template <typename A, typename C>
+  Status gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const A* a, int64_t lda, int64_t sa, const A* b,
+              int64_t ldb, int64_t sb, float beta, C* c, int64_t ldc, int64_t sc, int64_t batch) {
+    return gemm_strided_batched<A, C>(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
+  }
+  Status softmax_rows(const float* sc, T* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t seq,
+                      int64_t lse_base) {
+    cuda::softmax_rows<T><<<static_cast<unsigned>(n_heads * rows), kThreads, 0, s>>>(sc, p, lse, rows, keys, r0, seq, lse_base);
+    MT_CUDA_LAUNCH_CHECK("attention softmax_rows");
+    return {};
+  }
+  Status probs_from_lse(const float* sc, const float* lse, T* p, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
+                        int64_t seq, int64_t lse_base) {
+    cuda::probs_from_lse<T><<<grid_for(n_heads * rows * keys), kThreads, 0, s>>>(sc, lse, p, n_heads, rows, keys, r0, seq,
+                                                                                   lse_base);
+    MT_CUDA_LAUNCH_CHECK("attention probs_from_lse");
+    return {};
+  }
+  Status scores_grad(T* p_ds, const float* dp, const float* drow, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
+                     int64_t seq, int64_t d_base, float scale) {
+    cuda::scores_grad<T><<<grid_for(n_heads * rows * keys), kThreads, 0, s>>>(p_ds, dp, drow, n_heads, rows, keys, r0, seq,
+                                                                                d_base, scale);
+    MT_CUDA_LAUNCH_CHECK("attention scores_grad");
+    return {};
+  }
+  Status row_dot(const T* dout, const T* out, float* drow, int64_t batch, int64_t seq, int64_t n_heads, int64_t head_dim) {
+    const int64_t n_rows = batch * seq * n_heads, warps = kThreads / 32;
+    cuda::row_dot<T><<<static_cast<unsigned>((n_rows + warps - 1) / warps), kThreads, 0, s>>>(dout, out, drow, batch, seq,
+                                                                                               n_heads, head_dim);
+    MT_CUDA_LAUNCH_CHECK("attention row_dot");
+    return {};
+  }
+  Status zero(float* p, int64_t n) {
+    MT_CUDA_RETURN(cudaMemsetAsync(p, 0, sizeof(float) * static_cast<size_t>(n), s));
+    return {};
+  }
+};
+
+struct Regions {
+  float* s;
+  void* p;
+  float* drow;
+};
+Regions carve(const AttnDims& d, int64_t rows, void* workspace) {
+  char* base = static_cast<char*>(workspace);
+  const int64_t block = d.n_heads * rows * d.seq;
+  Regions r;
+  r.s = reinterpret_cast<float*>(base);
+  r.p = base + align_up(block * 4);
+  r.drow = reinterpret_cast<float*>(base + 2 * align_up(block * 4));
+  return r;
+}
+
+}  // namespace
+
+int64_t attention_workspace_bytes(const AttnDims& d, int64_t rows) {
+  rows = std::min(rows, d.seq);
+  const int64_t block = d.n_heads * rows * d.seq;
+  // S (fp32) and P/dS (T, sized for fp32 so that one size serves both paths), then D rows.
+  return 2 * align_up(block * 4) + align_up(d.batch * d.n_heads * d.seq * 4);
+}
+
+int64_t attention_block_rows(const AttnDims& d, int64_t budget_bytes) {
+  const int64_t fixed = align_up(d.batch * d.n_heads * d.seq * 4) + 2 * kAlign;
+  const int64_t per_row = 8 * d.n_heads * d.seq;
+  int64_t rows = per_row > 0 ? (budget_bytes - fixed) / per_row : d.seq;
+  rows = std::max<int64_t>(rows, 16);
+  return std::min(rows, d.seq);
+}
+
+template <typename T>
+Status attention_forward(cublasHandle_t h, const AttnDims& d, const T* q, const T* k, const T* v, T* out, float* lse,
+                         void* workspace, int64_t rows_per_block, cudaStream_t s) {
+  MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
+  const Regions w = carve(d, std::min(rows_per_block, d.seq), workspace);
+  GpuOps<T> ops{h, s};
+  return attention_forward_schedule<T>(ops, d, q, k, v, out, lse, w.s, static_cast<T*>(w.p), rows_per_block);
+}
+
+template <typename T>
+Status attention_backward(cublasHandle_t h, const AttnDims& d, const T* q, const T* k, const T* v, const T* out,
+                          const T* dout, const float* lse, float* dq, float* dk, float* dv, void* workspace,
+                          int64_t rows_per_block, cudaStream_t s) {
+  MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
+  const Regions w = carve(d, std::min(rows_per_block, d.seq), workspace);
+  GpuOps<T> ops{h, s};
+  return attention_backward_schedule<T>(ops, d, q, k, v, out, dout, lse, dq, dk, dv, w.s, static_cast<T*>(w.p), w.drow,
+                                        rows_per_block);
+}
+
+template Status attention_forward<float>(cublasHandle_t, const AttnDims&, const float*, const float*, const float*, float*,
+                                         float*, void*, int64_t, cudaStream_t);
+template Status attention_forward<bf16>(cublasHandle_t, const AttnDims&, const bf16*, const bf16*, const bf16*, bf16*,
+                                        float*, void*, int64_t, cudaStream_t);
+template Status attention_backward<float>(cublasHandle_t, const AttnDims&, const float*, const float*, const float*,
+                                          const float*, const float*, const float*, float*, float*, float*, void*, int64_t,
+                                          cudaStream_t);
+template Status attention_backward<bf16>(cublasHandle_t, const AttnDims&, const bf16*, const bf16*, const bf16*,
+                                         const bf16*, const bf16*, const float*, float*, float*, float*, void*, int64_t,
+                                         cudaStream_t);
+
+}  // namespace megatrain::cuda

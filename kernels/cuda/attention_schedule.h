@@ -1,0 +1,123 @@
+// The block schedule of the memory-efficient attention (attention.cu): which GEMMs and which
+// element-wise steps run, on which sub-matrices, in which order. It is host code over an `Ops`
+// object, so that the same schedule drives cuBLAS and the CUDA kernels on the GPU and a plain host
+// emulation in tests/kernels/attention_schedule_test.cpp, which checks it against the CPU op on a
+// machine without a GPU.
+//
+// Ops provides, all row-major with leading dimensions and batch strides in elements:
+//   gemm<A, C>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch)
+//       c[i] = alpha * op(a[i]) op(b[i]) + beta * c[i] for each of `batch` problems
+//   softmax_rows(s, p, lse, n_heads, rows, keys, r0, seq, lse_base)
+//       per score row (h, i) of s [n_heads, rows, keys]: softmax over keys j <= r0 + i into p (0
+//       beyond), and lse[lse_base + h * seq + r0 + i] = max + log(sum)
+//   probs_from_lse(s, lse, p, n_heads, rows, keys, r0, seq, lse_base)    p = exp(s - lse), causal
+//   scores_grad(p_ds, dp, drow, n_heads, rows, keys, r0, seq, d_base, scale)
+//       p_ds = p_ds * (dp - drow[d_base + h * seq + r0 + i]) * scale, in place
+//   row_dot(dout, out, drow, batch, seq, n_heads, head_dim)
+//       drow[(b * n_heads + h) * seq + t] = sum_d dout[b, t, h, d] * out[b, t, h, d]
+//   zero(float* p, n)
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain::cuda {
+
+struct AttnDims {
+  int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+
+inline Status check_attention(const AttnDims& d, int64_t rows) {
+  if (d.batch <= 0 || d.seq <= 0 || d.n_heads <= 0 || d.n_kv_heads <= 0 || d.head_dim <= 0 || d.n_heads % d.n_kv_heads != 0)
+    return invalid_argument("attention: batch, seq, heads and head_dim must be positive and n_kv_heads must divide n_heads");
+  if (rows <= 0) return invalid_argument("attention: the block of query rows must be positive");
+  return {};
+}
+
+// s: fp32 scores of one block [n_heads, rows, keys]; p: T probabilities of the same shape.
+template <typename T, typename Ops>
+Status attention_forward_schedule(Ops& ops, const AttnDims& d, const T* q, const T* k, const T* v, T* out, float* lse,
+                                  float* s, T* p, int64_t rows_per_block) {
+  MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
+  const int64_t rep = d.n_heads / d.n_kv_heads, hd = d.head_dim, seq = d.seq;
+  const int64_t qld = d.n_heads * hd, kld = d.n_kv_heads * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t b = 0; b < d.batch; ++b) {
+    const T* kb = k + b * seq * kld;
+    const T* vb = v + b * seq * kld;
+    for (int64_t r0 = 0; r0 < seq; r0 += rows_per_block) {
+      const int64_t rows = std::min(rows_per_block, seq - r0), keys = r0 + rows;  // causal: keys < r0 + rows
+      const int64_t hb = rows * keys;                                            // one head's scores
+      // Query head h = g * rep + r reads kv head g: for a fixed r, the heads of all groups are
+      // rep * head_dim apart in q and head_dim apart in k, so one batched GEMM covers them.
+      for (int64_t r = 0; r < rep; ++r) {
+        const T* qh = q + (b * seq + r0) * qld + r * hd;
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kb, kld, hd, 0.0f,
+                                                        s + r * hb, keys, rep * hb, d.n_kv_heads)));
+      }
+      MT_RETURN_IF_ERROR(ops.softmax_rows(s, p, lse, d.n_heads, rows, keys, r0, seq, b * d.n_heads * seq));
+      for (int64_t r = 0; r < rep; ++r) {
+        T* oh = out + (b * seq + r0) * qld + r * hd;
+        MT_RETURN_IF_ERROR((ops.template gemm<T, T>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, vb, kld, hd,
+                                                    0.0f, oh, qld, rep * hd, d.n_kv_heads)));
+      }
+    }
+  }
+  return {};
+}
+
+// drow: [batch, n_heads, seq] fp32.
+template <typename T, typename Ops>
+Status attention_backward_schedule(Ops& ops, const AttnDims& d, const T* q, const T* k, const T* v, const T* out,
+                                   const T* dout, const float* lse, float* dq, float* dk, float* dv, float* s, T* p,
+                                   float* drow, int64_t rows_per_block) {
+  MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
+  const int64_t rep = d.n_heads / d.n_kv_heads, hd = d.head_dim, seq = d.seq;
+  const int64_t qld = d.n_heads * hd, kld = d.n_kv_heads * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  MT_RETURN_IF_ERROR(ops.zero(dk, d.batch * seq * kld));
+  MT_RETURN_IF_ERROR(ops.zero(dv, d.batch * seq * kld));
+  MT_RETURN_IF_ERROR(ops.row_dot(dout, out, drow, d.batch, seq, d.n_heads, hd));
+  for (int64_t b = 0; b < d.batch; ++b) {
+    const T* kb = k + b * seq * kld;
+    const T* vb = v + b * seq * kld;
+    float* dkb = dk + b * seq * kld;
+    float* dvb = dv + b * seq * kld;
+    for (int64_t r0 = 0; r0 < seq; r0 += rows_per_block) {
+      const int64_t rows = std::min(rows_per_block, seq - r0), keys = r0 + rows;
+      const int64_t hb = rows * keys;
+      for (int64_t r = 0; r < rep; ++r) {  // the scores again
+        const T* qh = q + (b * seq + r0) * qld + r * hd;
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kb, kld, hd, 0.0f,
+                                                        s + r * hb, keys, rep * hb, d.n_kv_heads)));
+      }
+      MT_RETURN_IF_ERROR(ops.probs_from_lse(s, lse, p, d.n_heads, rows, keys, r0, seq, b * d.n_heads * seq));
+      for (int64_t r = 0; r < rep; ++r) {
+        const T* doh = dout + (b * seq + r0) * qld + r * hd;
+        // dP_h = dO_h V_g^T, over the scores (no longer needed)
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, 1.0f, doh, qld, rep * hd, vb, kld, hd, 0.0f,
+                                                        s + r * hb, keys, rep * hb, d.n_kv_heads)));
+        // dV_g += P_h^T dO_h (heads r of a group in order)
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb, doh, qld,
+                                                        rep * hd, 1.0f, dvb, kld, hd, d.n_kv_heads)));
+      }
+      MT_RETURN_IF_ERROR(ops.scores_grad(p, s, drow, d.n_heads, rows, keys, r0, seq, b * d.n_heads * seq, scale));
+      for (int64_t r = 0; r < rep; ++r) {
+        const T* qh = q + (b * seq + r0) * qld + r * hd;
+        float* dqh = dq + (b * seq + r0) * qld + r * hd;
+        // dQ_h = dS_h K_g
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, kb, kld, hd,
+                                                        0.0f, dqh, qld, rep * hd, d.n_kv_heads)));
+        // dK_g += dS_h^T Q_h
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb, qh, qld,
+                                                        rep * hd, 1.0f, dkb, kld, hd, d.n_kv_heads)));
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace megatrain::cuda

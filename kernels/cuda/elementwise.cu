@@ -1,0 +1,79 @@
+// Element-wise fp32 arithmetic of the residual stream, and the bias add, on the GPU.
+//
+// One thread per element, grid-stride loop over the flat index (int64), capped grid.
+//   add         out[i] = a[i] + b[i]           (out may alias a or b: each element is read, then
+//                                               written, by one thread)
+//   accumulate  dst[i] += src[i]
+//   add_bias    y[r, j] = T(float(y[r, j]) + float(bias[j])),  j = i % cols
+// One IEEE fp32 add per element, exactly as the CPU op: deterministic and bit-identical.
+#include "cuda/elementwise.cuh"
+
+namespace megatrain::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+unsigned int grid_for(int64_t n) {
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  return static_cast<unsigned int>(blocks);
+}
+
+__global__ void __launch_bounds__(kThreads) add_kernel(const float* a, const float* b, int64_t n, float* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride)
+    out[i] = __fadd_rn(a[i], b[i]);
+}
+
+__global__ void __launch_bounds__(kThreads) accumulate_kernel(const float* src, int64_t n, float* dst) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride)
+    dst[i] = __fadd_rn(dst[i], src[i]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) add_bias_kernel(T* y, const T* bias, int64_t total, int64_t cols) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total; i += stride)
+    y[i] = from_f<T>(__fadd_rn(to_f(y[i]), to_f(bias[i % cols])));
+}
+
+}  // namespace
+
+Status add(const float* a, const float* b, int64_t n, float* out, cudaStream_t s) {
+  if (n <= 0) return {};
+  add_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, n, out);
+  MT_CUDA_LAUNCH_CHECK("add");
+  return {};
+}
+
+Status accumulate(const float* src, int64_t n, float* dst, cudaStream_t s) {
+  if (n <= 0) return {};
+  accumulate_kernel<<<grid_for(n), kThreads, 0, s>>>(src, n, dst);
+  MT_CUDA_LAUNCH_CHECK("accumulate");
+  return {};
+}
+
+template <typename T>
+Status add_bias(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return {};
+  const int64_t total = rows * cols;
+  add_bias_kernel<T><<<grid_for(total), kThreads, 0, s>>>(y, bias, total, cols);
+  MT_CUDA_LAUNCH_CHECK("add_bias");
+  return {};
+}
+
+template Status add_bias<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
+template Status add_bias<bf16>(bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
+
+}  // namespace megatrain::cuda

@@ -1,0 +1,47 @@
+// GEMMs through cuBLAS, row-major as the rest of MegaTrain: bf16 (or fp32) inputs, fp32
+// accumulation (CUBLAS_COMPUTE_32F), output in fp32 or in the input type. See gemm.cu.
+//   C[m, n] = alpha * op(A) * op(B) + beta * C      op(X) = X or X^T, leading dimensions in elements
+// The handle's stream is the caller's (cublasSetStream); every cuBLAS status is checked.
+#pragma once
+
+#include <cublas_v2.h>
+
+#include "cuda/common.cuh"
+
+namespace megatrain::cuda {
+
+// Instantiated for (T, C) = (float, float), (bf16, bf16) and (bf16, float).
+template <typename T, typename C>
+Status gemm(cublasHandle_t h, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const T* a,
+            int64_t lda, const T* b, int64_t ldb, float beta, C* c, int64_t ldc);
+
+// The same GEMM for `batch` problems at fixed strides (elements) between consecutive A, B and C.
+template <typename T, typename C>
+Status gemm_strided_batched(cublasHandle_t h, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                            const T* a, int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
+                            float beta, C* c, int64_t ldc, int64_t stride_c, int64_t batch);
+
+// torch.nn.Linear with weights [out, in]:
+//   forward   y[n, out] = x[n, in] W^T (+ bias)              (beta 1 adds into y: the residual)
+//   backward  dx (=|+=) dy W;  dW += dy^T x                  (dW fp32, accumulated)
+template <typename T, typename Y>
+Status linear_forward(cublasHandle_t h, const T* x, const T* w, int64_t n, int64_t in, int64_t out, Y* y, float beta);
+template <typename T, typename DX>
+Status linear_backward_data(cublasHandle_t h, const T* dy, const T* w, int64_t n, int64_t in, int64_t out, DX* dx,
+                            bool accumulate);
+template <typename T>
+Status linear_backward_weight(cublasHandle_t h, const T* dy, const T* x, int64_t n, int64_t in, int64_t out, float* dw);
+
+// A description of a cuBLAS status, for messages.
+const char* cublas_status_name(cublasStatus_t status);
+
+}  // namespace megatrain::cuda
+
+#define MT_CUBLAS_RETURN(stmt)                                                                     \
+  do {                                                                                             \
+    cublasStatus_t mt_cublas_st_ = (stmt);                                                         \
+    if (mt_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                    \
+      return ::megatrain::internal_error(std::string(#stmt) + " failed at " + __FILE__ + ":" +     \
+                                         std::to_string(__LINE__) + ": " +                         \
+                                         ::megatrain::cuda::cublas_status_name(mt_cublas_st_));    \
+  } while (0)

@@ -1,0 +1,155 @@
+// RMSNorm (HF LlamaRMSNorm) forward and backward on the GPU.
+//
+// forward: one block of kThreads (256) threads per row; the grid loops over rows (blockIdx.x,
+//   blockIdx.x + gridDim.x, ...), so any n works with a capped grid. Thread t sums x[i]^2 for
+//   i = t, t + 256, ... in that order (fp32), then the block reduces the 256 partials in a fixed
+//   tree: a warp-shuffle tree inside each warp (offsets 16, 8, 4, 2, 1), the 8 warp sums through
+//   shared memory, and the same shuffle tree in warp 0. The order depends only on dim, never on
+//   timing, so results are bit-reproducible. rstd = 1 / sqrtf(sum / dim + eps) (IEEE division and
+//   square root, as the CPU op), y[i] = T(w[i] * (x[i] * rstd)) (HF's order: normalise, then scale).
+//
+// backward: two kernels, dw first (dx may alias dy, and the dx kernel overwrites dy's rows).
+//   dw: one thread per column j; the thread adds rows r = 0..n-1 in order into dw[j]
+//       (dw[j] += dy[r,j] * (x[r,j] * rstd[r])), exactly the CPU op's order.
+//   dx: one block per row as in forward; c = (1/dim) sum_i (dy[i] * w[i]) * x[i] with the same
+//       fixed-order block reduction; then each thread rewrites its own elements
+//       dx[i] = rstd * (g[i] - x[i] * (rstd * rstd * c)). Every element of dy is read only by the
+//       thread that later writes the same element of dx, and the reduction (with its barriers)
+//       completes before any write, so dx == dy is safe.
+// Products and sums that the CPU op rounds separately use __fmul_rn / __fadd_rn / __fsub_rn so
+// nvcc does not contract them into FMAs; only the row reductions' order differs from the CPU op
+// (16 interleaved lanes there, 256 strided threads + a tree here).
+#include "cuda/rmsnorm.cuh"
+
+namespace megatrain::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kDwThreads = 64;  // small blocks: dim / 64 blocks spread the serial column loops over more SMs
+constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+// Sum of v over the block's kThreads threads in a fixed tree; every thread gets the result.
+// smem holds kWarps + 1 floats; the trailing barrier lets the caller reuse it at once.
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kWarps ? smem[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane == 0) smem[kWarps] = v;
+  }
+  __syncthreads();
+  const float r = smem[kWarps];
+  __syncthreads();
+  return r;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_forward_kernel(const float* x, const T* w, int64_t n, int64_t dim, float eps, T* y, float* rstd) {
+  __shared__ float smem[kWarps + 1];
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = x + r * dim;
+    T* yr = y + r * dim;
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+      const float v = xr[i];
+      acc = __fadd_rn(acc, __fmul_rn(v, v));
+    }
+    const float ss = block_sum(acc, smem);
+    const float ms = ss / static_cast<float>(dim);
+    const float rs = 1.0f / sqrtf(ms + eps);
+    if (threadIdx.x == 0) rstd[r] = rs;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) yr[i] = from_f<T>(__fmul_rn(to_f(w[i]), __fmul_rn(xr[i], rs)));
+  }
+}
+
+// dw[j] += sum over r = 0..n-1 (in order) of dy[r,j] * (x[r,j] * rstd[r]).
+__global__ void __launch_bounds__(kDwThreads)
+    rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t n, int64_t dim, float* dw) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kDwThreads + threadIdx.x;
+  if (j >= dim) return;
+  float acc = dw[j];
+#pragma unroll 8
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t k = r * dim + j;
+    acc = __fadd_rn(acc, __fmul_rn(dy[k], __fmul_rn(x[k], rstd[r])));
+  }
+  dw[j] = acc;
+}
+
+// dx may alias dy (no __restrict__): see the file comment.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_dx_kernel(const float* dy, const float* x, const T* w, const float* rstd, int64_t n, int64_t dim, float* dx) {
+  __shared__ float smem[kWarps + 1];
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float* xr = x + r * dim;
+    const float* dyr = dy + r * dim;
+    float* dxr = dx + r * dim;
+    float acc = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+      const float g = __fmul_rn(dyr[i], to_f(w[i]));
+      acc = __fadd_rn(acc, __fmul_rn(g, xr[i]));
+    }
+    const float c = block_sum(acc, smem) / static_cast<float>(dim);
+    const float rs = rstd[r];
+    const float k = __fmul_rn(__fmul_rn(rs, rs), c);
+    for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+      const float g = __fmul_rn(dyr[i], to_f(w[i]));
+      dxr[i] = __fmul_rn(rs, __fsub_rn(g, __fmul_rn(xr[i], k)));
+    }
+  }
+}
+
+unsigned int row_grid(int64_t n) { return static_cast<unsigned int>(n < kMaxRowBlocks ? n : kMaxRowBlocks); }
+
+}  // namespace
+
+template <typename T>
+Status rmsnorm_forward(const float* x, const T* w, int64_t n, int64_t dim, float eps, T* y, float* rstd, cudaStream_t s) {
+  if (n <= 0 || dim <= 0) return {};
+  rmsnorm_forward_kernel<T><<<row_grid(n), kThreads, 0, s>>>(x, w, n, dim, eps, y, rstd);
+  MT_CUDA_LAUNCH_CHECK("rmsnorm_forward");
+  return {};
+}
+
+template <typename T>
+Status rmsnorm_backward(const float* dy, const float* x, const T* w, const float* rstd, int64_t n, int64_t dim, float* dx,
+                        float* dw, cudaStream_t s) {
+  if (n <= 0 || dim <= 0) return {};
+  // dw first: the dx kernel may overwrite dy (dx == dy).
+  if (dw) {
+    const auto blocks = static_cast<unsigned int>((dim + kDwThreads - 1) / kDwThreads);
+    rmsnorm_dw_kernel<<<blocks, kDwThreads, 0, s>>>(dy, x, rstd, n, dim, dw);
+    MT_CUDA_LAUNCH_CHECK("rmsnorm_backward (dw)");
+  }
+  if (dx) {
+    rmsnorm_dx_kernel<T><<<row_grid(n), kThreads, 0, s>>>(dy, x, w, rstd, n, dim, dx);
+    MT_CUDA_LAUNCH_CHECK("rmsnorm_backward (dx)");
+  }
+  return {};
+}
+
+#define MT_INSTANTIATE(T)                                                                                          \
+  template Status rmsnorm_forward<T>(const float*, const T*, int64_t, int64_t, float, T*, float*, cudaStream_t); \
+  template Status rmsnorm_backward<T>(const float*, const float*, const T*, const float*, int64_t, int64_t, float*, \
+                                      float*, cudaStream_t);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace megatrain::cuda

@@ -1,0 +1,97 @@
+// Rotary position embedding (HF rotate_half layout), in place, on the GPU.
+//
+// One thread per rotation pair: the flat index q in [0, n_tokens * n_heads * d/2) maps to
+// i = q % (d/2), th = q / (d/2) (token * n_heads + head), token = th / n_heads; a grid-stride loop
+// over q (int64) covers any size with a capped grid. The thread reads x[i] and x[i + d/2] of its
+// (token, head) row, computes angle = float(positions[token]) * inv_freq[i] in fp32, cos/sin with
+// the accurate sincosf (not the __sinf/__cosf intrinsics), and writes both elements back:
+//   forward   x[i] = a cos + (-b) sin;   x[i+d/2] = b cos + a sin
+//   backward  x[i] = a cos + b sin;      x[i+d/2] = b cos + (-a) sin       (rotation by -angle)
+// Each element is read and written by exactly one thread, so in place is safe and the result is
+// deterministic. Products and sums use __fmul_rn / __fadd_rn, rounded separately as the CPU op
+// rounds them (no FMA contraction). In bf16, the rotation is done in fp32 and rounded once.
+#include "cuda/rope.cuh"
+
+namespace megatrain::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
+
+template <typename T, bool kBackward>
+__global__ void __launch_bounds__(kThreads)
+    rope_kernel(T* x, const int32_t* positions, int64_t n_heads, int64_t head_dim, const float* inv_freq, int64_t total) {
+  const int64_t half = head_dim / 2;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; q < total; q += stride) {
+    const int64_t i = q % half;
+    const int64_t th = q / half;  // token * n_heads + head
+    const int64_t token = th / n_heads;
+    const float angle = __fmul_rn(static_cast<float>(positions[token]), inv_freq[i]);
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    T* xa = x + th * head_dim + i;
+    T* xb = xa + half;
+    const float a = to_f(*xa);
+    const float b = to_f(*xb);
+    float oa, ob;
+    if constexpr (!kBackward) {
+      oa = __fadd_rn(__fmul_rn(a, cs), __fmul_rn(-b, sn));
+      ob = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+    } else {
+      oa = __fadd_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+      ob = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(-a, sn));
+    }
+    *xa = from_f<T>(oa);
+    *xb = from_f<T>(ob);
+  }
+}
+
+template <typename T, bool kBackward>
+void rope_launch(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                 const float* inv_freq, cudaStream_t s) {
+  const int64_t total = n_tokens * n_heads * (head_dim / 2);
+  int64_t blocks = (total + kThreads - 1) / kThreads;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  rope_kernel<T, kBackward><<<static_cast<unsigned int>(blocks), kThreads, 0, s>>>(x, positions, n_heads, head_dim,
+                                                                                   inv_freq, total);
+}
+
+}  // namespace
+
+// head_dim is even (rope_inv_freq refuses odd ones); an odd last element would be left untouched.
+template <typename T>
+Status rope_forward(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                    const float* inv_freq, cudaStream_t s) {
+  if (n_tokens <= 0 || n_heads <= 0 || head_dim < 2) return {};
+  rope_launch<T, false>(x, positions, n_tokens, n_heads, head_dim, inv_freq, s);
+  MT_CUDA_LAUNCH_CHECK("rope_forward");
+  return {};
+}
+
+template <typename T>
+Status rope_backward(T* dx, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                     const float* inv_freq, cudaStream_t s) {
+  if (n_tokens <= 0 || n_heads <= 0 || head_dim < 2) return {};
+  rope_launch<T, true>(dx, positions, n_tokens, n_heads, head_dim, inv_freq, s);
+  MT_CUDA_LAUNCH_CHECK("rope_backward");
+  return {};
+}
+
+#define MT_INSTANTIATE(T)                                                                                       \
+  template Status rope_forward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const float*, cudaStream_t); \
+  template Status rope_backward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const float*, cudaStream_t);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(bf16)
+#undef MT_INSTANTIATE
+
+}  // namespace megatrain::cuda

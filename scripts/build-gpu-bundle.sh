@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds what scripts/gpu-check.sh runs, for the GPU machine, and gathers it in gpu-bundle/ (ignored
+# by git; name it in the device tool's `carry`). The GPU machine has CUDA, cmake and ninja but none
+# of Debian's -dev packages, so the build is Release, for sm_90, without -march=native, and links
+# statically everything that has a static archive here (preset gpu-bundle, MEGATRAIN_BUNDLE=ON):
+# only glibc, the CUDA driver and cuBLAS are left to the machine. Fails if the bundle exceeds 64 MiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${MEGATRAIN_JOBS:-$(nproc)}
+cmake --preset gpu-bundle -DMEGATRAIN_TESTS=ON >/dev/null
+targets=(megatrain-exec megatrain-plan megatrain-bench-cuda megatrain_kernels_tests megatrain_executor_tests)
+cmake --build build-gpu -j "$jobs" --target "${targets[@]}"
+rm -rf gpu-bundle
+mkdir -p gpu-bundle
+for t in megatrain-exec megatrain-plan megatrain-bench-cuda; do cp "build-gpu/bin/$t" gpu-bundle/; done
+for t in megatrain_kernels_tests megatrain_executor_tests; do cp "build-gpu/tests/$t" gpu-bundle/; done
+strip --strip-unneeded gpu-bundle/*
+echo "gpu-bundle/ ($(du -sh gpu-bundle | cut -f1)):"
+for f in gpu-bundle/*; do
+  echo "  $(basename "$f"): $(du -h "$f" | cut -f1); needs $(ldd "$f" | awk '/=>/ {print $1}' | grep -v -E '^(linux-vdso|ld-linux)' | tr '\n' ' ')"
+done
+# The newest glibc symbol version the binaries need (the GPU machine's glibc must be at least this).
+echo "  newest glibc symbol: $(objdump -T gpu-bundle/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V -u | tail -1)"
+size=$(du -sb gpu-bundle | cut -f1)
+if [ "$size" -gt $((64 * 1024 * 1024)) ]; then
+  echo "gpu-bundle/ is $size bytes, over the 64 MiB the device tool carries" >&2
+  exit 1
+fi
