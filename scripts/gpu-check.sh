@@ -122,20 +122,19 @@ print("|---|---|")
 for line in open(os.path.join(out, "tests.txt")):
     print("| tests %s | %s |" % (line.split()[0], " ".join(line.split()[1:])))
 bw = load("bandwidth.json")
-if bw:
-    def pick(rows, key):
-        return max((r.get(key, 0) or 0) for r in rows) if rows else 0
-    rows = bw.get("sizes") or bw.get("results") or []
-    summary = ", ".join("%s %.1f GB/s" % (k, pick(rows, k)) for k in ("h2d_gbps", "d2h_gbps", "bidir_total_gbps") if rows and k in rows[0])
-    print("| H2D/D2H (best size) | %s |" % (summary or json.dumps(bw)[:200]))
+if bw and bw.get("sizes"):
+    rows = bw["sizes"]
+    best = lambda key: max(r.get(key) or 0 for r in rows)
+    print("| H2D / D2H / both at once (best size) | %.1f / %.1f / %.1f GB/s (pinned %.1fx pageable) |" % (
+        best("h2d_gbs"), best("d2h_gbs"), best("bidirectional_sum_gbs"), bw.get("pinned_over_pageable_h2d") or 0))
 peak = {}
 for tag in ("1b", "7b"):
     g = load("gemm-%s.json" % tag)
-    if g:
-        layer = g.get("layer_tflops") or g.get("overall_tflops")
-        square = g.get("square_tflops") or g.get("reference_tflops")
+    if g and g.get("layer"):
+        layer = g["layer"]["forward_backward_tflops"]
         peak[tag] = layer
-        print("| bf16 GEMM %s layer shapes | %s TFLOP/s (8192^3: %s) |" % (tag, layer, square))
+        print("| bf16 GEMMs, %s layer shapes (%d tokens) | %.0f TFLOP/s; 8192^3: %.0f TFLOP/s |" % (
+            g.get("model", tag), g.get("tokens", 0), layer, g["reference"]["tflops"]))
 for line in open(os.path.join(out, "runs.txt")):
     label, plan, sim, log = line.split()
     s = load(os.path.basename(sim)) or {}
