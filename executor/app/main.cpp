@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
                                          plan->training.grad_accum, *order, static_cast<uint64_t>(plan->training.seed),
                                          model->config().vocab_size);
   if (!loader.ok()) return fail(loader.status());
-  exec::HostState state = exec::HostState::create(*model, plan->precision.transfer);
+  exec::HostState state = exec::HostState::create(*model, plan->precision.transfer, plan->optimizer.m_format,
+                                                   plan->optimizer.v_format, plan->optimizer.block_size);
   int64_t start = 0;          // the first step this process runs
   int64_t losses_first = 0;   // the step of losses[0]
   std::vector<double> losses;

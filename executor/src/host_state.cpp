@@ -43,7 +43,8 @@ const TensorSlot* UnitState::find(TensorRole role) const {
   return nullptr;
 }
 
-HostState HostState::create(const ModelSpec& model, DType transfer) {
+HostState HostState::create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
+                            int64_t block_size) {
   HostState hs;
   hs.transfer_ = transfer;
   hs.tied_ = model.config().tie_word_embeddings;
@@ -61,8 +62,10 @@ HostState HostState::create(const ModelSpec& model, DType transfer) {
   for (UnitState& us : hs.units_) {
     us.master.resize(us.numel);
     us.grad.resize(us.numel);
-    us.m.resize(us.numel);
-    us.v.resize(us.numel);
+    std::vector<int64_t> sizes;
+    for (const TensorSlot& t : us.tensors) sizes.push_back(t.numel);
+    us.m = MomentStore::create(m_format, false, sizes, block_size);
+    us.v = MomentStore::create(v_format, true, sizes, block_size);
     if (transfer == DType::kBf16) us.stream_bf16.resize(us.numel);
   }
   return hs;
@@ -114,7 +117,7 @@ void HostState::refresh_stream() {
 
 int64_t HostState::bytes() const {
   int64_t b = 0;
-  for (const UnitState& us : units_) b += us.numel * (16 + (transfer_ == DType::kBf16 ? 2 : 0));
+  for (const UnitState& us : units_) b += us.numel * (8 + (transfer_ == DType::kBf16 ? 2 : 0)) + us.m.bytes() + us.v.bytes();
   return b;
 }
 

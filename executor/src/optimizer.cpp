@@ -1,6 +1,8 @@
 // CPU AdamW (torch.optim.AdamW arithmetic), learning-rate schedules, gradient norm, bf16 rounding.
 #include "megatrain/executor/optimizer.h"
 
+#include "megatrain/executor/moments.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,52 +11,13 @@
 
 namespace megatrain::exec {
 
-namespace {
-
-void adamw_range(float* w, const float* g, float* m, float* v, int64_t begin, int64_t end, const AdamWStep& s,
-                 float* stream_f32, uint16_t* stream_bf16) {
-  // torch: p *= 1 - lr*wd; m = m*b1 + (1-b1)*g; v = v*b2 + (1-b2)*g*g;
-  //        denom = sqrt(v) / sqrt(1-b2^t) + eps; p -= (lr / (1-b1^t)) * m / denom
-  const float decay = static_cast<float>(1.0 - s.lr * s.weight_decay);
-  const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
-  const float one_minus_b1 = static_cast<float>(1.0 - s.beta1), one_minus_b2 = static_cast<float>(1.0 - s.beta2);
-  const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.t));
-  const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.t));
-  const float step_size = static_cast<float>(s.lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float eps = static_cast<float>(s.eps);
-  for (int64_t i = begin; i < end; ++i) {
-    const float gi = g[i] * s.grad_scale;
-    float p = w[i] * decay;
-    const float mi = m[i] * b1 + one_minus_b1 * gi;  // torch 1.13: mul_(b1).add_(g, alpha=1-b1)
-    const float vi = v[i] * b2 + one_minus_b2 * gi * gi;
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    p = p - step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = p;
-    if (stream_f32) stream_f32[i] = p;
-    if (stream_bf16) stream_bf16[i] = fp32_to_bf16(p);
-  }
-}
-
-}  // namespace
-
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s, float* stream_f32,
                   uint16_t* stream_bf16, int threads) {
-  threads = std::max(1, threads);
-  if (threads == 1 || n < 65536) {
-    adamw_range(w, g, m, v, 0, n, s, stream_f32, stream_bf16);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const int64_t chunk = (n + threads - 1) / threads;
-  for (int k = 1; k < threads; ++k) {
-    const int64_t b = k * chunk, e = std::min(n, b + chunk);
-    if (b < e) pool.emplace_back(adamw_range, w, g, m, v, b, e, std::cref(s), stream_f32, stream_bf16);
-  }
-  adamw_range(w, g, m, v, 0, std::min(n, chunk), s, stream_f32, stream_bf16);
-  for (auto& t : pool) t.join();
+  // fp32 moments through the fused SIMD pass (moments.h).
+  MomentRef mr, vr;
+  mr.f32 = m;
+  vr.f32 = v;
+  adamw_update_moments(w, g, mr, vr, n, s, stream_f32, stream_bf16, threads);
 }
 
 double learning_rate(const TrainingConfig& t, int64_t step) {

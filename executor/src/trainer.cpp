@@ -116,8 +116,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
   if (plan.placement.master_weights != "ram" || plan.placement.optimizer_states != "ram")
     return unsupported("placement: the CPU executor keeps all state in RAM so far; accepted: ram for master_weights and optimizer_states");
-  if (plan.optimizer.m_format != StateFormat::kFp32 || plan.optimizer.v_format != StateFormat::kFp32)
-    return unsupported("optimizer.m_format/v_format: the CPU executor keeps fp32 moments so far; accepted: fp32");
+  if (!state.units().empty() &&
+      (state.units()[0].m.format() != plan.optimizer.m_format || state.units()[0].v.format() != plan.optimizer.v_format ||
+       ((is_quantised(plan.optimizer.m_format) || is_quantised(plan.optimizer.v_format)) &&
+        state.units()[0].m.block_size() != plan.optimizer.block_size)))
+    return invalid_argument(std::string("the RAM tier keeps m/v in ") + state_format_name(state.units()[0].m.format()) + "/" +
+                            state_format_name(state.units()[0].v.format()) + " (block " +
+                            std::to_string(state.units()[0].m.block_size()) + ") but the plan says " +
+                            state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
+                            " (block " + std::to_string(plan.optimizer.block_size) +
+                            "); accepted: a HostState created with the plan's optimizer formats");
   I.L = I.d.L;
   I.U = I.L + 2;
   I.A = plan.training.grad_accum;
@@ -270,6 +278,17 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   const OptimizerConfig& o = I.plan.optimizer;
   const double lr = learning_rate(I.plan.training, step);
   const int threads = o.threads > 0 ? static_cast<int>(o.threads) : 1;
+  uint16_t* stream = I.state->transfer() == DType::kBf16 ? us.stream_bf16.data() : nullptr;
+  if (us.m.format() != StateFormat::kFp32 || us.v.format() != StateFormat::kFp32) {
+    // Quantised or bf16 moments: tensor by tensor, since their blocks start at each tensor.
+    for (size_t a = 0; a < us.tensors.size(); ++a) {
+      const TensorSlot& t = us.tensors[a];
+      AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, step + 1, grad_scale};
+      adamw_update_moments(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.tensor(a), us.v.tensor(a), t.numel, s,
+                           nullptr, stream ? stream + t.offset : nullptr, threads);
+    }
+    return;
+  }
   // Adjacent tensors with the same weight decay are one call: AdamW is element-wise, so the result
   // is the same, with fewer thread starts and longer chunks per thread.
   for (size_t a = 0; a < us.tensors.size();) {
@@ -279,7 +298,7 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
     while (b < us.tensors.size() && us.tensors[b].decay == t.decay && us.tensors[b].offset == t.offset + n) n += us.tensors[b++].numel;
     AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, step + 1, grad_scale};
     adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.data() + t.offset, us.v.data() + t.offset, n,
-                 s, nullptr, I.state->transfer() == DType::kBf16 ? us.stream_bf16.data() + t.offset : nullptr, threads);
+                 s, nullptr, stream ? stream + t.offset : nullptr, threads);
     a = b;
   }
 }

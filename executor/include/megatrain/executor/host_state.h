@@ -12,38 +12,10 @@
 
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/status.h"
+#include "megatrain/executor/aligned_array.h"
+#include "megatrain/executor/moments.h"
 
 namespace megatrain::exec {
-
-// 64-byte (page, from 64 KiB) aligned array that never copies implicitly.
-template <typename T>
-class AlignedArray {
- public:
-  AlignedArray() = default;
-  explicit AlignedArray(int64_t n) { resize(n); }
-  void resize(int64_t n) {
-    n_ = n;
-    // Arrays of 64 KiB or more own whole pages, so that the CUDA backend can page-lock each one
-    // (cudaHostRegister) without two registrations sharing a page.
-    const size_t raw = static_cast<size_t>(n) * sizeof(T);
-    const size_t align = raw >= (size_t{64} << 10) ? 4096 : 64;
-    const size_t bytes = (raw + align - 1) / align * align;
-    p_.reset(bytes ? static_cast<T*>(std::aligned_alloc(align, bytes)) : nullptr);
-    for (int64_t i = 0; i < n; ++i) p_.get()[i] = T{};
-  }
-  T* data() { return p_.get(); }
-  const T* data() const { return p_.get(); }
-  int64_t size() const { return n_; }
-  T& operator[](int64_t i) { return p_.get()[i]; }
-  const T& operator[](int64_t i) const { return p_.get()[i]; }
-
- private:
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T, Free> p_;
-  int64_t n_ = 0;
-};
 
 struct TensorSlot {
   std::string name;
@@ -57,7 +29,8 @@ struct TensorSlot {
 struct UnitState {
   std::vector<TensorSlot> tensors;
   int64_t numel = 0;
-  AlignedArray<float> master, grad, m, v;
+  AlignedArray<float> master, grad;
+  MomentStore m, v;  // Adam's moments in the plan's state formats (moments.h)
   AlignedArray<uint16_t> stream_bf16;  // the copy streamed to the device when transfer is bf16
   const TensorSlot* find(TensorRole role) const;
 };
@@ -65,7 +38,9 @@ struct UnitState {
 class HostState {
  public:
   // Units: 0 = embedding, 1..L = decoder layers, L+1 = head (final norm, and lm_head unless tied).
-  static HostState create(const ModelSpec& model, DType transfer);
+  // m and v are kept in the given state formats (moments.h), quantised in blocks of block_size.
+  static HostState create(const ModelSpec& model, DType transfer, StateFormat m_format = StateFormat::kFp32,
+                          StateFormat v_format = StateFormat::kFp32, int64_t block_size = 128);
   // HF initialisation: matrices and the embedding ~ N(0, std), norms 1, biases 0; a counter-based
   // generator keyed by (seed, tensor name) makes it independent of thread count and layout.
   void init_random(uint64_t seed, double std);

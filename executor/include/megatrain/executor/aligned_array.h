@@ -1,0 +1,40 @@
+// AlignedArray: the RAM tier's arrays, aligned so that SIMD loads and page-locking work on them.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+namespace megatrain::exec {
+
+// 64-byte (page, from 64 KiB) aligned array that never copies implicitly.
+template <typename T>
+class AlignedArray {
+ public:
+  AlignedArray() = default;
+  explicit AlignedArray(int64_t n) { resize(n); }
+  void resize(int64_t n) {
+    n_ = n;
+    // Arrays of 64 KiB or more own whole pages, so that the CUDA backend can page-lock each one
+    // (cudaHostRegister) without two registrations sharing a page.
+    const size_t raw = static_cast<size_t>(n) * sizeof(T);
+    const size_t align = raw >= (size_t{64} << 10) ? 4096 : 64;
+    const size_t bytes = (raw + align - 1) / align * align;
+    p_.reset(bytes ? static_cast<T*>(std::aligned_alloc(align, bytes)) : nullptr);
+    for (int64_t i = 0; i < n; ++i) p_.get()[i] = T{};
+  }
+  T* data() { return p_.get(); }
+  const T* data() const { return p_.get(); }
+  int64_t size() const { return n_; }
+  T& operator[](int64_t i) { return p_.get()[i]; }
+  const T& operator[](int64_t i) const { return p_.get()[i]; }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> p_;
+  int64_t n_ = 0;
+};
+
+}  // namespace megatrain::exec

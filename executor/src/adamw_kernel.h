@@ -1,0 +1,224 @@
+// The fused AdamW pass over one range of blocks, written once as plain loops over a block and
+// compiled three times: adamw_scalar.cpp (the baseline x86-64 instruction set), adamw_avx2.cpp
+// (-mavx2) and adamw_avx512.cpp (-mavx512f -mavx512bw), where the compiler vectorises the loops
+// for that instruction set. moments.cpp picks one at run time.
+//
+// Why the paths give identical bits: every loop is element-wise IEEE arithmetic (+, *, /, sqrt,
+// round to nearest even), compiled without FMA contraction (-ffp-contract=off) and without
+// reassociation (no -ffast-math); -fno-math-errno only lets sqrt and rint vectorise. The block
+// maxima are taken on the bit patterns of |x| (an integer max of non-negative floats equals the
+// float max), which is exact in any order. So a vector lane computes exactly what the scalar loop
+// computes for that element.
+//
+// Per block: decode m and v into fp32 scratch (or use fp32 storage in place), then
+//   g = g * grad_scale; p = w * (1 - lr wd)
+//   m = m b1 + (1 - b1) g;  v = v b2 + ((1 - b2) g) g          (torch.optim.AdamW's order)
+//   p = p - (lr / bc1) * (m / (sqrt(v) / sqrt(bc2) + eps))
+// write w and the streamed copy, and encode the new m and v from their fp32 values.
+//
+// Each including file defines MT_ADAMW_NS (a namespace of its own) first: everything here has
+// internal linkage in that namespace, and nothing here instantiates a std:: template, so no copy
+// compiled for one instruction set can be picked by the linker for another.
+#ifndef MT_ADAMW_NS
+#error "define MT_ADAMW_NS before including adamw_kernel.h"
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "megatrain/executor/moments.h"
+
+namespace megatrain::exec::MT_ADAMW_NS {
+namespace {
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline float bits_to_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+inline uint16_t to_bf16(float f) {
+  const uint32_t bits = float_to_bits(f);
+  const bool nan = (bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(nan ? ((bits >> 16) | 0x0040u) : rounded);
+}
+
+// Largest |x| of n floats, exactly (on the bit patterns).
+inline float abs_max(const float* x, int64_t n) {
+  uint32_t mx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    b &= 0x7fffffffu;
+    mx = b > mx ? b : mx;
+  }
+  return bits_to_float(mx);
+}
+
+// Codes of one block (n <= block elements) unpacked to integers / packed from integers.
+inline void unpack(const uint8_t* in, int bits, int64_t n, int32_t* c) {
+  switch (bits) {
+    case 8:
+      for (int64_t i = 0; i < n; ++i) c[i] = in[i];
+      break;
+    case 4:
+      for (int64_t i = 0; i < n; ++i) c[i] = (in[i >> 1] >> ((i & 1) * 4)) & 15;
+      break;
+    case 2:
+      for (int64_t i = 0; i < n; ++i) c[i] = (in[i >> 2] >> ((i & 3) * 2)) & 3;
+      break;
+    default:  // 3: 8 codes in 3 bytes, little-endian bit order
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t bit = 3 * i;
+        const uint32_t word = static_cast<uint32_t>(in[bit >> 3]) | (static_cast<uint32_t>(in[(bit >> 3) + 1]) << 8);
+        c[i] = static_cast<int32_t>((word >> (bit & 7)) & 7u);
+      }
+  }
+}
+
+inline void pack(const int32_t* c, int bits, int64_t n, int64_t block_bytes, uint8_t* out) {
+  std::memset(out, 0, static_cast<size_t>(block_bytes));
+  switch (bits) {
+    case 8:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(c[i]);
+      break;
+    case 4:
+      for (int64_t i = 0; i < n; ++i) out[i >> 1] = static_cast<uint8_t>(out[i >> 1] | (c[i] << ((i & 1) * 4)));
+      break;
+    case 2:
+      for (int64_t i = 0; i < n; ++i) out[i >> 2] = static_cast<uint8_t>(out[i >> 2] | (c[i] << ((i & 3) * 2)));
+      break;
+    default:
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t bit = 3 * i;
+        const uint32_t v = static_cast<uint32_t>(c[i]) << (bit & 7);
+        out[bit >> 3] = static_cast<uint8_t>(out[bit >> 3] | (v & 0xffu));
+        if ((bit & 7) > 5) out[(bit >> 3) + 1] = static_cast<uint8_t>(out[(bit >> 3) + 1] | (v >> 8));
+      }
+  }
+}
+
+// Signed codes of m are stored offset by L (c + L in [0, 2L]); v's codes are stored as they are.
+inline void decode_block(const MomentRef& r, bool second, int64_t first, int64_t n, float* out, int32_t* scratch) {
+  switch (r.format) {
+    case StateFormat::kFp32:
+      std::memcpy(out, r.f32 + first, sizeof(float) * static_cast<size_t>(n));
+      return;
+    case StateFormat::kBf16:
+      for (int64_t i = 0; i < n; ++i) out[i] = bits_to_float(static_cast<uint32_t>(r.bf16[first + i]) << 16);
+      return;
+    default: break;
+  }
+  const int bits = state_format_bits(r.format);
+  const int64_t block = first / r.block_size;
+  const uint8_t* codes = r.codes + block * (r.block_size * bits / 8);
+  const float scale = r.scales[block];
+  unpack(codes, bits, n, scratch);
+  if (second) {  // v = u^2, u = (c + 1) * scale / 2^bits (scale: the block's largest sqrt(v))
+    const float step = scale / static_cast<float>(1 << bits);
+    for (int64_t i = 0; i < n; ++i) {
+      const float u = static_cast<float>(scratch[i] + 1) * step;
+      out[i] = u * u;
+    }
+  } else {
+    const int32_t levels = (1 << (bits - 1)) - 1;
+    const float step = scale / static_cast<float>(levels);
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(scratch[i] - levels) * step;
+  }
+}
+
+inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t n, const float* in, int32_t* scratch) {
+  switch (r.format) {
+    case StateFormat::kFp32:
+      std::memcpy(r.f32 + first, in, sizeof(float) * static_cast<size_t>(n));
+      return;
+    case StateFormat::kBf16:
+      for (int64_t i = 0; i < n; ++i) r.bf16[first + i] = to_bf16(in[i]);
+      return;
+    default: break;
+  }
+  const int bits = state_format_bits(r.format);
+  const int64_t block = first / r.block_size;
+  const int64_t block_bytes = r.block_size * bits / 8;
+  // m: the block's largest |m|. v: the largest sqrt(v) (sqrt is monotonic, so this is exact).
+  const float scale = second ? __builtin_sqrtf(abs_max(in, n)) : abs_max(in, n);
+  r.scales[block] = scale;
+  if (second) {
+    const int32_t top = (1 << bits) - 1;
+    const float inv = scale > 0.0f ? static_cast<float>(1 << bits) / scale : 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(__builtin_sqrtf(in[i]) * inv)) - 1;
+      scratch[i] = c < 0 ? 0 : (c > top ? top : c);
+    }
+  } else {
+    const int32_t levels = (1 << (bits - 1)) - 1;
+    const float inv = scale > 0.0f ? static_cast<float>(levels) / scale : 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(in[i] * inv));
+      scratch[i] = (c < -levels ? -levels : (c > levels ? levels : c)) + levels;
+    }
+  }
+  pack(scratch, bits, n, block_bytes, r.codes + block * block_bytes);
+}
+
+// The update of n elements whose moments are in fp32 scratch (or fp32 storage) tm/tv.
+inline void update(const StepConsts& k, float* w, const float* g, float* tm, float* tv, int64_t n, float* stream_f32,
+                   uint16_t* stream_bf16) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * k.grad_scale;
+    const float p0 = w[i] * k.decay;
+    const float mi = tm[i] * k.b1 + k.omb1 * gi;
+    const float vi = tv[i] * k.b2 + (k.omb2 * gi) * gi;
+    const float denom = __builtin_sqrtf(vi) / k.bc2_sqrt + k.eps;
+    const float p = p0 - k.step_size * (mi / denom);
+    tm[i] = mi;
+    tv[i] = vi;
+    w[i] = p;
+  }
+  if (stream_f32) std::memcpy(stream_f32, w, sizeof(float) * static_cast<size_t>(n));
+  if (stream_bf16)
+    for (int64_t i = 0; i < n; ++i) stream_bf16[i] = to_bf16(w[i]);
+}
+
+// Elements [begin, end) (block-aligned except at the end of the range). scratch: 2 * block floats
+// and block int32s.
+inline void run(const StepConsts& k, float* w, const float* g, const MomentRef& m, const MomentRef& v, int64_t begin,
+                int64_t end, int64_t block, float* stream_f32, uint16_t* stream_bf16, float* fm, float* fv, int32_t* ci) {
+  for (int64_t b0 = begin; b0 < end; b0 += block) {
+    const int64_t n = min64(block, end - b0);
+    float* tm = m.format == StateFormat::kFp32 ? m.f32 + b0 : fm;
+    float* tv = v.format == StateFormat::kFp32 ? v.f32 + b0 : fv;
+    if (m.format != StateFormat::kFp32) decode_block(m, false, b0, n, tm, ci);
+    if (v.format != StateFormat::kFp32) decode_block(v, true, b0, n, tv, ci);
+    update(k, w + b0, g + b0, tm, tv, n, stream_f32 ? stream_f32 + b0 : nullptr, stream_bf16 ? stream_bf16 + b0 : nullptr);
+    if (m.format != StateFormat::kFp32) encode_block(m, false, b0, n, tm, ci);
+    if (v.format != StateFormat::kFp32) encode_block(v, true, b0, n, tv, ci);
+  }
+}
+
+}  // namespace
+
+// The entry point of this instruction set's copy.
+void adamw_run(const StepConsts& k, float* w, const float* g, const MomentRef& m, const MomentRef& v, int64_t begin,
+               int64_t end, int64_t block, float* stream_f32, uint16_t* stream_bf16, float* fm, float* fv, int32_t* ci) {
+  run(k, w, g, m, v, begin, end, block, stream_f32, stream_bf16, fm, fv, ci);
+}
+
+// A moment's n elements decoded to / encoded from fp32, block by block (checkpoints, tests).
+void moment_decode(const MomentRef& r, bool second, int64_t n, float* out, int32_t* ci) {
+  const int64_t block = r.block_size;
+  for (int64_t b0 = 0; b0 < n; b0 += block) decode_block(r, second, b0, min64(block, n - b0), out + b0, ci);
+}
+void moment_encode(const MomentRef& r, bool second, int64_t n, const float* in, int32_t* ci) {
+  const int64_t block = r.block_size;
+  for (int64_t b0 = 0; b0 < n; b0 += block) encode_block(r, second, b0, min64(block, n - b0), in + b0, ci);
+}
+
+}  // namespace megatrain::exec::MT_ADAMW_NS

@@ -1,0 +1,192 @@
+// Moment storage formats and the dispatch of the fused AdamW pass (moments.h).
+#include "megatrain/executor/moments.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+namespace megatrain::exec {
+
+// The three copies of the fused pass (adamw_kernel.h, one per instruction set).
+#define MT_DECLARE_ADAMW(ns)                                                                                          \
+  namespace ns {                                                                                                      \
+  void adamw_run(const StepConsts& k, float* w, const float* g, const MomentRef& m, const MomentRef& v, int64_t begin, \
+                 int64_t end, int64_t block, float* stream_f32, uint16_t* stream_bf16, float* fm, float* fv,           \
+                 int32_t* ci);                                                                                        \
+  void moment_decode(const MomentRef& r, bool second, int64_t n, float* out, int32_t* ci);                            \
+  void moment_encode(const MomentRef& r, bool second, int64_t n, const float* in, int32_t* ci);                       \
+  }
+MT_DECLARE_ADAMW(adamw_scalar)
+MT_DECLARE_ADAMW(adamw_avx2)
+MT_DECLARE_ADAMW(adamw_avx512)
+#undef MT_DECLARE_ADAMW
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAuto: return "auto";
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+Isa best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+Result<Isa> resolve_isa(Isa isa) {
+  const Isa best = best_isa();
+  if (isa == Isa::kAuto) return best;
+  if (static_cast<int>(isa) > static_cast<int>(best))
+    return unsupported(std::string("this CPU has no ") + isa_name(isa) + "; accepted: scalar" +
+                       (best >= Isa::kAvx2 ? ", avx2" : "") + (best >= Isa::kAvx512 ? ", avx512" : ""));
+  return isa;
+}
+
+int state_format_bits(StateFormat f) {
+  switch (f) {
+    case StateFormat::kQ8: return 8;
+    case StateFormat::kQ4: return 4;
+    case StateFormat::kQ3: return 3;
+    case StateFormat::kQ2: return 2;
+    default: return 0;
+  }
+}
+
+bool is_quantised(StateFormat f) { return state_format_bits(f) > 0; }
+
+StepConsts step_consts(const AdamWStep& s) {
+  StepConsts k;
+  k.grad_scale = s.grad_scale;
+  k.decay = static_cast<float>(1.0 - s.lr * s.weight_decay);
+  k.b1 = static_cast<float>(s.beta1);
+  k.b2 = static_cast<float>(s.beta2);
+  k.omb1 = static_cast<float>(1.0 - s.beta1);
+  k.omb2 = static_cast<float>(1.0 - s.beta2);
+  const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.t));
+  const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.t));
+  k.step_size = static_cast<float>(s.lr / bc1);
+  k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  k.eps = static_cast<float>(s.eps);
+  return k;
+}
+
+// ---- MomentStore ------------------------------------------------------------------------------
+
+MomentStore MomentStore::create(StateFormat format, bool second, const std::vector<int64_t>& tensor_numels,
+                                int64_t block_size) {
+  MomentStore s;
+  s.format_ = format;
+  s.second_ = second;
+  s.block_ = block_size;
+  int64_t blocks = 0;
+  for (int64_t n : tensor_numels) {
+    s.tensor_offset_.push_back(s.numel_);
+    s.tensor_numel_.push_back(n);
+    s.tensor_block_.push_back(blocks);
+    s.numel_ += n;
+    blocks += (n + block_size - 1) / block_size;
+  }
+  switch (format) {
+    case StateFormat::kFp32: s.f32_.resize(s.numel_); break;
+    case StateFormat::kBf16: s.bf16_.resize(s.numel_); break;
+    default: {
+      s.codes_.resize(blocks * block_size * state_format_bits(format) / 8);
+      s.scales_.resize(blocks);
+      // Zero moments: every scale 0 decodes to 0 whatever the codes.
+    }
+  }
+  return s;
+}
+
+int64_t MomentStore::bytes() const {
+  return 4 * f32_.size() + 2 * bf16_.size() + codes_.size() + 4 * scales_.size();
+}
+
+MomentRef MomentStore::tensor(size_t index) {
+  MomentRef r;
+  r.format = format_;
+  r.block_size = block_;
+  const int64_t off = tensor_offset_[index];
+  switch (format_) {
+    case StateFormat::kFp32: r.f32 = f32_.data() + off; break;
+    case StateFormat::kBf16: r.bf16 = bf16_.data() + off; break;
+    default:
+      r.codes = codes_.data() + tensor_block_[index] * block_ * state_format_bits(format_) / 8;
+      r.scales = scales_.data() + tensor_block_[index];
+  }
+  return r;
+}
+
+void MomentStore::decode(size_t index, float* out) const {
+  decode_moment(const_cast<MomentStore*>(this)->tensor(index), second_, tensor_numel_[index], out);
+}
+
+void MomentStore::encode(size_t index, const float* in) { encode_moment(tensor(index), second_, tensor_numel_[index], in); }
+
+// ---- the fused pass -----------------------------------------------------------------------------
+
+namespace {
+
+using RunFn = void (*)(const StepConsts&, float*, const float*, const MomentRef&, const MomentRef&, int64_t, int64_t, int64_t,
+                       float*, uint16_t*, float*, float*, int32_t*);
+
+RunFn run_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return adamw_avx512::adamw_run;
+    case Isa::kAvx2: return adamw_avx2::adamw_run;
+    default: return adamw_scalar::adamw_run;
+  }
+}
+
+// The block the pass works in: the quantisation block, else 4096 elements (fp32/bf16 are
+// element-wise; the block only sets the unit of work and of the threads' split).
+int64_t work_block(const MomentRef& m, const MomentRef& v) {
+  if (is_quantised(m.format)) return m.block_size;
+  if (is_quantised(v.format)) return v.block_size;
+  return 4096;
+}
+
+}  // namespace
+
+void decode_moment(const MomentRef& r, bool second, int64_t n, float* out) {
+  std::vector<int32_t> ci(static_cast<size_t>(r.block_size));
+  adamw_scalar::moment_decode(r, second, n, out, ci.data());
+}
+
+void encode_moment(const MomentRef& r, bool second, int64_t n, const float* in) {
+  std::vector<int32_t> ci(static_cast<size_t>(r.block_size));
+  adamw_scalar::moment_encode(r, second, n, in, ci.data());
+}
+
+void adamw_update_moments(float* w, const float* g, const MomentRef& m, const MomentRef& v, int64_t n, const AdamWStep& s,
+                          float* stream_f32, uint16_t* stream_bf16, int threads, Isa isa) {
+  if (n <= 0) return;
+  const StepConsts k = step_consts(s);
+  auto resolved = resolve_isa(isa);
+  const RunFn fn = run_for(resolved.ok() ? *resolved : Isa::kScalar);
+  const int64_t block = work_block(m, v);
+  const int64_t blocks = (n + block - 1) / block;
+  const int t = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, std::min<int64_t>(blocks, n / 16384 + 1))));
+  auto part = [&](int i) {
+    std::vector<float> fm(static_cast<size_t>(block)), fv(static_cast<size_t>(block));
+    std::vector<int32_t> ci(static_cast<size_t>(block));
+    const int64_t b0 = blocks * i / t, b1 = blocks * (i + 1) / t;
+    fn(k, w, g, m, v, b0 * block, std::min(n, b1 * block), block, stream_f32, stream_bf16, fm.data(), fv.data(), ci.data());
+  };
+  if (t == 1) {
+    part(0);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int i = 1; i < t; ++i) pool.emplace_back(part, i);
+  part(0);
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace megatrain::exec

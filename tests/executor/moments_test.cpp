@@ -1,0 +1,195 @@
+// Moment storage formats and the fused AdamW pass (moments.h): round-trip error bounds per format
+// (from the format's definition: half a step for m, one step for v, bf16's half ulp), v's code
+// never decoding to zero, the SIMD copies (AVX-512, AVX2) and the scalar copy giving identical
+// bits for every format, thread counts giving identical bits, and the fp32 pass equal to the
+// plain torch-order formula.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "megatrain/executor/bf16.h"
+#include "megatrain/executor/moments.h"
+
+namespace megatrain::exec {
+namespace {
+
+const StateFormat kAll[] = {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kQ8,
+                            StateFormat::kQ4,   StateFormat::kQ3,   StateFormat::kQ2};
+
+std::vector<float> random_values(int64_t n, bool positive, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    const float y = d(g) * std::exp(d(g));  // spread over magnitudes, as moments are
+    x = positive ? y * y * 1e-4f : y * 1e-2f;
+  }
+  return v;
+}
+
+TEST(Moments, RoundTripWithinTheFormatsStep) {
+  const std::vector<int64_t> sizes = {1, 37, 128, 300, 1000};  // tensors, with short last blocks
+  for (StateFormat f : kAll) {
+    for (bool second : {false, true}) {
+      SCOPED_TRACE(std::string(state_format_name(f)) + (second ? " v" : " m"));
+      MomentStore s = MomentStore::create(f, second, sizes, 64);
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const int64_t n = sizes[t];
+        const std::vector<float> in = random_values(n, second, static_cast<uint32_t>(t + 11));
+        s.encode(t, in.data());
+        std::vector<float> out(static_cast<size_t>(n));
+        s.decode(t, out.data());
+        const int bits = state_format_bits(f);
+        for (int64_t b0 = 0; b0 < n; b0 += 64) {
+          float mx = 0;
+          for (int64_t i = b0; i < std::min(n, b0 + 64); ++i) mx = std::max(mx, std::fabs(in[static_cast<size_t>(i)]));
+          for (int64_t i = b0; i < std::min(n, b0 + 64); ++i) {
+            const float x = in[static_cast<size_t>(i)], y = out[static_cast<size_t>(i)];
+            double bound = 0;  // fp32: exact
+            if (f == StateFormat::kBf16) {
+              bound = std::fabs(x) * std::ldexp(1.0, -8);
+            } else if (is_quantised(f)) {
+              // m: half a step; v: one step of sqrt(v) (its lowest code stands for the step, not 0)
+              const double su = std::sqrt(mx) / (1 << bits);
+              bound = second ? (2 * std::sqrt(std::fabs(x)) + su) * su * (1 + 1e-5) : mx / ((1 << (bits - 1)) - 1) / 2 * (1 + 1e-6);
+            }
+            ASSERT_LE(std::fabs(static_cast<double>(y) - x), bound) << "element " << i << ": " << x << " -> " << y;
+            if (second && is_quantised(f) && mx > 0) ASSERT_GT(y, 0.0f) << "v decoded to zero";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Moments, BytesFollowTheFormat) {
+  const std::vector<int64_t> sizes = {1000, 24};
+  EXPECT_EQ(MomentStore::create(StateFormat::kFp32, false, sizes, 128).bytes(), 4 * 1024);
+  EXPECT_EQ(MomentStore::create(StateFormat::kBf16, false, sizes, 128).bytes(), 2 * 1024);
+  // q4: blocks of 128 take 64 bytes; 1000 -> 8 blocks, 24 -> 1 block; one fp32 scale each
+  EXPECT_EQ(MomentStore::create(StateFormat::kQ4, false, sizes, 128).bytes(), 9 * 64 + 9 * 4);
+  EXPECT_EQ(MomentStore::create(StateFormat::kQ3, true, sizes, 128).bytes(), 9 * 48 + 9 * 4);
+}
+
+struct PassRun {
+  std::vector<float> w, stream_f32;
+  std::vector<uint16_t> stream_bf16;
+  MomentStore m, v;
+};
+
+// Three AdamW steps on one tensor of n elements, from the same start, on `isa` with `threads`.
+PassRun three_steps(StateFormat f, int64_t n, Isa isa, int threads) {
+  PassRun r;
+  r.w = random_values(n, false, 1);
+  r.stream_f32.assign(static_cast<size_t>(n), 0.0f);
+  r.stream_bf16.assign(static_cast<size_t>(n), 0);
+  r.m = MomentStore::create(f, false, {n}, 128);
+  r.v = MomentStore::create(f, true, {n}, 128);
+  for (int t = 1; t <= 3; ++t) {
+    const std::vector<float> g = random_values(n, false, static_cast<uint32_t>(100 + t));
+    AdamWStep s{1e-3, 0.9, 0.95, 1e-8, 0.1, t, t == 2 ? 0.5f : 1.0f};
+    adamw_update_moments(r.w.data(), g.data(), r.m.tensor(0), r.v.tensor(0), n, s, r.stream_f32.data(), r.stream_bf16.data(),
+                         threads, isa);
+  }
+  return r;
+}
+
+template <typename T>
+bool same_bits(const T* a, const T* b, int64_t n) {
+  return std::memcmp(a, b, sizeof(T) * static_cast<size_t>(n)) == 0;
+}
+
+void expect_identical(const PassRun& a, const PassRun& b, int64_t n) {
+  EXPECT_TRUE(same_bits(a.w.data(), b.w.data(), n)) << "weights differ";
+  EXPECT_TRUE(same_bits(a.stream_f32.data(), b.stream_f32.data(), n));
+  EXPECT_TRUE(same_bits(a.stream_bf16.data(), b.stream_bf16.data(), n));
+  for (const auto* pair : {&a.m, &a.v}) {
+    const MomentStore& x = *pair;
+    const MomentStore& y = pair == &a.m ? b.m : b.v;
+    EXPECT_TRUE(same_bits(x.f32().data(), y.f32().data(), x.f32().size()));
+    EXPECT_TRUE(same_bits(x.bf16().data(), y.bf16().data(), x.bf16().size()));
+    EXPECT_TRUE(same_bits(x.codes().data(), y.codes().data(), x.codes().size())) << "codes differ";
+    EXPECT_TRUE(same_bits(x.scales().data(), y.scales().data(), x.scales().size())) << "scales differ";
+  }
+}
+
+TEST(Moments, EveryInstructionSetGivesTheSameBits) {
+  const int64_t n = 100003;  // not a multiple of any vector width or block
+  std::vector<Isa> isas = {Isa::kScalar};
+  for (Isa i : {Isa::kAvx2, Isa::kAvx512})
+    if (resolve_isa(i).ok()) isas.push_back(i);
+  if (isas.size() == 1) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: only the scalar copy runs";
+  for (StateFormat f : kAll) {
+    SCOPED_TRACE(state_format_name(f));
+    const PassRun ref = three_steps(f, n, Isa::kScalar, 1);
+    for (Isa i : isas) {
+      SCOPED_TRACE(isa_name(i));
+      expect_identical(three_steps(f, n, i, 1), ref, n);
+    }
+  }
+}
+
+TEST(Moments, EveryThreadCountGivesTheSameBits) {
+  const int64_t n = 200001;
+  for (StateFormat f : kAll) {
+    SCOPED_TRACE(state_format_name(f));
+    const PassRun ref = three_steps(f, n, Isa::kAuto, 1);
+    for (int t : {2, 3, 5}) expect_identical(three_steps(f, n, Isa::kAuto, t), ref, n);
+  }
+}
+
+TEST(Moments, Fp32PassIsTorchsFormula) {
+  const int64_t n = 4099;
+  std::vector<float> w = random_values(n, false, 3), g = random_values(n, false, 4);
+  std::vector<float> m = random_values(n, false, 5), v = random_values(n, true, 6);
+  std::vector<float> w2 = w, m2 = m, v2 = v;
+  const AdamWStep s{2e-3, 0.9, 0.999, 1e-8, 0.01, 7, 0.75f};
+  MomentRef mr, vr;
+  mr.f32 = m.data();
+  vr.f32 = v.data();
+  adamw_update_moments(w.data(), g.data(), mr, vr, n, s, nullptr, nullptr, 2);
+  // torch.optim.AdamW, operation by operation in fp32
+  const float decay = static_cast<float>(1.0 - s.lr * s.weight_decay);
+  const float step_size = static_cast<float>(s.lr / (1.0 - std::pow(s.beta1, 7.0)));
+  const float bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, 7.0)));
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[static_cast<size_t>(i)] * s.grad_scale;
+    const float mi = m2[static_cast<size_t>(i)] * 0.9f + 0.1f * gi;
+    const float vi = v2[static_cast<size_t>(i)] * 0.999f + static_cast<float>(1.0 - 0.999) * gi * gi;
+    const float p = w2[static_cast<size_t>(i)] * decay - step_size * (mi / (std::sqrt(vi) / bc2 + 1e-8f));
+    ASSERT_EQ(m[static_cast<size_t>(i)], mi) << i;
+    ASSERT_EQ(v[static_cast<size_t>(i)], vi) << i;
+    ASSERT_EQ(w[static_cast<size_t>(i)], p) << i;
+  }
+}
+
+// The quantised passes follow the fp32 pass: the update they make differs from fp32's by an error
+// that shrinks with more bits.
+TEST(Moments, QuantisedUpdatesApproachFp32WithMoreBits) {
+  const int64_t n = 50000;
+  const PassRun ref = three_steps(StateFormat::kFp32, n, Isa::kAuto, 1);
+  const std::vector<float> w0 = random_values(n, false, 1);
+  double prev = 0;
+  for (StateFormat f : {StateFormat::kQ2, StateFormat::kQ3, StateFormat::kQ4, StateFormat::kQ8, StateFormat::kBf16}) {
+    const PassRun r = three_steps(f, n, Isa::kAuto, 1);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double du = (static_cast<double>(r.w[static_cast<size_t>(i)]) - w0[static_cast<size_t>(i)]) -
+                        (static_cast<double>(ref.w[static_cast<size_t>(i)]) - w0[static_cast<size_t>(i)]);
+      const double dr = static_cast<double>(ref.w[static_cast<size_t>(i)]) - w0[static_cast<size_t>(i)];
+      num += du * du;
+      den += dr * dr;
+    }
+    const double e = std::sqrt(num / den);
+    std::printf("relative update error after 3 steps, %s: %.4f\n", state_format_name(f), e);
+    if (prev > 0) EXPECT_LT(e, prev) << state_format_name(f);
+    prev = e;
+  }
+  EXPECT_LT(prev, 0.01);  // bf16
+}
+
+}  // namespace
+}  // namespace megatrain::exec
