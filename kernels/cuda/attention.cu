@@ -27,8 +27,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
+#include "cuda/device_util.cuh"
 #include "cuda/gemm.cuh"
 
 namespace megatrain::cuda {
@@ -37,44 +37,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_f(float x) {
-  if constexpr (std::is_same_v<T, float>)
-    return x;
-  else
-    return __float2bfloat16(x);
-}
-
-// Fixed-order block reduction (max or sum) of one value per thread; every thread gets the result.
-template <bool kMax>
-__device__ float block_reduce(float v, float* shared) {
-  for (int off = 16; off > 0; off >>= 1) {
-    const float o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = kMax ? fmaxf(v, o) : v + o;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // shared may still be read by a previous reduction
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : (kMax ? -INFINITY : 0.0f);
-    for (int off = 16; off > 0; off >>= 1) {
-      const float o = __shfl_xor_sync(0xffffffffu, v, off);
-      v = kMax ? fmaxf(v, o) : v + o;
-    }
-    if (lane == 0) shared[0] = v;
-  }
-  __syncthreads();
-  return shared[0];
-}
-
 // One block per score row (h, i): S [n_heads, rows, keys] fp32 -> P in T, and lse.
 template <typename T>
 __global__ void softmax_rows(const float* __restrict__ s, T* __restrict__ p, float* __restrict__ lse, int64_t rows,
                              int64_t keys, int64_t r0, int64_t seq, int64_t lse_base) {
-  __shared__ float red[32];
+  __shared__ float red[kThreads / 32 + 1];  // softmax_rows runs in blocks of kThreads
   const int64_t row = blockIdx.x;  // h * rows + i
   const int64_t h = row / rows, i = row % rows;
   const int64_t visible = r0 + i + 1;  // keys j <= r0 + i
@@ -82,10 +49,10 @@ __global__ void softmax_rows(const float* __restrict__ s, T* __restrict__ p, flo
   T* pr = p + row * keys;
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, sr[j]);
-  m = block_reduce<true>(m, red);
+  m = block_reduce<kThreads>(m, -INFINITY, MaxOp{}, red);
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) sum += expf(sr[j] - m);
-  sum = block_reduce<false>(sum, red);
+  sum = block_reduce<kThreads>(sum, 0.0f, SumOp{}, red);
   const float inv = 1.0f / sum;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) pr[j] = from_f<T>(j < visible ? expf(sr[j] - m) * inv : 0.0f);
   if (threadIdx.x == 0) lse[lse_base + h * seq + r0 + i] = m + logf(sum);
@@ -137,7 +104,7 @@ __global__ void row_dot(const T* __restrict__ dout, const T* __restrict__ out, f
   }
 }
 
-int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
+unsigned int grid_for(int64_t n) { return stride_grid<kThreads>(n, 65535 * 8); }
 
 constexpr int64_t kAlign = 256;
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }

@@ -5,27 +5,18 @@
 // bf16 -> fp32 is exact, fp32 -> fp32 is a copy. Element-wise, so deterministic.
 #include "cuda/cast.cuh"
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-template <typename To>
-__device__ __forceinline__ To cast_to(float v);
-template <>
-__device__ __forceinline__ float cast_to<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16 cast_to<bf16>(float v) { return __float2bfloat16_rn(v); }
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
 
 template <typename From, typename To>
 __global__ void __launch_bounds__(kThreads) convert_kernel(const From* src, int64_t n, To* dst) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride)
-    dst[i] = cast_to<To>(to_f(src[i]));
+    dst[i] = from_f<To>(to_f(src[i]));
 }
 
 }  // namespace
@@ -33,9 +24,7 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const From* src, int6
 template <typename From, typename To>
 Status convert(const From* src, int64_t n, To* dst, cudaStream_t s) {
   if (n <= 0) return {};
-  int64_t blocks = (n + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  convert_kernel<From, To><<<static_cast<unsigned int>(blocks), kThreads, 0, s>>>(src, n, dst);
+  convert_kernel<From, To><<<stride_grid<kThreads>(n), kThreads, 0, s>>>(src, n, dst);
   MT_CUDA_LAUNCH_CHECK("convert");
   return {};
 }

@@ -26,50 +26,15 @@
 // online rescaling across chunks rounds once more per chunk.
 #include "cuda/cross_entropy.cuh"
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kFinishThreads = 1024;
-constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 constexpr int32_t kIgnoreIndex = -1;
-
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
-
-unsigned int row_grid(int64_t n) { return static_cast<unsigned int>(n < kMaxRowBlocks ? n : kMaxRowBlocks); }
-
-struct SumOp {
-  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
-};
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-// Reduction of v over the block's kThreads threads in a fixed tree; every thread gets the result.
-// smem holds kWarps + 1 floats; the trailing barrier lets the caller reuse it at once.
-template <typename Op>
-__device__ __forceinline__ float block_reduce(float v, float identity, Op op, float* smem) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kWarps ? smem[lane] : identity;
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
-    if (lane == 0) smem[kWarps] = v;
-  }
-  __syncthreads();
-  const float r = smem[kWarps];
-  __syncthreads();
-  return r;
-}
 
 __global__ void __launch_bounds__(kThreads)
     ce_chunk_stats_kernel(const float* logits, int64_t n, int64_t vc, int64_t v0, const int32_t* targets,
@@ -79,12 +44,12 @@ __global__ void __launch_bounds__(kThreads)
     const float* x = logits + r * vc;
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < vc; j += kThreads) mx = fmaxf(mx, x[j]);
-    const float cm = block_reduce(mx, -INFINITY, MaxOp{}, smem);
+    const float cm = block_reduce<kThreads>(mx, -INFINITY, MaxOp{}, smem);
     float acc = 0.0f;
     if (cm != -INFINITY) {
       for (int64_t j = threadIdx.x; j < vc; j += kThreads) acc = __fadd_rn(acc, expf(__fsub_rn(x[j], cm)));
     }
-    const float cs = block_reduce(acc, 0.0f, SumOp{}, smem);
+    const float cs = block_reduce<kThreads>(acc, 0.0f, SumOp{}, smem);
     if (threadIdx.x == 0) {
       float m = -INFINITY;
       float s = 0.0f;

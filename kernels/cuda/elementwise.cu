@@ -8,26 +8,12 @@
 // One IEEE fp32 add per element, exactly as the CPU op: deterministic and bit-identical.
 #include "cuda/elementwise.cuh"
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
-
-unsigned int grid_for(int64_t n) {
-  int64_t blocks = (n + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  return static_cast<unsigned int>(blocks);
-}
 
 __global__ void __launch_bounds__(kThreads) add_kernel(const float* a, const float* b, int64_t n, float* out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -52,14 +38,14 @@ __global__ void __launch_bounds__(kThreads) add_bias_kernel(T* y, const T* bias,
 
 Status add(const float* a, const float* b, int64_t n, float* out, cudaStream_t s) {
   if (n <= 0) return {};
-  add_kernel<<<grid_for(n), kThreads, 0, s>>>(a, b, n, out);
+  add_kernel<<<stride_grid<kThreads>(n), kThreads, 0, s>>>(a, b, n, out);
   MT_CUDA_LAUNCH_CHECK("add");
   return {};
 }
 
 Status accumulate(const float* src, int64_t n, float* dst, cudaStream_t s) {
   if (n <= 0) return {};
-  accumulate_kernel<<<grid_for(n), kThreads, 0, s>>>(src, n, dst);
+  accumulate_kernel<<<stride_grid<kThreads>(n), kThreads, 0, s>>>(src, n, dst);
   MT_CUDA_LAUNCH_CHECK("accumulate");
   return {};
 }
@@ -68,7 +54,7 @@ template <typename T>
 Status add_bias(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return {};
   const int64_t total = rows * cols;
-  add_bias_kernel<T><<<grid_for(total), kThreads, 0, s>>>(y, bias, total, cols);
+  add_bias_kernel<T><<<stride_grid<kThreads>(total), kThreads, 0, s>>>(y, bias, total, cols);
   MT_CUDA_LAUNCH_CHECK("add_bias");
   return {};
 }

@@ -17,16 +17,12 @@
 #include <algorithm>
 #include <numeric>
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
-
-unsigned int row_grid(int64_t n) { return static_cast<unsigned int>(n < kMaxRowBlocks ? n : kMaxRowBlocks); }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)

@@ -16,29 +16,14 @@
 //   the rows one by one straight into db), so deterministic and bit-identical to it.
 #include "cuda/reduce.cuh"
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kColThreads = 64;  // small blocks: cols / 64 blocks spread the serial column loops over more SMs
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
-
-// Sum of v over the block's kThreads threads in a fixed tree; the result is valid in thread 0.
-__device__ __forceinline__ double block_sum(double v, double* smem) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kWarps ? smem[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  }
-  return v;
-}
 
 __global__ void __launch_bounds__(kThreads) sum_squares_chunks_kernel(const float* x, int64_t n, double* scratch) {
   __shared__ double smem[kWarps];
@@ -49,7 +34,7 @@ __global__ void __launch_bounds__(kThreads) sum_squares_chunks_kernel(const floa
     const double v = static_cast<double>(x[i]);
     acc = __dadd_rn(acc, __dmul_rn(v, v));
   }
-  acc = block_sum(acc, smem);
+  acc = block_reduce_first<kThreads>(acc, 0.0, SumOp{}, smem);  // valid in thread 0
   if (threadIdx.x == 0) scratch[blockIdx.x] = acc;
 }
 
@@ -57,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) sum_partials_kernel(const double* sc
   __shared__ double smem[kWarps];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < blocks; i += kThreads) acc = __dadd_rn(acc, scratch[i]);
-  acc = block_sum(acc, smem);
+  acc = block_reduce_first<kThreads>(acc, 0.0, SumOp{}, smem);  // valid in thread 0
   if (threadIdx.x == 0) *out = acc;
 }
 

@@ -21,41 +21,14 @@
 // (16 interleaved lanes there, 256 strided threads + a tree here).
 #include "cuda/rmsnorm.cuh"
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kDwThreads = 64;  // small blocks: dim / 64 blocks spread the serial column loops over more SMs
-constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
-
-// Sum of v over the block's kThreads threads in a fixed tree; every thread gets the result.
-// smem holds kWarps + 1 floats; the trailing barrier lets the caller reuse it at once.
-__device__ __forceinline__ float block_sum(float v, float* smem) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kWarps ? smem[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    if (lane == 0) smem[kWarps] = v;
-  }
-  __syncthreads();
-  const float r = smem[kWarps];
-  __syncthreads();
-  return r;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -69,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
       const float v = xr[i];
       acc = __fadd_rn(acc, __fmul_rn(v, v));
     }
-    const float ss = block_sum(acc, smem);
+    const float ss = block_reduce<kThreads>(acc, 0.0f, SumOp{}, smem);
     const float ms = ss / static_cast<float>(dim);
     const float rs = 1.0f / sqrtf(ms + eps);
     if (threadIdx.x == 0) rstd[r] = rs;
@@ -105,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
       const float g = __fmul_rn(dyr[i], to_f(w[i]));
       acc = __fadd_rn(acc, __fmul_rn(g, xr[i]));
     }
-    const float c = block_sum(acc, smem) / static_cast<float>(dim);
+    const float c = block_reduce<kThreads>(acc, 0.0f, SumOp{}, smem) / static_cast<float>(dim);
     const float rs = rstd[r];
     const float k = __fmul_rn(__fmul_rn(rs, rs), c);
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
@@ -114,8 +87,6 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 }
-
-unsigned int row_grid(int64_t n) { return static_cast<unsigned int>(n < kMaxRowBlocks ? n : kMaxRowBlocks); }
 
 }  // namespace
 

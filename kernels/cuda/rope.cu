@@ -12,20 +12,12 @@
 // rounds them (no FMA contraction). In bf16, the rotation is done in fp32 and rounded once.
 #include "cuda/rope.cuh"
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
 
 template <typename T, bool kBackward>
 __global__ void __launch_bounds__(kThreads)
@@ -56,35 +48,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// rope_forward (kBackward false) and rope_backward (true): the rotation of every pair of x, in place.
+// head_dim is even (rope_inv_freq refuses odd ones); an odd last element would be left untouched.
 template <typename T, bool kBackward>
-void rope_launch(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                 const float* inv_freq, cudaStream_t s) {
+Status rope_apply(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                  const float* inv_freq, cudaStream_t s) {
+  if (n_tokens <= 0 || n_heads <= 0 || head_dim < 2) return {};
   const int64_t total = n_tokens * n_heads * (head_dim / 2);
-  int64_t blocks = (total + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  rope_kernel<T, kBackward><<<static_cast<unsigned int>(blocks), kThreads, 0, s>>>(x, positions, n_heads, head_dim,
-                                                                                   inv_freq, total);
+  rope_kernel<T, kBackward><<<stride_grid<kThreads>(total), kThreads, 0, s>>>(x, positions, n_heads, head_dim, inv_freq,
+                                                                             total);
+  if constexpr (kBackward)
+    MT_CUDA_LAUNCH_CHECK("rope_backward");
+  else
+    MT_CUDA_LAUNCH_CHECK("rope_forward");
+  return {};
 }
 
 }  // namespace
 
-// head_dim is even (rope_inv_freq refuses odd ones); an odd last element would be left untouched.
 template <typename T>
 Status rope_forward(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                     const float* inv_freq, cudaStream_t s) {
-  if (n_tokens <= 0 || n_heads <= 0 || head_dim < 2) return {};
-  rope_launch<T, false>(x, positions, n_tokens, n_heads, head_dim, inv_freq, s);
-  MT_CUDA_LAUNCH_CHECK("rope_forward");
-  return {};
+  return rope_apply<T, false>(x, positions, n_tokens, n_heads, head_dim, inv_freq, s);
 }
 
 template <typename T>
 Status rope_backward(T* dx, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                      const float* inv_freq, cudaStream_t s) {
-  if (n_tokens <= 0 || n_heads <= 0 || head_dim < 2) return {};
-  rope_launch<T, true>(dx, positions, n_tokens, n_heads, head_dim, inv_freq, s);
-  MT_CUDA_LAUNCH_CHECK("rope_backward");
-  return {};
+  return rope_apply<T, true>(dx, positions, n_tokens, n_heads, head_dim, inv_freq, s);
 }
 
 #define MT_INSTANTIATE(T)                                                                                       \

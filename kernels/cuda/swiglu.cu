@@ -11,26 +11,12 @@
 // gate/up (each element is read and written by one thread). Deterministic: element-wise.
 #include "cuda/swiglu.cuh"
 
+#include "cuda/device_util.cuh"
+
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 16;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ bf16 from_f<bf16>(float v) { return __float2bfloat16_rn(v); }
-
-unsigned int grid_for(int64_t n) {
-  int64_t blocks = (n + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  return static_cast<unsigned int>(blocks);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const T* gate, const T* up, int64_t n, T* out) {
@@ -66,7 +52,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 Status swiglu_forward(const T* gate, const T* up, int64_t n, T* out, cudaStream_t s) {
   if (n <= 0) return {};
-  swiglu_forward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(gate, up, n, out);
+  swiglu_forward_kernel<T><<<stride_grid<kThreads>(n), kThreads, 0, s>>>(gate, up, n, out);
   MT_CUDA_LAUNCH_CHECK("swiglu_forward");
   return {};
 }
@@ -74,7 +60,7 @@ Status swiglu_forward(const T* gate, const T* up, int64_t n, T* out, cudaStream_
 template <typename T>
 Status swiglu_backward(const T* gate, const T* up, const T* dout, int64_t n, T* dgate, T* dup, cudaStream_t s) {
   if (n <= 0) return {};
-  swiglu_backward_kernel<T><<<grid_for(n), kThreads, 0, s>>>(gate, up, dout, n, dgate, dup);
+  swiglu_backward_kernel<T><<<stride_grid<kThreads>(n), kThreads, 0, s>>>(gate, up, dout, n, dgate, dup);
   MT_CUDA_LAUNCH_CHECK("swiglu_backward");
   return {};
 }

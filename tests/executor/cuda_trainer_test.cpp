@@ -8,6 +8,7 @@
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "megatrain/core/plan.h"
 #include "megatrain/executor/backend.h"
@@ -123,15 +124,23 @@ TEST(CudaTraining, Bf16StepsMatchWithinBf16Error) {
   }
 }
 
+// The model of plan_for("tiny-llama-gqa", "fp32") and its shapes for one micro-batch (2 x 24).
+struct TinyModel {
+  ModelSpec model;
+  Dims dims;
+};
+Result<TinyModel> tiny_model() {
+  MT_ASSIGN_OR_RETURN(const Plan plan, Plan::from_json_text(plan_for("tiny-llama-gqa", "fp32").dump()));
+  MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
+  MT_ASSIGN_OR_RETURN(const Dims dims, make_dims(model, 2, 24));
+  return TinyModel{std::move(model), dims};
+}
+
 TEST(CudaTraining, AutoPicksTheGpuAndTheInMemoryLoopStaysOnTheCpu) {
   if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << "no GPU here: " << why;
-  auto plan = Plan::from_json_text(plan_for("tiny-llama-gqa", "fp32").dump());
-  ASSERT_TRUE(plan.ok());
-  auto model = plan->resolve_model();
-  ASSERT_TRUE(model.ok());
-  auto dims = make_dims(*model, 2, 24);
-  ASSERT_TRUE(dims.ok());
-  auto be = make_backend("auto", *model, *dims, BackendOptions{});
+  const auto tiny = tiny_model();
+  ASSERT_TRUE(tiny.ok()) << tiny.status().to_string();
+  auto be = make_backend("auto", tiny->model, tiny->dims, BackendOptions{});
   ASSERT_TRUE(be.ok()) << be.status().to_string();
   EXPECT_EQ((*be)->name(), "cuda");
   EXPECT_NE((*be)->describe().find("CUDA backend"), std::string::npos);
@@ -140,16 +149,12 @@ TEST(CudaTraining, AutoPicksTheGpuAndTheInMemoryLoopStaysOnTheCpu) {
 TEST(CudaTraining, WithoutAGpuCudaIsRefusedWithTheReason) {
   const std::string why = why_no_gpu();
   if (why.empty()) GTEST_SKIP() << "a GPU is present: the refusal cannot be checked here";
-  auto plan = Plan::from_json_text(plan_for("tiny-llama-gqa", "fp32").dump());
-  ASSERT_TRUE(plan.ok());
-  auto model = plan->resolve_model();
-  ASSERT_TRUE(model.ok());
-  auto dims = make_dims(*model, 2, 24);
-  ASSERT_TRUE(dims.ok());
-  auto be = make_backend("cuda", *model, *dims, BackendOptions{});
+  const auto tiny = tiny_model();
+  ASSERT_TRUE(tiny.ok()) << tiny.status().to_string();
+  auto be = make_backend("cuda", tiny->model, tiny->dims, BackendOptions{});
   ASSERT_FALSE(be.ok());
   EXPECT_NE(be.status().message().find("accepted here: --backend cpu"), std::string::npos) << be.status().message();
-  auto fallback = make_backend("auto", *model, *dims, BackendOptions{});
+  auto fallback = make_backend("auto", tiny->model, tiny->dims, BackendOptions{});
   ASSERT_TRUE(fallback.ok());
   EXPECT_EQ((*fallback)->name(), "cpu");
 }
