@@ -293,15 +293,117 @@ std::string utc_now() {
   return b;
 }
 
+// ---- the optimizer file: Adam's moments in their storage format ---------------------------------
+
+constexpr const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};  // m, v (torch AdamW's names)
+
+// Where tensor `index` of a unit lies in one of its MomentStores: elements, blocks and code bytes
+// from the start of the unit's arrays, as MomentStore lays them out (moments.h: every tensor's
+// blocks start at its first element, every block takes block_size * bits / 8 bytes of codes).
+struct MomentSpan {
+  int64_t elem_offset = 0, numel = 0;
+  int64_t block_offset = 0, blocks = 0;
+  int64_t code_offset = 0, code_bytes = 0;
+};
+
+std::vector<MomentSpan> moment_spans(const UnitState& us, const MomentStore& ms) {
+  std::vector<MomentSpan> out;
+  const int64_t bs = ms.block_size();
+  const int64_t block_bytes = bs * state_format_bits(ms.format()) / 8;
+  int64_t elems = 0, blocks = 0;
+  for (const TensorSlot& t : us.tensors) {
+    MomentSpan sp;
+    sp.elem_offset = elems;
+    sp.numel = t.numel;
+    sp.block_offset = blocks;
+    sp.blocks = is_quantised(ms.format()) ? (t.numel + bs - 1) / bs : 0;
+    sp.code_offset = blocks * block_bytes;
+    sp.code_bytes = sp.blocks * block_bytes;
+    elems += t.numel;
+    blocks += sp.blocks;
+    out.push_back(sp);
+  }
+  return out;
+}
+
+// The spans of `ms`, after checking that they cover its arrays exactly (they always do for a
+// HostState::create'd state; anything else would make reads and writes run off the arrays).
+Result<std::vector<MomentSpan>> checked_spans(const UnitState& us, const MomentStore& ms, int m_or_v) {
+  std::vector<MomentSpan> spans = moment_spans(us, ms);
+  int64_t elems = 0, blocks = 0, codes = 0;
+  for (const MomentSpan& sp : spans) elems += sp.numel, blocks += sp.blocks, codes += sp.code_bytes;
+  bool fits = elems == us.numel && ms.numel() == us.numel;
+  switch (ms.format()) {
+    case StateFormat::kFp32: fits = fits && ms.f32().size() == elems; break;
+    case StateFormat::kBf16: fits = fits && ms.bf16().size() == elems; break;
+    default: fits = fits && ms.codes().size() == codes && ms.scales().size() == blocks;
+  }
+  if (!fits)
+    return internal_error(std::string("Adam's ") + (m_or_v ? "v" : "m") + " (" + state_format_name(ms.format()) +
+                          ") of a unit does not have the layout of its tensors; the state was not built by HostState::create");
+  return spans;
+}
+
+// The formats the optimizer file keeps m and v in, and their block size.
+struct MomentFormats {
+  StateFormat m = StateFormat::kFp32, v = StateFormat::kFp32;
+  int64_t block_size = 128;
+  bool quantised() const { return is_quantised(m) || is_quantised(v); }
+  // Block sizes matter only to quantised formats.
+  bool operator==(const MomentFormats& o) const {
+    return m == o.m && v == o.v && (!quantised() || block_size == o.block_size);
+  }
+  std::string text() const {
+    std::string t = std::string(state_format_name(m)) + "/" + state_format_name(v);
+    if (quantised()) t += " (block " + std::to_string(block_size) + ")";
+    return t;
+  }
+};
+
+MomentFormats formats_of(const HostState& state) {
+  MomentFormats f;
+  if (state.units().empty()) return f;
+  const UnitState& u = state.units()[0];
+  f.m = u.m.format();
+  f.v = u.v.format();
+  f.block_size = u.m.block_size();
+  return f;
+}
+
 Status write_optimizer(const HostState& state, const fs::path& path, int64_t next_step) {
   std::vector<TensorToWrite> tensors;
   for (const UnitState& us : state.units()) {
-    for (const TensorSlot& t : us.tensors) {
-      tensors.push_back(TensorToWrite{t.name + ".exp_avg", t.shape, us.m.data() + t.offset, DType::kFp32, DType::kFp32});
-      tensors.push_back(TensorToWrite{t.name + ".exp_avg_sq", t.shape, us.v.data() + t.offset, DType::kFp32, DType::kFp32});
+    const MomentStore* stores[2] = {&us.m, &us.v};
+    std::vector<MomentSpan> spans[2];
+    for (int k = 0; k < 2; ++k) {
+      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, *stores[k], k));
+    }
+    for (size_t i = 0; i < us.tensors.size(); ++i) {
+      const TensorSlot& t = us.tensors[i];
+      for (int k = 0; k < 2; ++k) {
+        const MomentStore& ms = *stores[k];
+        const MomentSpan& sp = spans[k][i];
+        const std::string name = t.name + kMomentSuffix[k];
+        switch (ms.format()) {
+          case StateFormat::kFp32:
+            tensors.push_back(TensorToWrite{name, t.shape, ms.f32().data() + sp.elem_offset, DType::kFp32, DType::kFp32});
+            break;
+          case StateFormat::kBf16:  // the bits as they are: equal types are copied, never rounded
+            tensors.push_back(TensorToWrite{name, t.shape, ms.bf16().data() + sp.elem_offset, DType::kBf16, DType::kBf16});
+            break;
+          default:
+            tensors.push_back(raw_tensor(name + ".codes", {sp.code_bytes}, ms.codes().data() + sp.code_offset, "U8"));
+            tensors.push_back(TensorToWrite{name + ".scales", {sp.blocks}, ms.scales().data() + sp.block_offset,
+                                            DType::kFp32, DType::kFp32});
+        }
+      }
     }
   }
-  return write_safetensors(path, tensors, {{"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)}});
+  const MomentFormats f = formats_of(state);
+  return write_safetensors(path, tensors,
+                           {{"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)},
+                            {"m_format", state_format_name(f.m)}, {"v_format", state_format_name(f.v)},
+                            {"block_size", std::to_string(f.block_size)}});
 }
 
 Json manifest_json(const CheckpointInfo& info, const std::map<std::string, FileDigest>& files, const std::string& created) {
@@ -533,35 +635,91 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
   return info;
 }
 
-// Every tensor the state needs, present as F32 with the model's shape, and nothing else.
-Status check_tensors(const SafetensorsFile& f, const HostState& state, const std::vector<std::string>& suffixes,
-                     const CheckpointInfo& info) {
-  const std::string where = "'" + f.path().string() + "' (a checkpoint of model '" + info.model_name + "'): ";
-  size_t expected = 0;
+// One tensor a checkpoint file must hold.
+struct ExpectedTensor {
+  std::string name;
+  const char* dtype;
+  std::vector<int64_t> shape;
+};
+
+std::vector<ExpectedTensor> expected_model_tensors(const HostState& state) {
+  std::vector<ExpectedTensor> out;
+  for (const UnitState& us : state.units())
+    for (const TensorSlot& t : us.tensors) out.push_back({t.name, "F32", t.shape});
+  return out;
+}
+
+// The optimizer file's tensors for the state's formats: per parameter, m then v; fp32 and bf16 as
+// one tensor of the parameter's shape, a quantised format as ".codes" (U8) then ".scales" (F32).
+Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& state) {
+  std::vector<ExpectedTensor> out;
   for (const UnitState& us : state.units()) {
-    for (const TensorSlot& t : us.tensors) {
-      for (const std::string& sfx : suffixes) {
-        ++expected;
-        const std::string n = t.name + sfx;
-        const SafetensorsEntry* e = f.find(n);
-        if (!e) return invalid_argument(where + "tensor " + n + " is missing; is this checkpoint of another model?");
-        if (e->dtype != "F32") return corrupt(where + "tensor " + n + " is " + e->dtype + ", expected F32");
-        if (e->shape != t.shape) {
-          auto text = [](const std::vector<int64_t>& s) {
-            std::string r = "[";
-            for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-            return r + "]";
-          };
-          return invalid_argument(where + "tensor " + n + " has shape " + text(e->shape) + ", the model needs " +
-                                  text(t.shape) + "; is this checkpoint of another model?");
+    const MomentStore* stores[2] = {&us.m, &us.v};
+    std::vector<MomentSpan> spans[2];
+    for (int k = 0; k < 2; ++k) {
+      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, *stores[k], k));
+    }
+    for (size_t i = 0; i < us.tensors.size(); ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const std::string name = us.tensors[i].name + kMomentSuffix[k];
+        switch (stores[k]->format()) {
+          case StateFormat::kFp32: out.push_back({name, "F32", us.tensors[i].shape}); break;
+          case StateFormat::kBf16: out.push_back({name, "BF16", us.tensors[i].shape}); break;
+          default:
+            out.push_back({name + ".codes", "U8", {spans[k][i].code_bytes}});
+            out.push_back({name + ".scales", "F32", {spans[k][i].blocks}});
         }
       }
     }
   }
-  if (f.entries().size() != expected)
+  return out;
+}
+
+// Every tensor the state needs, present with its dtype and shape, and nothing else.
+Status check_tensors(const SafetensorsFile& f, const std::vector<ExpectedTensor>& expected, const CheckpointInfo& info) {
+  const std::string where = "'" + f.path().string() + "' (a checkpoint of model '" + info.model_name + "'): ";
+  auto text = [](const std::vector<int64_t>& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  };
+  for (const ExpectedTensor& x : expected) {
+    const SafetensorsEntry* e = f.find(x.name);
+    if (!e) return invalid_argument(where + "tensor " + x.name + " is missing; is this checkpoint of another model?");
+    if (e->dtype != x.dtype) return corrupt(where + "tensor " + x.name + " is " + e->dtype + ", expected " + x.dtype);
+    if (e->shape != x.shape)
+      return invalid_argument(where + "tensor " + x.name + " has shape " + text(e->shape) + ", the model needs " +
+                              text(x.shape) + "; is this checkpoint of another model?");
+  }
+  if (f.entries().size() != expected.size())
     return invalid_argument(where + "it holds " + std::to_string(f.entries().size()) + " tensors, the model has " +
-                            std::to_string(expected) + "; is this checkpoint of another model?");
+                            std::to_string(expected.size()) + "; is this checkpoint of another model?");
   return {};
+}
+
+// The formats recorded in the optimizer file's __metadata__; a file without them predates the
+// storage formats and holds fp32 moments.
+Result<MomentFormats> formats_in(const SafetensorsFile& f) {
+  const auto& md = f.metadata();
+  MomentFormats out;
+  const bool any = md.count("m_format") || md.count("v_format") || md.count("block_size");
+  if (!any) return out;
+  const std::string where = "'" + f.path().string() + "': __metadata__.";
+  for (const char* key : {"m_format", "v_format", "block_size"})
+    if (!md.count(key)) return corrupt(where + key + " is missing while the other optimizer formats are recorded");
+  using Field = std::pair<const char*, StateFormat*>;
+  for (const auto& [key, dst] : {Field{"m_format", &out.m}, Field{"v_format", &out.v}}) {
+    auto fmt = parse_state_format(md.at(key));
+    if (!fmt.ok()) return corrupt(where + key + " is '" + md.at(key) + "'; expected fp32, bf16, q8, q4, q3 or q2");
+    *dst = *fmt;
+  }
+  const std::string& bs = md.at("block_size");
+  int64_t b = 0;
+  bool ok = !bs.empty() && bs.size() <= 9 && bs.find_first_not_of("0123456789") == std::string::npos;
+  if (ok) b = std::stoll(bs);
+  if (!ok || b < 1) return corrupt(where + "block_size is '" + bs + "'; expected a positive integer");
+  out.block_size = b;
+  return out;
 }
 
 Result<Verified> verify_step_dir(const fs::path& dir, const HostState& state) {
@@ -570,23 +728,57 @@ Result<Verified> verify_step_dir(const fs::path& dir, const HostState& state) {
   MT_ASSIGN_OR_RETURN(v.info, parse_manifest(dir));
   MT_ASSIGN_OR_RETURN(SafetensorsFile model, SafetensorsFile::open(dir / kModelFile));
   MT_ASSIGN_OR_RETURN(SafetensorsFile optimizer, SafetensorsFile::open(dir / kOptimizerFile));
-  MT_RETURN_IF_ERROR(check_tensors(model, state, {""}, v.info));
-  MT_RETURN_IF_ERROR(check_tensors(optimizer, state, {".exp_avg", ".exp_avg_sq"}, v.info));
+  MT_RETURN_IF_ERROR(check_tensors(model, expected_model_tensors(state), v.info));
+  MT_ASSIGN_OR_RETURN(const MomentFormats saved, formats_in(optimizer));
+  const MomentFormats now = formats_of(state);
+  if (!(saved == now))
+    return invalid_argument("'" + optimizer.path().string() + "': the checkpoint keeps m/v in " + saved.text() +
+                            ", this run's plan says " + now.text() +
+                            "; accepted: resume with the plan the checkpoint was written with (optimizer.m_format, "
+                            "optimizer.v_format, optimizer.block_size)");
+  MT_ASSIGN_OR_RETURN(const std::vector<ExpectedTensor> opt_tensors, expected_optimizer_tensors(state));
+  MT_RETURN_IF_ERROR(check_tensors(optimizer, opt_tensors, v.info));
   v.model.emplace(std::move(model));
   v.optimizer.emplace(std::move(optimizer));
   return v;
 }
 
 Status apply(const Verified& v, HostState& state) {
+  auto incomplete = [](const Status& s) {
+    return Status(s.code(), s.message() + "; the training state is incomplete and must not be used");
+  };
+  const SafetensorsFile& model = *v.model;
+  const SafetensorsFile& opt = *v.optimizer;
   for (UnitState& us : state.units()) {
-    for (const TensorSlot& t : us.tensors) {
-      const std::pair<const SafetensorsFile*, std::pair<std::string, float*>> reads[] = {
-          {&*v.model, {t.name, us.master.data() + t.offset}},
-          {&*v.optimizer, {t.name + ".exp_avg", us.m.data() + t.offset}},
-          {&*v.optimizer, {t.name + ".exp_avg_sq", us.v.data() + t.offset}}};
-      for (const auto& [file, r] : reads) {
-        if (Status s = file->read_fp32(*file->find(r.first), r.second, t.numel); !s.ok())
-          return Status(s.code(), s.message() + "; the training state is incomplete and must not be used");
+    MomentStore* stores[2] = {&us.m, &us.v};
+    std::vector<MomentSpan> spans[2];
+    for (int k = 0; k < 2; ++k) {
+      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, *stores[k], k));
+    }
+    for (size_t i = 0; i < us.tensors.size(); ++i) {
+      const TensorSlot& t = us.tensors[i];
+      if (Status s = model.read_fp32(*model.find(t.name), us.master.data() + t.offset, t.numel); !s.ok())
+        return incomplete(s);
+      for (int k = 0; k < 2; ++k) {
+        MomentStore& ms = *stores[k];
+        const MomentSpan& sp = spans[k][i];
+        const std::string name = t.name + kMomentSuffix[k];
+        Status s;
+        switch (ms.format()) {
+          case StateFormat::kFp32:
+            s = opt.read_raw(*opt.find(name), "F32", ms.f32().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 4);
+            break;
+          case StateFormat::kBf16:
+            s = opt.read_raw(*opt.find(name), "BF16", ms.bf16().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 2);
+            break;
+          default:
+            s = opt.read_raw(*opt.find(name + ".codes"), "U8", ms.codes().data() + sp.code_offset,
+                             static_cast<size_t>(sp.code_bytes));
+            if (s.ok())
+              s = opt.read_raw(*opt.find(name + ".scales"), "F32", ms.scales().data() + sp.block_offset,
+                               static_cast<size_t>(sp.blocks) * 4);
+        }
+        if (!s.ok()) return incomplete(s);
       }
     }
   }

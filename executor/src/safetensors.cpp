@@ -341,6 +341,13 @@ Status SafetensorsFile::read_fp32(const SafetensorsEntry& e, float* out, int64_t
   return {};
 }
 
+Status SafetensorsFile::read_raw(const SafetensorsEntry& e, std::string_view dtype, void* out, size_t out_bytes) const {
+  if (e.dtype != dtype)
+    return invalid_argument("tensor '" + e.name + "' in '" + path_.string() + "' is " + e.dtype + "; expected " +
+                            std::string(dtype));
+  return read_raw(e, out, out_bytes);
+}
+
 Result<std::vector<float>> SafetensorsFile::read_fp32(std::string_view name) const {
   const SafetensorsEntry* e = find(name);
   if (!e) return not_found("safetensors file '" + path_.string() + "' has no tensor '" + std::string(name) + "'");
@@ -351,11 +358,24 @@ Result<std::vector<float>> SafetensorsFile::read_fp32(std::string_view name) con
 
 // ---- writer -----------------------------------------------------------------------------------
 
+std::optional<size_t> safetensors_element_bytes(std::string_view dtype) { return element_bytes_of(dtype); }
+
+TensorToWrite raw_tensor(std::string name, std::vector<int64_t> shape, const void* data, std::string dtype) {
+  TensorToWrite t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.data = data;
+  t.raw_dtype = std::move(dtype);
+  return t;
+}
+
 namespace {
 
 // Writes one tensor's values, converting through a bounded buffer when source and stored differ.
 Status write_tensor_data(int fd, const TensorToWrite& t, int64_t numel, const std::string& what) {
   if (numel == 0) return {};
+  if (!t.raw_dtype.empty())
+    return write_all(fd, t.data, static_cast<size_t>(numel) * *element_bytes_of(t.raw_dtype), what);
   if (t.source == t.stored)
     return write_all(fd, t.data, static_cast<size_t>(numel) * dtype_bytes(t.stored), what);
   constexpr int64_t kChunk = 1 << 20;
@@ -408,6 +428,15 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
     auto n = numel_of(t.shape);
     if (!n) return invalid_argument(where + "shape " + shape_text(t.shape) + " has a negative or overflowing dimension");
     if (*n > 0 && t.data == nullptr) return invalid_argument(where + "no data");
+    if (!t.raw_dtype.empty()) {
+      const auto eb = element_bytes_of(t.raw_dtype);
+      if (!eb) return invalid_argument(where + "'" + t.raw_dtype + "' is not a safetensors dtype");
+      const uint64_t bytes = static_cast<uint64_t>(*n) * *eb;
+      header[t.name] = {{"dtype", t.raw_dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+      offset += bytes;
+      numels.push_back(*n);
+      continue;
+    }
     if (t.source != t.stored && t.source != DType::kFp32 && t.stored != DType::kFp32)
       return invalid_argument(where + std::string("cannot convert ") + dtype_name(t.source) + " to " +
                               dtype_name(t.stored) + "; supported: equal types, fp32 <-> bf16, fp32 <-> fp16");

@@ -418,8 +418,37 @@ std::string describe_knobs(const Plan& plan) {
   return out;
 }
 
+namespace {
+Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProfile& rig, const SearchRequest& req,
+                                      const SearchOptions& opt);
+}  // namespace
+
 Result<SearchResult> search_plan(const ModelSpec& model, const HardwareProfile& rig, const SearchRequest& req,
                                  const SearchOptions& opt) {
+  MT_ASSIGN_OR_RETURN(SearchResult res, search_plan_once(model, rig, req, opt));
+  const Plan& p = res.best.plan;
+  if (!res.feasible || (p.optimizer.m_format == StateFormat::kFp32 && p.optimizer.v_format == StateFormat::kFp32)) return res;
+  // The best plan keeps lossy states: say what they buy against fp32 states.
+  SearchRequest fp32 = req;
+  fp32.policy.state_formats = {StateFormat::kFp32};
+  const std::string fmt = std::string(state_format_name(p.optimizer.m_format)) + "/" + state_format_name(p.optimizer.v_format);
+  auto alt = search_plan_once(model, rig, fp32, opt);
+  if (alt.ok() && !alt->feasible) {
+    res.state_format_note = "the lossy optimizer states (m/v " + fmt + ") are what make this plan fit: with fp32 states nothing fits (" +
+                            alt->infeasible_reason + ")";
+  } else if (alt.ok()) {
+    const double gain = res.best.result.tokens_per_s / alt->best.result.tokens_per_s - 1;
+    char b[160];
+    std::snprintf(b, sizeof b, "%.1f%% faster than the best plan with fp32 states (%.0f tokens/s)", 100 * gain,
+                  alt->best.result.tokens_per_s);
+    res.state_format_note = "the lossy optimizer states (m/v " + fmt + ") make this plan " + b;
+  }
+  return res;
+}
+
+namespace {
+Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProfile& rig, const SearchRequest& req,
+                                      const SearchOptions& opt) {
   const auto t_start = Clock::now();
   const ModelConfig& mc = model.config();
   SearchResult res;
@@ -449,14 +478,9 @@ Result<SearchResult> search_plan(const ModelSpec& model, const HardwareProfile& 
   if (cpu) {
     if (compute != DType::kFp32)
       return unsupported("rig '" + rig.name + "' is the CPU backend, which computes in fp32; accepted: --compute fp32 (or leave it out)");
-    if (std::find(formats.begin(), formats.end(), StateFormat::kFp32) == formats.end())
-      return unsupported("rig '" + rig.name + "' is the CPU backend, which keeps fp32 optimizer states; accepted: a state-format list that includes fp32");
-    if (formats.size() > 1)
-      res.assumptions.push_back("the CPU backend keeps fp32 m and v: the other allowed state formats are not used");
-    formats = {StateFormat::kFp32};
     transfers = {DType::kFp32};
     res.assumptions.push_back("rig '" + rig.name + "' is the CPU backend (megatrain-exec --backend cpu): fp32 compute and transfer, "
-                              "master weights and optimizer states in RAM, fp32 m and v");
+                              "master weights and optimizer states in RAM, m and v in the allowed state formats");
   } else if (compute == DType::kBf16) {
     transfers = {DType::kBf16, DType::kFp32};
   } else {
@@ -1006,7 +1030,7 @@ Result<SearchResult> search_plan(const ModelSpec& model, const HardwareProfile& 
     const std::string& bn = best.result.bottleneck;
     const bool state_bound = bn == "cpu" || bn == "nvme_read" || bn == "nvme_write" || bn == "host_memory";
     const bool bf16_allowed = std::find(formats.begin(), formats.end(), StateFormat::kBf16) != formats.end();
-    if (state_bound && !bf16_allowed && !cpu) {
+    if (state_bound && !bf16_allowed) {
       Plan p = best.plan;
       p.optimizer.m_format = StateFormat::kBf16;
       p.optimizer.v_format = StateFormat::kBf16;
@@ -1067,6 +1091,7 @@ Result<SearchResult> search_plan(const ModelSpec& model, const HardwareProfile& 
   res.stats.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   return res;
 }
+}  // namespace
 
 // ---- output ---------------------------------------------------------------------------------------
 
@@ -1132,6 +1157,7 @@ std::string search_json(const SearchResult& r) {
                         {"tier", x.tier}, {"more_bytes", static_cast<int64_t>(std::ceil(x.more_bytes))}});
     j["bottleneck"] = {{"resource", r.bottleneck}, {"text", r.bottleneck_text}, {"relief", relief}};
   }
+  if (!r.state_format_note.empty()) j["state_formats"] = r.state_format_note;
   j["search"] = stats_json(r.stats);
   j["assumptions"] = r.assumptions;
   return j.dump(2) + "\n";
@@ -1177,6 +1203,7 @@ std::string search_table(const SearchResult& r) {
       << format_bytes(static_cast<double>(b.capacity_bytes.ram)) << ", nvme "
       << format_bytes(static_cast<double>(b.peak_bytes.nvme)) << " of "
       << format_bytes(static_cast<double>(b.capacity_bytes.nvme)) << "\n";
+    if (!r.state_format_note.empty()) o << "\noptimizer states\n  " << r.state_format_note << "\n";
     o << "\nbottleneck\n  " << r.bottleneck_text << "\n";
     if (r.relief.empty()) o << "  no single change within reach relieves it by " << fmt_pct(kReliefMinGain) << " or more\n";
     for (const Relief& x : r.relief) {

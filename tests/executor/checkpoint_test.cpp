@@ -1,5 +1,6 @@
 // Training checkpoints: a resumed run matches an uninterrupted one bit for bit (losses, master
-// weights, Adam moments, the bf16 streaming copy); damaged or truncated files are refused naming
+// weights, Adam moments in every storage format, the bf16 streaming copy); a checkpoint whose
+// moment formats differ from the run's is refused; damaged or truncated files are refused naming
 // the file, with nothing changed; a failed save and a writer killed mid-save leave the previous
 // checkpoint loadable; XXH64 matches the published vectors.
 #include <gtest/gtest.h>
@@ -42,6 +43,16 @@ Json plan_json(const std::string& transfer, double clip) {
               {"optimizer", {{"threads", 2}}}};
 }
 
+// The same plan with Adam's moments kept in the given formats (moments.h).
+Json plan_json(const std::string& transfer, double clip, const std::string& m_format, const std::string& v_format,
+               int64_t block_size) {
+  Json j = plan_json(transfer, clip);
+  j["optimizer"]["m_format"] = m_format;
+  j["optimizer"]["v_format"] = v_format;
+  j["optimizer"]["block_size"] = block_size;
+  return j;
+}
+
 // One training setup: plan, model, data. Every call builds fresh objects (a fresh process, in effect).
 struct TrainSetup {
   Plan plan;
@@ -79,6 +90,12 @@ std::vector<double> run_steps(const TrainSetup& su, HostState& hs, int64_t first
   return losses;
 }
 
+// A HostState in the plan's transfer dtype and moment formats (the trainer refuses any other).
+HostState make_state(const TrainSetup& su) {
+  return HostState::create(su.model, su.plan.precision.transfer, su.plan.optimizer.m_format, su.plan.optimizer.v_format,
+                           su.plan.optimizer.block_size);
+}
+
 CheckpointInfo info_for(const TrainSetup& su, int64_t next_step, const std::vector<double>& losses = {}) {
   CheckpointInfo info;
   info.next_step = next_step;
@@ -93,6 +110,22 @@ CheckpointInfo info_for(const TrainSetup& su, int64_t next_step, const std::vect
 
 bool same_bits(const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
 
+// One moment's storage, bit for bit: its format and block size, and the array that format keeps
+// (fp32 elements, bf16 bits, or codes and scales).
+void expect_same_moment(const MomentStore& a, const MomentStore& b, const std::string& what) {
+  ASSERT_EQ(a.format(), b.format()) << what;
+  ASSERT_EQ(a.block_size(), b.block_size()) << what;
+  ASSERT_EQ(a.f32().size(), b.f32().size()) << what;
+  ASSERT_EQ(a.bf16().size(), b.bf16().size()) << what;
+  ASSERT_EQ(a.codes().size(), b.codes().size()) << what;
+  ASSERT_EQ(a.scales().size(), b.scales().size()) << what;
+  EXPECT_TRUE(same_bits(a.f32().data(), b.f32().data(), static_cast<size_t>(a.f32().size()) * 4)) << what << " (fp32) differs";
+  EXPECT_TRUE(same_bits(a.bf16().data(), b.bf16().data(), static_cast<size_t>(a.bf16().size()) * 2)) << what << " (bf16) differs";
+  EXPECT_TRUE(same_bits(a.codes().data(), b.codes().data(), static_cast<size_t>(a.codes().size()))) << what << " codes differ";
+  EXPECT_TRUE(same_bits(a.scales().data(), b.scales().data(), static_cast<size_t>(a.scales().size()) * 4))
+      << what << " scales differ";
+}
+
 // Master, m, v and the streaming copy of every unit, bit for bit.
 void expect_same_state(const HostState& a, const HostState& b) {
   ASSERT_EQ(a.units().size(), b.units().size());
@@ -102,8 +135,8 @@ void expect_same_state(const HostState& a, const HostState& b) {
     ASSERT_EQ(x.numel, y.numel);
     const size_t n = static_cast<size_t>(x.numel) * sizeof(float);
     EXPECT_TRUE(same_bits(x.master.data(), y.master.data(), n)) << "master of unit " << u << " differs";
-    EXPECT_TRUE(same_bits(x.m.data(), y.m.data(), n)) << "m of unit " << u << " differs";
-    EXPECT_TRUE(same_bits(x.v.data(), y.v.data(), n)) << "v of unit " << u << " differs";
+    expect_same_moment(x.m, y.m, "m of unit " + std::to_string(u));
+    expect_same_moment(x.v, y.v, "v of unit " + std::to_string(u));
     ASSERT_EQ(x.stream_bf16.size(), y.stream_bf16.size());
     if (x.stream_bf16.size() > 0) {
       EXPECT_TRUE(same_bits(x.stream_bf16.data(), y.stream_bf16.data(), static_cast<size_t>(x.numel) * 2))
@@ -149,6 +182,52 @@ TEST(Checkpoint, Xxh64MatchesThePublishedVectors) {
   }
 }
 
+// The optimizer file's codes are U8 tensors: written byte for byte, and read back only as the dtype
+// and byte count the reader expects; anything else names the tensor and both sides.
+TEST(CheckpointSafetensors, U8TensorsRoundTripAndRawReadsCheckDtypeAndSize) {
+  ScratchDir dir("ckpt-u8");
+  std::vector<uint8_t> codes(37);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 71 + 3);
+  const std::vector<float> scales = {0.5f, -0.0f, 3.25e-7f};
+  const std::vector<uint16_t> bf16 = {0x3f80, 0xffff, 0x0001};  // a NaN and a subnormal stay as they are
+  const fs::path p = dir / "raw.safetensors";
+  ASSERT_TRUE(write_safetensors(p, {raw_tensor("a.codes", {37}, codes.data(), "U8"),
+                                    TensorToWrite{"a.scales", {3}, scales.data(), DType::kFp32, DType::kFp32},
+                                    TensorToWrite{"b", {3}, bf16.data(), DType::kBf16, DType::kBf16}})
+                  .ok());
+  auto f = SafetensorsFile::open(p);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  const SafetensorsEntry* e = f->find("a.codes");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->dtype, "U8");
+  EXPECT_EQ(e->shape, std::vector<int64_t>{37});
+  std::vector<uint8_t> back(37);
+  ASSERT_TRUE(f->read_raw(*e, "U8", back.data(), back.size()).ok());
+  EXPECT_EQ(back, codes);
+  std::vector<uint16_t> bback(3);
+  ASSERT_TRUE(f->read_raw(*f->find("b"), "BF16", bback.data(), 6).ok());
+  EXPECT_EQ(bback, bf16);
+  std::vector<float> sback(3);
+  ASSERT_TRUE(f->read_raw(*f->find("a.scales"), "F32", sback.data(), 12).ok());
+  EXPECT_TRUE(same_bits(sback.data(), scales.data(), 12));
+  // Another dtype, or another byte count, is refused naming the tensor and both sides.
+  Status s = f->read_raw(*e, "F32", back.data(), back.size());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("a.codes"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("is U8; expected F32"), std::string::npos) << s.message();
+  s = f->read_raw(*e, "U8", back.data(), 36);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("holds 37 bytes; the destination has 36"), std::string::npos) << s.message();
+  // A U8 tensor does not convert to fp32.
+  EXPECT_EQ(f->read_fp32("a.codes").status().code(), StatusCode::kUnsupported);
+  // The writer refuses a dtype the format does not define, before touching the disk.
+  const fs::path q = dir / "bad.safetensors";
+  Status w = write_safetensors(q, {raw_tensor("x", {2}, codes.data(), "U7")});
+  EXPECT_EQ(w.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w.message().find("'U7' is not a safetensors dtype"), std::string::npos) << w.message();
+  EXPECT_FALSE(fs::exists(q));
+}
+
 // Train 6 steps straight; train 3, save, load into a fresh HostState and a fresh Trainer, train 3
 // more: the same losses and the same final state, bit for bit.
 TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
@@ -164,7 +243,7 @@ TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
     double max_norm = 0;
     {
       TrainSetup su = make_setup(pj);
-      straight = HostState::create(su.model, su.plan.precision.transfer);
+      straight = make_state(su);
       straight.init_random(7, 0.02);
       straight_losses = run_steps(su, straight, 0, 6, &max_norm);
       ASSERT_EQ(straight_losses.size(), 6u);
@@ -177,7 +256,7 @@ TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
     std::vector<uint16_t> stream_before;
     {
       TrainSetup su = make_setup(pj);
-      HostState first = HostState::create(su.model, su.plan.precision.transfer);
+      HostState first = make_state(su);
       first.init_random(7, 0.02);
       const std::vector<double> l = run_steps(su, first, 0, 3);
       for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(l[i], straight_losses[i]);
@@ -186,7 +265,7 @@ TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
         stream_before.insert(stream_before.end(), u.stream_bf16.data(), u.stream_bf16.data() + u.stream_bf16.size());
     }
     TrainSetup su = make_setup(pj);
-    HostState resumed = HostState::create(su.model, su.plan.precision.transfer);
+    HostState resumed = make_state(su);
     resumed.init_random(12345, 0.5);  // whatever was there must be overwritten
     auto loaded = load_checkpoint(dir.path(), resumed);
     ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
@@ -207,6 +286,162 @@ TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
     for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i], straight_losses[3 + i]) << "step " << 3 + i;
     expect_same_state(resumed, straight);
   }
+}
+
+// Whatever a fresh state holds in its moments, so that a load that skipped them would show.
+void scramble_moments(HostState& hs) {
+  for (UnitState& u : hs.units()) {
+    for (MomentStore* ms : {&u.m, &u.v}) {
+      for (int64_t i = 0; i < ms->f32().size(); ++i) ms->f32()[i] = 0.125f;
+      for (int64_t i = 0; i < ms->bf16().size(); ++i) ms->bf16()[i] = 0x3f80;
+      for (int64_t i = 0; i < ms->codes().size(); ++i) ms->codes()[i] = 0xA5;
+      for (int64_t i = 0; i < ms->scales().size(); ++i) ms->scales()[i] = 1.5f;
+    }
+  }
+}
+
+// The same comparison with m and v kept in bf16 or a quantised format (block 32): the optimizer file
+// keeps each moment in its format (bf16 bits; codes and scales), the load restores it bit for bit,
+// and the resumed run matches the uninterrupted one bit for bit.
+TEST(CheckpointResume, IsBitExactWithEveryMomentFormat) {
+  struct Case {
+    std::string m, v;
+  };
+  for (const Case& c : {Case{"bf16", "bf16"}, Case{"q8", "q8"}, Case{"q4", "q4"}, Case{"q3", "q3"}, Case{"q2", "q2"},
+                        Case{"q4", "q8"}, Case{"bf16", "q2"}, Case{"q3", "fp32"}}) {
+    SCOPED_TRACE("m " + c.m + ", v " + c.v);
+    const Json pj = plan_json("bf16", 0.5, c.m, c.v, 32);
+    HostState straight;
+    std::vector<double> straight_losses;
+    {
+      TrainSetup su = make_setup(pj);
+      straight = make_state(su);
+      straight.init_random(7, 0.02);
+      straight_losses = run_steps(su, straight, 0, 6);
+      ASSERT_EQ(straight_losses.size(), 6u);
+    }
+    // The moments moved away from zero, so the comparison below tests something.
+    {
+      bool nonzero = false;
+      for (const UnitState& u : straight.units())
+        for (const MomentStore* ms : {&u.m, &u.v}) {
+          for (int64_t i = 0; i < ms->scales().size() && !nonzero; ++i) nonzero = ms->scales()[i] != 0.0f;
+          for (int64_t i = 0; i < ms->bf16().size() && !nonzero; ++i) nonzero = ms->bf16()[i] != 0;
+        }
+      EXPECT_TRUE(nonzero);
+    }
+
+    ScratchDir dir("ckpt-resume-fmt");
+    TrainSetup su1 = make_setup(pj);
+    HostState first = make_state(su1);
+    first.init_random(7, 0.02);
+    const std::vector<double> l = run_steps(su1, first, 0, 3);
+    for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(l[i], straight_losses[i]);
+    ASSERT_TRUE(save_checkpoint(dir.path(), first, info_for(su1, 3, l)).ok());
+
+    // The optimizer file: the formats in __metadata__, and each moment in its format.
+    auto opt = SafetensorsFile::open(dir / "step-00000003" / "optimizer.safetensors");
+    ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+    EXPECT_EQ(opt->metadata().at("m_format"), c.m);
+    EXPECT_EQ(opt->metadata().at("v_format"), c.v);
+    EXPECT_EQ(opt->metadata().at("block_size"), "32");
+    size_t expected_entries = 0;
+    for (const UnitState& u : first.units()) {
+      for (const TensorSlot& t : u.tensors) {
+        for (const auto& [suffix, ms] : {std::pair<std::string, const MomentStore*>{".exp_avg", &u.m},
+                                         std::pair<std::string, const MomentStore*>{".exp_avg_sq", &u.v}}) {
+          const std::string name = t.name + suffix;
+          const StateFormat f = ms->format();
+          if (!is_quantised(f)) {
+            ++expected_entries;
+            const SafetensorsEntry* e = opt->find(name);
+            ASSERT_NE(e, nullptr) << name;
+            EXPECT_EQ(e->dtype, f == StateFormat::kBf16 ? "BF16" : "F32") << name;
+            EXPECT_EQ(e->shape, t.shape) << name;
+            continue;
+          }
+          expected_entries += 2;
+          const int64_t blocks = (t.numel + 31) / 32;
+          const SafetensorsEntry* codes = opt->find(name + ".codes");
+          const SafetensorsEntry* scales = opt->find(name + ".scales");
+          ASSERT_NE(codes, nullptr) << name;
+          ASSERT_NE(scales, nullptr) << name;
+          EXPECT_EQ(codes->dtype, "U8");
+          EXPECT_EQ(codes->shape, std::vector<int64_t>{blocks * 32 * state_format_bits(f) / 8}) << name;
+          EXPECT_EQ(scales->dtype, "F32");
+          EXPECT_EQ(scales->shape, std::vector<int64_t>{blocks}) << name;
+          EXPECT_EQ(opt->find(name), nullptr) << name;
+        }
+      }
+    }
+    EXPECT_EQ(opt->entries().size(), expected_entries);
+
+    TrainSetup su = make_setup(pj);
+    HostState resumed = make_state(su);
+    resumed.init_random(12345, 0.5);  // whatever was there must be overwritten
+    scramble_moments(resumed);
+    auto loaded = load_checkpoint(dir.path(), resumed);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    expect_same_state(resumed, first);  // restored bit for bit
+    EXPECT_TRUE(check_resume_compatible(loaded->info, su.plan, su.model, *su.loader).ok());
+    const std::vector<double> rest = run_steps(su, resumed, loaded->info.next_step, 6);
+    ASSERT_EQ(rest.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i], straight_losses[3 + i]) << "step " << 3 + i;
+    expect_same_state(resumed, straight);
+  }
+}
+
+// A checkpoint keeps m and v in the formats of the run that wrote it; a run whose plan keeps them
+// otherwise (another format, or another block size) is refused naming both, and nothing changes.
+TEST(CheckpointResume, MomentFormatsThatDifferFromTheRunAreRefusedNamingBoth) {
+  TrainSetup q4 = make_setup(plan_json("fp32", 0.0, "q4", "q4", 32));
+  HostState saved = make_state(q4);
+  saved.init_random(7, 0.02);
+  run_steps(q4, saved, 0, 2);
+  ScratchDir dir("ckpt-formats");
+  ASSERT_TRUE(save_checkpoint(dir.path(), saved, info_for(q4, 2)).ok());
+  const auto before = snapshot(dir.path());
+
+  auto refused = [&](const Json& pj, const std::string& now) {
+    SCOPED_TRACE(now);
+    TrainSetup su = make_setup(pj);
+    HostState hs = make_state(su);
+    hs.init_random(99, 0.02);
+    HostState untouched = make_state(su);
+    untouched.init_random(99, 0.02);
+    auto r = load_checkpoint(dir.path(), hs);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
+    const std::string& msg = r.status().message();
+    EXPECT_NE(msg.find("optimizer.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the checkpoint keeps m/v in q4/q4 (block 32)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("this run's plan says " + now), std::string::npos) << msg;
+    EXPECT_NE(msg.find("resume with the plan the checkpoint was written with"), std::string::npos) << msg;
+    expect_same_state(hs, untouched);
+  };
+  refused(plan_json("fp32", 0.0), "fp32/fp32;");
+  refused(plan_json("fp32", 0.0, "q4", "q4", 64), "q4/q4 (block 64)");
+  refused(plan_json("fp32", 0.0, "q4", "q8", 32), "q4/q8 (block 32)");
+  refused(plan_json("fp32", 0.0, "bf16", "bf16", 32), "bf16/bf16;");
+  EXPECT_EQ(snapshot(dir.path()), before);
+
+  // The reverse: an fp32 checkpoint into a q4 run.
+  TrainSetup f32 = make_setup(plan_json("fp32", 0.0));
+  HostState plain = make_state(f32);
+  plain.init_random(7, 0.02);
+  ScratchDir dir2("ckpt-formats-fp32");
+  ASSERT_TRUE(save_checkpoint(dir2.path(), plain, info_for(f32, 0)).ok());
+  HostState hs = make_state(q4);
+  auto r = load_checkpoint(dir2.path(), hs);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("keeps m/v in fp32/fp32, this run's plan says q4/q4 (block 32)"), std::string::npos)
+      << r.status().message();
+
+  // The run it was written with loads it.
+  HostState same = make_state(q4);
+  auto ok = load_checkpoint(dir.path(), same);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  expect_same_state(same, saved);
 }
 
 TEST(CheckpointResume, APlanOrDataThatChangesTheRunIsRefusedNamingTheKey) {
@@ -249,12 +484,12 @@ class CheckpointFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     su_ = std::make_unique<TrainSetup>(make_setup(plan_json("bf16", 0.5)));
-    state_ = HostState::create(su_->model, su_->plan.precision.transfer);
+    state_ = make_state(*su_);
     state_.init_random(7, 0.02);
     run_steps(*su_, state_, 0, 2);
   }
   HostState fresh() const {
-    HostState hs = HostState::create(su_->model, su_->plan.precision.transfer);
+    HostState hs = make_state(*su_);
     hs.init_random(99, 0.02);
     return hs;
   }
@@ -280,6 +515,10 @@ TEST_F(CheckpointFiles, LayoutManifestAndLatest) {
   ASSERT_TRUE(opt.ok());
   EXPECT_NE(opt->find("model.norm.weight.exp_avg_sq"), nullptr);
   EXPECT_EQ(opt->entries().size(), 2 * weights->entries().size());
+  EXPECT_EQ(opt->find("model.norm.weight.exp_avg")->dtype, "F32");
+  EXPECT_EQ(opt->metadata().at("m_format"), "fp32");
+  EXPECT_EQ(opt->metadata().at("v_format"), "fp32");
+  EXPECT_EQ(opt->metadata().at("block_size"), "128");
   // The manifest: the schema, the step, every file's size and XXH64, the plan and data position.
   const std::string text = test::read_bytes(step / "manifest.json");
   const Json m = Json::parse(text);
@@ -312,6 +551,58 @@ TEST_F(CheckpointFiles, LayoutManifestAndLatest) {
   EXPECT_EQ(direct->info.next_step, 2);
   EXPECT_EQ(direct->info.model_name, "tiny-llama-gqa");
   expect_same_state(hs, state_);
+}
+
+// A checkpoint written before the moment formats were recorded has no m_format, v_format or
+// block_size in its optimizer file's __metadata__: its moments are fp32, and it still loads.
+TEST_F(CheckpointFiles, AnOptimizerFileWithoutFormatsHoldsFp32Moments) {
+  ScratchDir dir("ckpt-old");
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
+  const fs::path step = dir / "step-00000002";
+  const fs::path opt_path = step / "optimizer.safetensors";
+  {
+    auto opt = SafetensorsFile::open(opt_path);
+    ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+    std::vector<std::vector<float>> values;
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;
+    for (const SafetensorsEntry& e : opt->entries()) {
+      auto v = opt->read_fp32(e.name);
+      ASSERT_TRUE(v.ok());
+      values.push_back(std::move(v).value());
+      names.push_back(e.name);
+      shapes.push_back(e.shape);
+    }
+    std::vector<TensorToWrite> tensors;
+    for (size_t i = 0; i < names.size(); ++i)
+      tensors.push_back(TensorToWrite{names[i], shapes[i], values[i].data(), DType::kFp32, DType::kFp32});
+    ASSERT_TRUE(write_safetensors(opt_path, tensors, {{"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", "2"}}).ok());
+  }
+  // The manifest gets the new file's size and checksum, and its own checksum again.
+  Json m = Json::parse(test::read_bytes(step / "manifest.json"));
+  const std::string bytes = test::read_bytes(opt_path);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(bytes.data(), bytes.size())));
+  m["files"]["optimizer.safetensors"] = {{"bytes", bytes.size()}, {"xxh64", hex}};
+  m.erase("manifest_xxh64");
+  std::string body = m.dump(2);
+  body.resize(body.size() - 2);
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(body.data(), body.size())));
+  test::write_bytes(step / "manifest.json", body + ",\n  \"manifest_xxh64\": \"" + hex + "\"\n}\n");
+  ASSERT_EQ(SafetensorsFile::open(opt_path)->metadata().count("m_format"), 0u);
+
+  HostState hs = fresh();
+  auto r = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_same_state(hs, state_);
+  // ... and only into fp32 moments.
+  TrainSetup q8 = make_setup(plan_json("bf16", 0.5, "q8", "q8", 32));
+  HostState quantised = make_state(q8);
+  auto refused = load_checkpoint(dir.path(), quantised);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("keeps m/v in fp32/fp32, this run's plan says q8/q8 (block 32)"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST_F(CheckpointFiles, LatestIsFollowedAndScanningIsTheFallback) {
@@ -476,8 +767,8 @@ TEST(CheckpointKill, AWriterKilledDuringASaveLeavesThePreviousCheckpointLoadable
   auto mark = [](HostState& hs, int64_t step) {
     UnitState& u = hs.units()[1];
     u.master[0] = static_cast<float>(step);
-    u.m[0] = static_cast<float>(step);
-    u.v[u.numel - 1] = static_cast<float>(step);
+    u.m.data()[0] = static_cast<float>(step);
+    u.v.data()[u.numel - 1] = static_cast<float>(step);
   };
   auto info = [&](int64_t step) {
     CheckpointInfo i;
@@ -516,8 +807,8 @@ TEST(CheckpointKill, AWriterKilledDuringASaveLeavesThePreviousCheckpointLoadable
     EXPECT_TRUE(step == newest || (step >= first && step < first + 90)) << "round " << round << " loaded step " << step;
     const UnitState& u = loaded.units()[1];
     EXPECT_EQ(u.master[0], static_cast<float>(step));
-    EXPECT_EQ(u.m[0], static_cast<float>(step));
-    EXPECT_EQ(u.v[u.numel - 1], static_cast<float>(step));
+    EXPECT_EQ(u.m.data()[0], static_cast<float>(step));
+    EXPECT_EQ(u.v.data()[u.numel - 1], static_cast<float>(step));
     newest = step;
     // Without `latest`, scanning picks the highest-numbered step directory: it must be complete too
     // (a step directory appears only by the final rename).
@@ -527,7 +818,7 @@ TEST(CheckpointKill, AWriterKilledDuringASaveLeavesThePreviousCheckpointLoadable
     ASSERT_TRUE(scanned.ok()) << "round " << round << ", without latest: " << scanned.status().to_string();
     EXPECT_GE(scanned->info.next_step, step);
     EXPECT_EQ(u.master[0], static_cast<float>(scanned->info.next_step));
-    EXPECT_EQ(u.v[u.numel - 1], static_cast<float>(scanned->info.next_step));
+    EXPECT_EQ(u.v.data()[u.numel - 1], static_cast<float>(scanned->info.next_step));
   }
   EXPECT_GT(killed_mid_save, 0) << "no kill landed inside a save";
   // The next save clears what the killed writers left behind.

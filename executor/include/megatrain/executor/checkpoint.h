@@ -1,5 +1,6 @@
 // Training checkpoints (ARCHITECTURE.md section 6): the fp32 master weights as HF safetensors, the
-// Adam moments alongside, and a JSON manifest (step, plan, data position, RNG seed, sizes and XXH64
+// Adam moments alongside in their storage format (fp32, bf16 bits, or q8/q4/q3/q2 codes and scales;
+// moments.h), and a JSON manifest (step, plan, data position, RNG seed, sizes and XXH64
 // checksums). A checkpoint becomes visible only when complete, and a resumed run continues bit for
 // bit. Layout, atomicity and resume rules: docs/checkpoints.md.
 #pragma once
@@ -57,7 +58,8 @@ struct LoadedCheckpoint {
 // `<checkpoint_dir>/step-<NNNNNNNN>` for `next_step` (8 digits, more when needed).
 std::filesystem::path checkpoint_step_dir(const std::filesystem::path& checkpoint_dir, int64_t next_step);
 
-// Writes `state` (master weights, m, v) and `info` as `<checkpoint_dir>/step-<info.next_step>`:
+// Writes `state` (master weights, m and v as stored, with their formats in the optimizer file's
+// __metadata__) and `info` as `<checkpoint_dir>/step-<info.next_step>`:
 // everything goes to a hidden temporary directory first, every file and the directory are
 // fsynced, then one rename makes the step visible, and `latest` is updated (temp file + rename).
 // A step directory of the same number is replaced atomically. Temporary directories left by dead
@@ -70,9 +72,11 @@ Status save_checkpoint(const std::filesystem::path& checkpoint_dir, const HostSt
 // (holding manifest.json), or a checkpoint_dir, whose newest checkpoint is the one `latest` names,
 // or, when `latest` is missing or names no directory, the highest-numbered step-* directory.
 // Everything is verified before `state` is touched: the manifest's schema and its own checksum,
-// every file's size and XXH64, and every tensor's name and shape. Errors: kNotFound (no
-// checkpoint), kCorrupt naming the file and the problem, kInvalidArgument (a checkpoint of another
-// model). When the newest checkpoint is corrupt and an older one verifies, the error (kCorrupt)
+// every file's size and XXH64, the moment formats and block size against `state`'s (an optimizer
+// file without them holds fp32 moments), and every tensor's name, dtype and shape. m and v are
+// restored bit for bit in their format. Errors: kNotFound (no checkpoint), kCorrupt naming the file
+// and the problem, kInvalidArgument (a checkpoint of another model, or one whose m/v formats or
+// block size differ from `state`'s, naming both). When the newest checkpoint is corrupt and an older one verifies, the error (kCorrupt)
 // names both and says how to resume from the older one; it never falls back silently. Writes no file.
 Result<LoadedCheckpoint> load_checkpoint(const std::filesystem::path& path, HostState& state);
 

@@ -1,4 +1,6 @@
-// safetensors files: a validating reader (F32/BF16/F16 to fp32), an atomic writer (F32/BF16/F16),
+// safetensors files: a validating reader (F32/BF16/F16 to fp32, and raw bytes of any dtype checked
+// against the dtype the caller expects), an atomic writer (F32/BF16/F16, and raw bytes of any dtype
+// the format defines, such as U8),
 // and Hugging Face checkpoint folders (model.safetensors or shards named by model.safetensors.index.json).
 // The supported subset and the write protocol are in docs/data-and-checkpoints.md.
 #pragma once
@@ -63,6 +65,10 @@ class SafetensorsFile {
 
   // The stored bytes of `e` (an entry of this file); out_bytes must equal end - begin.
   Status read_raw(const SafetensorsEntry& e, void* out, size_t out_bytes) const;
+  // The stored bytes of `e`, which must be of safetensors dtype `dtype` ("U8", "BF16", "F32", ...)
+  // and hold exactly out_bytes bytes; otherwise kInvalidArgument naming the tensor, the file, and
+  // the dtype or the byte count each side has. Nothing is converted.
+  Status read_raw(const SafetensorsEntry& e, std::string_view dtype, void* out, size_t out_bytes) const;
   // The values of `e` as fp32 (F32 copied, BF16/F16 widened exactly; other dtypes kUnsupported).
   Status read_fp32(const SafetensorsEntry& e, float* out, int64_t out_numel) const;
   Result<std::vector<float>> read_fp32(std::string_view name) const;
@@ -80,13 +86,23 @@ class SafetensorsFile {
 
 // One tensor to write. `data` holds numel values of `source`; the file stores `stored`.
 // Conversions: equal types are copied; fp32 -> bf16/fp16 round to nearest even; bf16/fp16 -> fp32.
+// With raw_dtype set (a safetensors dtype string such as "U8"), `data` holds numel elements of that
+// dtype, written byte for byte, and source/stored are ignored: bytes of types MegaTrain does not
+// compute with (the codes of quantised optimizer states, say).
 struct TensorToWrite {
   std::string name;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   DType source = DType::kFp32;
   DType stored = DType::kFp32;
+  std::string raw_dtype;
 };
+
+// A tensor written as raw bytes of safetensors dtype `dtype` (TensorToWrite::raw_dtype).
+TensorToWrite raw_tensor(std::string name, std::vector<int64_t> shape, const void* data, std::string dtype);
+
+// The element size of a safetensors dtype string (every dtype the format defines), or nothing.
+std::optional<size_t> safetensors_element_bytes(std::string_view dtype);
 
 // Writes `tensors` in the given order, contiguous (as the reference implementation requires), after a
 // JSON header padded with spaces so the data section starts 8-byte aligned. `metadata` goes to

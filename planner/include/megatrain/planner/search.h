@@ -116,6 +116,9 @@ struct SearchResult {
   bool target_missed = false;
   double target_bound_tokens_per_s = 0;
   std::vector<std::string> assumptions;
+  // When the best plan keeps m or v in a lossy format: what that format buys, against the best
+  // plan with fp32 states ("makes the plan fit" or "x% faster"); empty otherwise.
+  std::string state_format_note;
   SearchStats stats;
 };
 
