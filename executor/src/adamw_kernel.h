@@ -121,16 +121,23 @@ inline void decode_block(const MomentRef& r, bool second, int64_t first, int64_t
   const uint8_t* codes = r.codes + block * (r.block_size * bits / 8);
   const float scale = r.scales[block];
   unpack(codes, bits, n, scratch);
-  if (second) {  // v = u^2, u = (c + 1) * scale / 2^bits (scale: the block's largest sqrt(v))
-    const float step = scale / static_cast<float>(1 << bits);
+  // q8 and q4 codes are linear in the square root of the normalised magnitude, q3 and q2 codes in
+  // the magnitude itself (see moments.h).
+  const bool root = bits >= 4;
+  if (second) {  // sqrt(v) = ((c + 1) / 2^bits)^2 scale (root) or (c + 1) / 2^bits scale; v = sqrt(v)^2
+    const float inv_levels = 1.0f / static_cast<float>(1 << bits);
     for (int64_t i = 0; i < n; ++i) {
-      const float u = static_cast<float>(scratch[i] + 1) * step;
+      const float q = static_cast<float>(scratch[i] + 1) * inv_levels;
+      const float u = (root ? q * q : q) * scale;
       out[i] = u * u;
     }
-  } else {
+  } else {  // m = sign(c) (|c| / L)^2 scale (root) or c / L scale
     const int32_t levels = (1 << (bits - 1)) - 1;
-    const float step = scale / static_cast<float>(levels);
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(scratch[i] - levels) * step;
+    const float inv_levels = 1.0f / static_cast<float>(levels);
+    for (int64_t i = 0; i < n; ++i) {
+      const float q = static_cast<float>(scratch[i] - levels) * inv_levels;
+      out[i] = (root ? q * (q < 0.0f ? -q : q) : q) * scale;
+    }
   }
 }
 
@@ -150,18 +157,25 @@ inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t
   // m: the block's largest |m|. v: the largest sqrt(v) (sqrt is monotonic, so this is exact).
   const float scale = second ? __builtin_sqrtf(abs_max(in, n)) : abs_max(in, n);
   r.scales[block] = scale;
-  if (second) {
+  const float inv_scale = scale > 0.0f ? 1.0f / scale : 0.0f;
+  const bool root = bits >= 4;
+  if (second) {  // c = round(2^bits r) - 1, r = sqrt(sqrt(v) / scale) (root) or sqrt(v) / scale
     const int32_t top = (1 << bits) - 1;
-    const float inv = scale > 0.0f ? static_cast<float>(1 << bits) / scale : 0.0f;
+    const float levels = static_cast<float>(1 << bits);
     for (int64_t i = 0; i < n; ++i) {
-      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(__builtin_sqrtf(in[i]) * inv)) - 1;
+      const float lin = __builtin_sqrtf(in[i]) * inv_scale;
+      const float r = root ? __builtin_sqrtf(lin) : lin;
+      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(r * levels)) - 1;
       scratch[i] = c < 0 ? 0 : (c > top ? top : c);
     }
-  } else {
+  } else {  // c = sign(m) round(L r), r = sqrt(|m| / scale) (root) or |m| / scale
     const int32_t levels = (1 << (bits - 1)) - 1;
-    const float inv = scale > 0.0f ? static_cast<float>(levels) / scale : 0.0f;
+    const float fl = static_cast<float>(levels);
     for (int64_t i = 0; i < n; ++i) {
-      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(in[i] * inv));
+      const float a = in[i] < 0.0f ? -in[i] : in[i];
+      const float lin = a * inv_scale;
+      const float r = __builtin_nearbyintf((root ? __builtin_sqrtf(lin) : lin) * fl);
+      const int32_t c = static_cast<int32_t>(in[i] < 0.0f ? -r : r);
       scratch[i] = (c < -levels ? -levels : (c > levels ? levels : c)) + levels;
     }
   }

@@ -55,6 +55,7 @@ ProfileSizes ProfileSizes::full() {
   s.triad_reps = 10;
   s.adam_params = 64ll << 20;
   s.adam_reps = 5;
+  s.adam_formats_all_threads = true;
   s.gemm_rows = {64, 128, 256, 512, 1024, 2048, 4096};
   s.gemm_hidden = {128, 256, 512, 1024, 2048, 4096};
   s.gemm_max_flops = 1.5e11;
@@ -216,15 +217,18 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
   }
 
   // ---- Adam ----------------------------------------------------------------------------------------
-  progress("AdamW: exec::adamw_update, " + format_count(static_cast<double>(sz.adam_params)) + " fp32 params, best of " +
-           std::to_string(sz.adam_reps));
+  progress("AdamW: exec::adamw_update, " + format_count(static_cast<double>(sz.adam_params)) +
+           " params, fp32 and every other state format, best of " + std::to_string(sz.adam_reps));
   {
     detail::OtherLoad load;
-    const auto pts = detail::measure_adam(sz.adam_params, sz.adam_reps, host.cores);
+    const auto pts = detail::measure_adam(sz.adam_params, sz.adam_reps, host.cores, sz.adam_formats_all_threads);
     const std::string note = load_note(load.share());
-    MeasurementTable t{"adam", {"threads", "bf16_stream", "params_per_s"}, {}};
+    // state_bits: bits per stored element of m and v (32 fp32, 16 bf16, 8 q8, 4 q4, 3 q3, 2 q2).
+    MeasurementTable t{"adam", {"state_bits", "threads", "bf16_stream", "params_per_s"}, {}};
     for (const auto& p : pts) {
-      t.rows.push_back({static_cast<double>(p.threads), p.bf16_stream ? 1.0 : 0.0, p.params_per_s});
+      const int bits = p.format == StateFormat::kFp32 ? 32 : p.format == StateFormat::kBf16 ? 16 : p.format == StateFormat::kQ8 ? 8
+                       : p.format == StateFormat::kQ4 ? 4 : p.format == StateFormat::kQ3 ? 3 : 2;
+      t.rows.push_back({static_cast<double>(bits), static_cast<double>(p.threads), p.bf16_stream ? 1.0 : 0.0, p.params_per_s});
       if (p.bf16_stream) {
         rep.notes.push_back("AdamW with the bf16 streaming copy (a bf16-transfer plan), " + std::to_string(p.threads) +
                             " threads: " + format_count(p.params_per_s) + " params/s (fp32 states); the rig's host.adam lists the "
@@ -232,17 +236,24 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
         continue;
       }
       AdamThroughput a;
-      a.state_format = "fp32";
+      a.state_format = state_format_name(p.format);
       a.threads = p.threads;
-      a.params_per_s = {p.params_per_s, st.measured("exec::adamw_update, fp32 master/m/v, no streaming copy (28 B per "
-                                                    "parameter), " + format_count(static_cast<double>(sz.adam_params)) +
-                                                    " parameters, " + threads_text(p.threads) + ", best of " +
-                                                    std::to_string(sz.adam_reps) + note)};
+      const double bytes = 4 + 8 + 4 * state_format_bytes_per_element(p.format, 128);
+      const std::string what =
+          p.format == StateFormat::kFp32
+              ? "exec::adamw_update, fp32 master/m/v, no streaming copy (28 B per parameter), "
+              : "exec::adamw_update_moments, fp32 master, m and v in " + std::string(state_format_name(p.format)) +
+                    (p.format != StateFormat::kBf16 ? " (blocks of 128, one fp32 scale each)" : "") + ", no streaming copy (" +
+                    fmt(bytes, 5) + " B per parameter), ";
+      a.params_per_s = {p.params_per_s, st.measured(what + format_count(static_cast<double>(sz.adam_params)) + " parameters, " +
+                                                    threads_text(p.threads) + ", best of " + std::to_string(sz.adam_reps) + note)};
       rig.host.adam.push_back(a);
     }
     rep.measurements.push_back(t);
-    rep.notes.push_back("host.adam lists state format fp32 only: the executor's AdamW keeps m and v in fp32 "
-                        "(the executor has no bf16 or quantised moment formats yet, issue 8, so there is nothing else to measure)");
+    if (!sz.adam_formats_all_threads)
+      rep.notes.push_back("host.adam: fp32 at every thread count; bf16, q8, q4, q3 and q2 (m and v both in the format) at " +
+                          threads_text(static_cast<int>(host.cores)) +
+                          " only (quick mode; the cost model scales a rate by threads from the nearest measured count)");
   }
 
   if (have_gpu) {
@@ -589,9 +600,17 @@ std::string profile_table(const ProfileReport& r) {
       for (const auto& row : t.rows) o << static_cast<int>(row[0]) << " thr " << format_bandwidth(row[1]) << "   ";
       o << "\n";
     }
-  o << "adam fp32  ";
-  for (const auto& a : g.host.adam) o << " " << a.threads << " thr " << format_count(a.params_per_s.value) << " params/s ";
-  o << "\n\ngpu         " << g.gpu.name << "\n";
+  for (const char* f : {"fp32", "bf16", "q8", "q4", "q3", "q2"}) {
+    bool any = false;
+    for (const auto& a : g.host.adam)
+      if (a.state_format == f) {
+        if (!any) o << "adam " << f << std::string(6 - std::string(f).size(), ' ');
+        any = true;
+        o << " " << a.threads << " thr " << format_count(a.params_per_s.value) << " params/s ";
+      }
+    if (any) o << "\n";
+  }
+  o << "\ngpu         " << g.gpu.name << "\n";
   o << "  matmul    fp32 " << format_flop_rate(g.gpu.matmul_fp32.value) << ", bf16 " << format_flop_rate(g.gpu.matmul_bf16.value)
     << " (" << provenance_kind_name(g.gpu.matmul_bf16.provenance.kind) << ")\n";
   o << "  gemm efficiency by FLOPs:";

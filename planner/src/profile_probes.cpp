@@ -16,6 +16,7 @@
 
 #include "detail/profile_probes.h"
 #include "megatrain/executor/bf16.h"
+#include "megatrain/executor/moments.h"
 #include "megatrain/executor/optimizer.h"
 #include "megatrain/kernels/cpu/context.h"
 #include "megatrain/kernels/cpu/linear.h"
@@ -155,7 +156,7 @@ std::vector<TriadPoint> measure_triad(int64_t bytes, int reps, int64_t cores) {
   return out;
 }
 
-std::vector<AdamPoint> measure_adam(int64_t params, int reps, int64_t cores) {
+std::vector<AdamPoint> measure_adam(int64_t params, int reps, int64_t cores, bool formats_all_threads) {
   const int64_t n = std::max<int64_t>(65536, params);
   RawArray<float> w(n), g(n), m(n), v(n);
   RawArray<uint16_t> stream(n);
@@ -180,10 +181,34 @@ std::vector<AdamPoint> measure_adam(int64_t params, int reps, int64_t cores) {
       ++s.t;
       if (r > 0) best = std::min(best, dt);
     }
-    out.push_back({threads, bf16, static_cast<double>(n) / best});
+    out.push_back({StateFormat::kFp32, threads, bf16, static_cast<double>(n) / best});
   };
   for (int threads : counts) run(threads, false);
   run(counts.back(), true);
+
+  // The other state formats: m and v both in the format, through the same fused pass.
+  for (StateFormat f : {StateFormat::kBf16, StateFormat::kQ8, StateFormat::kQ4, StateFormat::kQ3, StateFormat::kQ2}) {
+    exec::MomentStore ms = exec::MomentStore::create(f, false, {n}, 128);
+    exec::MomentStore vs = exec::MomentStore::create(f, true, {n}, 128);
+    const exec::MomentRef mr = ms.tensor(0), vr = vs.tensor(0);
+    exec::AdamWStep fs = s;
+    fs.t = 1;
+    auto run_format = [&](int threads) {
+      double best = 1e300;
+      for (int r = 0; r < std::max(1, reps) + 1; ++r) {  // the first pass is a warm-up
+        const auto t0 = Clock::now();
+        exec::adamw_update_moments(w.p, g.p, mr, vr, n, fs, nullptr, nullptr, threads);
+        const double dt = seconds_since(t0);
+        ++fs.t;
+        if (r > 0) best = std::min(best, dt);
+      }
+      out.push_back({f, threads, false, static_cast<double>(n) / best});
+    };
+    if (formats_all_threads)
+      for (int threads : counts) run_format(threads);
+    else
+      run_format(counts.back());
+  }
   return out;
 }
 

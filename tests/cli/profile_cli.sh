@@ -34,6 +34,20 @@ assert len(r['storage']) == 1 and len(r['storage'][0]['read']) >= 2
 for name, f in d['fits'].items():
     assert f['rms_rel_residual'] >= 0, name
 PY"
+check "the rig has a host.adam rate for every state format" "/usr/bin/python3 - $tmp/out.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))['rig']
+adam = r['host']['adam']
+have = {a['state_format'] for a in adam}
+want = {'fp32', 'bf16', 'q8', 'q4', 'q3', 'q2'}
+assert have == want, sorted(have)
+for f in want:
+    top = max(a['threads'] for a in adam if a['state_format'] == f)
+    assert top == r['host']['cores'], (f, top)
+assert all(a['params_per_s']['value'] > 0 and a['params_per_s']['provenance']['kind'] == 'measured' for a in adam)
+pairs = [(a['state_format'], a['threads']) for a in adam]
+assert len(pairs) == len(set(pairs)), pairs
+PY"
 check "the rig file is the rig printed" "/usr/bin/python3 -c \"
 import json; a = json.load(open('$tmp/rig.json')); b = json.load(open('$tmp/out.json'))['rig']
 assert a == b, 'differs'\""

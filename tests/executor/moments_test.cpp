@@ -52,9 +52,18 @@ TEST(Moments, RoundTripWithinTheFormatsStep) {
             if (f == StateFormat::kBf16) {
               bound = std::fabs(x) * std::ldexp(1.0, -8);
             } else if (is_quantised(f)) {
-              // m: half a step; v: one step of sqrt(v) (its lowest code stands for the step, not 0)
-              const double su = std::sqrt(mx) / (1 << bits);
-              bound = second ? (2 * std::sqrt(std::fabs(x)) + su) * su * (1 + 1e-5) : mx / ((1 << (bits - 1)) - 1) / 2 * (1 + 1e-6);
+              // Codes are linear in r = x / scale (q3, q2) or its square root (q8, q4), of |m| or
+              // of sqrt(v): r is off by at most half a step for m, one step for v (its lowest code
+              // is one step, not 0); the value then by dr (2 r + dr) scale (root) or dr scale.
+              const bool root = bits >= 4;
+              if (!second) {
+                const double dr = 0.5 / ((1 << (bits - 1)) - 1), r = std::sqrt(std::fabs(x) / mx);
+                bound = (root ? mx * dr * (2 * r + dr) : mx * dr) * (1 + 1e-5) + 1e-12;
+              } else {
+                const double S = std::sqrt(mx), dr = 1.0 / (1 << bits), u = std::sqrt(std::fabs(x)), r = std::sqrt(u / S);
+                const double du = root ? S * dr * (2 * r + dr) : S * dr;
+                bound = du * (2 * u + du) * (1 + 1e-5) + 1e-12;
+              }
             }
             ASSERT_LE(std::fabs(static_cast<double>(y) - x), bound) << "element " << i << ": " << x << " -> " << y;
             if (second && is_quantised(f) && mx > 0) ASSERT_GT(y, 0.0f) << "v decoded to zero";

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 
@@ -225,13 +226,19 @@ TEST(Profile, SmallRunGivesAValidMeasuredRigThatRoundTrips) {
   EXPECT_GT(rig.gpu.matmul_fp32.value, 1e8);
   expect_valid_curve(rig.gpu.gemm_efficiency.points);
   ASSERT_FALSE(rig.host.adam.empty());
-  std::set<int64_t> threads;
+  // fp32 at every thread count; every other state format at least at all CPUs; each (format,
+  // threads) pair once.
+  std::map<std::string, std::set<int64_t>> threads;
   for (const auto& a : rig.host.adam) {
-    EXPECT_EQ(a.state_format, "fp32");
-    EXPECT_GT(a.params_per_s.value, 1e6);
-    EXPECT_TRUE(threads.insert(a.threads).second);
+    EXPECT_GT(a.params_per_s.value, 1e6) << a.state_format;
+    EXPECT_EQ(a.params_per_s.provenance.kind, Provenance::Kind::kMeasured);
+    EXPECT_TRUE(threads[a.state_format].insert(a.threads).second) << a.state_format << " " << a.threads;
   }
-  EXPECT_EQ(*threads.rbegin(), rig.host.cores);
+  for (const char* f : {"fp32", "bf16", "q8", "q4", "q3", "q2"}) {
+    ASSERT_EQ(threads.count(f), 1u) << "no host.adam entry for state format " << f;
+    EXPECT_EQ(*threads[f].rbegin(), rig.host.cores) << f;
+  }
+  EXPECT_EQ(threads.size(), 6u);
   EXPECT_EQ(rig.links.h2d.pinned_bandwidth.points.size(), 3u);
   EXPECT_FALSE(rig.links.full_duplex);
 

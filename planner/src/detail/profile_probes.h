@@ -75,13 +75,17 @@ std::vector<TriadPoint> measure_triad(int64_t bytes, int reps, int64_t cores);
 
 // exec::adamw_update on `params` fp32 parameters (fp32 m and v), without a streaming copy (an fp32
 // transfer: the master itself is streamed) and, at the largest thread count, with the bf16 streaming
-// copy of a bf16 transfer. Best of `reps`.
+// copy of a bf16 transfer. Then the fused pass exec::adamw_update_moments with m and v both in each
+// other state format (bf16, q8, q4, q3, q2; block 128), no streaming copy, at the largest thread
+// count, or at every thread count when `formats_all_threads`. Best of `reps` after a warm-up pass
+// (which also moves the moments off zero).
 struct AdamPoint {
+  StateFormat format = StateFormat::kFp32;
   int threads = 1;
   bool bf16_stream = false;
   double params_per_s = 0;
 };
-std::vector<AdamPoint> measure_adam(int64_t params, int reps, int64_t cores);
+std::vector<AdamPoint> measure_adam(int64_t params, int reps, int64_t cores, bool formats_all_threads);
 
 // The layer shapes the profile times: for each H, (rows, H -> H), (rows, H -> H/4), (rows, H -> 8H/3
 // rounded to 64), each rows in `rows`, skipping those above `max_flops`. m = rows, n = out, k = H.

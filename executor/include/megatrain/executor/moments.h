@@ -3,13 +3,18 @@
 //
 // Formats. fp32 and bf16 (round to nearest even) store each element. The quantised formats q8, q4,
 // q3 and q2 split every tensor, from its first element, into blocks of `block_size` elements (the
-// last block of a tensor may be shorter), each with one fp32 scale:
-//   m (signed):    scale = max |m|;        code c in [-L, L], L = 2^(bits-1) - 1;   m = c * (scale / L)
-//   v (unsigned):  scale = max sqrt(v);    code c in [0, 2^bits - 1];   v = ((c + 1) * (scale / 2^bits))^2
+// last block of a tensor may be shorter), each with one fp32 scale. q8 and q4 codes are linear in
+// the square root of the normalised magnitude, so that small elements keep relative precision
+// (Adam divides m by sqrt(v), so a small element's step matters as much as a large one's); q3 and
+// q2, with 8 and 4 levels, are linear in the magnitude, which measured better at so few levels
+// (docs/optimizer-states.md):
+//   m (signed):    scale = max |m|;        x = |m| / scale;          r = sqrt(x) (q8, q4) or x
+//                  c = sign(m) round(L r), L = 2^(bits-1) - 1;       m = sign(c) f(|c| / L) scale
+//   v (unsigned):  scale = max sqrt(v);    x = sqrt(v) / scale;      r = sqrt(x) (q8, q4) or x
+//                  c = round(2^bits r) - 1, clamped to [0, 2^bits - 1];  sqrt(v) = f((c + 1) / 2^bits) scale
+// with f(q) = q^2 for q8/q4 and q for q3/q2.
 // v's code has no zero ("Memory Efficient Optimizers with 4-bit States", Li et al. 2023): a
-// second moment rounded to zero would turn the step m / (sqrt(v) + eps) into m / eps. v is coded
-// linearly in sqrt(v), the quantity the step divides by: that halves the range (in orders of
-// magnitude) that one block's codes must span, compared with coding v itself. q2's m is
+// second moment rounded to zero would turn the step m / (sqrt(v) + eps) into m / eps. q2's m is
 // ternary (-1, 0, 1) x scale. Encoding rounds to nearest (ties to even) and clamps. Every block,
 // also a short last one, takes block_size * bits / 8 bytes of codes, so a tensor's codes and scales
 // start at fixed offsets. Nothing about the quantised formats is lossless.

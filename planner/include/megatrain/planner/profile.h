@@ -72,6 +72,7 @@ struct ProfileSizes {
   int triad_reps = 5;                    // best of
   int64_t adam_params = 0;               // parameters of the AdamW tensor (4 fp32 arrays)
   int adam_reps = 3;                     // best of
+  bool adam_formats_all_threads = false;  // non-fp32 state formats at every thread count (else all CPUs only)
   std::vector<int64_t> gemm_rows;        // tokens per GEMM (m)
   std::vector<int64_t> gemm_hidden;      // hidden sizes H; per H the layer's shapes H->H, H->H/4, H->8H/3
   double gemm_max_flops = 0;             // shapes above this many FLOPs are skipped
