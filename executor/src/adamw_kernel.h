@@ -62,46 +62,82 @@ inline float abs_max(const float* x, int64_t n) {
   return bits_to_float(mx);
 }
 
-// Codes of one block (n <= block elements) unpacked to integers / packed from integers.
-inline void unpack(const uint8_t* in, int bits, int64_t n, int32_t* c) {
+// Codes of one block (n <= block elements) unpacked to integers / packed from integers, a whole
+// byte (q8, q4, q2) or 3 bytes (q3) at a time so that the loops vectorise; codes are little-endian
+// within their bytes. The tail of a short block goes code by code.
+inline int32_t code_at(const uint8_t* in, int bits, int64_t i) {
+  const int64_t bit = static_cast<int64_t>(bits) * i;
+  uint32_t word = in[bit >> 3];
+  if ((bit & 7) + bits > 8) word |= static_cast<uint32_t>(in[(bit >> 3) + 1]) << 8;
+  return static_cast<int32_t>((word >> (bit & 7)) & ((1u << bits) - 1));
+}
+
+inline void unpack(const uint8_t* __restrict in, int bits, int64_t n, int32_t* __restrict c) {
+  int64_t done = 0;
   switch (bits) {
     case 8:
       for (int64_t i = 0; i < n; ++i) c[i] = in[i];
-      break;
+      return;
     case 4:
-      for (int64_t i = 0; i < n; ++i) c[i] = (in[i >> 1] >> ((i & 1) * 4)) & 15;
+      for (int64_t j = 0; j < n / 2; ++j) {
+        const int32_t b = in[j];
+        c[2 * j] = b & 15;
+        c[2 * j + 1] = b >> 4;
+      }
+      done = n / 2 * 2;
       break;
     case 2:
-      for (int64_t i = 0; i < n; ++i) c[i] = (in[i >> 2] >> ((i & 3) * 2)) & 3;
-      break;
-    default:  // 3: 8 codes in 3 bytes, little-endian bit order
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t bit = 3 * i;
-        const uint32_t word = static_cast<uint32_t>(in[bit >> 3]) | (static_cast<uint32_t>(in[(bit >> 3) + 1]) << 8);
-        c[i] = static_cast<int32_t>((word >> (bit & 7)) & 7u);
+      for (int64_t j = 0; j < n / 4; ++j) {
+        const int32_t b = in[j];
+        c[4 * j] = b & 3;
+        c[4 * j + 1] = (b >> 2) & 3;
+        c[4 * j + 2] = (b >> 4) & 3;
+        c[4 * j + 3] = b >> 6;
       }
+      done = n / 4 * 4;
+      break;
+    default:  // 3: 8 codes in 3 bytes
+      for (int64_t j = 0; j < n / 8; ++j) {
+        const uint32_t w = static_cast<uint32_t>(in[3 * j]) | (static_cast<uint32_t>(in[3 * j + 1]) << 8) |
+                           (static_cast<uint32_t>(in[3 * j + 2]) << 16);
+        for (int k = 0; k < 8; ++k) c[8 * j + k] = static_cast<int32_t>((w >> (3 * k)) & 7u);
+      }
+      done = n / 8 * 8;
   }
+  for (int64_t i = done; i < n; ++i) c[i] = code_at(in, bits, i);
 }
 
-inline void pack(const int32_t* c, int bits, int64_t n, int64_t block_bytes, uint8_t* out) {
+inline void pack(const int32_t* __restrict c, int bits, int64_t n, int64_t block_bytes, uint8_t* __restrict out) {
   std::memset(out, 0, static_cast<size_t>(block_bytes));
+  int64_t done = 0;
   switch (bits) {
     case 8:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(c[i]);
-      break;
+      return;
     case 4:
-      for (int64_t i = 0; i < n; ++i) out[i >> 1] = static_cast<uint8_t>(out[i >> 1] | (c[i] << ((i & 1) * 4)));
+      for (int64_t j = 0; j < n / 2; ++j) out[j] = static_cast<uint8_t>(c[2 * j] | (c[2 * j + 1] << 4));
+      done = n / 2 * 2;
       break;
     case 2:
-      for (int64_t i = 0; i < n; ++i) out[i >> 2] = static_cast<uint8_t>(out[i >> 2] | (c[i] << ((i & 3) * 2)));
+      for (int64_t j = 0; j < n / 4; ++j)
+        out[j] = static_cast<uint8_t>(c[4 * j] | (c[4 * j + 1] << 2) | (c[4 * j + 2] << 4) | (c[4 * j + 3] << 6));
+      done = n / 4 * 4;
       break;
     default:
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t bit = 3 * i;
-        const uint32_t v = static_cast<uint32_t>(c[i]) << (bit & 7);
-        out[bit >> 3] = static_cast<uint8_t>(out[bit >> 3] | (v & 0xffu));
-        if ((bit & 7) > 5) out[(bit >> 3) + 1] = static_cast<uint8_t>(out[(bit >> 3) + 1] | (v >> 8));
+      for (int64_t j = 0; j < n / 8; ++j) {
+        uint32_t w = 0;
+        for (int k = 0; k < 8; ++k) w |= static_cast<uint32_t>(c[8 * j + k]) << (3 * k);
+        out[3 * j] = static_cast<uint8_t>(w);
+        out[3 * j + 1] = static_cast<uint8_t>(w >> 8);
+        out[3 * j + 2] = static_cast<uint8_t>(w >> 16);
       }
+      done = n / 8 * 8;
+  }
+  for (int64_t i = done; i < n; ++i) {
+    const int64_t bit = static_cast<int64_t>(bits) * i;
+    const uint32_t v = static_cast<uint32_t>(c[i]) << (bit & 7);
+    out[bit >> 3] = static_cast<uint8_t>(out[bit >> 3] | (v & 0xffu));
+    if ((bit & 7) + bits > 8) out[(bit >> 3) + 1] = static_cast<uint8_t>(out[(bit >> 3) + 1] | (v >> 8));
   }
 }
 
