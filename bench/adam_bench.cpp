@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "megatrain/core/model_spec.h"
+#include "bench_util.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
@@ -41,38 +42,7 @@ double median(std::vector<double> v) {
   return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
-// How much of the machine other processes used meanwhile (/proc/stat busy time less our own, over
-// wall time x cores), as bench/exec_bench.cpp reports it: on shared machines a large share is noise.
-class OtherLoad {
- public:
-  OtherLoad() : wall0_(Clock::now()), busy0_(machine_busy_s()), self0_(self_cpu_s()) {}
-  double share() const {
-    const double wall = seconds_since(wall0_);
-    const double cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
-    const double other = (machine_busy_s() - busy0_) - (self_cpu_s() - self0_);
-    return std::clamp(other / (wall * cores), 0.0, 1.0);
-  }
-
- private:
-  static double machine_busy_s() {
-    std::FILE* f = std::fopen("/proc/stat", "r");
-    if (!f) return 0;
-    unsigned long long v[8] = {};
-    const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
-                                &v[5], &v[6], &v[7]);
-    std::fclose(f);
-    if (got < 5) return 0;
-    return static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
-  static double self_cpu_s() {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
-    return s(u.ru_utime) + s(u.ru_stime);
-  }
-  Clock::time_point wall0_;
-  double busy0_, self0_;
-};
+using megatrain::bench::OtherLoad;
 
 // Runs f(i) for i in [0, threads) on `threads` threads (the calling one included), as the fused pass
 // itself splits its work.
@@ -361,16 +331,7 @@ std::string plan_text(int64_t steps) {
   })";
 }
 
-// Tokens with some structure (a noisy repeating pattern), as bench/exec_bench.cpp makes them.
-std::vector<uint32_t> make_tokens(size_t n, uint32_t vocab) {
-  std::vector<uint32_t> t(n);
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t[i] = (x % 8 == 0) ? static_cast<uint32_t>(x >> 20) % vocab : static_cast<uint32_t>((i * 7 + i / 64) % vocab);
-  }
-  return t;
-}
+using megatrain::bench::make_tokens;
 
 struct CodecRow {
   std::string tensor, codec;

@@ -20,6 +20,7 @@
 #include <Eigen/Core>
 
 #include "megatrain/core/plan.h"
+#include "bench_util.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/trainer.h"
@@ -33,41 +34,7 @@ namespace exec = megatrain::exec;
 
 double seconds_since(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
 
-// How much of the machine other processes used while a benchmark ran: the CPU time all cores spent
-// busy (/proc/stat) less this process's own (getrusage), over wall time x cores. On these shared
-// 2-core machines a run with a large share is noise, not a result.
-class OtherLoad {
- public:
-  OtherLoad() : wall0_(Clock::now()), busy0_(machine_busy_s()), self0_(self_cpu_s()) {}
-  double share() const {
-    const double wall = seconds_since(wall0_);
-    const double cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
-    const double other = (machine_busy_s() - busy0_) - (self_cpu_s() - self0_);
-    return std::clamp(other / (wall * cores), 0.0, 1.0);
-  }
-
- private:
-  static double machine_busy_s() {
-    std::FILE* f = std::fopen("/proc/stat", "r");
-    if (!f) return 0;
-    unsigned long long v[8] = {};
-    const int got = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
-                                &v[5], &v[6], &v[7]);
-    std::fclose(f);
-    if (got < 5) return 0;
-    const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-    // user nice system [idle iowait] irq softirq steal
-    return static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / ticks;
-  }
-  static double self_cpu_s() {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
-    return s(u.ru_utime) + s(u.ru_stime);
-  }
-  Clock::time_point wall0_;
-  double busy0_, self0_;
-};
+using megatrain::bench::OtherLoad;
 
 // Minor page faults of this process so far. A page fault costs microseconds on these VMs, so a
 // buffer that gets fresh pages on every call (malloc handing memory back to the kernel and taking
@@ -145,16 +112,7 @@ void setup(Run& r, int64_t steps, int threads, const std::shared_ptr<const exec:
   r.trainer = std::move(t).value();
 }
 
-// Tokens with some structure (a noisy repeating pattern) so the model has something to learn.
-std::vector<uint32_t> make_tokens(size_t n, uint32_t vocab) {
-  std::vector<uint32_t> t(n);
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t[i] = (x % 8 == 0) ? static_cast<uint32_t>(x >> 20) % vocab : static_cast<uint32_t>((i * 7 + i / 64) % vocab);
-  }
-  return t;
-}
+using megatrain::bench::make_tokens;
 
 bool same_weights(const exec::HostState& a, const exec::HostState& b) {
   for (size_t u = 0; u < a.units().size(); ++u) {
