@@ -200,8 +200,8 @@ inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t
     const float levels = static_cast<float>(1 << bits);
     for (int64_t i = 0; i < n; ++i) {
       const float lin = __builtin_sqrtf(in[i]) * inv_scale;
-      const float r = root ? __builtin_sqrtf(lin) : lin;
-      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(r * levels)) - 1;
+      const float x = root ? __builtin_sqrtf(lin) : lin;
+      const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(x * levels)) - 1;
       scratch[i] = c < 0 ? 0 : (c > top ? top : c);
     }
   } else {  // c = sign(m) round(L r), r = sqrt(|m| / scale) (root) or |m| / scale
@@ -210,8 +210,8 @@ inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t
     for (int64_t i = 0; i < n; ++i) {
       const float a = in[i] < 0.0f ? -in[i] : in[i];
       const float lin = a * inv_scale;
-      const float r = __builtin_nearbyintf((root ? __builtin_sqrtf(lin) : lin) * fl);
-      const int32_t c = static_cast<int32_t>(in[i] < 0.0f ? -r : r);
+      const float q = __builtin_nearbyintf((root ? __builtin_sqrtf(lin) : lin) * fl);
+      const int32_t c = static_cast<int32_t>(in[i] < 0.0f ? -q : q);
       scratch[i] = (c < -levels ? -levels : (c > levels ? levels : c)) + levels;
     }
   }
