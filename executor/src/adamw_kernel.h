@@ -177,7 +177,9 @@ inline void decode_block(const MomentRef& r, bool second, int64_t first, int64_t
   }
 }
 
-inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t n, const float* in, int32_t* scratch) {
+// root_in: sqrt(in[i]) when the caller has it (the update computes sqrt(v) anyway), else null.
+inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t n, const float* in, int32_t* scratch,
+                         const float* root_in = nullptr) {
   switch (r.format) {
     case StateFormat::kFp32:
       std::memcpy(r.f32 + first, in, sizeof(float) * static_cast<size_t>(n));
@@ -191,7 +193,8 @@ inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t
   const int64_t block = first / r.block_size;
   const int64_t block_bytes = r.block_size * bits / 8;
   // m: the block's largest |m|. v: the largest sqrt(v) (sqrt is monotonic, so this is exact).
-  const float scale = second ? __builtin_sqrtf(abs_max(in, n)) : abs_max(in, n);
+  // (sqrt is monotonic and correctly rounded, so max sqrt(v) == sqrt(max v) exactly.)
+  const float scale = second ? (root_in ? abs_max(root_in, n) : __builtin_sqrtf(abs_max(in, n))) : abs_max(in, n);
   r.scales[block] = scale;
   const float inv_scale = scale > 0.0f ? 1.0f / scale : 0.0f;
   const bool root = bits >= 4;
@@ -199,7 +202,7 @@ inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t
     const int32_t top = (1 << bits) - 1;
     const float levels = static_cast<float>(1 << bits);
     for (int64_t i = 0; i < n; ++i) {
-      const float lin = __builtin_sqrtf(in[i]) * inv_scale;
+      const float lin = (root_in ? root_in[i] : __builtin_sqrtf(in[i])) * inv_scale;
       const float x = root ? __builtin_sqrtf(lin) : lin;
       const int32_t c = static_cast<int32_t>(__builtin_nearbyintf(x * levels)) - 1;
       scratch[i] = c < 0 ? 0 : (c > top ? top : c);
@@ -219,14 +222,17 @@ inline void encode_block(const MomentRef& r, bool second, int64_t first, int64_t
 }
 
 // The update of n elements whose moments are in fp32 scratch (or fp32 storage) tm/tv.
-inline void update(const StepConsts& k, float* w, const float* g, float* tm, float* tv, int64_t n, float* stream_f32,
-                   uint16_t* stream_bf16) {
+// su receives sqrt(v) for the encoder. The arrays never overlap (__restrict lets the loop vectorise).
+inline void update(const StepConsts& k, float* __restrict w, const float* __restrict g, float* __restrict tm,
+                   float* __restrict tv, int64_t n, float* stream_f32, uint16_t* stream_bf16, float* __restrict su) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * k.grad_scale;
     const float p0 = w[i] * k.decay;
     const float mi = tm[i] * k.b1 + k.omb1 * gi;
     const float vi = tv[i] * k.b2 + (k.omb2 * gi) * gi;
-    const float denom = __builtin_sqrtf(vi) / k.bc2_sqrt + k.eps;
+    const float sv = __builtin_sqrtf(vi);
+    su[i] = sv;
+    const float denom = sv / k.bc2_sqrt + k.eps;
     const float p = p0 - k.step_size * (mi / denom);
     tm[i] = mi;
     tv[i] = vi;
@@ -237,8 +243,8 @@ inline void update(const StepConsts& k, float* w, const float* g, float* tm, flo
     for (int64_t i = 0; i < n; ++i) stream_bf16[i] = to_bf16(w[i]);
 }
 
-// Elements [begin, end) (block-aligned except at the end of the range). scratch: 2 * block floats
-// and block int32s.
+// Elements [begin, end) (block-aligned except at the end of the range). Scratch: fm of block
+// floats, fv of 2 * block floats (v, then sqrt(v)), ci of block int32s.
 inline void run(const StepConsts& k, float* w, const float* g, const MomentRef& m, const MomentRef& v, int64_t begin,
                 int64_t end, int64_t block, float* stream_f32, uint16_t* stream_bf16, float* fm, float* fv, int32_t* ci) {
   for (int64_t b0 = begin; b0 < end; b0 += block) {
@@ -247,9 +253,10 @@ inline void run(const StepConsts& k, float* w, const float* g, const MomentRef& 
     float* tv = v.format == StateFormat::kFp32 ? v.f32 + b0 : fv;
     if (m.format != StateFormat::kFp32) decode_block(m, false, b0, n, tm, ci);
     if (v.format != StateFormat::kFp32) decode_block(v, true, b0, n, tv, ci);
-    update(k, w + b0, g + b0, tm, tv, n, stream_f32 ? stream_f32 + b0 : nullptr, stream_bf16 ? stream_bf16 + b0 : nullptr);
+    float* su = fv + block;  // sqrt(v), shared with the encoder
+    update(k, w + b0, g + b0, tm, tv, n, stream_f32 ? stream_f32 + b0 : nullptr, stream_bf16 ? stream_bf16 + b0 : nullptr, su);
     if (m.format != StateFormat::kFp32) encode_block(m, false, b0, n, tm, ci);
-    if (v.format != StateFormat::kFp32) encode_block(v, true, b0, n, tv, ci);
+    if (v.format != StateFormat::kFp32) encode_block(v, true, b0, n, tv, ci, is_quantised(v.format) ? su : nullptr);
   }
 }
 
