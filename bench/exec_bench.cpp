@@ -97,7 +97,7 @@ void setup(Run& r, int64_t steps, int threads, const std::shared_ptr<const exec:
   if (!model.ok()) die("model", model.status());
   r.model = std::make_unique<megatrain::ModelSpec>(std::move(model).value());
   r.state = std::make_unique<exec::HostState>(exec::HostState::create(*r.model, r.plan.precision.transfer));
-  r.state->init_random(static_cast<uint64_t>(r.plan.training.seed), 0.02);
+  (void)r.state->init_random(static_cast<uint64_t>(r.plan.training.seed), 0.02);  // RAM only: cannot fail
   auto loader = exec::DataLoader::create(tokens, r.plan.training.seq_len, r.plan.training.micro_batch,
                                          r.plan.training.grad_accum, exec::DataOrder::kSequential, 1,
                                          r.model->config().vocab_size);

@@ -153,7 +153,12 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     pr.string_array("nvme_dirs", c.nvme_dirs, Need::kOptional);
     pr.integer("pinned_staging_bytes", c.pinned_staging_bytes, Need::kOptional, 0, kMaxI);
     pr.integer("device_budget_bytes", c.device_budget_bytes, Need::kOptional, 0, kMaxI);
+    pr.integer("nvme_queue_depth", c.nvme_queue_depth, Need::kOptional, 1, 4096);
+    pr.integer("nvme_block_bytes", c.nvme_block_bytes, Need::kOptional, 4096, int64_t{1} << 30);
     if (Status s = pr.finish(); !s.ok()) return ctx(s);
+    if (c.nvme_block_bytes % 4096 != 0)
+      return ctx(invalid_argument("placement.nvme_block_bytes: " + std::to_string(c.nvme_block_bytes) +
+                                  " is not a multiple of 4096; O_DIRECT transfers need whole 4 KiB pages"));
     for (size_t i = 0; i < c.nvme_dirs.size(); ++i)
       if (c.nvme_dirs[i].empty())
         return ctx(invalid_argument("placement.nvme_dirs[" + std::to_string(i) + "]: empty; expected a directory path"));
@@ -260,7 +265,8 @@ std::string Plan::to_json_text() const {
                    {"checkpoint_location", schedule.checkpoint_location}};
   j["placement"] = {{"master_weights", placement.master_weights}, {"optimizer_states", placement.optimizer_states},
                     {"nvme_dirs", placement.nvme_dirs}, {"pinned_staging_bytes", placement.pinned_staging_bytes},
-                    {"device_budget_bytes", placement.device_budget_bytes}};
+                    {"device_budget_bytes", placement.device_budget_bytes}, {"nvme_queue_depth", placement.nvme_queue_depth},
+                    {"nvme_block_bytes", placement.nvme_block_bytes}};
   const OptimizerConfig& o = optimizer;
   j["optimizer"] = {{"type", o.type}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
                     {"weight_decay", o.weight_decay}, {"m_format", state_format_name(o.m_format)},

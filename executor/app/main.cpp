@@ -111,8 +111,25 @@ int main(int argc, char** argv) {
                                          plan->training.grad_accum, *order, static_cast<uint64_t>(plan->training.seed),
                                          model->config().vocab_size);
   if (!loader.ok()) return fail(loader.status());
-  exec::HostState state = exec::HostState::create(*model, plan->precision.transfer, plan->optimizer.m_format,
-                                                   plan->optimizer.v_format, plan->optimizer.block_size);
+  // The training state: in RAM, or partly on the NVMe tier as placement says (the drives are
+  // checked and their space reserved here, before anything runs).
+  exec::NvmePlacement nvme;
+  nvme.master = plan->placement.master_weights == "nvme";
+  nvme.states = plan->placement.optimizer_states == "nvme";
+  for (const std::string& d : plan->placement.nvme_dirs) nvme.store.dirs.emplace_back(d);
+  nvme.store.queue_depth = static_cast<int>(plan->placement.nvme_queue_depth);
+  nvme.store.block_bytes = plan->placement.nvme_block_bytes;
+  nvme.staging_bytes = plan->placement.pinned_staging_bytes;
+  auto created = exec::HostState::create(*model, plan->precision.transfer, plan->optimizer.m_format, plan->optimizer.v_format,
+                                         plan->optimizer.block_size, nvme);
+  if (!created.ok()) return fail(created.status());
+  exec::HostState state = std::move(created).value();
+  if (state.on_nvme())
+    std::printf("NVMe tier: %s%s%s on %zu drive(s), %s reserved, %s; %lld staging buffer(s), %s of RAM\n",
+                nvme.master ? "master weights" : "", nvme.master && nvme.states ? " and " : "", nvme.states ? "optimizer states" : "",
+                nvme.store.dirs.size(), format_bytes(static_cast<double>(state.nvme_bytes())).c_str(),
+                state.nvme_store()->engine().c_str(), static_cast<long long>(state.staging_buffers()),
+                format_bytes(static_cast<double>(state.staging_bytes())).c_str());
   int64_t start = 0;          // the first step this process runs
   int64_t losses_first = 0;   // the step of losses[0]
   std::vector<double> losses;
@@ -139,7 +156,7 @@ int main(int argc, char** argv) {
     if (!init_dir.empty()) {
       if (Status s = exec::load_weights(state, init_dir); !s.ok()) return fail(s);
     } else {
-      state.init_random(static_cast<uint64_t>(plan->training.seed), 0.02);
+      if (Status s = state.init_random(static_cast<uint64_t>(plan->training.seed), 0.02); !s.ok()) return fail(s);
     }
   }
   exec::TrainerOptions opt;

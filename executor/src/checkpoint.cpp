@@ -333,10 +333,12 @@ Result<std::vector<MomentSpan>> checked_spans(const UnitState& us, const MomentS
   int64_t elems = 0, blocks = 0, codes = 0;
   for (const MomentSpan& sp : spans) elems += sp.numel, blocks += sp.blocks, codes += sp.code_bytes;
   bool fits = elems == us.numel && ms.numel() == us.numel;
+  // array_bytes, not the arrays: a unit on NVMe has none until it is paged in.
+  const std::vector<int64_t> arrays = ms.array_bytes();
   switch (ms.format()) {
-    case StateFormat::kFp32: fits = fits && ms.f32().size() == elems; break;
-    case StateFormat::kBf16: fits = fits && ms.bf16().size() == elems; break;
-    default: fits = fits && ms.codes().size() == codes && ms.scales().size() == blocks;
+    case StateFormat::kFp32: fits = fits && arrays.at(0) == 4 * elems; break;
+    case StateFormat::kBf16: fits = fits && arrays.at(0) == 2 * elems; break;
+    default: fits = fits && arrays.at(0) == codes && arrays.at(1) == 4 * blocks;
   }
   if (!fits)
     return internal_error(std::string("Adam's ") + (m_or_v ? "v" : "m") + " (" + state_format_name(ms.format()) +
@@ -371,39 +373,66 @@ MomentFormats formats_of(const HostState& state) {
 }
 
 Status write_optimizer(const HostState& state, const fs::path& path, int64_t next_step) {
+  // Moments on NVMe are paged in one unit at a time as the file is written (read-only: nothing
+  // is written back).
+  auto pager = std::make_shared<UnitPager>(const_cast<HostState&>(state));
   std::vector<TensorToWrite> tensors;
-  for (const UnitState& us : state.units()) {
-    const MomentStore* stores[2] = {&us.m, &us.v};
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    const UnitState& us = state.units()[u];
     std::vector<MomentSpan> spans[2];
     for (int k = 0; k < 2; ++k) {
-      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, *stores[k], k));
+      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, k ? us.v : us.m, k));
     }
     for (size_t i = 0; i < us.tensors.size(); ++i) {
       const TensorSlot& t = us.tensors[i];
       for (int k = 0; k < 2; ++k) {
-        const MomentStore& ms = *stores[k];
-        const MomentSpan& sp = spans[k][i];
+        const StateFormat format = (k ? us.v : us.m).format();
+        const MomentSpan sp = spans[k][i];
         const std::string name = t.name + kMomentSuffix[k];
-        switch (ms.format()) {
-          case StateFormat::kFp32:
-            tensors.push_back(TensorToWrite{name, t.shape, ms.f32().data() + sp.elem_offset, DType::kFp32, DType::kFp32});
+        // The bytes of one array of this moment, from the unit as it is now (paged in if need be).
+        auto at = [&state, pager, u, k](int array, int64_t byte_offset) -> std::function<Result<const void*>()> {
+          return [&state, pager, u, k, array, byte_offset]() -> Result<const void*> {
+            if (state.states_on_nvme()) MT_RETURN_IF_ERROR(pager->get(static_cast<int64_t>(u)).status());
+            const MomentStore& ms = k ? state.units()[u].v : state.units()[u].m;
+            const void* base = ms.format() == StateFormat::kFp32   ? static_cast<const void*>(ms.f32().data())
+                               : ms.format() == StateFormat::kBf16 ? static_cast<const void*>(ms.bf16().data())
+                               : array == 0                        ? static_cast<const void*>(ms.codes().data())
+                                                                   : static_cast<const void*>(ms.scales().data());
+            return static_cast<const void*>(static_cast<const uint8_t*>(base) + byte_offset);
+          };
+        };
+        switch (format) {
+          case StateFormat::kFp32: {
+            TensorToWrite w{name, t.shape, nullptr, DType::kFp32, DType::kFp32};
+            w.fetch = at(0, 4 * sp.elem_offset);
+            tensors.push_back(std::move(w));
             break;
-          case StateFormat::kBf16:  // the bits as they are: equal types are copied, never rounded
-            tensors.push_back(TensorToWrite{name, t.shape, ms.bf16().data() + sp.elem_offset, DType::kBf16, DType::kBf16});
+          }
+          case StateFormat::kBf16: {  // the bits as they are: equal types are copied, never rounded
+            TensorToWrite w{name, t.shape, nullptr, DType::kBf16, DType::kBf16};
+            w.fetch = at(0, 2 * sp.elem_offset);
+            tensors.push_back(std::move(w));
             break;
-          default:
-            tensors.push_back(raw_tensor(name + ".codes", {sp.code_bytes}, ms.codes().data() + sp.code_offset, "U8"));
-            tensors.push_back(TensorToWrite{name + ".scales", {sp.blocks}, ms.scales().data() + sp.block_offset,
-                                            DType::kFp32, DType::kFp32});
+          }
+          default: {
+            TensorToWrite codes = raw_tensor(name + ".codes", {sp.code_bytes}, nullptr, "U8");
+            codes.fetch = at(0, sp.code_offset);
+            tensors.push_back(std::move(codes));
+            TensorToWrite scales{name + ".scales", {sp.blocks}, nullptr, DType::kFp32, DType::kFp32};
+            scales.fetch = at(1, 4 * sp.block_offset);
+            tensors.push_back(std::move(scales));
+          }
         }
       }
     }
   }
   const MomentFormats f = formats_of(state);
-  return write_safetensors(path, tensors,
-                           {{"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)},
-                            {"m_format", state_format_name(f.m)}, {"v_format", state_format_name(f.v)},
-                            {"block_size", std::to_string(f.block_size)}});
+  Status s = write_safetensors(path, tensors,
+                               {{"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)},
+                                {"m_format", state_format_name(f.m)}, {"v_format", state_format_name(f.v)},
+                                {"block_size", std::to_string(f.block_size)}});
+  Status done = pager->finish();
+  return s.ok() ? done : s;
 }
 
 Json manifest_json(const CheckpointInfo& info, const std::map<std::string, FileDigest>& files, const std::string& created) {
@@ -749,7 +778,11 @@ Status apply(const Verified& v, HostState& state) {
   };
   const SafetensorsFile& model = *v.model;
   const SafetensorsFile& opt = *v.optimizer;
-  for (UnitState& us : state.units()) {
+  // A unit on NVMe is paged in zero-filled, set from the files and written back.
+  UnitPager pager(state);
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    MT_ASSIGN_OR_RETURN(UnitState * paged, pager.get(static_cast<int64_t>(u), true));
+    UnitState& us = *paged;
     MomentStore* stores[2] = {&us.m, &us.v};
     std::vector<MomentSpan> spans[2];
     for (int k = 0; k < 2; ++k) {
@@ -782,7 +815,8 @@ Status apply(const Verified& v, HostState& state) {
       }
     }
   }
-  state.refresh_stream();
+  if (Status s = pager.finish(); !s.ok()) return incomplete(s);
+  if (Status s = state.refresh_stream(); !s.ok()) return incomplete(s);
   return {};
 }
 

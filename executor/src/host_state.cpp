@@ -3,8 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "megatrain/core/units.h"
 
 #include "megatrain/executor/optimizer.h"
 
@@ -43,36 +48,207 @@ const TensorSlot* UnitState::find(TensorRole role) const {
   return nullptr;
 }
 
+// ---- the NVMe tier --------------------------------------------------------------------------------
+
+struct HostState::Tier {
+  bool master = false, states = false;
+  std::unique_ptr<NvmeStore> store;
+  // Per unit: where master, m's arrays and v's arrays start in its region (each 4096-aligned).
+  struct Layout {
+    int64_t master = -1;
+    std::vector<int64_t> m, v;
+  };
+  std::vector<Layout> layout;
+  int64_t slot_bytes = 0;
+  std::vector<AlignedArray<uint8_t>> slots;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> free_slots;
+  std::vector<int> slot_of;  // per unit, -1 when not paged in
+};
+
+HostState::HostState() = default;
+HostState::~HostState() = default;
+HostState::HostState(HostState&&) noexcept = default;
+HostState& HostState::operator=(HostState&&) noexcept = default;
+
+bool HostState::master_on_nvme() const { return tier_ && tier_->master; }
+bool HostState::states_on_nvme() const { return tier_ && tier_->states; }
+const NvmeStore* HostState::nvme_store() const { return tier_ ? tier_->store.get() : nullptr; }
+int64_t HostState::nvme_bytes() const { return tier_ ? tier_->store->total_bytes() : 0; }
+int64_t HostState::staging_buffers() const { return tier_ ? static_cast<int64_t>(tier_->slots.size()) : 0; }
+int64_t HostState::staging_bytes() const { return tier_ ? staging_buffers() * tier_->slot_bytes : 0; }
+
+int64_t HostState::free_staging_buffers() const {
+  if (!tier_) return 0;
+  std::lock_guard<std::mutex> g(tier_->mu);
+  return static_cast<int64_t>(tier_->free_slots.size());
+}
+
+bool HostState::paged_in(int64_t u) const {
+  if (!tier_) return true;
+  std::lock_guard<std::mutex> g(tier_->mu);
+  return tier_->slot_of[static_cast<size_t>(u)] >= 0;
+}
+
+Status HostState::page_in(int64_t u, bool read) {
+  if (!tier_) return {};
+  Tier& t = *tier_;
+  int slot = -1;
+  {
+    std::unique_lock<std::mutex> l(t.mu);
+    if (t.slot_of[static_cast<size_t>(u)] >= 0)
+      return internal_error("unit " + std::to_string(u) + " is paged in twice; one caller at a time may hold a unit");
+    t.cv.wait(l, [&] { return !t.free_slots.empty(); });
+    slot = t.free_slots.back();
+    t.free_slots.pop_back();
+    t.slot_of[static_cast<size_t>(u)] = slot;
+  }
+  uint8_t* base = t.slots[static_cast<size_t>(slot)].data();
+  UnitState& us = units_[static_cast<size_t>(u)];
+  const Tier::Layout& lay = t.layout[static_cast<size_t>(u)];
+  if (t.master) us.master.view(reinterpret_cast<float*>(base + lay.master), us.numel);
+  if (t.states) {
+    std::vector<void*> pm, pv;
+    for (int64_t off : lay.m) pm.push_back(base + off);
+    for (int64_t off : lay.v) pv.push_back(base + off);
+    us.m.attach(pm);
+    us.v.attach(pv);
+  }
+  Status s;
+  if (read)
+    s = t.store->read(u, base);
+  else
+    std::memset(base, 0, static_cast<size_t>(t.store->region_capacity(u)));
+  if (!s.ok()) (void)page_out(u, false);
+  return s;
+}
+
+Status HostState::page_out(int64_t u, bool write) {
+  if (!tier_) return {};
+  Tier& t = *tier_;
+  int slot = -1;
+  {
+    std::lock_guard<std::mutex> g(t.mu);
+    slot = t.slot_of[static_cast<size_t>(u)];
+  }
+  if (slot < 0) return internal_error("unit " + std::to_string(u) + " is paged out but was not paged in");
+  Status s;
+  if (write) s = t.store->write(u, t.slots[static_cast<size_t>(slot)].data());
+  UnitState& us = units_[static_cast<size_t>(u)];
+  if (t.master) us.master.release();
+  if (t.states) {
+    us.m.detach();
+    us.v.detach();
+  }
+  {
+    std::lock_guard<std::mutex> g(t.mu);
+    t.slot_of[static_cast<size_t>(u)] = -1;
+    t.free_slots.push_back(slot);
+  }
+  t.cv.notify_all();
+  return s;
+}
+
+Result<UnitState*> UnitPager::get(int64_t u, bool dirty) {
+  UnitState* us = &state_.units()[static_cast<size_t>(u)];
+  if (!state_.on_nvme() || u == current_) return us;
+  MT_RETURN_IF_ERROR(finish());
+  MT_RETURN_IF_ERROR(state_.page_in(u, !dirty));
+  current_ = u;
+  dirty_ = dirty;
+  return us;
+}
+
+Status UnitPager::finish() {
+  if (current_ < 0) return {};
+  const int64_t u = current_;
+  current_ = -1;
+  return state_.page_out(u, dirty_);
+}
+
+Result<HostState> HostState::create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
+                                    int64_t block_size, const NvmePlacement& nvme) {
+  if (!nvme.master && !nvme.states) return create(model, transfer, m_format, v_format, block_size);
+  if (nvme.master && transfer != DType::kBf16)
+    return unsupported("placement.master_weights nvme with precision.transfer " + std::string(dtype_name(transfer)) +
+                       ": the weights streamed to the device stay in RAM, so with master weights on NVMe they must be a bf16 "
+                       "copy; accepted: precision.transfer bf16, or master_weights ram");
+  HostState hs;
+  hs.transfer_ = transfer;
+  hs.tied_ = model.config().tie_word_embeddings;
+  hs.tier_ = std::make_unique<Tier>();
+  Tier& t = *hs.tier_;
+  t.master = nvme.master;
+  t.states = nvme.states;
+  hs.build_units(model, m_format, v_format, block_size);
+  std::vector<int64_t> region;
+  auto aligned = [](int64_t b) { return (b + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment; };
+  for (const UnitState& us : hs.units_) {
+    Tier::Layout lay;
+    int64_t off = 0;
+    if (t.master) {
+      lay.master = off;
+      off += aligned(4 * us.numel);
+    }
+    if (t.states) {
+      for (int64_t b : us.m.array_bytes()) lay.m.push_back(off), off += aligned(b);
+      for (int64_t b : us.v.array_bytes()) lay.v.push_back(off), off += aligned(b);
+    }
+    t.layout.push_back(lay);
+    region.push_back(off);
+  }
+  MT_ASSIGN_OR_RETURN(t.store, NvmeStore::create(nvme.store, region));
+  for (int64_t u = 0; u < static_cast<int64_t>(region.size()); ++u) t.slot_bytes = std::max(t.slot_bytes, t.store->region_capacity(u));
+  const int64_t n_slots = std::max<int64_t>(1, t.slot_bytes > 0 ? nvme.staging_bytes / t.slot_bytes : 1);
+  t.slots.resize(static_cast<size_t>(n_slots));
+  for (int64_t k = 0; k < n_slots; ++k) {
+    t.slots[static_cast<size_t>(k)].resize(t.slot_bytes);
+    t.free_slots.push_back(static_cast<int>(n_slots - 1 - k));
+  }
+  t.slot_of.assign(hs.units_.size(), -1);
+  return hs;
+}
+
 HostState HostState::create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
                             int64_t block_size) {
   HostState hs;
   hs.transfer_ = transfer;
   hs.tied_ = model.config().tie_word_embeddings;
+  hs.build_units(model, m_format, v_format, block_size);
+  return hs;
+}
+
+void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateFormat v_format, int64_t block_size) {
+  const bool master_ram = !master_on_nvme(), states_ram = !states_on_nvme();
   const int64_t L = model.config().num_layers;
-  hs.units_.resize(static_cast<size_t>(L + 2));
+  units_.resize(static_cast<size_t>(L + 2));
   for (const TensorInfo& t : model.tensors()) {
     size_t u = 0;
     if (t.layer >= 0) u = static_cast<size_t>(t.layer + 1);
     else if (t.role == TensorRole::kEmbedding) u = 0;
     else u = static_cast<size_t>(L + 1);
-    UnitState& us = hs.units_[u];
+    UnitState& us = units_[u];
     us.tensors.push_back(TensorSlot{t.name, t.shape, t.role, us.numel, t.numel, !is_norm_or_bias(t.role)});
     us.numel += t.numel;
   }
-  for (UnitState& us : hs.units_) {
-    us.master.resize(us.numel);
+  for (UnitState& us : units_) {
+    if (master_ram) us.master.resize(us.numel);
     us.grad.resize(us.numel);
     std::vector<int64_t> sizes;
     for (const TensorSlot& t : us.tensors) sizes.push_back(t.numel);
-    us.m = MomentStore::create(m_format, false, sizes, block_size);
-    us.v = MomentStore::create(v_format, true, sizes, block_size);
-    if (transfer == DType::kBf16) us.stream_bf16.resize(us.numel);
+    us.m = MomentStore::create(m_format, false, sizes, block_size, states_ram);
+    us.v = MomentStore::create(v_format, true, sizes, block_size, states_ram);
+    if (transfer_ == DType::kBf16) us.stream_bf16.resize(us.numel);
   }
-  return hs;
 }
 
-void HostState::init_random(uint64_t seed, double std) {
-  for (UnitState& us : units_) {
+Status HostState::init_random(uint64_t seed, double std) {
+  UnitPager pager(*this);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitState& us = units_[u];
+    // NVMe-resident master weights: the unit is zero-filled (fresh moments), set and written back.
+    if (master_on_nvme()) MT_RETURN_IF_ERROR(pager.get(static_cast<int64_t>(u), true).status());
     for (const TensorSlot& t : us.tensors) {
       float* w = us.master.data() + t.offset;
       if (t.role == TensorRole::kAttnNorm || t.role == TensorRole::kMlpNorm || t.role == TensorRole::kFinalNorm) {
@@ -105,19 +281,30 @@ void HostState::init_random(uint64_t seed, double std) {
       fill(0, pairs / n_threads);
       for (auto& th : workers) th.join();
     }
+    if (transfer_ == DType::kBf16)
+      for (int64_t i = 0; i < us.numel; ++i) us.stream_bf16[i] = fp32_to_bf16(us.master[i]);
   }
-  refresh_stream();
+  return pager.finish();
 }
 
-void HostState::refresh_stream() {
-  if (transfer_ != DType::kBf16) return;
-  for (UnitState& us : units_)
+Status HostState::refresh_stream() {
+  if (transfer_ != DType::kBf16) return {};
+  UnitPager pager(*this);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (master_on_nvme()) MT_RETURN_IF_ERROR(pager.get(static_cast<int64_t>(u)).status());
+    UnitState& us = units_[u];
     for (int64_t i = 0; i < us.numel; ++i) us.stream_bf16[i] = fp32_to_bf16(us.master[i]);
+  }
+  return pager.finish();
 }
 
 int64_t HostState::bytes() const {
-  int64_t b = 0;
-  for (const UnitState& us : units_) b += us.numel * (8 + (transfer_ == DType::kBf16 ? 2 : 0)) + us.m.bytes() + us.v.bytes();
+  int64_t b = staging_bytes();
+  for (const UnitState& us : units_) {
+    b += us.numel * (4 + (transfer_ == DType::kBf16 ? 2 : 0));  // gradient, streaming copy
+    if (!master_on_nvme()) b += 4 * us.numel;
+    if (!states_on_nvme()) b += us.m.bytes() + us.v.bytes();
+  }
   return b;
 }
 

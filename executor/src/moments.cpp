@@ -79,7 +79,7 @@ StepConsts step_consts(const AdamWStep& s) {
 // ---- MomentStore ------------------------------------------------------------------------------
 
 MomentStore MomentStore::create(StateFormat format, bool second, const std::vector<int64_t>& tensor_numels,
-                                int64_t block_size) {
+                                int64_t block_size, bool allocate) {
   MomentStore s;
   s.format_ = format;
   s.second_ = second;
@@ -92,6 +92,8 @@ MomentStore MomentStore::create(StateFormat format, bool second, const std::vect
     s.numel_ += n;
     blocks += (n + block_size - 1) / block_size;
   }
+  s.blocks_ = blocks;
+  if (!allocate) return s;
   switch (format) {
     case StateFormat::kFp32: s.f32_.resize(s.numel_); break;
     case StateFormat::kBf16: s.bf16_.resize(s.numel_); break;
@@ -102,6 +104,31 @@ MomentStore MomentStore::create(StateFormat format, bool second, const std::vect
     }
   }
   return s;
+}
+
+std::vector<int64_t> MomentStore::array_bytes() const {
+  switch (format_) {
+    case StateFormat::kFp32: return {4 * numel_};
+    case StateFormat::kBf16: return {2 * numel_};
+    default: return {blocks_ * block_ * state_format_bits(format_) / 8, 4 * blocks_};
+  }
+}
+
+void MomentStore::attach(const std::vector<void*>& arrays) {
+  switch (format_) {
+    case StateFormat::kFp32: f32_.view(static_cast<float*>(arrays.at(0)), numel_); break;
+    case StateFormat::kBf16: bf16_.view(static_cast<uint16_t*>(arrays.at(0)), numel_); break;
+    default:
+      codes_.view(static_cast<uint8_t*>(arrays.at(0)), blocks_ * block_ * state_format_bits(format_) / 8);
+      scales_.view(static_cast<float*>(arrays.at(1)), blocks_);
+  }
+}
+
+void MomentStore::detach() {
+  f32_.release();
+  bf16_.release();
+  codes_.release();
+  scales_.release();
 }
 
 int64_t MomentStore::bytes() const {

@@ -120,6 +120,14 @@ struct NvmeStore::Impl {
       const int sub = io_uring_submit_and_wait(ring.get(), 1);
       if (sub < 0 && sub != -EINTR) {
         failure = io_error("io_uring_submit failed: " + errno_text(-sub));
+        // The kernel may still be using the caller's buffer for requests already submitted: reap
+        // them before returning (io_uring_wait_cqe does not submit).
+        while (in_flight > 0) {
+          io_uring_cqe* c = nullptr;
+          if (io_uring_wait_cqe(ring.get(), &c) < 0) break;
+          io_uring_cqe_seen(ring.get(), c);
+          --in_flight;
+        }
         break;  // the ring's state is unknown: do not reuse it
       }
       io_uring_cqe* cqe = nullptr;
@@ -191,6 +199,7 @@ struct NvmeStore::Impl {
   }
 
   Status transfer(std::vector<BlockIo>& io, bool write, int64_t r) {
+    if (io.empty()) return {};
     return uring ? transfer_uring(io, write, r) : transfer_pool(io, write, r);
   }
 };
@@ -267,9 +276,16 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const NvmeStoreOptions& opt
   }
   for (int64_t f = 0; f < D; ++f) {
     const auto& dir = options.dirs[static_cast<size_t>(f)];
-    const std::filesystem::path path =
-        dir / (options.file_prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(f) + ".bin");
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    // pid and a process-wide counter: two stores never share a file (O_EXCL makes sure).
+    static std::atomic<uint64_t> serial{0};
+    std::filesystem::path path;
+    int fd = -1;
+    for (int attempt = 0; attempt < 64 && fd < 0; ++attempt) {
+      path = dir / (options.file_prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(serial.fetch_add(1)) + "-" +
+                    std::to_string(f) + ".bin");
+      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+      if (fd < 0 && errno != EEXIST) break;
+    }
     if (fd < 0) {
       const int e = errno;
       if (e == EINVAL) {
@@ -290,8 +306,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const NvmeStoreOptions& opt
       return rc == ENOSPC || rc == EFBIG || rc == EDQUOT
                  ? resource_exhausted("NVMe directory '" + dir.string() + "': cannot reserve " + format_bytes(static_cast<double>(size)) +
                                       " (" + std::to_string(size) + " bytes) for '" + path.string() + "': " + errno_text(rc) +
-                                      (rc == EFBIG ? " (a file-size limit, RLIMIT_FSIZE)" : " (the drive is full)") +
-                                      "; accepted: a drive with that much free space")
+                                      (rc == EFBIG ? " (a file-size limit, RLIMIT_FSIZE); accepted: a limit above that size (ulimit -f)"
+                                                   : " (the drive is full); accepted: a drive with that much free space"))
                  : io_error("NVMe directory '" + dir.string() + "': cannot reserve space for '" + path.string() + "': " + errno_text(rc));
   }
   if (options.force_thread_pool) {
@@ -313,8 +329,8 @@ NvmeStore::NvmeStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NvmeStore::~NvmeStore() = default;
 
 int64_t NvmeStore::regions() const { return static_cast<int64_t>(impl_->bytes.size()); }
-int64_t NvmeStore::region_bytes(int64_t r) const { return impl_->bytes[static_cast<size_t>(r)]; }
-int64_t NvmeStore::region_capacity(int64_t r) const { return impl_->blocks[static_cast<size_t>(r)] * impl_->opt.block_bytes; }
+int64_t NvmeStore::region_bytes(int64_t r) const { return impl_->bytes.at(static_cast<size_t>(r)); }
+int64_t NvmeStore::region_capacity(int64_t r) const { return impl_->blocks.at(static_cast<size_t>(r)) * impl_->opt.block_bytes; }
 int64_t NvmeStore::block_bytes() const { return impl_->opt.block_bytes; }
 int NvmeStore::queue_depth() const { return impl_->opt.queue_depth; }
 int64_t NvmeStore::total_bytes() const { return impl_->total_blocks * impl_->opt.block_bytes; }
@@ -362,6 +378,7 @@ Status NvmeStore::write(int64_t r, const void* buf) {
 
 void NvmeStore::reset(int64_t r) {
   Impl& I = *impl_;
+  if (r < 0 || r >= regions()) return;
   for (int64_t k = 0; k < I.blocks[static_cast<size_t>(r)]; ++k) I.written[static_cast<size_t>(I.first_block[static_cast<size_t>(r)] + k)] = 0;
 }
 

@@ -427,7 +427,7 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
     if (!names.insert(t.name).second) return invalid_argument(where + "the name appears twice");
     auto n = numel_of(t.shape);
     if (!n) return invalid_argument(where + "shape " + shape_text(t.shape) + " has a negative or overflowing dimension");
-    if (*n > 0 && t.data == nullptr) return invalid_argument(where + "no data");
+    if (*n > 0 && t.data == nullptr && !t.fetch) return invalid_argument(where + "no data");
     if (!t.raw_dtype.empty()) {
       const auto eb = element_bytes_of(t.raw_dtype);
       if (!eb) return invalid_argument(where + "'" + t.raw_dtype + "' is not a safetensors dtype");
@@ -478,7 +478,20 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
   {
     Status s = write_all(fd, &header_len, 8, target);
     if (s.ok()) s = write_all(fd, text.data(), text.size(), target);
-    for (size_t i = 0; s.ok() && i < tensors.size(); ++i) s = write_tensor_data(fd, tensors[i], numels[i], target);
+    for (size_t i = 0; s.ok() && i < tensors.size(); ++i) {
+      if (!tensors[i].fetch) {
+        s = write_tensor_data(fd, tensors[i], numels[i], target);
+        continue;
+      }
+      Result<const void*> p = tensors[i].fetch();
+      if (!p.ok()) {
+        s = p.status();
+        break;
+      }
+      TensorToWrite t = tensors[i];
+      t.data = *p;
+      s = write_tensor_data(fd, t, numels[i], target);
+    }
     if (!s.ok()) return fail(s);
   }
   if (::fsync(fd) != 0) return fail(io_error("cannot flush '" + tmp + "': " + std::strerror(errno) +

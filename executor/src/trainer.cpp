@@ -35,7 +35,7 @@ struct Span {
   double flops;
 };
 
-enum Lane { kLaneCompute, kLaneH2D, kLaneD2H, kLaneOptimizer, kLaneCount };
+enum Lane { kLaneCompute, kLaneH2D, kLaneD2H, kLaneOptimizer, kLaneNvmeRead, kLaneNvmeWrite, kLaneCount };
 
 }  // namespace
 
@@ -82,6 +82,13 @@ struct Trainer::Impl {
   int64_t last_step = -1;  // the step run_step last ran
   bool aborting = false;  // an error mid-step: queued jobs give up instead of waiting forever
   std::unique_ptr<WorkQueue> h2d, d2h, optim;
+  // The NVMe tier (host_state.h): units are read ahead of the optimizer, in its order, as far as
+  // the staging buffers allow, and written back behind it. Guarded by mu.
+  std::unique_ptr<WorkQueue> nvme_read, nvme_write;
+  std::vector<int64_t> paged_step;    // the step whose read of unit u has finished
+  std::vector<int64_t> written_step;  // the step whose write-back of unit u has finished
+  bool nvme_failed = false;           // a read or write failed: the step ends with nvme_error
+  Status nvme_error;
 
   // Trace.
   std::mutex trace_mu;
@@ -114,8 +121,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.data = &data;
   I.opt = options;
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
-  if (plan.placement.master_weights != "ram" || plan.placement.optimizer_states != "ram")
-    return unsupported("placement: the CPU executor keeps all state in RAM so far; accepted: ram for master_weights and optimizer_states");
+  {
+    const bool master_nvme = plan.placement.master_weights == "nvme", states_nvme = plan.placement.optimizer_states == "nvme";
+    auto where = [](bool nvme) { return nvme ? "nvme" : "ram"; };
+    if (master_nvme != state.master_on_nvme() || states_nvme != state.states_on_nvme())
+      return invalid_argument(std::string("placement: the plan puts master weights in ") + where(master_nvme) + " and optimizer states in " +
+                              where(states_nvme) + ", but the training state keeps them in " + where(state.master_on_nvme()) + " and " +
+                              where(state.states_on_nvme()) + "; accepted: a HostState created with the plan's placement");
+  }
   if (!state.units().empty() &&
       (state.units()[0].m.format() != plan.optimizer.m_format || state.units()[0].v.format() != plan.optimizer.v_format ||
        ((is_quantised(plan.optimizer.m_format) || is_quantised(plan.optimizer.v_format)) &&
@@ -255,6 +268,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
       I.reference_w[static_cast<size_t>(u)].resize(static_cast<size_t>(state.units()[static_cast<size_t>(u)].numel));
   }
   I.updated_step.assign(static_cast<size_t>(I.U), -1);
+  I.paged_step.assign(static_cast<size_t>(I.U), -1);
+  I.written_step.assign(static_cast<size_t>(I.U), -1);
+  if (state.on_nvme() && options.streamed) {
+    I.nvme_read = std::make_unique<WorkQueue>();
+    I.nvme_write = std::make_unique<WorkQueue>();
+  }
   I.inputs.assign(static_cast<size_t>(I.A), std::vector<int32_t>(static_cast<size_t>(d.N)));
   I.targets.assign(static_cast<size_t>(I.A), std::vector<int32_t>(static_cast<size_t>(d.N)));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
@@ -263,7 +282,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Trainer::~Trainer() { wait_for_updates(); }
 void Trainer::wait_for_updates() {
-  if (impl_ && impl_->optim) impl_->optim->synchronize();
+  if (!impl_) return;
+  if (impl_->nvme_read) impl_->nvme_read->synchronize();
+  if (impl_->optim) impl_->optim->synchronize();
+  if (impl_->nvme_write) impl_->nvme_write->synchronize();
 }
 const DeviceBudget& Trainer::budget() const { return impl_->budget; }
 std::string Trainer::backend_description() const { return impl_->be->describe(); }
@@ -303,6 +325,84 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   }
 }
 
+int64_t nvme_unit_bytes(const Trainer::Impl& I, int64_t u) {
+  return I.state->nvme_store() ? I.state->nvme_store()->region_bytes(u) : 0;
+}
+
+void nvme_fail(Trainer::Impl& I, Status s) {
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    if (!I.nvme_failed) I.nvme_error = std::move(s);
+    I.nvme_failed = true;
+  }
+  I.cv.notify_all();
+}
+
+// Step `step`'s read of unit u from the NVMe tier, once the previous step's write-back is done.
+void nvme_read_unit(Trainer::Impl& I, int64_t u, int64_t step) {
+  {
+    std::unique_lock<std::mutex> l(I.mu);
+    // Only this thread takes staging buffers, so once one is free page_in will not wait (a wait
+    // there could not be interrupted when a step is abandoned).
+    I.cv.wait(l, [&] {
+      return I.nvme_failed || (I.written_step[static_cast<size_t>(u)] >= step - 1 && I.state->free_staging_buffers() > 0);
+    });
+    if (I.nvme_failed) return;
+  }
+  const auto a = Clock::now();
+  Status s = I.state->page_in(u, true);
+  I.record(kLaneNvmeRead, "nvme read L" + std::to_string(u), "nvme_read", step, u, -1, a, Clock::now(), nvme_unit_bytes(I, u));
+  if (!s.ok()) return nvme_fail(I, std::move(s));
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    I.paged_step[static_cast<size_t>(u)] = step;
+  }
+  I.cv.notify_all();
+}
+
+// The optimizer's job for unit u: (NVMe: wait for its read) AdamW, mark it updated for the next
+// step's load, (NVMe: hand it to the writer).
+void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
+  const bool nvme = I.state->on_nvme();
+  bool skip = false;
+  if (nvme) {
+    std::unique_lock<std::mutex> l(I.mu);
+    I.cv.wait(l, [&] { return I.nvme_failed || I.paged_step[static_cast<size_t>(u)] >= step; });
+    skip = I.nvme_failed && I.paged_step[static_cast<size_t>(u)] < step;
+  }
+  if (!skip) {
+    const auto b = Clock::now();
+    update_unit(I, u, step, grad_scale);
+    I.record(kLaneOptimizer, "adam L" + std::to_string(u), "optimizer", step, u, -1, b, Clock::now());
+  }
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    I.updated_step[static_cast<size_t>(u)] = step;
+  }
+  I.cv.notify_all();
+  if (!nvme || skip) return;
+  I.nvme_write->post([&I, u, step] {
+    const auto a = Clock::now();
+    Status s = I.state->page_out(u, true);
+    I.record(kLaneNvmeWrite, "nvme write L" + std::to_string(u), "nvme_write", step, u, -1, a, Clock::now(), nvme_unit_bytes(I, u));
+    if (!s.ok()) return nvme_fail(I, std::move(s));
+    {
+      std::lock_guard<std::mutex> g(I.mu);
+      I.written_step[static_cast<size_t>(u)] = step;
+    }
+    I.cv.notify_all();
+  });
+}
+
+// The order the optimizer takes the units in: as their gradients become final (head, layers from
+// the last, embedding), or, after the global norm of clipping, from the first.
+std::vector<int64_t> optimizer_order(const Trainer::Impl& I) {
+  std::vector<int64_t> order;
+  for (int64_t u = I.U - 1; u >= 0; --u) order.push_back(u);
+  if (I.clip) std::reverse(order.begin(), order.end());
+  return order;
+}
+
 // torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), applied only when below 1.
 float clip_scale(const Trainer::Impl& I, double norm) {
   if (!I.clip) return 1.0f;
@@ -332,9 +432,16 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     // A fresh Trainer may start at any step (a resumed run), and a caller may skip steps: once the
     // updates in flight are done, every unit counts as up to date for `step`. Consecutive steps
     // instead let this step's loads wait, unit by unit, for the previous step's updates.
+    if (I.nvme_read) I.nvme_read->synchronize();
     if (I.optim) I.optim->synchronize();
+    if (I.nvme_write) I.nvme_write->synchronize();
     std::lock_guard<std::mutex> g(I.mu);
     for (int64_t& u : I.updated_step) u = std::max(u, step - 1);
+    for (int64_t& u : I.written_step) u = std::max(u, step - 1);
+  }
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    if (I.nvme_failed) return Status(I.nvme_error.code(), "the NVMe tier failed earlier: " + I.nvme_error.message());
   }
   I.last_step = step;
   for (int64_t j = 0; j < I.A; ++j)
@@ -387,7 +494,11 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
     if (I.clip) res.grad_norm = global_norm(I);
     const float scale = clip_scale(I, res.grad_norm);
-    for (int64_t u = 0; u < I.U; ++u) update_unit(I, u, step, scale);
+    for (int64_t u = 0; u < I.U; ++u) {
+      MT_RETURN_IF_ERROR(I.state->page_in(u, true));  // NVMe-resident units: read, update, write back
+      update_unit(I, u, step, scale);
+      MT_RETURN_IF_ERROR(I.state->page_out(u, true));
+    }
     res.loss = loss_sum / static_cast<double>(count);
     res.tokens = count;
     res.time_s = std::chrono::duration<double>(Clock::now() - step_start).count();
@@ -403,6 +514,10 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   const bool layer_major = I.plan.schedule.order == "layer-major";
   double stall = 0;
   const int64_t rounds = layer_major ? 1 : I.A;
+  // The NVMe tier's reads of this step, issued now in the optimizer's order: the staging buffers
+  // bound how far ahead they run, and the forward pass overlaps them.
+  if (I.nvme_read)
+    for (int64_t u : optimizer_order(I)) I.nvme_read->post([&I, u, step] { nvme_read_unit(I, u, step); });
   for (int64_t round = 0; round < rounds; ++round) {
   const int64_t AR = layer_major ? I.A : 1;   // micro-batches in this round
   const int64_t j0 = layer_major ? 0 : round;  // the round's first micro-batch of the step
@@ -457,12 +572,20 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       {
         std::lock_guard<std::mutex> g(I.mu);
         I.aborting = true;
+        // The NVMe tier's reads and writes of an abandoned step stop too; the tier is then out of
+        // step with the weights, so later steps refuse to run (the run resumes from a checkpoint).
+        if (I.nvme_read && !I.nvme_failed) {
+          I.nvme_failed = true;
+          I.nvme_error = internal_error("a step was abandoned midway, so the NVMe tier no longer matches the weights");
+        }
       }
       I.cv.notify_all();
       for (Event& e : events) e.signal();
       I.h2d->synchronize();
       I.d2h->synchronize();
+      if (I.nvme_read) I.nvme_read->synchronize();
       I.optim->synchronize();
+      if (I.nvme_write) I.nvme_write->synchronize();
       std::lock_guard<std::mutex> g(I.mu);
       I.aborting = false;
       I.free_slots.clear();
@@ -489,7 +612,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       {
         std::unique_lock<std::mutex> l(I.mu);
         I.cv.wait(l, [&] {
-          return I.aborting || (!I.free_slots.empty() && I.updated_step[static_cast<size_t>(ld.unit)] >= step - 1);
+          return I.aborting || (!I.free_slots.empty() && (I.nvme_failed || I.updated_step[static_cast<size_t>(ld.unit)] >= step - 1));
         });
         if (I.aborting) return;
         ld.slot = I.free_slots.back();
@@ -586,16 +709,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       }
       I.cv.notify_all();
       if (I.clip || !last_round) return;
-      I.optim->post([&I, u, step] {
-        const auto b = Clock::now();
-        update_unit(I, u, step, 1.0f);
-        I.record(kLaneOptimizer, "adam L" + std::to_string(u), "optimizer", step, u, -1, b, Clock::now());
-        {
-          std::lock_guard<std::mutex> g(I.mu);
-          I.updated_step[static_cast<size_t>(u)] = step;
-        }
-        I.cv.notify_all();
-      });
+      I.optim->post([&I, u, step] { optimize_unit(I, u, step, 1.0f); });
     });
   };
   auto take_grad_buf = [&](int64_t numel) -> std::pair<float*, int> {
@@ -754,22 +868,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     // optimizer with backward (docs/executor.md).
     res.grad_norm = global_norm(I);
     const float scale = clip_scale(I, res.grad_norm);
-    for (int64_t u = 0; u < I.U; ++u) {
-      I.optim->post([&I, u, step, scale] {
-        const auto b = Clock::now();
-        update_unit(I, u, step, scale);
-        I.record(kLaneOptimizer, "adam L" + std::to_string(u), "optimizer", step, u, -1, b, Clock::now());
-        {
-          std::lock_guard<std::mutex> g(I.mu);
-          I.updated_step[static_cast<size_t>(u)] = step;
-        }
-        I.cv.notify_all();
-      });
-    }
+    for (int64_t u : optimizer_order(I)) I.optim->post([&I, u, step, scale] { optimize_unit(I, u, step, scale); });
   }
   // The updates may still be running: the next step's loads wait for them unit by unit, so its
   // forward overlaps the optimizer's tail. wait_for_updates() (checkpoints, the end of a run) and
   // the destructor wait for all of them.
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    if (I.nvme_failed) return Status(I.nvme_error.code(), "step " + std::to_string(step) + ": " + I.nvme_error.message());
+  }
   res.loss = loss_sum / static_cast<double>(count);
   res.tokens = count;
   res.stall_s = stall;
@@ -785,10 +892,11 @@ Status Trainer::write_trace(const std::filesystem::path& path, const std::string
   const Impl& I = *impl_;
   if (I.optim) I.optim->synchronize();  // the optimizer's last spans
   MT_ASSIGN_OR_RETURN(auto w, TraceWriter::create(path, {{"source", "measured"}, {"plan", plan_json}, {"backend", I.be->name()}}));
-  const char* names[kLaneCount] = {"GPU compute", "H2D", "D2H", "CPU optimizer"};
-  const char* kinds[kLaneCount] = {"gpu", "h2d", "d2h", "cpu"};
-  std::vector<int64_t> lane(kLaneCount);
-  for (int k = 0; k < kLaneCount; ++k) {
+  const char* names[kLaneCount] = {"GPU compute", "H2D", "D2H", "CPU optimizer", "NVMe read", "NVMe write"};
+  const char* kinds[kLaneCount] = {"gpu", "h2d", "d2h", "cpu", "nvme_read", "nvme_write"};
+  std::vector<int64_t> lane(kLaneCount, -1);
+  const int lanes = I.state->on_nvme() ? kLaneCount : kLaneNvmeRead;  // the NVMe lanes only where there is an NVMe tier
+  for (int k = 0; k < lanes; ++k) {
     MT_ASSIGN_OR_RETURN(lane[static_cast<size_t>(k)], w->add_lane(names[k], kinds[k]));
   }
   for (const Span& s : I.spans)
@@ -800,6 +908,7 @@ Status Trainer::write_trace(const std::filesystem::path& path, const std::string
   for (int64_t t : {int64_t{0}, end}) {
     MT_RETURN_IF_ERROR(w->add_counter({"bytes.device", t, static_cast<double>(I.budget.total())}));
     MT_RETURN_IF_ERROR(w->add_counter({"bytes.ram", t, static_cast<double>(I.state->bytes())}));
+    if (I.state->on_nvme()) MT_RETURN_IF_ERROR(w->add_counter({"bytes.nvme", t, static_cast<double>(I.state->nvme_bytes())}));
   }
   return w->close();
 }

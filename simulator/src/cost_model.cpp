@@ -8,10 +8,6 @@
 namespace megatrain::sim {
 namespace {
 
-// NVMe access pattern of the executor's tier: 1 MiB blocks, 32 in flight per drive.
-constexpr int64_t kNvmeBlockBytes = 1 << 20;
-constexpr int64_t kNvmeQueueDepth = 32;
-
 double bytes_per_param(StateFormat f, int64_t block) { return state_format_bytes_per_element(f, block); }
 
 }  // namespace
@@ -36,8 +32,9 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     for (size_t i = 0; i < want; ++i) drives.push_back(&rig.storage[i]);
   }
   for (const NvmeSpec* d : drives) {
-    nvme_read_bw_ += d->read_bandwidth(kNvmeBlockBytes, kNvmeQueueDepth);
-    nvme_write_bw_ += d->write_bandwidth(kNvmeBlockBytes, kNvmeQueueDepth);
+    // The executor's access pattern (executor/nvme_store.h): the plan's block size and queue depth.
+    nvme_read_bw_ += d->read_bandwidth(plan.placement.nvme_block_bytes, plan.placement.nvme_queue_depth);
+    nvme_write_bw_ += d->write_bandwidth(plan.placement.nvme_block_bytes, plan.placement.nvme_queue_depth);
   }
 
   // Adam: the profile's rate for the state format and the nearest thread count at or below the

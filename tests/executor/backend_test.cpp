@@ -80,8 +80,8 @@ TEST(CpuBackend, UploadExpandsTheBf16StreamingCopyAndCopiesFp32Exactly) {
   auto be = make_cpu_backend(model, Dims{}, BackendOptions{});
   ASSERT_TRUE(be.ok());
   HostState hs = HostState::create(model, DType::kBf16);
-  hs.init_random(7, 0.02);
-  hs.refresh_stream();
+  EXPECT_TRUE(hs.init_random(7, 0.02).ok());
+  EXPECT_TRUE(hs.refresh_stream().ok());
   UnitState& u = hs.units()[1];
   std::vector<float> dev(static_cast<size_t>(u.numel), -1.0f);
   (*be)->upload_unit(StreamKind::kH2D, u, DType::kBf16, dev.data());

@@ -244,7 +244,7 @@ TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
     {
       TrainSetup su = make_setup(pj);
       straight = make_state(su);
-      straight.init_random(7, 0.02);
+      EXPECT_TRUE(straight.init_random(7, 0.02).ok());
       straight_losses = run_steps(su, straight, 0, 6, &max_norm);
       ASSERT_EQ(straight_losses.size(), 6u);
     }
@@ -257,7 +257,7 @@ TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
     {
       TrainSetup su = make_setup(pj);
       HostState first = make_state(su);
-      first.init_random(7, 0.02);
+      EXPECT_TRUE(first.init_random(7, 0.02).ok());
       const std::vector<double> l = run_steps(su, first, 0, 3);
       for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(l[i], straight_losses[i]);
       ASSERT_TRUE(save_checkpoint(dir.path(), first, info_for(su, 3, l)).ok());
@@ -266,7 +266,7 @@ TEST(CheckpointResume, IsBitExactAgainstAnUninterruptedRun) {
     }
     TrainSetup su = make_setup(pj);
     HostState resumed = make_state(su);
-    resumed.init_random(12345, 0.5);  // whatever was there must be overwritten
+    EXPECT_TRUE(resumed.init_random(12345, 0.5).ok());  // whatever was there must be overwritten
     auto loaded = load_checkpoint(dir.path(), resumed);
     ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
     EXPECT_EQ(loaded->dir, checkpoint_step_dir(dir.path(), 3));
@@ -316,7 +316,7 @@ TEST(CheckpointResume, IsBitExactWithEveryMomentFormat) {
     {
       TrainSetup su = make_setup(pj);
       straight = make_state(su);
-      straight.init_random(7, 0.02);
+      EXPECT_TRUE(straight.init_random(7, 0.02).ok());
       straight_losses = run_steps(su, straight, 0, 6);
       ASSERT_EQ(straight_losses.size(), 6u);
     }
@@ -334,7 +334,7 @@ TEST(CheckpointResume, IsBitExactWithEveryMomentFormat) {
     ScratchDir dir("ckpt-resume-fmt");
     TrainSetup su1 = make_setup(pj);
     HostState first = make_state(su1);
-    first.init_random(7, 0.02);
+    EXPECT_TRUE(first.init_random(7, 0.02).ok());
     const std::vector<double> l = run_steps(su1, first, 0, 3);
     for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(l[i], straight_losses[i]);
     ASSERT_TRUE(save_checkpoint(dir.path(), first, info_for(su1, 3, l)).ok());
@@ -378,7 +378,7 @@ TEST(CheckpointResume, IsBitExactWithEveryMomentFormat) {
 
     TrainSetup su = make_setup(pj);
     HostState resumed = make_state(su);
-    resumed.init_random(12345, 0.5);  // whatever was there must be overwritten
+    EXPECT_TRUE(resumed.init_random(12345, 0.5).ok());  // whatever was there must be overwritten
     scramble_moments(resumed);
     auto loaded = load_checkpoint(dir.path(), resumed);
     ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
@@ -396,7 +396,7 @@ TEST(CheckpointResume, IsBitExactWithEveryMomentFormat) {
 TEST(CheckpointResume, MomentFormatsThatDifferFromTheRunAreRefusedNamingBoth) {
   TrainSetup q4 = make_setup(plan_json("fp32", 0.0, "q4", "q4", 32));
   HostState saved = make_state(q4);
-  saved.init_random(7, 0.02);
+  EXPECT_TRUE(saved.init_random(7, 0.02).ok());
   run_steps(q4, saved, 0, 2);
   ScratchDir dir("ckpt-formats");
   ASSERT_TRUE(save_checkpoint(dir.path(), saved, info_for(q4, 2)).ok());
@@ -406,9 +406,9 @@ TEST(CheckpointResume, MomentFormatsThatDifferFromTheRunAreRefusedNamingBoth) {
     SCOPED_TRACE(now);
     TrainSetup su = make_setup(pj);
     HostState hs = make_state(su);
-    hs.init_random(99, 0.02);
+    EXPECT_TRUE(hs.init_random(99, 0.02).ok());
     HostState untouched = make_state(su);
-    untouched.init_random(99, 0.02);
+    EXPECT_TRUE(untouched.init_random(99, 0.02).ok());
     auto r = load_checkpoint(dir.path(), hs);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
@@ -428,7 +428,7 @@ TEST(CheckpointResume, MomentFormatsThatDifferFromTheRunAreRefusedNamingBoth) {
   // The reverse: an fp32 checkpoint into a q4 run.
   TrainSetup f32 = make_setup(plan_json("fp32", 0.0));
   HostState plain = make_state(f32);
-  plain.init_random(7, 0.02);
+  EXPECT_TRUE(plain.init_random(7, 0.02).ok());
   ScratchDir dir2("ckpt-formats-fp32");
   ASSERT_TRUE(save_checkpoint(dir2.path(), plain, info_for(f32, 0)).ok());
   HostState hs = make_state(q4);
@@ -485,12 +485,12 @@ class CheckpointFiles : public ::testing::Test {
   void SetUp() override {
     su_ = std::make_unique<TrainSetup>(make_setup(plan_json("bf16", 0.5)));
     state_ = make_state(*su_);
-    state_.init_random(7, 0.02);
+    EXPECT_TRUE(state_.init_random(7, 0.02).ok());
     run_steps(*su_, state_, 0, 2);
   }
   HostState fresh() const {
     HostState hs = make_state(*su_);
-    hs.init_random(99, 0.02);
+    EXPECT_TRUE(hs.init_random(99, 0.02).ok());
     return hs;
   }
   std::unique_ptr<TrainSetup> su_;
@@ -763,7 +763,7 @@ TEST(CheckpointKill, AWriterKilledDuringASaveLeavesThePreviousCheckpointLoadable
   auto model = ModelSpec::from_config_json(cfg.dump(), "kill-test-model");
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   HostState state = HostState::create(*model, DType::kFp32);
-  state.init_random(3, 0.02);
+  EXPECT_TRUE(state.init_random(3, 0.02).ok());
   auto mark = [](HostState& hs, int64_t step) {
     UnitState& u = hs.units()[1];
     u.master[0] = static_cast<float>(step);

@@ -47,7 +47,7 @@ Run train(const Json& pj, const std::string& backend, int steps = 3) {
   auto model = plan->resolve_model();
   EXPECT_TRUE(model.ok());
   HostState hs = HostState::create(*model, plan->precision.transfer);
-  hs.init_random(11, 0.02);
+  EXPECT_TRUE(hs.init_random(11, 0.02).ok());
   std::vector<uint32_t> toks;
   for (uint32_t i = 0; i < 6000; ++i) toks.push_back((i * 2654435761u >> 7) % 256);
   auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks));

@@ -43,7 +43,7 @@ void run_against_torch(const std::string& model_name, double clip) {
   auto model = plan->resolve_model();
   ASSERT_TRUE(model.ok());
   HostState hs = HostState::create(*model, DType::kFp32);
-  hs.init_random(11, 0.02);
+  EXPECT_TRUE(hs.init_random(11, 0.02).ok());
   ASSERT_TRUE(save_weights(hs, dir / "init.safetensors").ok());
   // Round trip through our own reader first: --init must reproduce the same state.
   HostState again = HostState::create(*model, DType::kFp32);

@@ -40,7 +40,7 @@ TrainRun train(const Json& pj, bool streamed, int steps = 4) {
   auto model = plan->resolve_model();
   EXPECT_TRUE(model.ok());
   HostState hs = HostState::create(*model, plan->precision.transfer);
-  hs.init_random(7, 0.02);
+  EXPECT_TRUE(hs.init_random(7, 0.02).ok());
   std::vector<uint32_t> toks;
   for (uint32_t i = 0; i < 4000; ++i) toks.push_back((i * 2654435761u >> 7) % 256);
   auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks));

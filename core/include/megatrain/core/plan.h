@@ -62,6 +62,8 @@ struct PlacementConfig {
   std::vector<std::string> nvme_dirs;     // required when anything is on nvme
   int64_t pinned_staging_bytes = 0;
   int64_t device_budget_bytes = 0;        // 0: the rig's whole GPU memory
+  int64_t nvme_queue_depth = 32;          // NVMe requests in flight per transfer
+  int64_t nvme_block_bytes = 1 << 20;     // NVMe request size (a multiple of 4096)
   bool operator==(const PlacementConfig&) const = default;
 };
 

@@ -7,7 +7,9 @@
 
 namespace megatrain::exec {
 
-// 64-byte (page, from 64 KiB) aligned array that never copies implicitly.
+// 64-byte (page, from 64 KiB) aligned array that never copies implicitly. It may instead be a view
+// of memory it does not own (the NVMe tier's staging buffers, host_state.h): view() starts one,
+// release() or resize() ends it.
 template <typename T>
 class AlignedArray {
  public:
@@ -20,20 +22,32 @@ class AlignedArray {
     const size_t raw = static_cast<size_t>(n) * sizeof(T);
     const size_t align = raw >= (size_t{64} << 10) ? 4096 : 64;
     const size_t bytes = (raw + align - 1) / align * align;
+    view_ = nullptr;
     p_.reset(bytes ? static_cast<T*>(std::aligned_alloc(align, bytes)) : nullptr);
     for (int64_t i = 0; i < n; ++i) p_.get()[i] = T{};
   }
-  T* data() { return p_.get(); }
-  const T* data() const { return p_.get(); }
+  void view(T* p, int64_t n) {
+    p_.reset();
+    view_ = p;
+    n_ = n;
+  }
+  void release() {
+    p_.reset();
+    view_ = nullptr;
+    n_ = 0;
+  }
+  T* data() { return view_ ? view_ : p_.get(); }
+  const T* data() const { return view_ ? view_ : p_.get(); }
   int64_t size() const { return n_; }
-  T& operator[](int64_t i) { return p_.get()[i]; }
-  const T& operator[](int64_t i) const { return p_.get()[i]; }
+  T& operator[](int64_t i) { return data()[i]; }
+  const T& operator[](int64_t i) const { return data()[i]; }
 
  private:
   struct Free {
     void operator()(T* p) const { std::free(p); }
   };
   std::unique_ptr<T, Free> p_;
+  T* view_ = nullptr;
   int64_t n_ = 0;
 };
 

@@ -2,6 +2,13 @@
 // decoder layer, head) laid out per unit so that one unit is one contiguous transfer: fp32 master
 // weights, fp32 gradients, Adam m and v, and the streaming copy in the transfer dtype. Tensors
 // keep their HF names, shapes and state-dict order inside their unit.
+//
+// The NVMe tier (issue 9): with an NvmePlacement, a unit's fp32 master weights and/or its Adam
+// moments live in a region of an NvmeStore (nvme_store.h) instead of RAM, laid out as in RAM
+// (each array starting on a 4096-byte boundary). Such a unit's arrays are empty until page_in()
+// binds them to one of a bounded pool of staging buffers (and reads the region into it);
+// page_out() writes the region back and frees the buffer. The streaming copy and the gradients
+// always stay in RAM, so the loads to the device never wait for the drive.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +21,7 @@
 #include "megatrain/core/status.h"
 #include "megatrain/executor/aligned_array.h"
 #include "megatrain/executor/moments.h"
+#include "megatrain/executor/nvme_store.h"
 
 namespace megatrain::exec {
 
@@ -35,30 +43,87 @@ struct UnitState {
   const TensorSlot* find(TensorRole role) const;
 };
 
+// Where the NVMe tier keeps what (the plan's placement section).
+struct NvmePlacement {
+  bool master = false;        // fp32 master weights on NVMe (the streaming copy must be bf16)
+  bool states = false;        // Adam's m and v on NVMe
+  NvmeStoreOptions store;     // directories, queue depth, block size
+  int64_t staging_bytes = 0;  // the staging pool: as many whole-unit buffers as fit, at least one
+};
+
 class HostState {
  public:
+  HostState();
+  ~HostState();
+  HostState(HostState&&) noexcept;
+  HostState& operator=(HostState&&) noexcept;
+
   // Units: 0 = embedding, 1..L = decoder layers, L+1 = head (final norm, and lm_head unless tied).
   // m and v are kept in the given state formats (moments.h), quantised in blocks of block_size.
   static HostState create(const ModelSpec& model, DType transfer, StateFormat m_format = StateFormat::kFp32,
                           StateFormat v_format = StateFormat::kFp32, int64_t block_size = 128);
+  // The same with the parts `nvme` names on NVMe. Errors: a bad directory, a drive too small
+  // (nvme_store.h), master weights on NVMe with an fp32 streaming copy, no placement at all.
+  static Result<HostState> create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
+                                  int64_t block_size, const NvmePlacement& nvme);
   // HF initialisation: matrices and the embedding ~ N(0, std), norms 1, biases 0; a counter-based
   // generator keyed by (seed, tensor name) makes it independent of thread count and layout.
-  void init_random(uint64_t seed, double std);
+  // NVMe-resident units are paged in one at a time, set, and written back (with zero moments).
+  Status init_random(uint64_t seed, double std);
   // Refreshes the streaming copy from the master weights (after init or load).
-  void refresh_stream();
+  Status refresh_stream();
 
   std::vector<UnitState>& units() { return units_; }
   const std::vector<UnitState>& units() const { return units_; }
   int64_t num_layers() const { return static_cast<int64_t>(units_.size()) - 2; }
   DType transfer() const { return transfer_; }
   bool tied() const { return tied_; }
-  // Bytes of host memory this state occupies.
+  // Bytes of host memory this state occupies (with the staging pool).
   int64_t bytes() const;
 
+  // ---- the NVMe tier ------------------------------------------------------------------------------
+  bool master_on_nvme() const;
+  bool states_on_nvme() const;
+  bool on_nvme() const { return master_on_nvme() || states_on_nvme(); }
+  const NvmeStore* nvme_store() const;
+  int64_t nvme_bytes() const;      // reserved on the drives
+  int64_t staging_buffers() const;
+  int64_t free_staging_buffers() const;  // page_in returns without waiting while this is > 0
+  int64_t staging_bytes() const;   // the pool's RAM
+  // Binds unit u's NVMe-resident arrays to a free staging buffer (waiting for one), then reads
+  // the unit from the drive (read) or zero-fills it (the caller sets every value). Units held in
+  // RAM need nothing: both calls return at once. A unit is paged in by one caller at a time.
+  Status page_in(int64_t u, bool read);
+  // Writes unit u back to the drive (write) and frees its buffer; its arrays are empty again.
+  Status page_out(int64_t u, bool write);
+  bool paged_in(int64_t u) const;
+
  private:
+  void build_units(const ModelSpec& model, StateFormat m_format, StateFormat v_format, int64_t block_size);
+  struct Tier;
+  std::unique_ptr<Tier> tier_;
   std::vector<UnitState> units_;
   DType transfer_ = DType::kFp32;
   bool tied_ = false;
+};
+
+// Visits NVMe-resident units one at a time for whole-state passes (checkpoints, initialisation):
+// get(u) pages u in (after paging out the previous one, writing it back when it was got with
+// dirty = true); finish() pages the last one out. Units in RAM are returned as they are.
+class UnitPager {
+ public:
+  explicit UnitPager(HostState& state) : state_(state) {}
+  ~UnitPager() { (void)finish(); }
+  UnitPager(const UnitPager&) = delete;
+  UnitPager& operator=(const UnitPager&) = delete;
+  // dirty: the caller overwrites every value (the unit is zero-filled, not read, and written back).
+  Result<UnitState*> get(int64_t u, bool dirty = false);
+  Status finish();
+
+ private:
+  HostState& state_;
+  int64_t current_ = -1;
+  bool dirty_ = false;
 };
 
 }  // namespace megatrain::exec

@@ -66,8 +66,15 @@ class MomentStore {
   MomentStore() = default;
   // Zeros (m and v start at zero); second = true for v (the unsigned code).
   // The unit's tensors are given by their sizes, in order (they are contiguous in the unit).
+  // With allocate = false the arrays stay empty until attach() (the NVMe tier's units).
   static MomentStore create(StateFormat format, bool second, const std::vector<int64_t>& tensor_numels,
-                            int64_t block_size);
+                            int64_t block_size, bool allocate = true);
+  // Bytes of each whole-unit array, in order: the fp32 or bf16 elements, or the codes then the scales.
+  std::vector<int64_t> array_bytes() const;
+  // Points the arrays at memory the store does not own (one pointer per array_bytes() entry, each
+  // holding that many bytes), or lets go of it; the NVMe tier pages units in and out this way.
+  void attach(const std::vector<void*>& arrays);
+  void detach();
   StateFormat format() const { return format_; }
   bool second() const { return second_; }
   int64_t block_size() const { return block_; }
@@ -99,7 +106,7 @@ class MomentStore {
  private:
   StateFormat format_ = StateFormat::kFp32;
   bool second_ = false;
-  int64_t block_ = 128, numel_ = 0;
+  int64_t block_ = 128, numel_ = 0, blocks_ = 0;
   std::vector<int64_t> tensor_offset_, tensor_numel_, tensor_block_;  // element offset, size, first block
   AlignedArray<float> f32_;
   AlignedArray<uint16_t> bf16_;

@@ -45,7 +45,9 @@ class NvmeStore {
   // Checks every directory first (exists, is a directory, writable, O_DIRECT supported, room for
   // its share of the regions); the error names the directory, the problem and what is accepted.
   // Then creates one file per directory and reserves its size (fallocate), so that a disk too
-  // small fails here, before training, and not in the middle of a step.
+  // small fails here, before training, and not in the middle of a step. If SIGXFSZ has its
+  // default action it is set to ignored, so that a file-size limit (RLIMIT_FSIZE) becomes an
+  // error this store reports instead of killing the process.
   static Result<std::unique_ptr<NvmeStore>> create(const NvmeStoreOptions& options, const std::vector<int64_t>& region_bytes);
   ~NvmeStore();
   NvmeStore(const NvmeStore&) = delete;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -89,6 +90,9 @@ class SafetensorsFile {
 // With raw_dtype set (a safetensors dtype string such as "U8"), `data` holds numel elements of that
 // dtype, written byte for byte, and source/stored are ignored: bytes of types MegaTrain does not
 // compute with (the codes of quantised optimizer states, say).
+// With fetch set, data is asked for just before the tensor's bytes are written (the pointer must
+// stay valid until the next fetch or the end of the write): state that lives on NVMe is paged in
+// one unit at a time that way.
 struct TensorToWrite {
   std::string name;
   std::vector<int64_t> shape;
@@ -96,6 +100,7 @@ struct TensorToWrite {
   DType source = DType::kFp32;
   DType stored = DType::kFp32;
   std::string raw_dtype;
+  std::function<Result<const void*>()> fetch;
 };
 
 // A tensor written as raw bytes of safetensors dtype `dtype` (TensorToWrite::raw_dtype).
