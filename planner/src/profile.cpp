@@ -344,6 +344,11 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
                           "GEMMs are the fastest: this usually means other processes took cores while the large ones ran");
     const std::string top_shape = std::to_string(top->m) + "x" + std::to_string(top->k) + " -> " + std::to_string(top->n);
     rig.gpu.name = "CPU backend (" + std::to_string(host.cores) + " threads, Eigen fp32 GEMM via megatrain::cpu::linear_forward)";
+    // The CPU backend page-locks nothing: its "pinned" tier (gradients, staging, host checkpoints)
+    // is ordinary RAM, so it may use RAM as the CUDA backend may use page-locked memory.
+    rig.host.pinnable_bytes = {std::floor(0.9 * host.ram_bytes / static_cast<double>(kGiB)) * static_cast<double>(kGiB),
+                               Stamp::estimate("the CPU backend page-locks nothing; its pinned buffers are ordinary RAM: 90% of " +
+                                               format_bytes(host.ram_bytes) + " rounded down to a GiB")};
     const double ram_sixth = std::floor(host.ram_bytes / 6 / static_cast<double>(kGiB)) * static_cast<double>(kGiB);
     rig.gpu.memory_bytes = {std::max(ram_sixth, static_cast<double>(kGiB)),
                             Stamp::estimate("device budget of the CPU backend: a sixth of RAM (" + format_bytes(host.ram_bytes) +

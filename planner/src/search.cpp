@@ -115,9 +115,9 @@ Needs needs_of(const Knobs& k, const Facts& f, DType compute, double device_budg
   const double ckpt_bytes = n_ckpt * a_hidden * f.hidden;
   const bool stream_from_nvme = k.master_nvme && k.transfer == DType::kFp32;
   Needs n;
-  n.pinned = f.n * tb + (k.ckpt_host ? ckpt_bytes : 0) + static_cast<double>(k.staging) +
+  n.pinned = 4 * f.n + (k.ckpt_host ? ckpt_bytes : 0) + static_cast<double>(k.staging) +  // fp32 gradients
              (tb < 4 || !k.master_nvme ? f.n * tb : 0);
-  n.ram = n.pinned + (k.layer_major ? 0 : 4 * f.n);
+  n.ram = n.pinned;
   if (!k.master_nvme && tb < 4) n.ram += 4 * f.n;
   if (!k.states_nvme) n.ram += f.n * spp;
   n.nvme = (k.master_nvme ? 4 * f.n : 0) + (k.states_nvme ? f.n * spp : 0);
@@ -427,6 +427,25 @@ Result<SearchResult> search_plan(const ModelSpec& model, const HardwareProfile& 
                                  const SearchOptions& opt) {
   MT_ASSIGN_OR_RETURN(SearchResult res, search_plan_once(model, rig, req, opt));
   const Plan& p = res.best.plan;
+  if (res.feasible && (p.placement.master_weights == "nvme" || p.placement.optimizer_states == "nvme")) {
+    // Say why state goes to NVMe: the same plan with everything in RAM, as the simulator sees it.
+    Plan in_ram = p;
+    in_ram.placement.master_weights = "ram";
+    in_ram.placement.optimizer_states = "ram";
+    in_ram.placement.nvme_dirs.clear();
+    in_ram.placement.pinned_staging_bytes = 0;
+    const std::string what = p.placement.master_weights == "nvme" && p.placement.optimizer_states == "nvme"
+                                 ? "master weights and optimizer states"
+                             : p.placement.master_weights == "nvme" ? "master weights"
+                                                                    : "optimizer states";
+    auto r = sim::simulate(in_ram, model, rig);
+    if (r.ok() && !r->feasible)
+      res.placement_note = what + " go to NVMe because RAM is short: with everything in RAM, " + r->reason + ".";
+    else if (r.ok())
+      res.placement_note = what + " go to NVMe although RAM would hold them (" +
+                           format_bytes(static_cast<double>(r->peak_bytes.ram)) + " of " +
+                           format_bytes(static_cast<double>(r->capacity_bytes.ram)) + "): the NVMe plan simulated faster.";
+  }
   if (!res.feasible || (p.optimizer.m_format == StateFormat::kFp32 && p.optimizer.v_format == StateFormat::kFp32)) return res;
   // The best plan keeps lossy states: say what they buy against fp32 states.
   SearchRequest fp32 = req;
@@ -478,9 +497,11 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
   if (cpu) {
     if (compute != DType::kFp32)
       return unsupported("rig '" + rig.name + "' is the CPU backend, which computes in fp32; accepted: --compute fp32 (or leave it out)");
-    transfers = {DType::kFp32};
-    res.assumptions.push_back("rig '" + rig.name + "' is the CPU backend (megatrain-exec --backend cpu): fp32 compute and transfer, "
-                              "master weights and optimizer states in RAM, m and v in the allowed state formats");
+    // fp32 transfer; a bf16 streaming copy only where master weights go to NVMe (the copy in RAM
+    // is then what the layers are computed from).
+    transfers = {DType::kFp32, DType::kBf16};
+    res.assumptions.push_back("rig '" + rig.name + "' is the CPU backend (megatrain-exec --backend cpu): fp32 compute; fp32 transfer, "
+                              "or a bf16 streaming copy when master weights go to NVMe; m and v in the allowed state formats");
   } else if (compute == DType::kBf16) {
     transfers = {DType::kBf16, DType::kFp32};
   } else {
@@ -571,9 +592,27 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
           if (c == 0 && !ckpt_host) continue;  // no checkpoints: the location means nothing
           for (bool master_nvme : {false, true}) {
             for (bool states_nvme : {false, true}) {
-              if ((master_nvme || states_nvme) && (cpu || !caps.has_nvme)) continue;
+              if ((master_nvme || states_nvme) && !caps.has_nvme) continue;
               for (DType t : transfers) {
+                // The executor streams master weights on NVMe from a bf16 copy in RAM.
+                if (master_nvme && t != DType::kBf16) continue;
+                if (cpu && t == DType::kBf16 && !master_nvme) continue;
                 for (const FormatPair& fp : pairs) {
+                  // On the CPU backend a bf16 copy rounds the weights the layers compute with: only
+                  // when RAM cannot hold the same plan with fp32 master weights in it.
+                  if (cpu && master_nvme) {
+                    Knobs in_ram;
+                    in_ram.micro_batch = micro_batches[mi];
+                    in_ram.grad_accum = sequences / micro_batches[mi];
+                    in_ram.layer_major = layer_major;
+                    in_ram.ckpt_every = c;
+                    in_ram.ckpt_host = ckpt_host;
+                    in_ram.states_nvme = states_nvme;
+                    in_ram.transfer = DType::kFp32;
+                    in_ram.m_format = fp.m;
+                    in_ram.v_format = fp.v;
+                    if (fits(needs_of(in_ram, f, compute, device_budget), caps)) continue;
+                  }
                   Knobs k;
                   k.micro_batch = micro_batches[mi];
                   k.grad_accum = sequences / micro_batches[mi];
@@ -851,7 +890,7 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
       why << " " << feasible.size() << " structures fit, but none can reach " << opt.stop_at_tokens_per_s
           << " tokens/s: the fastest lower bound is " << static_cast<double>(tokens) / feasible.front().lb << " tokens/s.";
     if (!res.refusals.empty()) why << " The simulator refused every plan that fitted statically, e.g. " << res.refusals.front();
-    if (!caps.has_nvme && !cpu) why << " The rig has no NVMe drives, so every state must sit in RAM.";
+    if (!caps.has_nvme) why << " The rig has no NVMe drives, so every state must sit in RAM.";
     res.infeasible_reason = why.str();
     res.stats.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
     return res;
@@ -1158,6 +1197,7 @@ std::string search_json(const SearchResult& r) {
     j["bottleneck"] = {{"resource", r.bottleneck}, {"text", r.bottleneck_text}, {"relief", relief}};
   }
   if (!r.state_format_note.empty()) j["state_formats"] = r.state_format_note;
+  if (!r.placement_note.empty()) j["placement_note"] = r.placement_note;
   j["search"] = stats_json(r.stats);
   j["assumptions"] = r.assumptions;
   return j.dump(2) + "\n";
@@ -1204,6 +1244,7 @@ std::string search_table(const SearchResult& r) {
       << format_bytes(static_cast<double>(b.peak_bytes.nvme)) << " of "
       << format_bytes(static_cast<double>(b.capacity_bytes.nvme)) << "\n";
     if (!r.state_format_note.empty()) o << "\noptimizer states\n  " << r.state_format_note << "\n";
+    if (!r.placement_note.empty()) o << "\nplacement\n  " << r.placement_note << "\n";
     o << "\nbottleneck\n  " << r.bottleneck_text << "\n";
     if (r.relief.empty()) o << "  no single change within reach relieves it by " << fmt_pct(kReliefMinGain) << " or more\n";
     for (const Relief& x : r.relief) {

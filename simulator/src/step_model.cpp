@@ -378,7 +378,7 @@ class Builder {
     } else {
       e_.acquire(g, id_.mem_device, accum);
     }
-    const double bytes = p * s_.tb;
+    const double bytes = 4 * p;  // the executor copies fp32 gradients back
     TaskId d = task(id_.d2h, cost_.d2h_time(bytes), kD2HGradients, u, s_.layer_major ? -1 : mb, ceil_i(bytes));
     dma(d, bytes, cost_.d2h_time(bytes));
     after(g, d);
@@ -562,11 +562,11 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   const int64_t n_ckpt = s.c > 0 ? (s.L + s.c - 1) / s.c : 0;
   const double host_ckpt = plan.schedule.checkpoint_location == "host" ? static_cast<double>(n_ckpt * a_hidden * s.hidden) : 0;
   const double stream_copy = n * s.tb;                 // bf16 copy, or the fp32 master itself
-  const double grads = n * s.tb;                       // pinned gradient slabs
-  const double accum = s.layer_major ? 0 : 4 * n;      // host fp32 accumulator (microbatch-major)
+  // The executor's host gradients: one fp32 array per unit, which microbatch-major sums into.
+  const double grads = 4 * n;                          // pinned fp32 gradient slabs
   const double staging = static_cast<double>(plan.placement.pinned_staging_bytes);
   double pinned = grads + host_ckpt + staging + (s.tb < 4 || !s.master_nvme ? stream_copy : 0);
-  double ram = pinned + accum;
+  double ram = pinned;
   if (!s.master_nvme && s.tb < 4) ram += 4 * n;        // fp32 master beside the bf16 copy
   if (!s.states_nvme) ram += n * s.state_pp;
   double nvme = (s.master_nvme ? 4 * n : 0) + (s.states_nvme ? n * s.state_pp : 0);

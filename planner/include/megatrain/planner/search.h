@@ -119,6 +119,9 @@ struct SearchResult {
   // When the best plan keeps m or v in a lossy format: what that format buys, against the best
   // plan with fp32 states ("makes the plan fit" or "x% faster"); empty otherwise.
   std::string state_format_note;
+  // When the best plan puts state on NVMe: why (RAM too small, with the simulator's numbers, or
+  // faster); empty otherwise.
+  std::string placement_note;
   SearchStats stats;
 };
 
