@@ -217,7 +217,8 @@ int main(int argc, char** argv) {
     const int64_t done = s + 1;
     const int sig = g_stop_signal.load();
     if (!checkpoint_dir.empty() && (done == total || sig != 0 || (checkpoint_every > 0 && done % checkpoint_every == 0))) {
-      (*trainer)->wait_for_updates();  // the checkpoint holds the state after this step's updates
+      // The checkpoint holds the state after this step's updates, all of them written.
+      if (Status st = (*trainer)->finish_updates(); !st.ok()) return fail(st);
       if (Status st = save(done); !st.ok()) return fail(st);
     }
     if (sig != 0 && done < total) {
@@ -232,6 +233,8 @@ int main(int argc, char** argv) {
       return 128 + sig;
     }
   }
+  // The last step's updates finish after it returns: a failure there fails the run.
+  if (Status st = (*trainer)->finish_updates(); !st.ok()) return fail(st);
   if (!trace_path.empty()) {
     if (Status s = (*trainer)->write_trace(trace_path, plan_text); !s.ok()) return fail(s);
     std::printf("trace written to %s\n", trace_path.c_str());

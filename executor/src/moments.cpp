@@ -131,6 +131,12 @@ void MomentStore::detach() {
   scales_.release();
 }
 
+int64_t MomentStore::bytes_if_allocated() const {
+  int64_t b = 0;
+  for (int64_t a : array_bytes()) b += a;
+  return b;
+}
+
 int64_t MomentStore::bytes() const {
   return 4 * f32_.size() + 2 * bf16_.size() + codes_.size() + 4 * scales_.size();
 }

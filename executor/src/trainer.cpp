@@ -287,6 +287,12 @@ void Trainer::wait_for_updates() {
   if (impl_->optim) impl_->optim->synchronize();
   if (impl_->nvme_write) impl_->nvme_write->synchronize();
 }
+Status Trainer::finish_updates() {
+  wait_for_updates();
+  std::lock_guard<std::mutex> g(impl_->mu);
+  if (impl_->nvme_failed) return Status(impl_->nvme_error.code(), "the NVMe tier failed: " + impl_->nvme_error.message());
+  return {};
+}
 const DeviceBudget& Trainer::budget() const { return impl_->budget; }
 std::string Trainer::backend_description() const { return impl_->be->describe(); }
 std::string Trainer::pinned_report() const { return impl_->be->pinned_report(); }

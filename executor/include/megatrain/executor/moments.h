@@ -81,6 +81,8 @@ class MomentStore {
   int64_t numel() const { return numel_; }
   // Bytes held (codes, scales or elements).
   int64_t bytes() const;
+  // Bytes the arrays take when allocated (also while they are not: the NVMe tier's units).
+  int64_t bytes_if_allocated() const;
   // The storage of tensor `index` of the unit (tensors in the order given to create()).
   MomentRef tensor(size_t index);
   // Whole-unit arrays, for checkpoints: fp32 elements, bf16 elements, or codes and scales.

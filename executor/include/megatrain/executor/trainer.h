@@ -58,6 +58,9 @@ class Trainer {
   // wait_for_updates() before reading the weights or saving a checkpoint; the destructor waits too.
   Result<StepResult> run_step(int64_t step);
   void wait_for_updates();
+  // wait_for_updates(), then the NVMe tier's error if a read or write of the updates failed (the
+  // step that issued them has already returned); check it before saving a checkpoint.
+  Status finish_updates();
   const DeviceBudget& budget() const;
   // The backend in use, in words ("CPU backend (2 compute threads)").
   std::string backend_description() const;
