@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
   CLI::App* profile = app.add_subcommand("profile", "Measure this machine (memory, AdamW, GEMMs, transfers, storage) and write a rig profile");
   profile->add_option("--storage", prof.storage_dirs, "directory on a drive to measure with O_DIRECT (repeatable)");
   profile->add_flag("--quick", prof.quick, "smaller sizes and fewer points (about 15-30 s instead of 1-3 min)");
+  profile->add_option("--storage-gib", prof.storage_gib,
+                      "size of the storage probe's temp file in GiB (default 1, quick 0.25); make it larger than any cache "
+                      "between this machine and its drive (a VM host's page cache) to measure sustained rates")
+      ->check(CLI::Range(0.01, 4096.0));
   profile->add_option("--model,-m", prof.model,
                       "also time this model's layer GEMMs, attention and element-wise work (config.json, folder or name)");
   profile->add_option("--seq", prof.seq, "sequence length for --model (default: min(its max, 2048))")

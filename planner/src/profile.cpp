@@ -656,6 +656,7 @@ int profile_command(const ProfileCommand& cmd) {
   ProfileOptions opt;
   opt.storage_dirs = cmd.storage_dirs;
   opt.sizes = cmd.quick ? ProfileSizes::quick() : ProfileSizes::full();
+  if (cmd.storage_gib > 0) opt.sizes.storage_file_bytes = static_cast<int64_t>(cmd.storage_gib * static_cast<double>(kGiB));
   opt.mode = cmd.quick ? "quick" : "full";
   if (!cmd.model.empty()) {
     auto spec = ModelSpec::load(cmd.model);

@@ -148,6 +148,7 @@ struct ProfileCommand {
   bool quick = false;
   std::string model;   // --model: name or path (optional)
   int64_t seq = 0;     // --seq
+  double storage_gib = 0;  // --storage-gib: the storage probe's file size (0: the mode's)
   std::string output;
   bool json = false;
 };
