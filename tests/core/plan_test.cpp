@@ -29,7 +29,8 @@ Json full_plan() {
   "schedule": {"order": "layer-major", "prefetch_depth": 2, "device_layer_buffers": 3,
                "checkpoint_every": 1, "checkpoint_location": "host"},
   "placement": {"master_weights": "ram", "optimizer_states": "nvme", "nvme_dirs": ["/mnt/nvme0"],
-                "pinned_staging_bytes": 8589934592, "device_budget_bytes": 137438953472},
+                "pinned_staging_bytes": 8589934592, "device_budget_bytes": 137438953472,
+                "nvme_queue_depth": 32, "nvme_block_bytes": 1048576},
   "optimizer": {"type": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
                 "m_format": "fp32", "v_format": "fp32", "block_size": 128, "threads": 32},
   "predicted": {"step_time_s": 12.5, "tokens_per_s": 83886.08, "tflops": 412.3, "mfu": 0.4169, "bottleneck": "h2d",
@@ -270,6 +271,21 @@ TEST_F(PlanFiles, FailedSaveLeavesTheOldFileIntact) {
   EXPECT_EQ(after, before);
   for (const auto& e : fs::directory_iterator(dir_))  // no temporary files left behind
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST(Plan, NvmeQueueDepthAndBlockSizeAreCheckedAndKept) {
+  Json j = full_plan();
+  j["placement"]["nvme_queue_depth"] = 8;
+  j["placement"]["nvme_block_bytes"] = 4 << 20;
+  auto p = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->placement.nvme_queue_depth, 8);
+  EXPECT_EQ(p->placement.nvme_block_bytes, 4 << 20);
+  j["placement"]["nvme_block_bytes"] = 1000000;
+  expect_error(j, StatusCode::kInvalidArgument, {"placement.nvme_block_bytes", "4096"});
+  j["placement"]["nvme_block_bytes"] = 1 << 20;
+  j["placement"]["nvme_queue_depth"] = 0;
+  expect_error(j, StatusCode::kInvalidArgument, {"placement.nvme_queue_depth"});
 }
 
 }  // namespace
