@@ -598,21 +598,6 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
                 if (master_nvme && t != DType::kBf16) continue;
                 if (cpu && t == DType::kBf16 && !master_nvme) continue;
                 for (const FormatPair& fp : pairs) {
-                  // On the CPU backend a bf16 copy rounds the weights the layers compute with: only
-                  // when RAM cannot hold the same plan with fp32 master weights in it.
-                  if (cpu && master_nvme) {
-                    Knobs in_ram;
-                    in_ram.micro_batch = micro_batches[mi];
-                    in_ram.grad_accum = sequences / micro_batches[mi];
-                    in_ram.layer_major = layer_major;
-                    in_ram.ckpt_every = c;
-                    in_ram.ckpt_host = ckpt_host;
-                    in_ram.states_nvme = states_nvme;
-                    in_ram.transfer = DType::kFp32;
-                    in_ram.m_format = fp.m;
-                    in_ram.v_format = fp.v;
-                    if (fits(needs_of(in_ram, f, compute, device_budget), caps)) continue;
-                  }
                   Knobs k;
                   k.micro_batch = micro_batches[mi];
                   k.grad_accum = sequences / micro_batches[mi];
@@ -625,6 +610,14 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
                   k.m_format = fp.m;
                   k.v_format = fp.v;
                   k.threads = threads_for[{static_cast<int>(t), static_cast<int>(fp.m), static_cast<int>(fp.v)}];
+                  // On the CPU backend a bf16 copy rounds the weights the layers compute with: only
+                  // when RAM cannot hold the same plan with fp32 master weights in it.
+                  if (cpu && master_nvme) {
+                    Knobs in_ram = k;
+                    in_ram.master_nvme = false;
+                    in_ram.transfer = DType::kFp32;
+                    if (fits(needs_of(in_ram, f, compute, device_budget), caps)) continue;
+                  }
                   // Staging: the smallest that holds one transfer, then the largest multiple that fits.
                   Needs n = needs_of(k, f, compute, device_budget);
                   std::vector<int64_t> stagings = {0};

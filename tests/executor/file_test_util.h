@@ -2,11 +2,13 @@
 // /usr/bin/python3 as an independent reference.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -83,5 +85,29 @@ inline PythonRun run_python(const std::filesystem::path& dir, const std::string&
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+// A tmpfs mounted over a fresh folder for the test's lifetime (the tests run as root; a container
+// may refuse, and mounted() then says so).
+class TmpfsMount {
+ public:
+  TmpfsMount(const std::filesystem::path& dir, const std::string& opts) : dir_(dir) {
+    std::filesystem::create_directories(dir_);
+    const std::string cmd = "mount -t tmpfs -o " + opts + " tmpfs '" + dir_.string() + "' 2>/dev/null";
+    mounted_ = std::system(cmd.c_str()) == 0;
+  }
+  ~TmpfsMount() {
+    if (mounted_) {
+      const std::string cmd = "umount '" + dir_.string() + "'";
+      if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "could not unmount " << dir_;
+    }
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::filesystem::path dir_;
+  bool mounted_ = false;
+};
 
 }  // namespace megatrain::test

@@ -112,28 +112,7 @@ void flip_byte_on_disk(const fs::path& file, int64_t offset) {
   ::close(fd);
 }
 
-// A tmpfs mounted over a fresh folder for the test's lifetime (we run as root; a container may refuse).
-class TmpfsMount {
- public:
-  TmpfsMount(const fs::path& dir, const std::string& opts) : dir_(dir) {
-    fs::create_directories(dir_);
-    const std::string cmd = "mount -t tmpfs -o " + opts + " tmpfs '" + dir_.string() + "' 2>/dev/null";
-    mounted_ = std::system(cmd.c_str()) == 0;
-  }
-  ~TmpfsMount() {
-    if (mounted_) {
-      const std::string cmd = "umount '" + dir_.string() + "'";
-      if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "could not unmount " << dir_;
-    }
-  }
-  TmpfsMount(const TmpfsMount&) = delete;
-  TmpfsMount& operator=(const TmpfsMount&) = delete;
-  bool mounted() const { return mounted_; }
-
- private:
-  fs::path dir_;
-  bool mounted_ = false;
-};
+using test::TmpfsMount;
 
 std::vector<std::string> entries(const fs::path& dir) {
   std::vector<std::string> out;

@@ -74,28 +74,7 @@ class TmpDir {
   fs::path path_;
 };
 
-// A tmpfs mounted over a folder for the test's lifetime (root only; a container may refuse).
-class TmpfsMount {
- public:
-  TmpfsMount(const fs::path& dir, const std::string& opts) : dir_(dir) {
-    fs::create_directories(dir_);
-    const std::string cmd = "mount -t tmpfs -o " + opts + " tmpfs '" + dir_.string() + "' 2>/dev/null";
-    mounted_ = std::system(cmd.c_str()) == 0;
-  }
-  ~TmpfsMount() {
-    if (mounted_) {
-      const std::string cmd = "umount '" + dir_.string() + "'";
-      if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "could not unmount " << dir_;
-    }
-  }
-  TmpfsMount(const TmpfsMount&) = delete;
-  TmpfsMount& operator=(const TmpfsMount&) = delete;
-  bool mounted() const { return mounted_; }
-
- private:
-  fs::path dir_;
-  bool mounted_ = false;
-};
+using test::TmpfsMount;
 
 std::set<std::string> entries(const fs::path& dir) {
   std::set<std::string> out;
