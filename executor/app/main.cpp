@@ -120,8 +120,11 @@ int main(int argc, char** argv) {
   nvme.store.queue_depth = static_cast<int>(plan->placement.nvme_queue_depth);
   nvme.store.block_bytes = plan->placement.nvme_block_bytes;
   nvme.staging_bytes = plan->placement.pinned_staging_bytes;
+  // Layer-major without clipping needs no gradient after its own update: the trainer lends each
+  // unit a gradient buffer from a pool of three instead of holding them all (4 bytes per parameter).
+  const bool all_gradients = reference || plan->schedule.order != "layer-major" || plan->training.clip_grad_norm > 0;
   auto created = exec::HostState::create(*model, plan->precision.transfer, plan->optimizer.m_format, plan->optimizer.v_format,
-                                         plan->optimizer.block_size, nvme);
+                                         plan->optimizer.block_size, nvme, all_gradients);
   if (!created.ok()) return fail(created.status());
   exec::HostState state = std::move(created).value();
   if (state.on_nvme())

@@ -168,8 +168,8 @@ Status UnitPager::finish() {
 }
 
 Result<HostState> HostState::create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
-                                    int64_t block_size, const NvmePlacement& nvme) {
-  if (!nvme.master && !nvme.states) return create(model, transfer, m_format, v_format, block_size);
+                                    int64_t block_size, const NvmePlacement& nvme, bool all_gradients) {
+  if (!nvme.master && !nvme.states && all_gradients) return create(model, transfer, m_format, v_format, block_size);
   if (nvme.master && transfer != DType::kBf16)
     return unsupported("placement.master_weights nvme with precision.transfer " + std::string(dtype_name(transfer)) +
                        ": the weights streamed to the device stay in RAM, so with master weights on NVMe they must be a bf16 "
@@ -177,6 +177,11 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
   HostState hs;
   hs.transfer_ = transfer;
   hs.tied_ = model.config().tie_word_embeddings;
+  hs.all_gradients_ = all_gradients;
+  if (!nvme.master && !nvme.states) {
+    hs.build_units(model, m_format, v_format, block_size);
+    return hs;
+  }
   hs.tier_ = std::make_unique<Tier>();
   Tier& t = *hs.tier_;
   t.master = nvme.master;
@@ -243,7 +248,7 @@ void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateF
   }
   for (UnitState& us : units_) {
     if (master_ram) us.master.resize(us.numel);
-    us.grad.resize(us.numel);
+    if (all_gradients_) us.grad.resize(us.numel);
     std::vector<int64_t> sizes;
     for (const TensorSlot& t : us.tensors) sizes.push_back(t.numel);
     us.m = MomentStore::create(m_format, false, sizes, block_size, states_ram);
@@ -310,7 +315,7 @@ Status HostState::refresh_stream() {
 int64_t HostState::bytes() const {
   int64_t b = staging_bytes();
   for (const UnitState& us : units_) {
-    b += us.numel * (4 + (transfer_ == DType::kBf16 ? 2 : 0));  // gradient, streaming copy
+    b += us.numel * ((all_gradients_ ? 4 : 0) + (transfer_ == DType::kBf16 ? 2 : 0));  // gradient, streaming copy
     if (!master_on_nvme()) b += 4 * us.numel;
     if (!states_on_nvme()) b += us.m.bytes() + us.v.bytes();
   }

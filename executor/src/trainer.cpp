@@ -89,6 +89,11 @@ struct Trainer::Impl {
   std::vector<int64_t> written_step;  // the step whose write-back of unit u has finished
   bool nvme_failed = false;           // a read or write failed: the step ends with nvme_error
   Status nvme_error;
+  // Gradients lent per unit (HostState without all_gradients): a unit's host gradient is a pool
+  // buffer from its D2H copy to the end of its update. Guarded by mu.
+  std::vector<AlignedArray<float>> grad_pool;
+  std::vector<int> free_grads;
+  std::vector<int> grad_of;  // per unit, -1 when it holds none
 
   // Trace.
   std::mutex trace_mu;
@@ -139,6 +144,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
                             " (block " + std::to_string(plan.optimizer.block_size) +
                             "); accepted: a HostState created with the plan's optimizer formats");
+  if (!state.all_gradients() && (!options.streamed || plan.schedule.order != "layer-major" || plan.training.clip_grad_norm > 0))
+    return invalid_argument("the training state lends gradients per unit (HostState created without all_gradients), which needs "
+                            "the streamed pipeline in layer-major order without clipping (every gradient is needed until the "
+                            "global norm or the last micro-batch otherwise); accepted: a HostState with all_gradients for this plan");
   I.L = I.d.L;
   I.U = I.L + 2;
   I.A = plan.training.grad_accum;
@@ -255,7 +264,18 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
         MT_RETURN_IF_ERROR(I.be->register_host(us.stream_bf16.data(), 2 * us.numel, "streamed weights"));
       else
         MT_RETURN_IF_ERROR(I.be->register_host(us.master.data(), 4 * us.numel, "streamed weights"));
-      MT_RETURN_IF_ERROR(I.be->register_host(us.grad.data(), 4 * us.numel, "gradients"));
+      if (state.all_gradients()) MT_RETURN_IF_ERROR(I.be->register_host(us.grad.data(), 4 * us.numel, "gradients"));
+    }
+    if (!state.all_gradients()) {
+      // Three buffers: one being copied into, one being updated, one waiting between them.
+      constexpr int kLentGradients = 3;
+      I.grad_pool.resize(kLentGradients);
+      for (int k = 0; k < kLentGradients; ++k) {
+        I.grad_pool[static_cast<size_t>(k)].resize(max_unit);
+        MT_RETURN_IF_ERROR(I.be->register_host(I.grad_pool[static_cast<size_t>(k)].data(), 4 * max_unit, "gradients"));
+        I.free_grads.push_back(kLentGradients - 1 - k);
+      }
+      I.grad_of.assign(static_cast<size_t>(I.U), -1);
     }
     MT_RETURN_IF_ERROR(I.be->register_host(I.host_ckpt_store.data(), 4 * I.host_ckpt_store.size(), "host checkpoints"));
   } else {
@@ -384,6 +404,11 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) 
   {
     std::lock_guard<std::mutex> g(I.mu);
     I.updated_step[static_cast<size_t>(u)] = step;
+    if (!I.grad_pool.empty() && I.grad_of[static_cast<size_t>(u)] >= 0) {  // give the lent gradient back
+      I.free_grads.push_back(I.grad_of[static_cast<size_t>(u)]);
+      I.grad_of[static_cast<size_t>(u)] = -1;
+      I.state->units()[static_cast<size_t>(u)].grad.release();
+    }
   }
   I.cv.notify_all();
   if (!nvme || skip) return;
@@ -600,6 +625,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         I.slot_free[static_cast<size_t>(s)]->signal();
       }
       std::fill(I.grad_buf_free.begin(), I.grad_buf_free.end(), 1);
+      for (size_t u = 0; u < I.grad_of.size(); ++u) {
+        if (I.grad_of[u] < 0) continue;
+        I.free_grads.push_back(I.grad_of[u]);
+        I.grad_of[u] = -1;
+        I.state->units()[u].grad.release();
+      }
     }
   } drain{I, events};
   auto aborted = [&I] {
@@ -700,6 +731,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       UnitState& us = I.state->units()[static_cast<size_t>(u)];
       be.wait(kD, ready);
       if (aborted()) return;
+      if (!I.grad_pool.empty()) {  // lent gradients: take a buffer (the optimizer frees them in order)
+        std::unique_lock<std::mutex> l(I.mu);
+        I.cv.wait(l, [&] { return I.aborting || !I.free_grads.empty(); });
+        if (I.aborting) return;
+        const int k = I.free_grads.back();
+        I.free_grads.pop_back();
+        I.grad_of[static_cast<size_t>(u)] = k;
+        us.grad.view(I.grad_pool[static_cast<size_t>(k)].data(), us.numel);
+      }
       const auto a = Clock::now();
       // microbatch-major: the first micro-batch's gradient is copied, the others are summed into the
       // RAM tier in fp32 (the previous step's update of this unit finished before its load).

@@ -58,6 +58,7 @@ struct Facts {
   double full_act = 0;            // one layer's kept activations for one micro-batch (bytes)
   double hidden = 0;              // one micro-batch's hidden state (bytes)
   double T = 0;                   // tokens per micro-batch
+  bool clip = TrainingConfig{}.clip_grad_norm > 0;  // the written plans keep the default clipping
 };
 
 double ceil_bytes(double v) { return std::ceil(v - 1e-9); }
@@ -115,7 +116,10 @@ Needs needs_of(const Knobs& k, const Facts& f, DType compute, double device_budg
   const double ckpt_bytes = n_ckpt * a_hidden * f.hidden;
   const bool stream_from_nvme = k.master_nvme && k.transfer == DType::kFp32;
   Needs n;
-  n.pinned = 4 * f.n + (k.ckpt_host ? ckpt_bytes : 0) + static_cast<double>(k.staging) +  // fp32 gradients
+  double largest_unit = 0;
+  for (double p : f.params) largest_unit = std::max(largest_unit, p);
+  const double grads = k.layer_major && !f.clip ? 3 * 4 * largest_unit : 4 * f.n;  // fp32 gradients (step_model.cpp)
+  n.pinned = grads + (k.ckpt_host ? ckpt_bytes : 0) + static_cast<double>(k.staging) +
              (tb < 4 || !k.master_nvme ? f.n * tb : 0);
   n.ram = n.pinned;
   if (!k.master_nvme && tb < 4) n.ram += 4 * f.n;

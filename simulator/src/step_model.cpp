@@ -562,8 +562,11 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   const int64_t n_ckpt = s.c > 0 ? (s.L + s.c - 1) / s.c : 0;
   const double host_ckpt = plan.schedule.checkpoint_location == "host" ? static_cast<double>(n_ckpt * a_hidden * s.hidden) : 0;
   const double stream_copy = n * s.tb;                 // bf16 copy, or the fp32 master itself
-  // The executor's host gradients: one fp32 array per unit, which microbatch-major sums into.
-  const double grads = 4 * n;                          // pinned fp32 gradient slabs
+  // The executor's host gradients: one fp32 array per unit, which microbatch-major sums into; in
+  // layer-major without clipping, three buffers of the largest unit lent from unit to unit.
+  double largest_unit = 0;
+  for (int64_t p : s.params) largest_unit = std::max(largest_unit, static_cast<double>(p));
+  const double grads = s.layer_major && !s.clip ? 3 * 4 * largest_unit : 4 * n;  // pinned fp32 gradients
   const double staging = static_cast<double>(plan.placement.pinned_staging_bytes);
   double pinned = grads + host_ckpt + staging + (s.tb < 4 || !s.master_nvme ? stream_copy : 0);
   double ram = pinned;

@@ -127,6 +127,7 @@ struct TrainSetup {
   ModelSpec model;
   std::unique_ptr<DataLoader> loader;
   bool force_thread_pool = false;
+  bool all_gradients = true;
 };
 
 TrainSetup make_setup(const Json& pj) {
@@ -160,7 +161,7 @@ NvmePlacement placement_of(const Plan& plan, bool force_thread_pool = false) {
 
 Result<HostState> make_state(const TrainSetup& su) {
   return HostState::create(su.model, su.plan.precision.transfer, su.plan.optimizer.m_format, su.plan.optimizer.v_format,
-                           su.plan.optimizer.block_size, placement_of(su.plan, su.force_thread_pool));
+                           su.plan.optimizer.block_size, placement_of(su.plan, su.force_thread_pool), su.all_gradients);
 }
 
 CheckpointInfo info_for(const TrainSetup& su, int64_t next_step, const std::vector<double>& losses = {}) {
@@ -242,10 +243,11 @@ struct TrainRun {
 };
 
 // `steps` steps from a seeded initialisation with the plan's placement.
-TrainRun train(const Json& pj, bool streamed, int steps = 4, bool force_thread_pool = false) {
+TrainRun train(const Json& pj, bool streamed, int steps = 4, bool force_thread_pool = false, bool all_gradients = true) {
   TrainRun r;
   TrainSetup su = make_setup(pj);
   su.force_thread_pool = force_thread_pool;
+  su.all_gradients = all_gradients;
   auto created = make_state(su);
   EXPECT_TRUE(created.ok()) << created.status().to_string();
   if (!created.ok()) return r;
@@ -942,6 +944,39 @@ TEST(NvmeTraining, BadPlacementsAreRefusedBeforeTraining) {
       EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().to_string();
       EXPECT_TRUE(contains(t.status().message(), "placement")) << t.status().to_string();
     }
+  }
+}
+
+// ---- lent gradients ------------------------------------------------------------------------------
+
+// Layer-major without clipping: units hold no gradient arrays, the trainer lends each one a pool
+// buffer from its D2H copy to the end of its update. Same bits as the in-memory loop with every
+// gradient in RAM, in RAM and with NVMe placement, with less RAM; refused where a gradient outlives
+// its update.
+TEST(NvmeTraining, LentGradientsMatchAndTakeLessRam) {
+  TmpDir tmp("lent");
+  const Json pj = base_plan("tiny-llama-gqa");
+  const TrainRun reference = train(in_ram(pj), false);
+  ASSERT_TRUE(reference.ok);
+  const TrainRun all = train(in_ram(pj), true);
+  for (const Json& p : {in_ram(pj), on_nvme(pj, false, true, {tmp.sub("a")})}) {
+    SCOPED_TRACE(p["placement"].dump());
+    const TrainRun lent = train(p, true, 4, false, false);
+    expect_identical(lent, reference);
+    if (!p.contains("placement")) EXPECT_EQ(all.bytes - lent.bytes, 4 * lent.params) << "the gradients' RAM is not saved";
+  }
+  for (const char* what : {"clipping", "microbatch-major"}) {
+    Json bad = in_ram(pj);
+    if (std::string(what) == "clipping") bad["training"]["clip_grad_norm"] = 1.0;
+    else bad["schedule"]["order"] = "microbatch-major";
+    TrainSetup su = make_setup(bad);
+    su.all_gradients = false;
+    auto hs = make_state(su);
+    ASSERT_TRUE(hs.ok()) << hs.status().to_string();
+    TrainerOptions o;
+    auto tr = Trainer::create(su.plan, su.model, *hs, *su.loader, o);
+    ASSERT_FALSE(tr.ok()) << what << " with lent gradients was accepted";
+    EXPECT_TRUE(contains(tr.status().message(), "without clipping")) << tr.status().to_string();
   }
 }
 

@@ -64,8 +64,13 @@ class HostState {
                           StateFormat v_format = StateFormat::kFp32, int64_t block_size = 128);
   // The same with the parts `nvme` names on NVMe. Errors: a bad directory, a drive too small
   // (nvme_store.h), master weights on NVMe with an fp32 streaming copy, no placement at all.
+  // all_gradients = false: the units get no gradient arrays; the streamed trainer lends each unit
+  // one from a small pool between its gradient's copy to the host and its update (layer-major
+  // without clipping, where no gradient is needed after its own update), which saves 4 bytes per
+  // parameter of RAM.
   static Result<HostState> create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
-                                  int64_t block_size, const NvmePlacement& nvme);
+                                  int64_t block_size, const NvmePlacement& nvme, bool all_gradients = true);
+  bool all_gradients() const { return all_gradients_; }
   // HF initialisation: matrices and the embedding ~ N(0, std), norms 1, biases 0; a counter-based
   // generator keyed by (seed, tensor name) makes it independent of thread count and layout.
   // NVMe-resident units are paged in one at a time, set, and written back (with zero moments).
@@ -105,6 +110,7 @@ class HostState {
   std::vector<UnitState> units_;
   DType transfer_ = DType::kFp32;
   bool tied_ = false;
+  bool all_gradients_ = true;
 };
 
 // Visits NVMe-resident units one at a time for whole-state passes (checkpoints, initialisation):
