@@ -47,6 +47,14 @@ struct Trainer::Impl {
   TrainerOptions opt;
   Dims d;
   DeviceBudget budget;
+  // Host memory the backend may have page-locked is declared before it, so that it is freed after
+  // the backend lets go of it.
+  AlignedArray<float> host_ckpt_store; // [checkpoint index][mb] in RAM
+  // Gradients lent per unit (HostState without all_gradients): a unit's host gradient is a pool
+  // buffer from its D2H copy to the end of its update. Guarded by mu.
+  std::vector<AlignedArray<float>> grad_pool;
+  std::vector<int> free_grads;
+  std::vector<int> grad_of;  // per unit, -1 when it holds none
   std::unique_ptr<Backend> be;
   int64_t L = 0, U = 0, A = 0, K = 1, B = 2, c = 1;
   bool clip = false;
@@ -58,7 +66,6 @@ struct Trainer::Impl {
   std::vector<float*> dhid;            // A gradients of the hidden state
   std::vector<std::vector<float*>> ckpt;  // [checkpoint index][mb] layer inputs kept on the device
   bool host_ckpt = false;              // checkpoints live in host memory (D2H, then H2D back)
-  AlignedArray<float> host_ckpt_store; // [checkpoint index][mb] in RAM
   std::vector<float*> acts;            // activations: c layers (recompute) or L*A (keep all)
   std::vector<float*> grad_bufs;       // per-unit gradient accumulators (c + 1 layers in flight)
   float* embed_grad = nullptr;         // embedding gradient accumulator
@@ -89,11 +96,6 @@ struct Trainer::Impl {
   std::vector<int64_t> written_step;  // the step whose write-back of unit u has finished
   bool nvme_failed = false;           // a read or write failed: the step ends with nvme_error
   Status nvme_error;
-  // Gradients lent per unit (HostState without all_gradients): a unit's host gradient is a pool
-  // buffer from its D2H copy to the end of its update. Guarded by mu.
-  std::vector<AlignedArray<float>> grad_pool;
-  std::vector<int> free_grads;
-  std::vector<int> grad_of;  // per unit, -1 when it holds none
 
   // Trace.
   std::mutex trace_mu;
