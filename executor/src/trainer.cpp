@@ -366,6 +366,14 @@ void nvme_fail(Trainer::Impl& I, Status s) {
   I.cv.notify_all();
 }
 
+// Unit u gives its lent gradient buffer back (lent gradients only; the caller holds I.mu).
+void return_lent_gradient(Trainer::Impl& I, size_t u) {
+  if (I.grad_pool.empty() || I.grad_of[u] < 0) return;
+  I.free_grads.push_back(I.grad_of[u]);
+  I.grad_of[u] = -1;
+  I.state->units()[u].grad.release();
+}
+
 // Step `step`'s read of unit u from the NVMe tier, once the previous step's write-back is done.
 void nvme_read_unit(Trainer::Impl& I, int64_t u, int64_t step) {
   {
@@ -406,11 +414,7 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) 
   {
     std::lock_guard<std::mutex> g(I.mu);
     I.updated_step[static_cast<size_t>(u)] = step;
-    if (!I.grad_pool.empty() && I.grad_of[static_cast<size_t>(u)] >= 0) {  // give the lent gradient back
-      I.free_grads.push_back(I.grad_of[static_cast<size_t>(u)]);
-      I.grad_of[static_cast<size_t>(u)] = -1;
-      I.state->units()[static_cast<size_t>(u)].grad.release();
-    }
+    return_lent_gradient(I, static_cast<size_t>(u));
   }
   I.cv.notify_all();
   if (!nvme || skip) return;
@@ -627,12 +631,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         I.slot_free[static_cast<size_t>(s)]->signal();
       }
       std::fill(I.grad_buf_free.begin(), I.grad_buf_free.end(), 1);
-      for (size_t u = 0; u < I.grad_of.size(); ++u) {
-        if (I.grad_of[u] < 0) continue;
-        I.free_grads.push_back(I.grad_of[u]);
-        I.grad_of[u] = -1;
-        I.state->units()[u].grad.release();
-      }
+      for (size_t u = 0; u < I.grad_of.size(); ++u) return_lent_gradient(I, u);
     }
   } drain{I, events};
   auto aborted = [&I] {
