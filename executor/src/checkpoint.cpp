@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "megatrain/executor/plane_codec.h"
 #include "megatrain/executor/safetensors.h"
 #include "megatrain/executor/weights_io.h"
 
@@ -296,6 +297,11 @@ std::string utc_now() {
 // ---- the optimizer file: Adam's moments in their storage format ---------------------------------
 
 constexpr const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};  // m, v (torch AdamW's names)
+// fp32 moments stored compressed (SaveOptions::compress_fp32_moments): the entry's suffix and the
+// __metadata__ key and value that say so.
+constexpr const char* kCompressedSuffix = ".planes_zstd";
+constexpr const char* kCompressedKey = "fp32_moments";
+constexpr const char* kCompressedValue = "planes_zstd";
 
 // Where tensor `index` of a unit lies in one of its MomentStores: elements, blocks and code bytes
 // from the start of the unit's arrays, as MomentStore lays them out (moments.h: every tensor's
@@ -350,6 +356,7 @@ Result<std::vector<MomentSpan>> checked_spans(const UnitState& us, const MomentS
 struct MomentFormats {
   StateFormat m = StateFormat::kFp32, v = StateFormat::kFp32;
   int64_t block_size = 128;
+  bool compressed = false;  // fp32 moments stored as planes_zstd (how they are stored, not what they hold)
   bool quantised() const { return is_quantised(m) || is_quantised(v); }
   // Block sizes matter only to quantised formats.
   bool operator==(const MomentFormats& o) const {
@@ -372,7 +379,7 @@ MomentFormats formats_of(const HostState& state) {
   return f;
 }
 
-Status write_optimizer(const HostState& state, const fs::path& path, int64_t next_step) {
+Status write_optimizer(const HostState& state, const fs::path& path, int64_t next_step, const SaveOptions& options) {
   // Moments on NVMe are paged in one unit at a time as the file is written (read-only: nothing
   // is written back).
   auto pager = std::make_shared<UnitPager>(const_cast<HostState&>(state));
@@ -403,6 +410,17 @@ Status write_optimizer(const HostState& state, const fs::path& path, int64_t nex
         };
         switch (format) {
           case StateFormat::kFp32: {
+            if (options.compress_fp32_moments) {  // compressed just before it is written
+              TensorToWrite w = raw_tensor(name + kCompressedSuffix, {}, nullptr, "U8");
+              w.max_bytes = compress_fp32_bound(sp.numel);
+              w.produce = [fetch = at(0, 4 * sp.elem_offset), n = sp.numel, options]() -> Result<std::vector<uint8_t>> {
+                MT_ASSIGN_OR_RETURN(const void* p, fetch());
+                return compress_fp32(static_cast<const float*>(p), n, options.zstd_level, PlaneSplit::kBytePlanes,
+                                     options.threads);
+              };
+              tensors.push_back(std::move(w));
+              break;
+            }
             TensorToWrite w{name, t.shape, nullptr, DType::kFp32, DType::kFp32};
             w.fetch = at(0, 4 * sp.elem_offset);
             tensors.push_back(std::move(w));
@@ -427,10 +445,13 @@ Status write_optimizer(const HostState& state, const fs::path& path, int64_t nex
     }
   }
   const MomentFormats f = formats_of(state);
-  Status s = write_safetensors(path, tensors,
-                               {{"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)},
-                                {"m_format", state_format_name(f.m)}, {"v_format", state_format_name(f.v)},
-                                {"block_size", std::to_string(f.block_size)}});
+  std::map<std::string, std::string> metadata = {
+      {"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)},
+      {"m_format", state_format_name(f.m)}, {"v_format", state_format_name(f.v)},
+      {"block_size", std::to_string(f.block_size)}};
+  if (options.compress_fp32_moments && (f.m == StateFormat::kFp32 || f.v == StateFormat::kFp32))
+    metadata[kCompressedKey] = kCompressedValue;
+  Status s = write_safetensors(path, tensors, metadata);
   Status done = pager->finish();
   return s.ok() ? done : s;
 }
@@ -476,7 +497,8 @@ DataPosition data_position(const DataLoader& loader) {
 
 // ---- saving --------------------------------------------------------------------------------------
 
-Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info) {
+Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info,
+                       const SaveOptions& options) {
   const std::string name = step_dir_name(info.next_step);
   const std::string what = "cannot save checkpoint " + name + " in '" + checkpoint_dir.string() + "': ";
   if (info.next_step < 0) return invalid_argument(what + "the step is negative");
@@ -505,7 +527,7 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   };
 
   if (Status s = save_weights(state, tmp / kModelFile); !s.ok()) return fail(s);
-  if (Status s = write_optimizer(state, tmp / kOptimizerFile, info.next_step); !s.ok()) return fail(s);
+  if (Status s = write_optimizer(state, tmp / kOptimizerFile, info.next_step, options); !s.ok()) return fail(s);
   std::map<std::string, FileDigest> files;
   for (const char* f : {kModelFile, kOptimizerFile}) {
     auto d = digest_file(tmp / f);
@@ -569,6 +591,7 @@ namespace {
 struct Verified {
   fs::path dir;
   CheckpointInfo info;
+  bool compressed = false;  // fp32 moments stored as planes_zstd
   std::optional<SafetensorsFile> model, optimizer;
 };
 
@@ -669,6 +692,7 @@ struct ExpectedTensor {
   std::string name;
   const char* dtype;
   std::vector<int64_t> shape;
+  bool any_length = false;  // a compressed tensor: rank 1, any length
 };
 
 std::vector<ExpectedTensor> expected_model_tensors(const HostState& state) {
@@ -680,7 +704,7 @@ std::vector<ExpectedTensor> expected_model_tensors(const HostState& state) {
 
 // The optimizer file's tensors for the state's formats: per parameter, m then v; fp32 and bf16 as
 // one tensor of the parameter's shape, a quantised format as ".codes" (U8) then ".scales" (F32).
-Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& state) {
+Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& state, bool compressed) {
   std::vector<ExpectedTensor> out;
   for (const UnitState& us : state.units()) {
     const MomentStore* stores[2] = {&us.m, &us.v};
@@ -692,7 +716,10 @@ Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& 
       for (int k = 0; k < 2; ++k) {
         const std::string name = us.tensors[i].name + kMomentSuffix[k];
         switch (stores[k]->format()) {
-          case StateFormat::kFp32: out.push_back({name, "F32", us.tensors[i].shape}); break;
+          case StateFormat::kFp32:
+            if (compressed) out.push_back({name + kCompressedSuffix, "U8", {}, true});
+            else out.push_back({name, "F32", us.tensors[i].shape});
+            break;
           case StateFormat::kBf16: out.push_back({name, "BF16", us.tensors[i].shape}); break;
           default:
             out.push_back({name + ".codes", "U8", {spans[k][i].code_bytes}});
@@ -716,6 +743,10 @@ Status check_tensors(const SafetensorsFile& f, const std::vector<ExpectedTensor>
     const SafetensorsEntry* e = f.find(x.name);
     if (!e) return invalid_argument(where + "tensor " + x.name + " is missing; is this checkpoint of another model?");
     if (e->dtype != x.dtype) return corrupt(where + "tensor " + x.name + " is " + e->dtype + ", expected " + x.dtype);
+    if (x.any_length) {
+      if (e->shape.size() != 1) return corrupt(where + "tensor " + x.name + " is not one-dimensional");
+      continue;
+    }
     if (e->shape != x.shape)
       return invalid_argument(where + "tensor " + x.name + " has shape " + text(e->shape) + ", the model needs " +
                               text(x.shape) + "; is this checkpoint of another model?");
@@ -732,8 +763,14 @@ Result<MomentFormats> formats_in(const SafetensorsFile& f) {
   const auto& md = f.metadata();
   MomentFormats out;
   const bool any = md.count("m_format") || md.count("v_format") || md.count("block_size");
-  if (!any) return out;
   const std::string where = "'" + f.path().string() + "': __metadata__.";
+  if (auto c = md.find(kCompressedKey); c != md.end()) {
+    if (c->second != kCompressedValue)
+      return corrupt(where + kCompressedKey + " is '" + c->second + "'; this build reads '" + kCompressedValue + "'");
+    if (!any) return corrupt(where + kCompressedKey + " is set but the optimizer formats are not recorded");
+    out.compressed = true;
+  }
+  if (!any) return out;
   for (const char* key : {"m_format", "v_format", "block_size"})
     if (!md.count(key)) return corrupt(where + key + " is missing while the other optimizer formats are recorded");
   using Field = std::pair<const char*, StateFormat*>;
@@ -765,8 +802,9 @@ Result<Verified> verify_step_dir(const fs::path& dir, const HostState& state) {
                             ", this run's plan says " + now.text() +
                             "; accepted: resume with the plan the checkpoint was written with (optimizer.m_format, "
                             "optimizer.v_format, optimizer.block_size)");
-  MT_ASSIGN_OR_RETURN(const std::vector<ExpectedTensor> opt_tensors, expected_optimizer_tensors(state));
+  MT_ASSIGN_OR_RETURN(const std::vector<ExpectedTensor> opt_tensors, expected_optimizer_tensors(state, saved.compressed));
   MT_RETURN_IF_ERROR(check_tensors(optimizer, opt_tensors, v.info));
+  v.compressed = saved.compressed;
   v.model.emplace(std::move(model));
   v.optimizer.emplace(std::move(optimizer));
   return v;
@@ -799,6 +837,14 @@ Status apply(const Verified& v, HostState& state) {
         Status s;
         switch (ms.format()) {
           case StateFormat::kFp32:
+            if (v.compressed) {
+              const SafetensorsEntry& e = *opt.find(name + kCompressedSuffix);
+              std::vector<uint8_t> bytes(static_cast<size_t>(e.end - e.begin));
+              s = opt.read_raw(e, "U8", bytes.data(), bytes.size());
+              if (s.ok()) s = decompress_fp32(bytes, ms.f32().data() + sp.elem_offset, sp.numel);
+              if (!s.ok()) s = corrupt("'" + opt.path().string() + "': tensor " + e.name + ": " + s.message());
+              break;
+            }
             s = opt.read_raw(*opt.find(name), "F32", ms.f32().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 4);
             break;
           case StateFormat::kBf16:

@@ -208,7 +208,7 @@ void adamw_update_moments(float* w, const float* g, const MomentRef& m, const Mo
   const int t = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, std::min<int64_t>(blocks, n / 16384 + 1))));
   auto part = [&](int i) {
     std::vector<float> fm(static_cast<size_t>(block)), fv(2 * static_cast<size_t>(block));
-    std::vector<int32_t> ci(static_cast<size_t>(block));
+    std::vector<int32_t> ci(2 * static_cast<size_t>(block));
     const int64_t b0 = blocks * i / t, b1 = blocks * (i + 1) / t;
     fn(k, w, g, m, v, b0 * block, std::min(n, b1 * block), block, stream_f32, stream_bf16, fm.data(), fv.data(), ci.data());
   };

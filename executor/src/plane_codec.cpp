@@ -1,10 +1,13 @@
 // The byte-plane codec for fp32 tensors (plane_codec.h): split, then zstd per plane.
 #include "megatrain/executor/plane_codec.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <zstd.h>
 
@@ -125,7 +128,14 @@ Status decode_plane(ZSTD_DCtx* d, const uint8_t* src, size_t size, uint8_t* dst,
 
 }  // namespace
 
-std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, PlaneSplit split) {
+size_t compress_fp32_bound(int64_t n, PlaneSplit split) {
+  if (n < 0) n = 0;
+  const int planes = split == PlaneSplit::kBytePlanes ? 4 : 1;
+  const size_t plane_bytes = static_cast<size_t>(n) * (planes == 4 ? 1 : 4);
+  return header_bytes(planes) + ZSTD_compressBound(plane_bytes) * static_cast<size_t>(planes);
+}
+
+std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, PlaneSplit split, int threads) {
   if (n < 0) n = 0;
   const int planes = split == PlaneSplit::kBytePlanes ? 4 : 1;
   const size_t plane_bytes = static_cast<size_t>(n) * (planes == 4 ? 1 : 4);
@@ -136,34 +146,55 @@ std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, Plan
     split_planes(data, n, split_buf.get());
     src = split_buf.get();
   }
-  const size_t head = header_bytes(planes);
+  // Each plane is one zstd frame of its own, so planes compress on separate threads, each into its
+  // own buffer; the frames are the same whichever thread makes them.
   const size_t bound = ZSTD_compressBound(plane_bytes);
-  std::vector<uint8_t> out(head + bound * static_cast<size_t>(planes));
+  std::vector<std::vector<uint8_t>> frames(static_cast<size_t>(planes));
+  auto compress_plane = [&](int k) {
+    std::unique_ptr<ZSTD_CCtx, CctxFree> c(ZSTD_createCCtx());
+    ZSTD_CCtx_setParameter(c.get(), ZSTD_c_compressionLevel, level);
+    ZSTD_CCtx_setParameter(c.get(), ZSTD_c_checksumFlag, 1);
+    ZSTD_CCtx_setParameter(c.get(), ZSTD_c_contentSizeFlag, 1);
+    std::vector<uint8_t>& out = frames[static_cast<size_t>(k)];
+    out.resize(bound);
+    const uint8_t* p = src ? src + static_cast<size_t>(k) * plane_bytes : nullptr;
+    size_t r = ZSTD_compress2(c.get(), out.data(), out.size(), p, plane_bytes);
+    if (ZSTD_isError(r)) {
+      // Cannot happen with a bound-sized buffer; a level the library rejects falls back to its default.
+      ZSTD_CCtx_reset(c.get(), ZSTD_reset_session_and_parameters);
+      ZSTD_CCtx_setParameter(c.get(), ZSTD_c_checksumFlag, 1);
+      r = ZSTD_compress2(c.get(), out.data(), out.size(), p, plane_bytes);
+    }
+    out.resize(r);
+  };
+  const int workers = std::max(1, std::min(threads, planes));
+  if (workers == 1) {
+    for (int k = 0; k < planes; ++k) compress_plane(k);
+  } else {
+    std::vector<std::thread> pool;
+    for (int t = 1; t < workers; ++t)
+      pool.emplace_back([&, t] {
+        for (int k = t; k < planes; k += workers) compress_plane(k);
+      });
+    for (int k = 0; k < planes; k += workers) compress_plane(k);
+    for (auto& th : pool) th.join();
+  }
+  const size_t head = header_bytes(planes);
+  size_t total = head;
+  for (const auto& f : frames) total += f.size();
+  std::vector<uint8_t> out(total);
   std::memcpy(out.data(), kMagic, 4);
   out[4] = kVersion;
   out[5] = static_cast<uint8_t>(planes);
   out[6] = out[7] = 0;
   put_u64(out.data() + 8, static_cast<uint64_t>(n));
-
-  std::unique_ptr<ZSTD_CCtx, CctxFree> c(ZSTD_createCCtx());
-  ZSTD_CCtx_setParameter(c.get(), ZSTD_c_compressionLevel, level);
-  ZSTD_CCtx_setParameter(c.get(), ZSTD_c_checksumFlag, 1);
-  ZSTD_CCtx_setParameter(c.get(), ZSTD_c_contentSizeFlag, 1);
   size_t pos = head;
   for (int k = 0; k < planes; ++k) {
-    const uint8_t* p = src ? src + static_cast<size_t>(k) * plane_bytes : nullptr;
-    size_t r = ZSTD_compress2(c.get(), out.data() + pos, out.size() - pos, p, plane_bytes);
-    if (ZSTD_isError(r)) {
-      // Cannot happen with a bound-sized buffer; a level the library rejects falls back to its default.
-      ZSTD_CCtx_reset(c.get(), ZSTD_reset_session_and_parameters);
-      ZSTD_CCtx_setParameter(c.get(), ZSTD_c_checksumFlag, 1);
-      r = ZSTD_compress2(c.get(), out.data() + pos, out.size() - pos, p, plane_bytes);
-    }
-    put_u64(out.data() + kFixedHeader + 8 * static_cast<size_t>(k), r);
-    pos += r;
+    const auto& f = frames[static_cast<size_t>(k)];
+    put_u64(out.data() + kFixedHeader + 8 * static_cast<size_t>(k), f.size());
+    if (!f.empty()) std::memcpy(out.data() + pos, f.data(), f.size());
+    pos += f.size();
   }
-  out.resize(pos);
-  out.shrink_to_fit();
   return out;
 }
 

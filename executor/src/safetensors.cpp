@@ -410,50 +410,66 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
                          const std::map<std::string, std::string>& metadata) {
   const std::string target = path.string();
   // Everything that can be wrong with the request is checked before any file is touched.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    if (!metadata.count("format")) meta["format"] = "pt";
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    header["__metadata__"] = std::move(meta);
-  }
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+  if (!metadata.count("format")) meta["format"] = "pt";
+  for (const auto& [k, v] : metadata) meta[k] = v;
   std::vector<int64_t> numels;
+  std::vector<uint64_t> sizes;  // bytes per tensor (a produced tensor's bound until it is made)
+  std::vector<const char*> dtypes;
   std::set<std::string> names;
-  uint64_t offset = 0;
+  bool produced = false;
   for (const auto& t : tensors) {
     const std::string where = "writing '" + target + "': tensor '" + t.name + "': ";
     if (t.name.empty() || t.name == "__metadata__")
       return invalid_argument(where + "the name is empty or reserved (__metadata__)");
     if (!names.insert(t.name).second) return invalid_argument(where + "the name appears twice");
+    if (t.produce) {
+      if (t.raw_dtype != "U8") return invalid_argument(where + "produced bytes must be written as raw_dtype U8");
+      if (t.max_bytes > (uint64_t{1} << 62)) return invalid_argument(where + "max_bytes is implausible");
+      produced = true;
+      numels.push_back(static_cast<int64_t>(t.max_bytes));
+      sizes.push_back(t.max_bytes);
+      dtypes.push_back("U8");
+      continue;
+    }
     auto n = numel_of(t.shape);
     if (!n) return invalid_argument(where + "shape " + shape_text(t.shape) + " has a negative or overflowing dimension");
     if (*n > 0 && t.data == nullptr && !t.fetch) return invalid_argument(where + "no data");
     if (!t.raw_dtype.empty()) {
       const auto eb = element_bytes_of(t.raw_dtype);
       if (!eb) return invalid_argument(where + "'" + t.raw_dtype + "' is not a safetensors dtype");
-      const uint64_t bytes = static_cast<uint64_t>(*n) * *eb;
-      header[t.name] = {{"dtype", t.raw_dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-      offset += bytes;
+      sizes.push_back(static_cast<uint64_t>(*n) * *eb);
       numels.push_back(*n);
+      dtypes.push_back(t.raw_dtype.c_str());
       continue;
     }
     if (t.source != t.stored && t.source != DType::kFp32 && t.stored != DType::kFp32)
       return invalid_argument(where + std::string("cannot convert ") + dtype_name(t.source) + " to " +
                               dtype_name(t.stored) + "; supported: equal types, fp32 <-> bf16, fp32 <-> fp16");
-    const uint64_t bytes = static_cast<uint64_t>(*n) * dtype_bytes(t.stored);
-    header[t.name] = {{"dtype", safetensors_dtype_name(t.stored)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    sizes.push_back(static_cast<uint64_t>(*n) * dtype_bytes(t.stored));
     numels.push_back(*n);
+    dtypes.push_back(safetensors_dtype_name(t.stored));
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    return invalid_argument("writing '" + target + "': a tensor name or metadata value is not valid UTF-8 (" +
-                            std::string(e.what()) + ")");
-  }
+  // The header for the given sizes. A produced tensor's shape is [its size]; with every size at or
+  // below its bound no number gets longer, so the header made from the bounds is the longest.
+  auto header_text = [&](const std::vector<uint64_t>& sz) -> Result<std::string> {
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    header["__metadata__"] = meta;
+    uint64_t offset = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorToWrite& t = tensors[i];
+      const std::vector<int64_t> shape = t.produce ? std::vector<int64_t>{static_cast<int64_t>(sz[i])} : t.shape;
+      header[t.name] = {{"dtype", dtypes[i]}, {"shape", shape}, {"data_offsets", {offset, offset + sz[i]}}};
+      offset += sz[i];
+    }
+    try {
+      return header.dump();
+    } catch (const nlohmann::json::exception& e) {
+      return invalid_argument("writing '" + target + "': a tensor name or metadata value is not valid UTF-8 (" +
+                              std::string(e.what()) + ")");
+    }
+  };
+  MT_ASSIGN_OR_RETURN(std::string text, header_text(sizes));
   // Spaces after the JSON are allowed by the format; they make the data section start 8-byte aligned.
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
   const uint64_t header_len = text.size();
@@ -479,6 +495,22 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
     Status s = write_all(fd, &header_len, 8, target);
     if (s.ok()) s = write_all(fd, text.data(), text.size(), target);
     for (size_t i = 0; s.ok() && i < tensors.size(); ++i) {
+      if (tensors[i].produce) {
+        Result<std::vector<uint8_t>> bytes = tensors[i].produce();
+        if (!bytes.ok()) {
+          s = bytes.status();
+          break;
+        }
+        if (bytes->size() > tensors[i].max_bytes) {
+          s = internal_error("writing '" + target + "': tensor '" + tensors[i].name + "' came to " +
+                             std::to_string(bytes->size()) + " bytes, over its bound of " +
+                             std::to_string(tensors[i].max_bytes));
+          break;
+        }
+        sizes[i] = bytes->size();
+        s = write_all(fd, bytes->data(), bytes->size(), target);
+        continue;
+      }
       if (!tensors[i].fetch) {
         s = write_tensor_data(fd, tensors[i], numels[i], target);
         continue;
@@ -491,6 +523,18 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
       TensorToWrite t = tensors[i];
       t.data = *p;
       s = write_tensor_data(fd, t, numels[i], target);
+    }
+    if (s.ok() && produced) {
+      // The real sizes are known: the header is rewritten in place, padded to its reserved length.
+      Result<std::string> real = header_text(sizes);
+      if (!real.ok()) s = real.status();
+      else if (real->size() > header_len)
+        s = internal_error("writing '" + target + "': the final header outgrew the room reserved for it");
+      else {
+        real->resize(header_len, ' ');
+        if (::pwrite(fd, real->data(), real->size(), 8) != static_cast<ssize_t>(real->size()))
+          s = io_error("cannot write the header of '" + tmp + "': " + std::strerror(errno));
+      }
     }
     if (!s.ok()) return fail(s);
   }

@@ -61,6 +61,23 @@ printf 'X' | dd of="$tmp/C/step-00000008/optimizer.safetensors" bs=1 seek=5000 c
 check "a damaged checkpoint is refused naming the file and the older valid one" \
   "[ $? -ne 0 ] && grep -q 'optimizer.safetensors' $tmp/err && grep -q 'step-00000004' $tmp/err && ! grep -q '^step' $tmp/out"
 
+# --checkpoint-compress: fp32 moments stored compressed; the resume continues the same run, and its
+# final checkpoint holds the same bits (the weights' file byte for byte).
+"$exe" "$plan" --data "$tmp/text.txt" --steps 4 --checkpoint-dir "$tmp/Z" --checkpoint-compress >"$tmp/z1.out" 2>"$tmp/z1.err"
+check "--checkpoint-compress writes a smaller optimizer file" \
+  "[ $? -eq 0 ] && grep -q 'fp32 moments compressed' $tmp/z1.out && [ \$(stat -c %s $tmp/Z/step-00000004/optimizer.safetensors) -lt \$(stat -c %s $tmp/B/step-00000004/optimizer.safetensors) ]"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 8 --checkpoint-dir "$tmp/Z" --resume >"$tmp/z2.out" 2>"$tmp/z2.err"
+check "a resume from compressed moments prints the straight run's losses" \
+  "[ $? -eq 0 ] && [ \"\$(losses $tmp/z2.out)\" = \"\$(losses $tmp/a.out | tail -n 4)\" ] && [ -n \"\$(losses $tmp/z2.out)\" ]"
+check "and ends in the straight run's weights and moments, byte for byte" \
+  "cmp -s $tmp/A/step-00000008/model.safetensors $tmp/Z/step-00000008/model.safetensors && cmp -s $tmp/A/step-00000008/optimizer.safetensors $tmp/Z/step-00000008/optimizer.safetensors"
+/usr/bin/python3 -c "
+import json; d = json.load(open('$plan')); d['optimizer']['m_format'] = 'q8'; d['optimizer']['v_format'] = 'q8'
+json.dump(d, open('$tmp/q8.json', 'w'))"
+"$exe" "$tmp/q8.json" --data "$tmp/text.txt" --steps 2 --checkpoint-dir "$tmp/Q" --checkpoint-compress >"$tmp/out" 2>"$tmp/err"
+check "--checkpoint-compress with no fp32 moments is refused naming the formats" \
+  "[ $? -ne 0 ] && grep -q 'q8/q8' $tmp/err && ! grep -q '^step' $tmp/out"
+
 # SIGINT: the step in progress finishes, a checkpoint is written, exit 130; the checkpoint resumes.
 "$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/S" >"$tmp/s.out" 2>"$tmp/s.err" &
 bg=$!

@@ -10,12 +10,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
 #include "executor/file_test_util.h"
 #include "megatrain/core/plan.h"
@@ -226,6 +229,126 @@ TEST(CheckpointSafetensors, U8TensorsRoundTripAndRawReadsCheckDtypeAndSize) {
   EXPECT_EQ(w.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(w.message().find("'U7' is not a safetensors dtype"), std::string::npos) << w.message();
   EXPECT_FALSE(fs::exists(q));
+}
+
+// A tensor whose bytes are made only as it is written (compressed moments): the header is written
+// with room for its bound and rewritten with its real size; the file is a valid safetensors file
+// whose data ends at the real sizes. A tensor over its bound, or a producer that fails, leaves no
+// file and any previous one as it was.
+TEST(CheckpointSafetensors, ProducedTensorsGetTheirRealSizeInTheHeader) {
+  ScratchDir dir("ckpt-produce");
+  const fs::path p = dir / "p.safetensors";
+  const std::vector<float> before = {1.0f, 2.0f};
+  const std::vector<float> after = {4.0f, 5.0f, 6.0f};
+  auto produced = [](size_t n, uint64_t bound) {
+    TensorToWrite t = raw_tensor("z", {}, nullptr, "U8");
+    t.max_bytes = bound;
+    t.produce = [n]() -> Result<std::vector<uint8_t>> {
+      std::vector<uint8_t> b(n);
+      for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(i * 13 + 1);
+      return b;
+    };
+    return t;
+  };
+  ASSERT_TRUE(write_safetensors(p, {TensorToWrite{"a", {2}, before.data(), DType::kFp32, DType::kFp32}, produced(37, 123456789),
+                                    TensorToWrite{"b", {3}, after.data(), DType::kFp32, DType::kFp32}})
+                  .ok());
+  auto f = SafetensorsFile::open(p);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  const SafetensorsEntry* z = f->find("z");
+  ASSERT_NE(z, nullptr);
+  EXPECT_EQ(z->dtype, "U8");
+  EXPECT_EQ(z->shape, std::vector<int64_t>{37});
+  EXPECT_EQ(z->begin, 8u);
+  EXPECT_EQ(z->end, 45u);
+  EXPECT_EQ(f->data_start() % 8, 0u);
+  EXPECT_EQ(f->file_bytes(), f->data_start() + 8 + 37 + 12);  // no room left for the bound
+  std::vector<uint8_t> zb(37);
+  ASSERT_TRUE(f->read_raw(*z, "U8", zb.data(), zb.size()).ok());
+  for (size_t i = 0; i < zb.size(); ++i) ASSERT_EQ(zb[i], static_cast<uint8_t>(i * 13 + 1));
+  auto b = f->read_fp32("b");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, after);
+  const std::string good = test::read_bytes(p);
+
+  // Over its bound: refused, and the previous file stays.
+  Status s = write_safetensors(p, {produced(50, 49)});
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.to_string();
+  EXPECT_NE(s.message().find("over its bound of 49"), std::string::npos) << s.message();
+  // A producer that fails: its error, and the previous file stays.
+  TensorToWrite failing = produced(1, 10);
+  failing.produce = []() -> Result<std::vector<uint8_t>> { return io_error("the drive went away"); };
+  s = write_safetensors(p, {failing});
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_EQ(test::read_bytes(p), good);
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename(), "p.safetensors") << "a temporary was left behind";
+  // Produced bytes are U8 only.
+  TensorToWrite f32 = produced(4, 4);
+  f32.raw_dtype = "F32";
+  EXPECT_EQ(write_safetensors(dir / "q.safetensors", {f32}).code(), StatusCode::kInvalidArgument);
+}
+
+// --checkpoint-compress: fp32 moments are stored as byte planes + zstd, smaller than plain fp32,
+// and restored bit for bit; the run continues exactly as from an uncompressed checkpoint. With m
+// in fp32 and v quantised, only m is compressed.
+TEST(CheckpointResume, CompressedFp32MomentsRestoreBitForBit) {
+  for (const auto& [mf, vf] : {std::pair{"fp32", "fp32"}, std::pair{"fp32", "q8"}}) {
+    SCOPED_TRACE(std::string(mf) + "/" + vf);
+    const Json pj = plan_json("bf16", 0.5, mf, vf, 128);
+    TrainSetup su = make_setup(pj);
+    HostState first = make_state(su);
+    EXPECT_TRUE(first.init_random(7, 0.02).ok());
+    run_steps(su, first, 0, 3);
+    ScratchDir plain_dir("ckpt-plain"), packed_dir("ckpt-packed");
+    ASSERT_TRUE(save_checkpoint(plain_dir.path(), first, info_for(su, 3)).ok());
+    SaveOptions opts;
+    opts.compress_fp32_moments = true;
+    opts.threads = 3;
+    ASSERT_TRUE(save_checkpoint(packed_dir.path(), first, info_for(su, 3), opts).ok());
+    const fs::path plain_file = checkpoint_step_dir(plain_dir.path(), 3) / "optimizer.safetensors";
+    const fs::path packed_file = checkpoint_step_dir(packed_dir.path(), 3) / "optimizer.safetensors";
+    auto packed = SafetensorsFile::open(packed_file);
+    ASSERT_TRUE(packed.ok()) << packed.status().to_string();
+    EXPECT_EQ(packed->metadata().at("fp32_moments"), "planes_zstd");
+    const std::string some = first.units()[0].tensors[0].name;
+    EXPECT_EQ(packed->find(some + ".exp_avg"), nullptr);
+    ASSERT_NE(packed->find(some + ".exp_avg.planes_zstd"), nullptr);
+    EXPECT_EQ(packed->find(some + ".exp_avg.planes_zstd")->dtype, "U8");
+    if (std::string(vf) == "q8") EXPECT_NE(packed->find(some + ".exp_avg_sq.codes"), nullptr);
+    else EXPECT_NE(packed->find(some + ".exp_avg_sq.planes_zstd"), nullptr);
+    const auto plain_bytes = fs::file_size(plain_file), packed_bytes = fs::file_size(packed_file);
+    std::printf("%s/%s optimizer.safetensors: %ju bytes plain, %ju compressed (%.3fx)\n", mf, vf,
+                static_cast<uintmax_t>(plain_bytes), static_cast<uintmax_t>(packed_bytes),
+                static_cast<double>(plain_bytes) / static_cast<double>(packed_bytes));
+    EXPECT_LT(packed_bytes, plain_bytes);
+    // The model file is the same either way (weights stay a plain Hugging Face file).
+    EXPECT_EQ(test::read_bytes(checkpoint_step_dir(plain_dir.path(), 3) / "model.safetensors"),
+              test::read_bytes(checkpoint_step_dir(packed_dir.path(), 3) / "model.safetensors"));
+
+    std::vector<double> from_plain, from_packed;
+    HostState a = make_state(su), b = make_state(su);
+    EXPECT_TRUE(a.init_random(99, 0.5).ok());
+    EXPECT_TRUE(b.init_random(98, 0.5).ok());
+    {
+      TrainSetup s1 = make_setup(pj);
+      auto la = load_checkpoint(plain_dir.path(), a);
+      ASSERT_TRUE(la.ok()) << la.status().to_string();
+      from_plain = run_steps(s1, a, 3, 6);
+    }
+    {
+      TrainSetup s2 = make_setup(pj);
+      auto lb = load_checkpoint(packed_dir.path(), b);
+      ASSERT_TRUE(lb.ok()) << lb.status().to_string();
+      HostState check = make_state(s2);
+      ASSERT_TRUE(load_checkpoint(packed_dir.path(), check).ok());
+      expect_same_state(check, first);  // restored bit for bit
+      from_packed = run_steps(s2, b, 3, 6);
+    }
+    ASSERT_EQ(from_plain.size(), 3u);
+    EXPECT_EQ(from_packed, from_plain);
+    expect_same_state(a, b);
+  }
 }
 
 // Train 6 steps straight; train 3, save, load into a fresh HostState and a fresh Trainer, train 3

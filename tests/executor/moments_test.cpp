@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "megatrain/executor/bf16.h"
@@ -172,6 +174,65 @@ TEST(Moments, Fp32PassIsTorchsFormula) {
     ASSERT_EQ(m[static_cast<size_t>(i)], mi) << i;
     ASSERT_EQ(v[static_cast<size_t>(i)], vi) << i;
     ASSERT_EQ(w[static_cast<size_t>(i)], p) << i;
+  }
+}
+
+// The fused pass is, bit for bit, its definition taken apart: decode both moments (decode_moment),
+// make torch's update operation by operation here, and encode the new moments (encode_moment). For
+// every pair of m and v formats (the pass has a fast path per pair of bf16 or quantised formats and
+// a generic one for the rest), a block size other than the default, a tensor whose last block is
+// short, and a gradient scale.
+TEST(Moments, FusedPassIsDecodeThenUpdateThenEncode) {
+  for (int64_t block : {128, 64}) {
+    const int64_t n = 7 * block + block / 2 + 3;
+    for (StateFormat fm : kAll) {
+      for (StateFormat fv : kAll) {
+        SCOPED_TRACE(std::string(state_format_name(fm)) + "/" + state_format_name(fv) + " block " + std::to_string(block));
+        std::vector<float> w = random_values(n, false, 11), g = random_values(n, false, 12);
+        const std::vector<float> w0 = w;
+        // The moments before the step (encoding is deterministic, so every call makes the same).
+        auto start = [&](bool second) {
+          MomentStore x = MomentStore::create(second ? fv : fm, second, {n}, block);
+          x.encode(0, random_values(n, second, second ? 14 : 13).data());
+          return x;
+        };
+        const MomentStore m = start(false), v = start(true);
+        // The reference, from the stored moments as they decode.
+        std::vector<float> m_old(static_cast<size_t>(n)), v_old(static_cast<size_t>(n));
+        m.decode(0, m_old.data());
+        v.decode(0, v_old.data());
+        const AdamWStep s{3e-3, 0.9, 0.95, 1e-8, 0.1, 4, 0.625f};
+        const StepConsts k = step_consts(s);
+        std::vector<float> w_ref(static_cast<size_t>(n)), m_new(static_cast<size_t>(n)), v_new(static_cast<size_t>(n));
+        std::vector<uint16_t> bf_ref(static_cast<size_t>(n));
+        for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+          const float gi = g[i] * k.grad_scale;
+          const float p0 = w0[i] * k.decay;
+          m_new[i] = m_old[i] * k.b1 + k.omb1 * gi;
+          v_new[i] = v_old[i] * k.b2 + (k.omb2 * gi) * gi;
+          w_ref[i] = p0 - k.step_size * (m_new[i] / (std::sqrt(v_new[i]) / k.bc2_sqrt + k.eps));
+          bf_ref[i] = fp32_to_bf16(w_ref[i]);
+        }
+        MomentStore m_ref = MomentStore::create(fm, false, {n}, block), v_ref = MomentStore::create(fv, true, {n}, block);
+        m_ref.encode(0, m_new.data());
+        v_ref.encode(0, v_new.data());
+        for (Isa isa : {Isa::kScalar, Isa::kAuto}) {
+          SCOPED_TRACE(isa_name(isa));
+          std::vector<float> w1 = w0;
+          std::vector<uint16_t> bf(static_cast<size_t>(n));
+          MomentStore m1 = start(false), v1 = start(true);
+          adamw_update_moments(w1.data(), g.data(), m1.tensor(0), v1.tensor(0), n, s, nullptr, bf.data(), 2, isa);
+          ASSERT_TRUE(same_bits(w1.data(), w_ref.data(), n)) << "weights";
+          ASSERT_TRUE(same_bits(bf.data(), bf_ref.data(), n)) << "streamed bf16 copy";
+          for (const auto& [got, want] : {std::pair{&m1, &m_ref}, std::pair{&v1, &v_ref}}) {
+            ASSERT_TRUE(same_bits(got->f32().data(), want->f32().data(), got->f32().size()));
+            ASSERT_TRUE(same_bits(got->bf16().data(), want->bf16().data(), got->bf16().size()));
+            ASSERT_TRUE(same_bits(got->codes().data(), want->codes().data(), got->codes().size())) << "codes";
+            ASSERT_TRUE(same_bits(got->scales().data(), want->scales().data(), got->scales().size())) << "scales";
+          }
+        }
+      }
+    }
   }
 }
 

@@ -30,9 +30,13 @@ enum class PlaneSplit {
 };
 
 // Compresses n floats at zstd `level` (1..19; the library's default is 3). Never fails: a plane
-// that does not compress is stored at its zstd size (a few bytes over the raw size).
+// that does not compress is stored at its zstd size (a few bytes over the raw size). With
+// threads > 1 the planes are compressed concurrently (up to one thread per plane); the output is
+// the same bytes for every thread count.
 std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level = 3,
-                                   PlaneSplit split = PlaneSplit::kBytePlanes);
+                                   PlaneSplit split = PlaneSplit::kBytePlanes, int threads = 1);
+// The largest encoding compress_fp32 can make of n floats.
+size_t compress_fp32_bound(int64_t n, PlaneSplit split = PlaneSplit::kBytePlanes);
 
 // The number of floats an encoding holds, read from its header (checks the magic, version, plane
 // count and that the sizes add up to `size`).

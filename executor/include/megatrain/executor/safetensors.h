@@ -101,6 +101,12 @@ struct TensorToWrite {
   DType stored = DType::kFp32;
   std::string raw_dtype;
   std::function<Result<const void*>()> fetch;
+  // Bytes made just before they are written, whose count is known only then (a compressed tensor):
+  // raw_dtype must be "U8", and the shape is written as [the count]. max_bytes bounds the count.
+  // The header is written first with room for every such tensor at its bound, then rewritten with
+  // the real sizes, padded with spaces to the same length, before the file is renamed into place.
+  std::function<Result<std::vector<uint8_t>>()> produce;
+  uint64_t max_bytes = 0;
 };
 
 // A tensor written as raw bytes of safetensors dtype `dtype` (TensorToWrite::raw_dtype).
