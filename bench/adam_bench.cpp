@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "megatrain/core/model_spec.h"
 #include "bench_util.h"
 #include "megatrain/core/plan.h"
+#include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/moments.h"
@@ -336,6 +338,7 @@ using megatrain::bench::make_tokens;
 struct CodecRow {
   std::string tensor, codec;
   int level = 0;
+  int threads = 1;
   double raw_bytes = 0, packed_bytes = 0, compress_s = 1e30, decompress_s = 1e30;
   double plane_bytes[4] = {};  // byte planes only: compressed bytes of each plane, over all units
   bool exact = true;
@@ -346,15 +349,18 @@ int codec(int argc, char** argv) {
   int64_t steps = 30;
   int reps = 3;
   std::vector<int> levels = {1, 3};
+  std::string dir = std::filesystem::temp_directory_path().string();
+  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") json = true;
+    else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
     else if (a == "--steps" && i + 1 < argc) steps = std::max<int64_t>(1, std::atoll(argv[++i]));
     else if (a == "--repeat" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--level" && i + 1 < argc) levels = {std::atoi(argv[++i])};
     else {
       std::fprintf(stderr, "megatrain-bench codec: unknown argument '%s'; accepted: --steps N, --repeat N, --level L, "
-                           "--json\n", a.c_str());
+                           "--dir D, --json\n", a.c_str());
       return 1;
     }
   }
@@ -404,13 +410,15 @@ int codec(int argc, char** argv) {
   std::vector<CodecRow> rows;
   for (const Tensor& t : tensors)
     for (int level : levels)
-      for (exec::PlaneSplit split : {exec::PlaneSplit::kBytePlanes, exec::PlaneSplit::kNone}) {
-        CodecRow r{t.name, split == exec::PlaneSplit::kBytePlanes ? "byte-planes+zstd" : "zstd", level};
+      for (const auto& [split, th] : {std::pair{exec::PlaneSplit::kBytePlanes, 1}, std::pair{exec::PlaneSplit::kBytePlanes, threads},
+                                      std::pair{exec::PlaneSplit::kNone, 1}}) {
+        if (split == exec::PlaneSplit::kBytePlanes && th == threads && threads == 1) continue;  // the row above
+        CodecRow r{t.name, split == exec::PlaneSplit::kBytePlanes ? "byte-planes+zstd" : "zstd", level, th};
         for (int rep = 0; rep < reps; ++rep) {
           double c_s = 0, d_s = 0, packed = 0, raw = 0, planes[4] = {};
           for (const auto& [p, n] : t.parts) {
             auto a = Clock::now();
-            const std::vector<uint8_t> enc = exec::compress_fp32(p, n, level, split);
+            const std::vector<uint8_t> enc = exec::compress_fp32(p, n, level, split, th);
             c_s += seconds_since(a);
             std::vector<float> back(static_cast<size_t>(n));
             a = Clock::now();
@@ -435,6 +443,41 @@ int codec(int argc, char** argv) {
         }
         rows.push_back(r);
       }
+  // Whole checkpoints of this state (master weights, fp32 m and v) to `dir`, plain and with the
+  // fp32 moments compressed (megatrain-exec --checkpoint-compress), alternating, best of reps:
+  // the time includes the fsyncs, so it is the time a run waits for a checkpoint.
+  struct SaveRow {
+    double seconds = 1e30, optimizer_bytes = 0, total_bytes = 0;
+  } saves[2];
+  {
+    exec::CheckpointInfo info;
+    info.next_step = steps;
+    info.model_name = model->name();
+    info.parameters = params;
+    info.plan_json = plan->to_json_text();
+    info.data = exec::data_position(*loader);
+    info.seed = 1;
+    const std::filesystem::path root =
+        std::filesystem::path(dir) / ("megatrain-bench-codec-" + std::to_string(::getpid()));
+    for (int rep = 0; rep < reps; ++rep)
+      for (int c = 0; c < 2; ++c) {
+        std::error_code ec;
+        std::filesystem::remove_all(root, ec);
+        exec::SaveOptions so;
+        so.compress_fp32_moments = c == 1;
+        so.threads = threads;
+        const auto a = Clock::now();
+        const megatrain::Status st = exec::save_checkpoint(root, state, info, so);
+        const double t = seconds_since(a);
+        if (!st.ok()) die("checkpoint into " + dir, st);
+        saves[c].seconds = std::min(saves[c].seconds, t);
+        const std::filesystem::path step = exec::checkpoint_step_dir(root, steps);
+        saves[c].optimizer_bytes = static_cast<double>(std::filesystem::file_size(step / "optimizer.safetensors"));
+        saves[c].total_bytes = saves[c].optimizer_bytes + static_cast<double>(std::filesystem::file_size(step / "model.safetensors"));
+      }
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
   const double other = load.share();
   bool all_exact = true;
   for (const CodecRow& r : rows) all_exact = all_exact && r.exact;
@@ -445,27 +488,30 @@ int codec(int argc, char** argv) {
                 static_cast<long long>(steps), static_cast<long long>(params), state.units().size(), last_loss);
     for (size_t i = 0; i < rows.size(); ++i) {
       const CodecRow& r = rows[i];
-      std::printf("%s{\"tensor\": \"%s\", \"codec\": \"%s\", \"level\": %d, \"ratio\": %.4f, \"compress_mb_s\": %.1f, "
-                  "\"decompress_mb_s\": %.1f, \"bit_exact\": %s",
-                  i ? ", " : "", r.tensor.c_str(), r.codec.c_str(), r.level, r.raw_bytes / r.packed_bytes,
+      std::printf("%s{\"tensor\": \"%s\", \"codec\": \"%s\", \"level\": %d, \"threads\": %d, \"ratio\": %.4f, "
+                  "\"compress_mb_s\": %.1f, \"decompress_mb_s\": %.1f, \"bit_exact\": %s",
+                  i ? ", " : "", r.tensor.c_str(), r.codec.c_str(), r.level, r.threads, r.raw_bytes / r.packed_bytes,
                   r.raw_bytes / r.compress_s * 1e-6, r.raw_bytes / r.decompress_s * 1e-6, r.exact ? "true" : "false");
       if (r.codec == "byte-planes+zstd")
         std::printf(", \"plane_ratios\": [%.3f, %.3f, %.3f, %.3f]", r.raw_bytes / 4 / r.plane_bytes[0],
                     r.raw_bytes / 4 / r.plane_bytes[1], r.raw_bytes / 4 / r.plane_bytes[2], r.raw_bytes / 4 / r.plane_bytes[3]);
       std::printf("}");
     }
-    std::printf("], \"other_load\": %.3f}\n", other);
+    std::printf("], \"checkpoint\": {\"dir\": \"%s\", \"plain_s\": %.4f, \"compressed_s\": %.4f, "
+                "\"plain_optimizer_bytes\": %.0f, \"compressed_optimizer_bytes\": %.0f}",
+                dir.c_str(), saves[0].seconds, saves[1].seconds, saves[0].optimizer_bytes, saves[1].optimizer_bytes);
+    std::printf(", \"other_load\": %.3f}\n", other);
     return all_exact ? 0 : 2;
   }
   std::printf("megatrain-bench codec: small-llama (%lld parameters, %zu units) trained %lld steps in %.1f s (loss %.3f -> "
-              "%.3f);\n  each unit's fp32 m, v and master weights compressed on its own, one thread, best of %d;\n"
+              "%.3f);\n  each unit's fp32 m, v and master weights compressed on its own, best of %d;\n"
               "  MB/s of raw fp32 bytes (1e6); plane ratios: byte 0 (low mantissa) .. byte 3 (sign, exponent)\n",
               static_cast<long long>(params), state.units().size(), static_cast<long long>(steps), train_s, first_loss,
               last_loss, reps);
-  std::printf("  %-7s %-17s %5s %8s %14s %16s   %s\n", "tensor", "codec", "level", "ratio", "compress MB/s",
+  std::printf("  %-7s %-17s %5s %7s %8s %14s %16s   %s\n", "tensor", "codec", "level", "threads", "ratio", "compress MB/s",
               "decompress MB/s", "plane ratios");
   for (const CodecRow& r : rows) {
-    std::printf("  %-7s %-17s %5d %7.3fx %14.0f %16.0f", r.tensor.c_str(), r.codec.c_str(), r.level,
+    std::printf("  %-7s %-17s %5d %7d %7.3fx %14.0f %16.0f", r.tensor.c_str(), r.codec.c_str(), r.level, r.threads,
                 r.raw_bytes / r.packed_bytes, r.raw_bytes / r.compress_s * 1e-6, r.raw_bytes / r.decompress_s * 1e-6);
     if (r.codec == "byte-planes+zstd")
       std::printf("   %.2f %.2f %.2f %.2f", r.raw_bytes / 4 / r.plane_bytes[0], r.raw_bytes / 4 / r.plane_bytes[1],
@@ -473,6 +519,11 @@ int codec(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("  round trips %s\n", all_exact ? "bit-exact" : "NOT BIT-EXACT (a correctness bug)");
+  std::printf("  whole checkpoint into %s (fsynced, best of %d): plain %.3f s, optimizer file %.1f MB;\n"
+              "    --checkpoint-compress (%d threads) %.3f s (%.2fx the plain time), optimizer file %.1f MB (%.3fx smaller)\n",
+              dir.c_str(), reps, saves[0].seconds, saves[0].optimizer_bytes * 1e-6, threads, saves[1].seconds,
+              saves[1].seconds / saves[0].seconds, saves[1].optimizer_bytes * 1e-6,
+              saves[0].optimizer_bytes / saves[1].optimizer_bytes);
   std::printf("  other processes used %.0f%% of the machine during the run%s\n", 100 * other,
               other > 0.05 ? ": the numbers are noisy, rerun when the machine is quiet" : "");
   return all_exact ? 0 : 2;
