@@ -1,3 +1,4 @@
 // The fused AdamW pass (adamw_kernel.h) compiled for avx512 (CMake sets this file's flags; moments.cpp calls it only when the CPU has avx512).
 #define MT_ADAMW_NS adamw_avx512
+#define MT_ADAMW_AVX512 1  // this copy also has the intrinsics path for q4 (adamw_q4_avx512.h)
 #include "adamw_kernel.h"

@@ -28,6 +28,10 @@
 
 #include "megatrain/executor/moments.h"
 
+#ifdef MT_ADAMW_AVX512
+#include <immintrin.h>
+#endif
+
 namespace megatrain::exec::MT_ADAMW_NS {
 namespace {
 
@@ -344,6 +348,10 @@ inline void fast_block(const StepConsts& k, float* __restrict w, const float* __
   }
 }
 
+#ifdef MT_ADAMW_AVX512
+#include "adamw_q4_avx512.h"
+#endif
+
 template <int MB, int VB>
 inline void run_fast(const StepConsts& k, float* w, const float* g, const MomentRef& m, const MomentRef& v,
                      int64_t begin, int64_t end, int64_t block, float* stream_f32, uint16_t* stream_bf16, float* fm,
@@ -353,6 +361,14 @@ inline void run_fast(const StepConsts& k, float* w, const float* g, const Moment
     // The default block with trip counts known to the compiler: measured 9% faster for q4 and q2,
     // but slower for q8 and q3, whose loops the compiler then unrolls worse.
     constexpr bool fixed = (MB == 4 || MB == 2) && (VB == 4 || VB == 2);
+#ifdef MT_ADAMW_AVX512
+    if constexpr (MB == 4 && VB == 4) {
+      if (n == kQ4Block && m.block_size == kQ4Block && v.block_size == kQ4Block) {
+        q4_block_avx512(k, w, g, m, v, b0, stream_f32, stream_bf16);
+        continue;
+      }
+    }
+#endif
     if (fixed && n == 128)
       fast_block<MB, VB, 128>(k, w, g, m, v, b0, n, stream_f32, stream_bf16, fm, fv + block, ci, ci + block);
     else
