@@ -28,7 +28,7 @@
 
 #include "megatrain/executor/moments.h"
 
-#ifdef MT_ADAMW_AVX512
+#if defined(MT_ADAMW_AVX512) || defined(MT_ADAMW_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -348,8 +348,13 @@ inline void fast_block(const StepConsts& k, float* __restrict w, const float* __
   }
 }
 
-#ifdef MT_ADAMW_AVX512
+// q4/q4 blocks of 128 with intrinsics, in the copies whose instruction set has them.
+#if defined(MT_ADAMW_AVX512)
 #include "adamw_q4_avx512.h"
+#define MT_Q4_BLOCK q4_block_avx512
+#elif defined(MT_ADAMW_AVX2)
+#include "adamw_q4_avx2.h"
+#define MT_Q4_BLOCK q4_block_avx2
 #endif
 
 template <int MB, int VB>
@@ -361,10 +366,10 @@ inline void run_fast(const StepConsts& k, float* w, const float* g, const Moment
     // The default block with trip counts known to the compiler: measured 9% faster for q4 and q2,
     // but slower for q8 and q3, whose loops the compiler then unrolls worse.
     constexpr bool fixed = (MB == 4 || MB == 2) && (VB == 4 || VB == 2);
-#ifdef MT_ADAMW_AVX512
+#ifdef MT_Q4_BLOCK
     if constexpr (MB == 4 && VB == 4) {
       if (n == kQ4Block && m.block_size == kQ4Block && v.block_size == kQ4Block) {
-        q4_block_avx512(k, w, g, m, v, b0, stream_f32, stream_bf16);
+        MT_Q4_BLOCK(k, w, g, m, v, b0, stream_f32, stream_bf16);
         continue;
       }
     }
