@@ -4,5 +4,5 @@
 // "'__Y' is used uninitialized" (GCC bug 105593, fixed in GCC 13); nothing here is uninitialised.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#define MT_ADAMW_AVX512 1  // this copy also has the intrinsics path for q4 (adamw_q4_avx512.h)
+#define MT_ADAMW_AVX512 1  // this copy also has the intrinsics path for q4 and q8 (adamw_q_avx512.h)
 #include "adamw_kernel.h"

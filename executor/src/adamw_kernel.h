@@ -348,13 +348,12 @@ inline void fast_block(const StepConsts& k, float* __restrict w, const float* __
   }
 }
 
-// q4/q4 blocks of 128 with intrinsics, in the copies whose instruction set has them.
+// Blocks of 128 with intrinsics, in the copies whose instruction set has them: q4/q4 and q8/q8
+// on AVX-512, q4/q4 on AVX2.
 #if defined(MT_ADAMW_AVX512)
-#include "adamw_q4_avx512.h"
-#define MT_Q4_BLOCK q4_block_avx512
+#include "adamw_q_avx512.h"
 #elif defined(MT_ADAMW_AVX2)
 #include "adamw_q4_avx2.h"
-#define MT_Q4_BLOCK q4_block_avx2
 #endif
 
 template <int MB, int VB>
@@ -366,10 +365,17 @@ inline void run_fast(const StepConsts& k, float* w, const float* g, const Moment
     // The default block with trip counts known to the compiler: measured 9% faster for q4 and q2,
     // but slower for q8 and q3, whose loops the compiler then unrolls worse.
     constexpr bool fixed = (MB == 4 || MB == 2) && (VB == 4 || VB == 2);
-#ifdef MT_Q4_BLOCK
+#if defined(MT_ADAMW_AVX512)
+    if constexpr (MB == VB && (MB == 4 || MB == 8)) {
+      if (n == kQBlock && m.block_size == kQBlock && v.block_size == kQBlock) {
+        q_block_avx512<MB>(k, w, g, m, v, b0, stream_f32, stream_bf16);
+        continue;
+      }
+    }
+#elif defined(MT_ADAMW_AVX2)
     if constexpr (MB == 4 && VB == 4) {
       if (n == kQ4Block && m.block_size == kQ4Block && v.block_size == kQ4Block) {
-        MT_Q4_BLOCK(k, w, g, m, v, b0, stream_f32, stream_bf16);
+        q4_block_avx2(k, w, g, m, v, b0, stream_f32, stream_bf16);
         continue;
       }
     }

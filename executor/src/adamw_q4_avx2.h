@@ -1,6 +1,6 @@
 // The AVX2 copy's block for q4 m and q4 v in blocks of 128 (included by adamw_kernel.h inside its
 // namespace, only in adamw_avx2.cpp, which defines MT_ADAMW_AVX2). The same scheme as
-// adamw_q4_avx512.h on 8 lanes: a block's 16 possible decoded values of each moment are computed
+// adamw_q_avx512.h (its q4 part) on 8 lanes: a block's 16 possible decoded values of each moment are computed
 // once, with the generic decoder's operations, into two registers of 8; an element's value is a
 // permute of its nibble's low 3 bits in both, blended by its 4th bit. The arithmetic is
 // fast_block's, operation for operation and lane for lane, so the bits are the generic path's.
