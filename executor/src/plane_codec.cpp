@@ -6,7 +6,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <zstd.h>
@@ -66,6 +65,30 @@ void merge_planes(const uint8_t* planes, int64_t n, float* out) {
     std::memcpy(out + i, &u, 4);
   }
 }
+
+// Per-thread scratch of compress_fp32: two buffers that grow as needed and are kept between calls
+// up to kKeepBytes each.
+class Scratch {
+ public:
+  uint8_t* planes(size_t bytes) { return grow(planes_, planes_size_, bytes); }
+  uint8_t* frames(size_t bytes) { return grow(frames_, frames_size_, bytes); }
+  void trim() {
+    if (planes_size_ > kKeepBytes) planes_.reset(), planes_size_ = 0;
+    if (frames_size_ > kKeepBytes) frames_.reset(), frames_size_ = 0;
+  }
+
+ private:
+  static constexpr size_t kKeepBytes = size_t{256} << 20;
+  static uint8_t* grow(std::unique_ptr<uint8_t[]>& buf, size_t& size, size_t bytes) {
+    if (bytes > size) {
+      buf.reset(new uint8_t[bytes]);  // not zeroed: every byte read is written first
+      size = bytes;
+    }
+    return buf.get();
+  }
+  std::unique_ptr<uint8_t[]> planes_, frames_;
+  size_t planes_size_ = 0, frames_size_ = 0;
+};
 
 struct Header {
   int planes = 0;
@@ -139,63 +162,63 @@ std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, Plan
   if (n < 0) n = 0;
   const int planes = split == PlaneSplit::kBytePlanes ? 4 : 1;
   const size_t plane_bytes = static_cast<size_t>(n) * (planes == 4 ? 1 : 4);
-  std::unique_ptr<uint8_t[]> split_buf;
+  // The split planes and the frames go to this thread's scratch, kept from call to call: fresh
+  // memory for every tensor cost more in page faults and zeroing than zstd took to compress
+  // (measured on the dev VM). Scratch over kKeepBytes is released after the call.
+  thread_local Scratch scratch;
+  struct Release {
+    ~Release() { scratch.trim(); }
+  } release;
   const uint8_t* src = reinterpret_cast<const uint8_t*>(data);
   if (planes == 4 && n > 0) {
-    split_buf.reset(new uint8_t[static_cast<size_t>(n) * 4]);
-    split_planes(data, n, split_buf.get());
-    src = split_buf.get();
+    uint8_t* split_buf = scratch.planes(static_cast<size_t>(n) * 4);
+    split_planes(data, n, split_buf);
+    src = split_buf;
   }
-  // Each plane is one zstd frame of its own, so planes compress on separate threads, each into its
-  // own bound-sized region of the output; the frames are the same whichever thread makes them.
-  // Then the frames are moved together. One allocation: fresh buffers per plane cost more in page
-  // faults and zeroing than zstd's level 1 takes to compress.
+  // Each plane is one zstd frame. A plane of kSplitBytes or more is compressed by zstd's own
+  // worker threads, cut into jobs of kJobBytes that compress in parallel: most of the time goes to
+  // the sign/exponent plane (the others are noise, which zstd passes through quickly), so threads
+  // must split a plane, not share out the planes. zstd makes the same frame for every number of
+  // workers from 1 up, so such planes always use workers, even for threads = 1, and the bytes do
+  // not depend on the thread count. Smaller planes are compressed on this thread, where workers
+  // would only add their start-up.
+  constexpr size_t kJobBytes = size_t{1} << 20, kSplitBytes = 2 * kJobBytes;
+  const int workers = plane_bytes >= kSplitBytes ? std::max(1, threads) : 0;
   const size_t bound = ZSTD_compressBound(plane_bytes);
   const size_t head = header_bytes(planes);
-  std::vector<uint8_t> out(head + bound * static_cast<size_t>(planes));
-  size_t frame_bytes[4] = {};
-  auto compress_plane = [&](int k) {
-    std::unique_ptr<ZSTD_CCtx, CctxFree> c(ZSTD_createCCtx());
-    ZSTD_CCtx_setParameter(c.get(), ZSTD_c_compressionLevel, level);
+  const size_t room = head + bound * static_cast<size_t>(planes);
+  uint8_t* frames = scratch.frames(room);
+  // The context too is this thread's, kept between calls: with workers it holds their threads and
+  // job buffers, which would otherwise be made afresh for every tensor.
+  thread_local std::unique_ptr<ZSTD_CCtx, CctxFree> c(ZSTD_createCCtx());
+  auto configure = [&](int lvl) {
+    ZSTD_CCtx_reset(c.get(), ZSTD_reset_session_and_parameters);
+    ZSTD_CCtx_setParameter(c.get(), ZSTD_c_compressionLevel, lvl);
     ZSTD_CCtx_setParameter(c.get(), ZSTD_c_checksumFlag, 1);
     ZSTD_CCtx_setParameter(c.get(), ZSTD_c_contentSizeFlag, 1);
-    uint8_t* dst = out.data() + head + static_cast<size_t>(k) * bound;
-    const uint8_t* p = src ? src + static_cast<size_t>(k) * plane_bytes : nullptr;
-    size_t r = ZSTD_compress2(c.get(), dst, bound, p, plane_bytes);
-    if (ZSTD_isError(r)) {
-      // Cannot happen with a bound-sized buffer; a level the library rejects falls back to its default.
-      ZSTD_CCtx_reset(c.get(), ZSTD_reset_session_and_parameters);
-      ZSTD_CCtx_setParameter(c.get(), ZSTD_c_checksumFlag, 1);
-      r = ZSTD_compress2(c.get(), dst, bound, p, plane_bytes);
-    }
-    frame_bytes[k] = r;
+    // A library built without threads refuses workers and compresses on the caller's thread.
+    if (workers > 0 && !ZSTD_isError(ZSTD_CCtx_setParameter(c.get(), ZSTD_c_nbWorkers, workers)))
+      ZSTD_CCtx_setParameter(c.get(), ZSTD_c_jobSize, static_cast<int>(kJobBytes));
   };
-  const int workers = std::max(1, std::min(threads, planes));
-  if (workers == 1) {
-    for (int k = 0; k < planes; ++k) compress_plane(k);
-  } else {
-    std::vector<std::thread> pool;
-    for (int t = 1; t < workers; ++t)
-      pool.emplace_back([&, t] {
-        for (int k = t; k < planes; k += workers) compress_plane(k);
-      });
-    for (int k = 0; k < planes; k += workers) compress_plane(k);
-    for (auto& th : pool) th.join();
-  }
-  std::memcpy(out.data(), kMagic, 4);
-  out[4] = kVersion;
-  out[5] = static_cast<uint8_t>(planes);
-  out[6] = out[7] = 0;
-  put_u64(out.data() + 8, static_cast<uint64_t>(n));
+  configure(level);
   size_t pos = head;
   for (int k = 0; k < planes; ++k) {
-    put_u64(out.data() + kFixedHeader + 8 * static_cast<size_t>(k), frame_bytes[k]);
-    const size_t from = head + static_cast<size_t>(k) * bound;
-    if (from != pos) std::memmove(out.data() + pos, out.data() + from, frame_bytes[k]);
-    pos += frame_bytes[k];
+    const uint8_t* p = src ? src + static_cast<size_t>(k) * plane_bytes : nullptr;
+    size_t r = ZSTD_compress2(c.get(), frames + pos, room - pos, p, plane_bytes);
+    if (ZSTD_isError(r)) {
+      // Cannot happen with a bound-sized buffer; a level the library rejects falls back to its default.
+      configure(ZSTD_CLEVEL_DEFAULT);
+      r = ZSTD_compress2(c.get(), frames + pos, room - pos, p, plane_bytes);
+    }
+    put_u64(frames + kFixedHeader + 8 * static_cast<size_t>(k), r);
+    pos += r;
   }
-  out.resize(pos);
-  return out;
+  std::memcpy(frames, kMagic, 4);
+  frames[4] = kVersion;
+  frames[5] = static_cast<uint8_t>(planes);
+  frames[6] = frames[7] = 0;
+  put_u64(frames + 8, static_cast<uint64_t>(n));
+  return std::vector<uint8_t>(frames, frames + pos);
 }
 
 Result<int64_t> plane_codec_count(const uint8_t* bytes, size_t size) {

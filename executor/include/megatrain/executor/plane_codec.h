@@ -30,9 +30,11 @@ enum class PlaneSplit {
 };
 
 // Compresses n floats at zstd `level` (1..19; the library's default is 3). Never fails: a plane
-// that does not compress is stored at its zstd size (a few bytes over the raw size). With
-// threads > 1 the planes are compressed concurrently (up to one thread per plane); the output is
-// the same bytes for every thread count.
+// that does not compress is stored at its zstd size (a few bytes over the raw size). `threads`
+// is the number of zstd workers that compress a plane of 2 MiB or more (n >= 2^21 floats) in
+// parallel jobs of 1 MiB; smaller planes compress on the caller's thread. The output is the same
+// bytes for every thread count with a given libzstd; a libzstd built without threads compresses
+// on the caller's thread and may differ.
 std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level = 3,
                                    PlaneSplit split = PlaneSplit::kBytePlanes, int threads = 1);
 // The largest encoding compress_fp32 can make of n floats.
