@@ -452,6 +452,7 @@ Status write_optimizer(const HostState& state, const fs::path& path, int64_t nex
   if (options.compress_fp32_moments && (f.m == StateFormat::kFp32 || f.v == StateFormat::kFp32))
     metadata[kCompressedKey] = kCompressedValue;
   Status s = write_safetensors(path, tensors, metadata);
+  if (options.compress_fp32_moments) release_plane_codec_scratch();  // nothing stays held while training
   Status done = pager->finish();
   return s.ok() ? done : s;
 }

@@ -72,13 +72,21 @@ class Scratch {
  public:
   uint8_t* planes(size_t bytes) { return grow(planes_, planes_size_, bytes); }
   uint8_t* frames(size_t bytes) { return grow(frames_, frames_size_, bytes); }
+  std::unique_ptr<ZSTD_CCtx, CctxFree>& context() {
+    if (!ctx_) ctx_.reset(ZSTD_createCCtx());
+    return ctx_;
+  }
   void trim() {
     if (planes_size_ > kKeepBytes) planes_.reset(), planes_size_ = 0;
     if (frames_size_ > kKeepBytes) frames_.reset(), frames_size_ = 0;
   }
+  void release() {
+    planes_.reset(), frames_.reset(), ctx_.reset();
+    planes_size_ = frames_size_ = 0;
+  }
 
  private:
-  static constexpr size_t kKeepBytes = size_t{256} << 20;
+  static constexpr size_t kKeepBytes = size_t{64} << 20;
   static uint8_t* grow(std::unique_ptr<uint8_t[]>& buf, size_t& size, size_t bytes) {
     if (bytes > size) {
       buf.reset(new uint8_t[bytes]);  // not zeroed: every byte read is written first
@@ -88,7 +96,13 @@ class Scratch {
   }
   std::unique_ptr<uint8_t[]> planes_, frames_;
   size_t planes_size_ = 0, frames_size_ = 0;
+  std::unique_ptr<ZSTD_CCtx, CctxFree> ctx_;
 };
+
+Scratch& this_thread_scratch() {
+  thread_local Scratch s;
+  return s;
+}
 
 struct Header {
   int planes = 0;
@@ -164,11 +178,13 @@ std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, Plan
   const size_t plane_bytes = static_cast<size_t>(n) * (planes == 4 ? 1 : 4);
   // The split planes and the frames go to this thread's scratch, kept from call to call: fresh
   // memory for every tensor cost more in page faults and zeroing than zstd took to compress
-  // (measured on the dev VM). Scratch over kKeepBytes is released after the call.
-  thread_local Scratch scratch;
+  // (measured on the dev VM). Scratch over kKeepBytes is released after the call, the rest by
+  // release_plane_codec_scratch().
+  Scratch& scratch = this_thread_scratch();
   struct Release {
-    ~Release() { scratch.trim(); }
-  } release;
+    Scratch& s;
+    ~Release() { s.trim(); }
+  } release{scratch};
   const uint8_t* src = reinterpret_cast<const uint8_t*>(data);
   if (planes == 4 && n > 0) {
     uint8_t* split_buf = scratch.planes(static_cast<size_t>(n) * 4);
@@ -190,7 +206,7 @@ std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, Plan
   uint8_t* frames = scratch.frames(room);
   // The context too is this thread's, kept between calls: with workers it holds their threads and
   // job buffers, which would otherwise be made afresh for every tensor.
-  thread_local std::unique_ptr<ZSTD_CCtx, CctxFree> c(ZSTD_createCCtx());
+  std::unique_ptr<ZSTD_CCtx, CctxFree>& c = scratch.context();
   auto configure = [&](int lvl) {
     ZSTD_CCtx_reset(c.get(), ZSTD_reset_session_and_parameters);
     ZSTD_CCtx_setParameter(c.get(), ZSTD_c_compressionLevel, lvl);
@@ -220,6 +236,8 @@ std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, Plan
   put_u64(frames + 8, static_cast<uint64_t>(n));
   return std::vector<uint8_t>(frames, frames + pos);
 }
+
+void release_plane_codec_scratch() { this_thread_scratch().release(); }
 
 Result<int64_t> plane_codec_count(const uint8_t* bytes, size_t size) {
   MT_ASSIGN_OR_RETURN(const Header h, parse_header(bytes, size));

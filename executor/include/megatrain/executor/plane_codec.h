@@ -37,6 +37,10 @@ enum class PlaneSplit {
 // on the caller's thread and may differ.
 std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level = 3,
                                    PlaneSplit split = PlaneSplit::kBytePlanes, int threads = 1);
+// compress_fp32 keeps per-thread scratch between calls (up to 64 MiB per buffer, and its zstd
+// context with any worker threads); this frees the calling thread's. Call it after a batch of
+// compressions (a checkpoint) so that memory does not stay held while training.
+void release_plane_codec_scratch();
 // The largest encoding compress_fp32 can make of n floats.
 size_t compress_fp32_bound(int64_t n, PlaneSplit split = PlaneSplit::kBytePlanes);
 
