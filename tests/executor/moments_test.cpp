@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -142,6 +143,49 @@ TEST(Moments, EveryInstructionSetGivesTheSameBits) {
       SCOPED_TRACE(isa_name(i));
       expect_identical(three_steps(f, n, i, 1), ref, n);
     }
+  }
+}
+
+// A diverged step (NaN and infinite gradients) still gives the same bits on every instruction set:
+// the encoders' handling of NaN, of infinities and of the int32 conversion that overflows is
+// written to match lane for lane.
+TEST(Moments, NonFiniteGradientsGiveTheSameBitsOnEveryInstructionSet) {
+  const int64_t n = 5 * 128 + 77;
+  std::vector<float> g0 = random_values(n, false, 21);
+  const float inf = std::numeric_limits<float>::infinity();
+  g0[3] = std::numeric_limits<float>::quiet_NaN();
+  g0[130] = inf;
+  g0[131] = -inf;
+  g0[300] = -std::numeric_limits<float>::quiet_NaN();
+  g0[400] = 1e30f;  // v overflows to inf
+  for (StateFormat f : kAll) {
+    SCOPED_TRACE(state_format_name(f));
+    std::vector<std::vector<uint8_t>> runs;
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (!resolve_isa(isa).ok()) continue;
+      std::vector<float> w = random_values(n, false, 22);
+      std::vector<uint16_t> bf(static_cast<size_t>(n));
+      MomentStore m = MomentStore::create(f, false, {n}, 128), v = MomentStore::create(f, true, {n}, 128);
+      m.encode(0, random_values(n, false, 23).data());
+      v.encode(0, random_values(n, true, 24).data());
+      for (int t = 1; t <= 2; ++t)
+        adamw_update_moments(w.data(), g0.data(), m.tensor(0), v.tensor(0), n, AdamWStep{1e-3, 0.9, 0.95, 1e-8, 0.1, t, 1.0f},
+                             nullptr, bf.data(), 1, isa);
+      std::vector<uint8_t> bytes;
+      auto add = [&bytes](const void* p, size_t size) {
+        bytes.insert(bytes.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + size);
+      };
+      add(w.data(), w.size() * 4);
+      add(bf.data(), bf.size() * 2);
+      for (const MomentStore* x : {&m, &v}) {
+        add(x->f32().data(), static_cast<size_t>(x->f32().size()) * 4);
+        add(x->bf16().data(), static_cast<size_t>(x->bf16().size()) * 2);
+        add(x->codes().data(), static_cast<size_t>(x->codes().size()));
+        add(x->scales().data(), static_cast<size_t>(x->scales().size()) * 4);
+      }
+      runs.push_back(std::move(bytes));
+    }
+    for (size_t i = 1; i < runs.size(); ++i) EXPECT_TRUE(runs[i] == runs[0]) << "instruction set " << i << " differs";
   }
 }
 
