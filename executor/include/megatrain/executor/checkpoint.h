@@ -74,7 +74,7 @@ std::filesystem::path checkpoint_step_dir(const std::filesystem::path& checkpoin
 struct SaveOptions {
   bool compress_fp32_moments = false;
   int zstd_level = 1;  // 1..19; level 3 measured no smaller on real moments (docs/optimizer-states.md)
-  int threads = 1;     // threads compressing one tensor's planes
+  int threads = 1;     // zstd workers per plane of a large tensor (plane_codec.h)
 };
 Status save_checkpoint(const std::filesystem::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info,
                        const SaveOptions& options = {});
