@@ -447,7 +447,7 @@ int codec(int argc, char** argv) {
   // fp32 moments compressed (megatrain-exec --checkpoint-compress), alternating, best of reps:
   // the time includes the fsyncs, so it is the time a run waits for a checkpoint.
   struct SaveRow {
-    double seconds = 1e30, optimizer_bytes = 0, total_bytes = 0;
+    double seconds = 1e30, optimizer_bytes = 0;
   } saves[2];
   {
     exec::CheckpointInfo info;
@@ -473,7 +473,6 @@ int codec(int argc, char** argv) {
         saves[c].seconds = std::min(saves[c].seconds, t);
         const std::filesystem::path step = exec::checkpoint_step_dir(root, steps);
         saves[c].optimizer_bytes = static_cast<double>(std::filesystem::file_size(step / "optimizer.safetensors"));
-        saves[c].total_bytes = saves[c].optimizer_bytes + static_cast<double>(std::filesystem::file_size(step / "model.safetensors"));
       }
     std::error_code ec;
     std::filesystem::remove_all(root, ec);

@@ -374,7 +374,7 @@ inline void run_fast(const StepConsts& k, float* w, const float* g, const Moment
     }
 #elif defined(MT_ADAMW_AVX2)
     if constexpr (MB == 4 && VB == 4) {
-      if (n == kQ4Block && m.block_size == kQ4Block && v.block_size == kQ4Block) {
+      if (n == kQBlock && m.block_size == kQBlock && v.block_size == kQBlock) {
         q4_block_avx2(k, w, g, m, v, b0, stream_f32, stream_bf16);
         continue;
       }

@@ -8,7 +8,7 @@
 #error "adamw_q4_avx2.h is for the AVX2 copy only"
 #endif
 
-constexpr int64_t kQ4Block = 128;
+constexpr int64_t kQBlock = 128;
 
 // Lane i shifts by 4 (i & 1): the low nibble for even elements, the high one for odd ones.
 inline __m256i nibble_shifts8() { return _mm256_set_epi32(4, 0, 4, 0, 4, 0, 4, 0); }
@@ -60,9 +60,9 @@ inline uint32_t reduce_max_epu32(__m256i x) {
 // One whole block of 128 elements starting at b0; m and v both q4 with block_size 128.
 inline void q4_block_avx2(const StepConsts& k, float* __restrict w, const float* __restrict g, const MomentRef& m,
                           const MomentRef& v, int64_t b0, float* __restrict stream_f32, uint16_t* __restrict stream_bf16) {
-  const int64_t block = b0 / kQ4Block;
-  uint8_t* mc = m.codes + block * (kQ4Block / 2);
-  uint8_t* vc = v.codes + block * (kQ4Block / 2);
+  const int64_t block = b0 / kQBlock;
+  uint8_t* mc = m.codes + block * (kQBlock / 2);
+  uint8_t* vc = v.codes + block * (kQBlock / 2);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   __m256 m_table[2], v_table[2];
   for (int h = 0; h < 2; ++h) {
@@ -79,11 +79,11 @@ inline void q4_block_avx2(const StepConsts& k, float* __restrict w, const float*
   const __m256 gs = _mm256_set1_ps(k.grad_scale), decay = _mm256_set1_ps(k.decay), b1 = _mm256_set1_ps(k.b1),
                b2 = _mm256_set1_ps(k.b2), omb1 = _mm256_set1_ps(k.omb1), omb2 = _mm256_set1_ps(k.omb2),
                step = _mm256_set1_ps(k.step_size), bc2 = _mm256_set1_ps(k.bc2_sqrt), eps = _mm256_set1_ps(k.eps);
-  __m256 new_m[kQ4Block / 8], root_v[kQ4Block / 8];
+  __m256 new_m[kQBlock / 8], root_v[kQBlock / 8];
   __m256i m_max = _mm256_setzero_si256(), s_max = _mm256_setzero_si256();
   w += b0;
   g += b0;
-  for (int j = 0; j < kQ4Block / 8; ++j) {
+  for (int j = 0; j < kQBlock / 8; ++j) {
     const __m256 m0 = q4_decode8(mc + 4 * j, m_table[0], m_table[1]);
     const __m256 v0 = q4_decode8(vc + 4 * j, v_table[0], v_table[1]);
     const __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + 8 * j), gs);
@@ -109,7 +109,7 @@ inline void q4_block_avx2(const StepConsts& k, float* __restrict w, const float*
   const __m256 v_inv = _mm256_set1_ps(v_sc > 0.0f ? 1.0f / v_sc : 0.0f);
   const __m256 seven = _mm256_set1_ps(7.0f), sixteen = _mm256_set1_ps(16.0f);
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0x80000000u)));
-  for (int j = 0; j < kQ4Block / 8; ++j) {
+  for (int j = 0; j < kQBlock / 8; ++j) {
     const __m256 mi = new_m[j];
     const __m256 lin = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(mi), abs_mask)), m_inv);
     const __m256 q = _mm256_round_ps(_mm256_mul_ps(_mm256_sqrt_ps(lin), seven), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -200,9 +200,8 @@ std::vector<uint8_t> compress_fp32(const float* data, int64_t n, int level, Plan
   // would only add their start-up.
   constexpr size_t kJobBytes = size_t{1} << 20, kSplitBytes = 2 * kJobBytes;
   const int workers = plane_bytes >= kSplitBytes ? std::max(1, threads) : 0;
-  const size_t bound = ZSTD_compressBound(plane_bytes);
   const size_t head = header_bytes(planes);
-  const size_t room = head + bound * static_cast<size_t>(planes);
+  const size_t room = compress_fp32_bound(n, split);
   uint8_t* frames = scratch.frames(room);
   // The context too is this thread's, kept between calls: with workers it holds their threads and
   // job buffers, which would otherwise be made afresh for every tensor.
