@@ -19,6 +19,7 @@
 #include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
+#include "megatrain/executor/moments.h"
 #include "megatrain/executor/trainer.h"
 #include "megatrain/executor/weights_io.h"
 
@@ -98,6 +99,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // A forced instruction set this CPU cannot run (MEGATRAIN_ISA, docs/testing.md): refuse up front.
+  if (auto isa = exec::isa_from_environment(); !isa.ok()) return fail(isa.status());
   // Asked for a GPU that is not there: say so before loading anything.
   if (backend == "cuda") {
     if (const std::string why = exec::cuda_unavailable_reason(); !why.empty())

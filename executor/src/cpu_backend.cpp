@@ -156,23 +156,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-namespace {
-Result<std::vector<float>> inv_freq_for(const ModelSpec& model) {
-  const ModelConfig& mc = model.config();
-  cpu::RopeConfig rc;
-  rc.head_dim = mc.head_dim;
-  rc.theta = mc.rope_theta;
-  MT_ASSIGN_OR_RETURN(rc.scaling, cpu::parse_rope_scaling_type(mc.rope_scaling_type));
-  rc.factor = mc.rope_scaling_factor;
-  rc.low_freq_factor = mc.rope_low_freq_factor;
-  rc.high_freq_factor = mc.rope_high_freq_factor;
-  rc.original_max_position_embeddings = mc.rope_original_max_position;
-  return cpu::rope_inv_freq<float>(rc);
-}
-}  // namespace
-
 Result<std::unique_ptr<Backend>> make_cpu_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options) {
-  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, inv_freq_for(model));
+  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, rope_inv_freq_for<float>(model));
   return std::unique_ptr<Backend>(new CpuBackend(dims, options.threads, std::move(inv_freq)));
 }
 
@@ -208,7 +193,7 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& name, const Mod
     return invalid_argument("backend '" + name + "' is unknown; accepted: auto, cpu, cuda");
   }
   if (!use_cuda) return make_cpu_backend(model, dims, options);
-  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, inv_freq_for(model));
+  MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, rope_inv_freq_for<float>(model));
   return make_cuda_backend(model, dims, options, std::move(inv_freq));
 }
 

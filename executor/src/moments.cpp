@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -32,20 +33,51 @@ const char* isa_name(Isa isa) {
   return "?";
 }
 
+#ifndef MEGATRAIN_ISA_CAP
+#define MEGATRAIN_ISA_CAP 2
+#endif
+
 Isa best_isa() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
-  return Isa::kScalar;
+  Isa cpu = Isa::kScalar;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) cpu = Isa::kAvx512;
+  else if (__builtin_cpu_supports("avx2")) cpu = Isa::kAvx2;
+  constexpr Isa cap = MEGATRAIN_ISA_CAP >= 2 ? Isa::kAvx512 : MEGATRAIN_ISA_CAP == 1 ? Isa::kAvx2 : Isa::kScalar;
+  return static_cast<int>(cpu) < static_cast<int>(cap) ? cpu : cap;
+}
+
+namespace {
+std::string accepted_isas(Isa best) {
+  return std::string("scalar") + (best >= Isa::kAvx2 ? ", avx2" : "") + (best >= Isa::kAvx512 ? ", avx512" : "");
+}
+Result<Isa> supported(Isa isa) {
+  const Isa best = best_isa();
+  if (static_cast<int>(isa) > static_cast<int>(best))
+    return unsupported(std::string("this CPU (or this build's MEGATRAIN_CPU_ISA) has no ") + isa_name(isa) +
+                       "; accepted: " + accepted_isas(best));
+  return isa;
+}
+}  // namespace
+
+Result<Isa> isa_from_environment() {
+  const char* e = std::getenv("MEGATRAIN_ISA");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "auto") return Isa::kAuto;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (v == isa_name(isa)) {
+      auto r = supported(isa);
+      if (!r.ok()) return invalid_argument("MEGATRAIN_ISA=" + v + ": " + r.status().message());
+      return isa;
+    }
+  return invalid_argument("MEGATRAIN_ISA=" + v + ": unknown instruction set; accepted: auto, " + accepted_isas(best_isa()));
 }
 
 Result<Isa> resolve_isa(Isa isa) {
-  const Isa best = best_isa();
-  if (isa == Isa::kAuto) return best;
-  if (static_cast<int>(isa) > static_cast<int>(best))
-    return unsupported(std::string("this CPU has no ") + isa_name(isa) + "; accepted: scalar" +
-                       (best >= Isa::kAvx2 ? ", avx2" : "") + (best >= Isa::kAvx512 ? ", avx512" : ""));
-  return isa;
+  if (isa == Isa::kAuto) {
+    auto forced = isa_from_environment();
+    return forced.ok() && *forced != Isa::kAuto ? *forced : best_isa();
+  }
+  return supported(isa);
 }
 
 int state_format_bits(StateFormat f) {

@@ -13,6 +13,11 @@
 #include "megatrain/core/status.h"
 
 namespace megatrain::cpu {
+
+#ifndef MEGATRAIN_CPU_ISA_NAME
+#define MEGATRAIN_CPU_ISA_NAME "unknown"
+#endif
+const char* kernels_isa() { return MEGATRAIN_CPU_ISA_NAME; }
 namespace {
 
 // Eigen allocates its GEMM packing buffers on every product and frees them after. glibc hands

@@ -25,57 +25,78 @@ struct Dims {
 };
 Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
 
+// Everything below is a template over the element type T: float is what every backend trains
+// with; double is the same math for semantic checks against a float64 reference (PyTorch), where
+// rounding cannot hide a slip (tests/executor/torch_reference_test.cpp). The float names are the
+// ones the pipeline uses.
+
 // Pointers to one unit's tensors inside a contiguous block laid out as UnitState::tensors.
-struct UnitView {
-  const float* p[19] = {};  // indexed by TensorRole
-  const float* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
+template <typename T>
+struct UnitViewT {
+  const T* p[19] = {};  // indexed by TensorRole
+  const T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
 };
-struct UnitGrad {
-  float* p[19] = {};
-  float* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
+template <typename T>
+struct UnitGradT {
+  T* p[19] = {};
+  T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
 };
-UnitView view_unit(const UnitState& layout, const float* block);
-UnitGrad grad_unit(const UnitState& layout, float* block);
+using UnitView = UnitViewT<float>;
+using UnitGrad = UnitGradT<float>;
+template <typename T>
+UnitViewT<T> view_unit(const UnitState& layout, const T* block);
+template <typename T>
+UnitGradT<T> grad_unit(const UnitState& layout, T* block);
 
 // What backward needs from one layer's forward for one micro-batch.
-struct LayerActs {
-  float *x, *rstd1, *xn1, *q, *k, *v, *probs, *attn, *h, *rstd2, *xn2, *gate, *up, *act;
+template <typename T>
+struct LayerActsT {
+  T *x, *rstd1, *xn1, *q, *k, *v, *probs, *attn, *h, *rstd2, *xn2, *gate, *up, *act;
   // The log-sum-exp of each attention row [B, n_heads, T], kept instead of probs by a backend whose
   // attention recomputes the probabilities (CUDA); null on the CPU backend.
-  float* lse = nullptr;
+  T* lse = nullptr;
 };
+using LayerActs = LayerActsT<float>;
+// Elements (of T) of one layer's activations for one micro-batch.
 int64_t layer_act_floats(const Dims& d);
-LayerActs bind_layer_acts(const Dims& d, float* base);
+template <typename T>
+LayerActsT<T> bind_layer_acts(const Dims& d, T* base);
 // Temporaries of one layer's backward (reused across layers).
 int64_t layer_workspace_floats(const Dims& d);
 // Temporaries of the head (logits and friends) for one micro-batch.
 int64_t head_workspace_floats(const Dims& d);
 
-class LayerMath {
- public:
-  LayerMath(cpu::CpuContext& ctx, const Dims& d, std::vector<float> inv_freq);
-  // x_out = layer(x_in); fills acts (acts.x receives a copy of x_in unless it already points at it).
-  Status forward(const UnitView& w, const float* x_in, float* x_out, const LayerActs& acts);
-  // dx = d layer / d x_in . dout; unit gradients accumulate into g. dx may alias dout.
-  Status backward(const UnitView& w, const LayerActs& acts, const float* dout, float* dx, const UnitGrad& g,
-                  float* workspace);
+// RoPE's inverse frequencies for the model's rope_theta and rope_scaling, in T.
+template <typename T>
+Result<std::vector<T>> rope_inv_freq_for(const ModelSpec& model);
 
-  Status embed(const float* table, const int32_t* tokens, float* x_out);
-  Status embed_backward(const int32_t* tokens, const float* dx, float* dtable);
+// Instantiated for float and double (model.cpp).
+template <typename T>
+class LayerMathT {
+ public:
+  LayerMathT(cpu::CpuContext& ctx, const Dims& d, std::vector<T> inv_freq);
+  // x_out = layer(x_in); fills acts (acts.x receives a copy of x_in unless it already points at it).
+  Status forward(const UnitViewT<T>& w, const T* x_in, T* x_out, const LayerActsT<T>& acts);
+  // dx = d layer / d x_in . dout; unit gradients accumulate into g. dx may alias dout.
+  Status backward(const UnitViewT<T>& w, const LayerActsT<T>& acts, const T* dout, T* dx, const UnitGradT<T>& g,
+                  T* workspace);
+
+  Status embed(const T* table, const int32_t* tokens, T* x_out);
+  Status embed_backward(const int32_t* tokens, const T* dx, T* dtable);
   // Final norm, LM head and cross-entropy, forward and backward at once: adds the summed loss and
   // token count, writes dx (gradient at the last layer's output, scaled by grad_scale = 1 /
   // tokens of the step), and accumulates the norm and head gradients.
-  Status head(const float* final_norm, const float* lm_head, const float* x, const int32_t* targets,
-              float grad_scale, float* dx, float* d_final_norm, float* d_lm_head, double* loss_sum,
-              int64_t* count, float* workspace);
+  Status head(const T* final_norm, const T* lm_head, const T* x, const int32_t* targets, T grad_scale, T* dx,
+              T* d_final_norm, T* d_lm_head, double* loss_sum, int64_t* count, T* workspace);
 
   const Dims& dims() const { return d_; }
 
  private:
   cpu::CpuContext& ctx_;
   Dims d_;
-  std::vector<float> inv_freq_;
+  std::vector<T> inv_freq_;
   std::vector<int32_t> positions_;
 };
+using LayerMath = LayerMathT<float>;
 
 }  // namespace megatrain::exec

@@ -40,9 +40,16 @@ namespace megatrain::exec {
 
 enum class Isa { kAuto, kScalar, kAvx2, kAvx512 };
 const char* isa_name(Isa isa);
-// The best instruction set this CPU runs (kAvx512 needs AVX-512F and BW, kAvx2 needs AVX2).
+// The best instruction set this CPU runs (kAvx512 needs AVX-512F and BW, kAvx2 needs AVX2), at
+// most the one the CPU kernels were built for (CMake's MEGATRAIN_CPU_ISA: avx2 caps it at kAvx2,
+// baseline at kScalar), so that a build for an AVX2 machine behaves as on one.
 Isa best_isa();
-// kAuto resolves to best_isa(); an instruction set the CPU lacks is refused.
+// The instruction set forced by the environment variable MEGATRAIN_ISA: unset, empty or "auto"
+// give kAuto; "scalar", "avx2" or "avx512" that path, refused when this CPU or build cannot run it;
+// anything else is refused naming the accepted values. Programs check it before they start work.
+Result<Isa> isa_from_environment();
+// kAuto resolves to MEGATRAIN_ISA when it names a path this CPU runs, else to best_isa(); an
+// explicit instruction set the CPU lacks is refused.
 Result<Isa> resolve_isa(Isa isa);
 
 // Bits per code of a quantised format (q8 8, q4 4, q3 3, q2 2); 0 for fp32 and bf16.

@@ -17,6 +17,10 @@
 
 namespace megatrain::cpu {
 
+// The instruction set these kernels were compiled for (CMake's MEGATRAIN_CPU_ISA: "native",
+// "avx512", "avx2" or "baseline"), for logs and test reports.
+const char* kernels_isa();
+
 class CpuContext {
  public:
   // threads >= 1 (values below 1 are treated as 1).
