@@ -5,6 +5,8 @@
 // plain torch-order formula.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -144,6 +146,34 @@ TEST(Moments, EveryInstructionSetGivesTheSameBits) {
       expect_identical(three_steps(f, n, i, 1), ref, n);
     }
   }
+}
+
+// MEGATRAIN_ISA forces the path that kAuto takes (scripts/test.sh runs the numeric tests under each);
+// a path this CPU lacks, or a word that names none, is refused naming the accepted values.
+TEST(Moments, TheEnvironmentForcesTheInstructionSet) {
+  const char* before = std::getenv("MEGATRAIN_ISA");
+  const std::string saved = before ? before : "";
+  ::unsetenv("MEGATRAIN_ISA");
+  ASSERT_TRUE(isa_from_environment().ok());
+  EXPECT_EQ(*isa_from_environment(), Isa::kAuto);
+  EXPECT_EQ(*resolve_isa(Isa::kAuto), best_isa());
+  ::setenv("MEGATRAIN_ISA", "scalar", 1);
+  EXPECT_EQ(*isa_from_environment(), Isa::kScalar);
+  EXPECT_EQ(*resolve_isa(Isa::kAuto), Isa::kScalar);
+  EXPECT_EQ(*resolve_isa(Isa::kScalar), Isa::kScalar);  // an explicit choice is not overridden
+  ::setenv("MEGATRAIN_ISA", "sse9", 1);
+  auto bad = isa_from_environment();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("MEGATRAIN_ISA=sse9"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("accepted: auto, scalar"), std::string::npos) << bad.status().message();
+  if (best_isa() != Isa::kAvx512) {
+    ::setenv("MEGATRAIN_ISA", "avx512", 1);
+    auto missing = isa_from_environment();
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.status().message().find("has no avx512"), std::string::npos) << missing.status().message();
+  }
+  if (saved.empty()) ::unsetenv("MEGATRAIN_ISA");
+  else ::setenv("MEGATRAIN_ISA", saved.c_str(), 1);
 }
 
 // A diverged step (NaN and infinite gradients) still gives the same bits on every instruction set:
