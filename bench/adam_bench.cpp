@@ -21,7 +21,9 @@
 #include <unistd.h>
 
 #include "megatrain/core/model_spec.h"
+#include "bench_flags.h"
 #include "bench_util.h"
+#include "megatrain/core/output_path.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/data.h"
@@ -200,6 +202,9 @@ TorchResult torch_adamw(int64_t n, int threads, int reps) {
 const std::vector<StateFormat> kFormats = {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kQ8,
                                            StateFormat::kQ4,   StateFormat::kQ3,   StateFormat::kQ2};
 
+constexpr const char* kAdam = "megatrain-bench adam";
+constexpr const char* kCodec = "megatrain-bench codec";
+
 int adam(int argc, char** argv) {
   bool json = false;
   int64_t params = 32ll << 20;
@@ -208,9 +213,9 @@ int adam(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") json = true;
-    else if (a == "--params" && i + 1 < argc) params = std::max<int64_t>(1 << 16, std::atoll(argv[++i]));
-    else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--repeat" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--params") params = megatrain::bench::int_arg(kAdam, argc, argv, i, int64_t{1} << 16, int64_t{1} << 32);
+    else if (a == "--threads") threads = static_cast<int>(megatrain::bench::int_arg(kAdam, argc, argv, i, 1, 1024));
+    else if (a == "--repeat") reps = static_cast<int>(megatrain::bench::int_arg(kAdam, argc, argv, i, 1, 1000));
     else {
       std::fprintf(stderr, "megatrain-bench adam: unknown argument '%s'; accepted: --params N, --threads T, --repeat N, "
                            "--json\n", a.c_str());
@@ -355,15 +360,18 @@ int codec(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--json") json = true;
     else if (a == "--dir" && i + 1 < argc) dir = argv[++i];
-    else if (a == "--steps" && i + 1 < argc) steps = std::max<int64_t>(1, std::atoll(argv[++i]));
-    else if (a == "--repeat" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--level" && i + 1 < argc) levels = {std::atoi(argv[++i])};
+    else if (a == "--steps") steps = megatrain::bench::int_arg(kCodec, argc, argv, i, 1, 100000);
+    else if (a == "--repeat") reps = static_cast<int>(megatrain::bench::int_arg(kCodec, argc, argv, i, 1, 1000));
+    else if (a == "--level") levels = {static_cast<int>(megatrain::bench::int_arg(kCodec, argc, argv, i, 1, 22))};  // zstd's levels
     else {
       std::fprintf(stderr, "megatrain-bench codec: unknown argument '%s'; accepted: --steps N, --repeat N, --level L, "
                            "--dir D, --json\n", a.c_str());
       return 1;
     }
   }
+  // The checkpoints it times go to --dir: probed before the training run that makes the moments.
+  if (megatrain::Status s = megatrain::check_output("--dir", dir, megatrain::OutputKind::kExistingFolder); !s.ok())
+    die("--dir", s);
   // A short training run for real moments.
   auto plan = megatrain::Plan::from_json_text(plan_text(steps), "bench plan");
   if (!plan.ok()) die("plan", plan.status());

@@ -8,7 +8,6 @@
 //              8192^3 bf16 GEMM, the practical peak
 // Times are cudaEvent intervals on the device; every figure is the median of --repeat measurements.
 // Without a GPU it says why on stderr and exits 2.
-#include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "cuda/gemm.cuh"
+#include "megatrain/core/detail/cli11_flags.h"
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/units.h"
 #include "megatrain/kernels/cuda_device.h"
@@ -416,6 +416,7 @@ std::vector<uint64_t> parse_sizes(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace cli = megatrain::cli;
   CLI::App app{"megatrain-bench-cuda: host<->device bandwidth and a model's GEMM throughput on the GPU"};
   app.require_subcommand(1);
 
@@ -427,7 +428,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bw->add_option("--repeat", bw_repeat, "measurements per figure (the median is reported)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
+      ->check(cli::int_range(1, 1000));
   bw->add_flag("--json", bw_json, "print one JSON object on stdout");
 
   auto* gm = app.add_subcommand("gemm", "bf16 GEMMs at a model's layer shapes, against a square 8192^3 GEMM");
@@ -437,20 +438,16 @@ int main(int argc, char** argv) {
   bool gm_json = false;
   gm->add_option("--model,-m", model_name, "config.json, a folder holding one, or a name in profiles/models/")->required();
   gm->add_option("--seq", seq, "sequence length (default: min(4096, the model's max))")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(cli::int_range(1, int64_t{1} << 20));
   gm->add_option("--micro-batch", micro_batch, "sequences per micro-batch")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
+      ->check(cli::int_range(1, int64_t{1} << 12));
   gm->add_option("--repeat", gm_repeat, "measurements per figure (the median is reported)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
+      ->check(cli::int_range(1, 1000));
   gm->add_flag("--json", gm_json, "print one JSON object on stdout");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const int rc = cli::parse(app, argc, argv, "megatrain-bench-cuda"); rc >= 0) return rc;
 
   // Arguments are checked before the GPU is looked for, so a typo is reported as such everywhere.
   if (bw->parsed()) return bandwidth(parse_sizes(sizes_text), bw_repeat, bw_json);

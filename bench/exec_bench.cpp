@@ -20,6 +20,7 @@
 #include <Eigen/Core>
 
 #include "megatrain/core/plan.h"
+#include "bench_flags.h"
 #include "bench_util.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
@@ -424,15 +425,17 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string which = argv[1];
   if (which != "overlap" && which != "gemm") return usage();
+  const std::string program = "megatrain-bench-exec " + which;
   int64_t steps = 5;
   int threads = 2, reps = 7;
   bool json = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") json = true;
-    else if (a == "--steps" && i + 1 < argc && which == "overlap") steps = std::max(2, std::atoi(argv[++i]));
-    else if (a == "--threads" && i + 1 < argc && which == "overlap") threads = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--repeat" && i + 1 < argc && which == "gemm") reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--steps" && which == "overlap") steps = megatrain::bench::int_arg(program.c_str(), argc, argv, i, 2, 100000);
+    else if (a == "--threads" && which == "overlap")
+      threads = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 1, 1024));
+    else if (a == "--repeat" && which == "gemm") reps = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 1, 1000));
     else {
       std::fprintf(stderr, "megatrain-bench-exec %s: unknown argument '%s'\n", which.c_str(), a.c_str());
       return usage();

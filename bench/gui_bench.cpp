@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_flags.h"
 #include "megatrain/core/trace_store.h"
 
 #include "megatrain/gui/lanepainter.h"
@@ -121,27 +122,18 @@ int main(int argc, char** argv) {
   int64_t spans = 1'000'000;
   int width = 1600, repeat = 15;
   bool json = false, open = false;
+  constexpr const char* kProgram = "megatrain-bench-gui";
   for (int i = 1; i < argc; ++i) {
-    auto need = [&](const char* what) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "megatrain-bench-gui: %s needs a value\n", what);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (!std::strcmp(argv[i], "--spans")) spans = std::atoll(need("--spans"));
-    else if (!std::strcmp(argv[i], "--width")) width = std::atoi(need("--width"));
-    else if (!std::strcmp(argv[i], "--repeat")) repeat = std::atoi(need("--repeat"));
+    using megatrain::bench::int_arg;
+    if (!std::strcmp(argv[i], "--spans")) spans = int_arg(kProgram, argc, argv, i, 1, 100'000'000);
+    else if (!std::strcmp(argv[i], "--width")) width = static_cast<int>(int_arg(kProgram, argc, argv, i, 100, 16384));
+    else if (!std::strcmp(argv[i], "--repeat")) repeat = static_cast<int>(int_arg(kProgram, argc, argv, i, 1, 1000));
     else if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--open")) open = true;
     else {
       std::fprintf(stderr, "megatrain-bench-gui: unknown argument '%s' (accepted: --spans N, --width PX, --repeat R, --open, --json)\n", argv[i]);
-      return 2;
+      return 1;
     }
-  }
-  if (spans < 1 || width < 100 || repeat < 1) {
-    std::fprintf(stderr, "megatrain-bench-gui: --spans >= 1, --width >= 100 and --repeat >= 1 are required\n");
-    return 2;
   }
   if (!qEnvironmentVariableIsSet("QT_QPA_PLATFORM")) qputenv("QT_QPA_PLATFORM", "offscreen");
   QApplication app(argc, argv);

@@ -3,7 +3,6 @@
 // R passes. The reference is fio on the same drive with the same block size and queue depth, run by
 // bench/compare-fio.sh (which calls this with --json), so the ratio is measured in one run.
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -11,11 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
+#include "megatrain/core/flags.h"
+#include "megatrain/core/output_path.h"
 #include "megatrain/executor/nvme_store.h"
 
 namespace {
@@ -33,15 +33,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t k = v.size();
   return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
-}
-
-// A whole decimal number in [lo, hi], or nullopt (trailing text, overflow, out of range).
-std::optional<int64_t> parse_int(const char* s, int64_t lo, int64_t hi) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(s, &end, 10);
-  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return std::nullopt;
-  return static_cast<int64_t>(v);
 }
 
 std::string json_escape(const std::string& s) {
@@ -96,14 +87,9 @@ int io(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto number = [&](int64_t lo, int64_t hi, int64_t& out) -> bool {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "megatrain-bench io: %s needs a value; %s\n", a.c_str(), kAccepted);
-        return false;
-      }
-      const auto v = parse_int(argv[++i], lo, hi);
-      if (!v) {
-        std::fprintf(stderr, "megatrain-bench io: %s '%s' is not a whole number from %lld to %lld; %s\n", a.c_str(), argv[i],
-                     static_cast<long long>(lo), static_cast<long long>(hi), kAccepted);
+      const auto v = megatrain::parse_int_flag(a, i + 1 < argc ? argv[++i] : "", lo, hi);
+      if (!v.ok()) {
+        std::fprintf(stderr, "megatrain-bench io: error: %s; %s\n", v.status().message().c_str(), kAccepted);
         return false;
       }
       out = *v;
@@ -130,9 +116,8 @@ int io(int argc, char** argv) {
   }
   if (dirs.empty()) return fail("no --dir given; " + std::string(kAccepted));
   for (const auto& d : dirs) {
-    std::error_code ec;
-    if (!std::filesystem::exists(d, ec)) return fail("--dir '" + d.string() + "' does not exist; accepted: an existing, writable directory");
-    if (!std::filesystem::is_directory(d, ec)) return fail("--dir '" + d.string() + "' is not a directory; accepted: an existing, writable directory");
+    if (megatrain::Status s = megatrain::check_output("--dir", d, megatrain::OutputKind::kExistingFolder); !s.ok())
+      return fail(s.message() + "; accepted: an existing, writable directory");
   }
 
   // Regions of 64 MiB (rounded to whole blocks so none is padded), the last one shorter.

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "bench_flags.h"
 #include "megatrain/planner/search.h"
 #include "megatrain/simulator/step_model.h"
 
@@ -15,7 +16,7 @@ int search_bench_main(int argc, char** argv) {
   int repeat = 3;
   bool json = false;
   for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--repeat") == 0) repeat = static_cast<int>(megatrain::bench::int_arg("megatrain-bench search", argc, argv, i, 1, 1000));
     else if (std::strcmp(argv[i], "--json") == 0) json = true;
     else {
       std::fprintf(stderr, "megatrain-bench search: unknown argument '%s'; accepted: --repeat N, --json\n", argv[i]);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_flags.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/simulator/step_model.h"
 
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
   int repeat = 5;
   bool json = false;
   for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--repeat") == 0) repeat = static_cast<int>(megatrain::bench::int_arg("megatrain-bench sim", argc, argv, i, 1, 1000));
     else if (std::strcmp(argv[i], "--json") == 0) json = true;
     else {
       std::fprintf(stderr, "megatrain-bench sim: unknown argument '%s'; accepted: --repeat N, --json\n", argv[i]);

@@ -8,7 +8,6 @@
 //           once per format and reports the final loss (mean of the last 10 steps) against fp32's.
 //
 // Data: any file as bytes (vocab 256), default the GPL-3 text. Models: names or paths (vocab 256).
-#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/core/detail/cli11_flags.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/moments.h"
@@ -164,6 +164,7 @@ std::vector<double> final_losses(const std::string& model, int64_t steps, int64_
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace cli = megatrain::cli;
   CLI::App app{"megatrain-bench-states: update error and training loss of each optimizer-state format"};
   std::vector<std::string> models = {"tiny-llama-gqa", "small-llama"};
   std::string data_path = "/usr/share/common-licenses/GPL-3";
@@ -172,13 +173,13 @@ int main(int argc, char** argv) {
   bool json = false;
   app.add_option("--model", models, "models (vocab 256), repeatable");
   app.add_option("--data", data_path, "token file, or any file as bytes");
-  app.add_option("--steps", steps, "training steps per format")->check(CLI::Range(11, 100000));
-  app.add_option("--warmup", warmup, "fp32 steps before the update whose error is measured")->check(CLI::Range(1, 100000));
-  app.add_option("--seq", seq, "sequence length")->check(CLI::Range(2, 4096));
-  app.add_option("--micro-batch", mb, "micro-batch")->check(CLI::Range(1, 256));
-  app.add_option("--threads", threads, "compute and optimizer threads")->check(CLI::Range(1, 256));
+  app.add_option("--steps", steps, "training steps per format")->check(cli::int_range(11, 100000));
+  app.add_option("--warmup", warmup, "fp32 steps before the update whose error is measured")->check(cli::int_range(1, 100000));
+  app.add_option("--seq", seq, "sequence length")->check(cli::int_range(2, 4096));
+  app.add_option("--micro-batch", mb, "micro-batch")->check(cli::int_range(1, 256));
+  app.add_option("--threads", threads, "compute and optimizer threads")->check(cli::int_range(1, 1024));
   app.add_flag("--json", json, "print one JSON object on stdout");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse(app, argc, argv, "megatrain-bench-states"); rc >= 0) return rc;
   auto file = exec::TokenFile::open(data_path);
   if (!file.ok()) die("data", file.status());
   auto tokens = std::make_shared<const exec::TokenFile>(std::move(file).value());

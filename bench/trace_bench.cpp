@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_flags.h"
+#include "megatrain/core/output_path.h"
 #include "megatrain/core/trace_store.h"
 
 namespace fs = std::filesystem;
@@ -232,25 +234,19 @@ void usage(std::FILE* f) {
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  auto int_arg = [&](int& i, int64_t lo, const char* flag) {
-    if (i + 1 >= argc) die(std::string(flag) + " needs a value");
-    char* end = nullptr;
-    long long v = std::strtoll(argv[++i], &end, 10);
-    if (end == argv[i] || *end != '\0' || v < lo) {
-      die(std::string(flag) + " must be an integer >= " + std::to_string(lo) + ", got \"" + argv[i] + "\"");
-    }
-    return static_cast<int64_t>(v);
+  auto int_arg = [&](int& i, int64_t lo, int64_t hi) {
+    return megatrain::bench::int_arg("megatrain-bench-trace", argc, argv, i, lo, hi);
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--spans") {
-      o.spans = int_arg(i, 1, "--spans");
+      o.spans = int_arg(i, 1, 1'000'000'000);
     } else if (a == "--counters") {
-      o.counters = int_arg(i, 0, "--counters");
+      o.counters = int_arg(i, 0, 1'000'000'000);
     } else if (a == "--lanes") {
-      o.lanes = int_arg(i, 1, "--lanes");
+      o.lanes = int_arg(i, 1, 10000);
     } else if (a == "--repeat") {
-      o.repeat = static_cast<int>(std::min<int64_t>(int_arg(i, 1, "--repeat"), 100));
+      o.repeat = static_cast<int>(int_arg(i, 1, 100));
     } else if (a == "--dir") {
       if (i + 1 >= argc) die("--dir needs a value");
       o.dir = argv[++i];
@@ -264,7 +260,8 @@ Options parse_args(int argc, char** argv) {
       die("unknown argument \"" + a + "\"; accepted: --spans, --counters, --lanes, --repeat, --dir, --json");
     }
   }
-  if (!fs::is_directory(o.dir)) die("--dir " + o.dir.string() + " is not a directory");
+  // The scratch files go there: probed now, not after the first timed run.
+  if (megatrain::Status s = megatrain::check_output("--dir", o.dir, megatrain::OutputKind::kExistingFolder); !s.ok()) die(s.message());
   return o;
 }
 

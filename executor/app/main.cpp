@@ -1,7 +1,5 @@
 // megatrain-exec: trains from a plan file on a backend (backend.h). Argument parsing, the progress line,
 // and when to checkpoint, resume and stop on a signal; the work is in megatrain_executor.
-#include <CLI/CLI.hpp>
-
 #include <sched.h>
 #include <signal.h>
 
@@ -13,6 +11,8 @@
 #include <memory>
 #include <thread>
 
+#include "megatrain/core/detail/cli11_flags.h"
+#include "megatrain/core/output_path.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
 #include "megatrain/executor/backend.h"
@@ -57,6 +57,9 @@ int usable_cores() {
 
 }  // namespace
 
+// The longest run a command line may ask for; a plan's own training.steps is checked when it loads.
+constexpr int64_t kMaxSteps = 1'000'000'000;
+
 int main(int argc, char** argv) {
   using namespace megatrain;
   CLI::App app{"megatrain-exec: train from a plan file"};
@@ -67,13 +70,13 @@ int main(int argc, char** argv) {
   app.add_option("plan", plan_path, "plan file (megatrain.plan/1)")->required();
   app.add_option("--data", data_path, "token file: llm.c .bin, raw .u16/.u32, or any other file as bytes (vocab 256)")->required();
   app.add_option("--steps", steps, "total steps of the run, counted from step 0 also when resuming (default: training.steps of the plan)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::int_range(1, kMaxSteps));
   auto* init_opt = app.add_option("--init", init_dir, "start from a Hugging Face checkpoint: a folder with model.safetensors or a sharded index")
       ->check(CLI::ExistingPath);
   auto* ckpt_opt = app.add_option("--checkpoint-dir", checkpoint_dir,
                                   "write training checkpoints to this folder (always at the end of the run and on Ctrl-C)");
   app.add_option("--checkpoint-every", checkpoint_every, "also write a checkpoint every N steps")
-      ->check(CLI::PositiveNumber)->needs(ckpt_opt);
+      ->check(cli::int_range(1, kMaxSteps))->needs(ckpt_opt);
   bool compress_states = false;
   app.add_flag("--checkpoint-compress", compress_states,
                "store fp32 Adam moments in checkpoints losslessly compressed (byte planes + zstd; about 1.2x smaller, "
@@ -87,17 +90,23 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads,
                  "compute threads of the CPU backend (default: every core this process may run on, as megatrain-plan "
                  "profile measures them)")
-      ->check(CLI::Range(1, 256));
+      ->check(cli::int_range(1, 1024));
   double pinned_limit_gib = -1;
   app.add_option("--pinned-limit-gib", pinned_limit_gib,
                  "most host memory (GiB) the CUDA backend may page-lock for copies (default: half of RAM); the rest of "
                  "the RAM tier is copied from pageable memory, more slowly")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(cli::number_range(0.0, 1048576.0));
   app.add_flag("--in-memory", reference, "run the plain in-memory loop instead of the streamed pipeline (the reference)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  if (const int rc = cli::parse(app, argc, argv, "megatrain-exec"); rc >= 0) return rc;
+  // Every output is probed before anything loads or trains: a bad path costs a second, not a run.
+  // A resumed run's folder must hold its checkpoints already, so it is not created.
+  if (!checkpoint_dir.empty()) {
+    if (Status s = check_output("--checkpoint-dir", checkpoint_dir, resume ? OutputKind::kExistingFolder : OutputKind::kFolder);
+        !s.ok())
+      return fail(s);
+  }
+  if (!trace_path.empty()) {
+    if (Status s = check_output("--trace", trace_path, OutputKind::kFile); !s.ok()) return fail(s);
   }
   // A forced instruction set this CPU cannot run (MEGATRAIN_ISA, docs/testing.md): refuse up front.
   if (auto isa = exec::isa_from_environment(); !isa.ok()) return fail(isa.status());

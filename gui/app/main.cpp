@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "megatrain/core/output_path.h"
 #include "megatrain/gui/mainwindow.h"
+#include "megatrain/gui/windowsize.h"
 
 namespace {
 
@@ -54,17 +56,26 @@ int main(int argc, char** argv) {
   parser.addOption(size);
   parser.process(app);
 
-  megatrain::gui::MainWindow w;
-  const QStringList wh = parser.value(size).split(QLatin1Char('x'));
-  if (wh.size() != 2 || wh[0].toInt() < 200 || wh[1].toInt() < 200) {
-    std::fprintf(stderr, "megatrain-gui: --size takes WIDTHxHEIGHT in pixels, each at least 200 (got '%s')\n",
-                 qPrintable(parser.value(size)));
-    return 2;
+  // Arguments and the screenshot's path are checked before any file is opened or simulated.
+  QString sizeError;
+  const QSize windowSize = megatrain::gui::parseWindowSize(parser.value(size), &sizeError);
+  if (!windowSize.isValid()) {
+    std::fprintf(stderr, "megatrain-gui: error: %s\n", qPrintable(sizeError));
+    return 1;
   }
-  w.resize(wh[0].toInt(), wh[1].toInt());
+  if (parser.isSet(shot)) {
+    const megatrain::Status s =
+        megatrain::check_output("--screenshot", parser.value(shot).toStdString(), megatrain::OutputKind::kFile);
+    if (!s.ok()) {
+      std::fprintf(stderr, "megatrain-gui: error: %s\n", s.message().c_str());
+      return 1;
+    }
+  }
+  megatrain::gui::MainWindow w;
+  w.resize(windowSize);
   if (!w.showTab(parser.value(tab))) {
-    std::fprintf(stderr, "megatrain-gui: --tab takes timeline or compare (got '%s')\n", qPrintable(parser.value(tab)));
-    return 2;
+    std::fprintf(stderr, "megatrain-gui: error: --tab takes timeline or compare (got '%s')\n", qPrintable(parser.value(tab)));
+    return 1;
   }
   if (parser.isSet(shot)) w.setAttribute(Qt::WA_DontShowOnScreen);
   w.show();

@@ -13,6 +13,7 @@
 #include <QFrame>
 #include <QHBoxLayout>
 #include <QHeaderView>
+#include <QImageWriter>
 #include <QLabel>
 #include <QMenuBar>
 #include <QMimeData>
@@ -28,6 +29,7 @@
 #include <QVBoxLayout>
 
 #include "megatrain/core/model_spec.h"
+#include "megatrain/core/output_path.h"
 #include "megatrain/core/trace_store.h"
 #include "megatrain/gui/lanepainter.h"
 #include "megatrain/gui/models.h"
@@ -603,9 +605,12 @@ void MainWindow::addRecent(const QString& path) {
 QString MainWindow::saveScreenshot(const QString& path) {
   QApplication::processEvents();
   const QPixmap pm = grab();
-  if (pm.isNull()) return tr("the window could not be rendered");
-  if (!pm.save(path, "PNG")) return tr("could not write %1 (is the folder there and writable?)").arg(path);
-  return {};
+  if (pm.isNull()) return tr("the window could not be rendered at %1x%2").arg(width()).arg(height());
+  QImageWriter writer(path, "png");
+  if (writer.write(pm.toImage())) return {};
+  // QImageWriter's own reason is vague ("Device not writable"); the path check says which part failed.
+  const Status st = check_output({}, path.toStdString(), OutputKind::kFile);
+  return st.ok() ? tr("could not write %1: %2").arg(path, writer.errorString()) : QString::fromStdString(st.message());
 }
 
 QString MainWindow::exportPerfetto(const QString& path) {

@@ -1,10 +1,10 @@
 // megatrain-plan: argument parsing only; the work is in megatrain_planner.
-#include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 
+#include "megatrain/core/detail/cli11_flags.h"
 #include "megatrain/core/model_spec.h"
+#include "megatrain/core/output_path.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
 #include "megatrain/planner/inspect.h"
@@ -68,9 +68,22 @@ int run_simulate(const std::string& plan_path, const std::string& trace_path, bo
   return 0;
 }
 
+// Ranges of the numeric flags (docs/decisions.md, "Output paths and flag ranges"): a sequence as
+// long as a plan file accepts, 2^40 tokens per step, a billion steps as megatrain-exec takes.
+constexpr int64_t kMaxSeq = int64_t{1} << 24;
+constexpr int64_t kMaxTokensPerStep = int64_t{1} << 40;
+constexpr int64_t kMaxSteps = 1'000'000'000;
+
+// An output file of the subcommand, probed before it measures, searches or simulates (profile's
+// --storage folders are probed by run_profile, also before it measures).
+megatrain::Status check_output_file(const char* flag, const std::string& path) {
+  return path.empty() ? megatrain::Status{} : megatrain::check_output(flag, path, megatrain::OutputKind::kFile);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace cli = megatrain::cli;
   CLI::App app{"megatrain-plan: inspect models, profile rigs, simulate and search training plans"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("megatrain-plan ") + MEGATRAIN_VERSION);
@@ -81,7 +94,7 @@ int main(int argc, char** argv) {
   CLI::App* inspect = app.add_subcommand("inspect", "Parameter counts, FLOPs per token and training-state bytes of a model");
   inspect->add_option("--model,-m", model, "config.json, a folder holding one, or a name in profiles/models/")->required();
   inspect->add_option("--seq", inspect_opt.seq_len, "sequence length for FLOPs and activations (default: the model's max)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+      ->check(cli::int_range(1, kMaxSeq));
   inspect->add_flag("--tensors", inspect_opt.list_tensors, "also list every tensor with its HF name and shape");
   inspect->add_flag("--json", json, "print one JSON object on stdout");
 
@@ -99,11 +112,11 @@ int main(int argc, char** argv) {
   profile->add_option("--storage-gib", prof.storage_gib,
                       "size of the storage probe's temp file in GiB (default 1, quick 0.25); make it larger than any cache "
                       "between this machine and its drive (a VM host's page cache) to measure sustained rates")
-      ->check(CLI::Range(0.01, 4096.0));
+      ->check(cli::number_range(0.01, 4096.0));
   profile->add_option("--model,-m", prof.model,
                       "also time this model's layer GEMMs, attention and element-wise work (config.json, folder or name)");
   profile->add_option("--seq", prof.seq, "sequence length for --model (default: min(its max, 2048))")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(cli::int_range(1, int64_t{1} << 20));
   profile->add_option("-o,--output", prof.output, "write the measured rig (megatrain.rig/1) to this file, atomically");
   profile->add_flag("--json", prof.json, "print one JSON object {rig, fits, ...} on stdout");
 
@@ -112,38 +125,34 @@ int main(int argc, char** argv) {
   plan->add_option("--model,-m", plan_cmd.model, "config.json, a folder holding one, or a name in profiles/models/")->required();
   plan->add_option("--rig,-r", plan_cmd.rig, "rig profile: a path or a name in profiles/hardware/")->required();
   plan->add_option("--seq", plan_cmd.seq_len, "sequence length (default: min(4096, the model's max))")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+      ->check(cli::int_range(1, kMaxSeq));
   plan->add_option("--tokens-per-step", plan_cmd.tokens_per_step, "tokens per optimizer step, a multiple of --seq (default: 64 sequences)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  plan->add_option("--top", plan_cmd.top, "alternatives to list (default 5)")->check(CLI::Range(0, 1000));
+      ->check(cli::int_range(1, kMaxTokensPerStep));
+  plan->add_option("--top", plan_cmd.top, "alternatives to list (default 5)")->check(cli::int_range(0, 1000));
   plan->add_option("-o,--output", plan_cmd.output, "write the best plan (with predicted) to this file, atomically");
   plan->add_option("--state-formats", plan_cmd.state_formats,
                    "optimizer-state formats m and v may use, comma-separated (default fp32: full precision; lossy: bf16, q8, q4, q3, q2)");
   plan->add_option("--compute", plan_cmd.compute, "compute dtype: auto (bf16 on a GPU, fp32 on the CPU backend), bf16, fp32");
-  plan->add_option("--steps", plan_cmd.steps, "training.steps written into the plan (default 1000)")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  plan->add_option("--steps", plan_cmd.steps, "training.steps written into the plan (default 1000)")->check(cli::int_range(1, kMaxSteps));
   plan->add_option("--tolerance", plan_cmd.tolerance, "skip candidates that cannot beat the best by more than this fraction (default 0: exact)")
-      ->check(CLI::Range(0.0, 0.5));
+      ->check(cli::number_range(0.0, 0.5));
   plan->add_flag("--json", plan_cmd.json, "print one JSON object {plan, alternatives, ...} on stdout");
 
   megatrain::planner::SizeCommand size_cmd;
   CLI::App* size = app.add_subcommand("size", "The smallest rig per GPU that trains a model, or the largest model of a family a rig trains");
   size->add_option("--model,-m", size_cmd.model, "model to size rigs for: config.json, a folder holding one, or a name in profiles/models/");
   size->add_option("--target-tokens-per-s", size_cmd.target_tokens_per_s, "the rig must also reach this many tokens/s")
-      ->check(CLI::Range(0.0, 1e15));
+      ->check(cli::number_range(0.0, 1e15));
   size->add_option("--gpu", size_cmd.gpu, "only GPUs whose rig or GPU name contains this (case-insensitive)");
   size->add_option("--family", size_cmd.family, "with --rig: the largest model of this family (llama-2, llama-3, qwen2.5, ...) the rig trains");
   size->add_option("--rig,-r", size_cmd.rig, "with --family: the rig, a path or a name in profiles/hardware/");
-  size->add_option("--seq", size_cmd.seq_len, "sequence length (default: min(4096, the model's max))")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  size->add_option("--seq", size_cmd.seq_len, "sequence length (default: min(4096, the model's max))")->check(cli::int_range(1, kMaxSeq));
   size->add_option("--tokens-per-step", size_cmd.tokens_per_step, "tokens per step, a multiple of --seq (default: 64 sequences)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+      ->check(cli::int_range(1, kMaxTokensPerStep));
   size->add_option("--state-formats", size_cmd.state_formats, "optimizer-state formats allowed (default fp32)");
   size->add_flag("--json", size_cmd.json, "print one JSON object on stdout");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const int rc = cli::parse(app, argc, argv, "megatrain-plan"); rc >= 0) return rc;
 
   if (inspect->parsed()) {
     auto spec = megatrain::ModelSpec::load(model);
@@ -152,9 +161,18 @@ int main(int argc, char** argv) {
                      : megatrain::planner::inspect_table(*spec, inspect_opt)).c_str(), stdout);
     return 0;
   }
-  if (simulate->parsed()) return run_simulate(plan_path, trace_path, sim_json);
-  if (profile->parsed()) return megatrain::planner::profile_command(prof);
-  if (plan->parsed()) return megatrain::planner::plan_command(plan_cmd);
+  if (simulate->parsed()) {
+    if (megatrain::Status s = check_output_file("--trace", trace_path); !s.ok()) return fail(s);
+    return run_simulate(plan_path, trace_path, sim_json);
+  }
+  if (profile->parsed()) {
+    if (megatrain::Status s = check_output_file("-o", prof.output); !s.ok()) return fail(s);
+    return megatrain::planner::profile_command(prof);
+  }
+  if (plan->parsed()) {
+    if (megatrain::Status s = check_output_file("-o", plan_cmd.output); !s.ok()) return fail(s);
+    return megatrain::planner::plan_command(plan_cmd);
+  }
   if (size->parsed()) return megatrain::planner::size_command(size_cmd);
   return 0;
 }

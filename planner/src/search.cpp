@@ -484,11 +484,13 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
     return invalid_argument("--seq " + std::to_string(seq) + " exceeds the model's max_position_embeddings; accepted: 1 .. " +
                             std::to_string(mc.max_position_embeddings));
   const int64_t tokens = req.tokens_per_step > 0 ? req.tokens_per_step : kDefaultSequencesPerStep * seq;
-  if (tokens % seq != 0)
+  if (tokens % seq != 0) {
+    // The nearest multiples below and above; below 1 sequence there is only the one above.
+    const int64_t below = tokens / seq * seq, above = below + seq;
     return invalid_argument("--tokens-per-step " + std::to_string(tokens) + " is not a multiple of the sequence length " +
                             std::to_string(seq) + "; accepted: a multiple of it, e.g. " +
-                            std::to_string(std::max<int64_t>(1, tokens / seq) * seq) + " or " +
-                            std::to_string((tokens / seq + 1) * seq));
+                            (below > 0 ? std::to_string(below) + " or " : std::string()) + std::to_string(above));
+  }
   const int64_t sequences = tokens / seq;
   res.seq_len = seq;
   res.tokens_per_step = tokens;

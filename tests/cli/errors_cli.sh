@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Issue 16, the failures that waste a user's run: every numeric flag out of range or not a number
+# says "<flag>: must be at least N (got V)" (or what it accepts) and exits 1, never CLI11's 105 with
+# a 309-digit bound; every output path that cannot be written is refused before any work, naming the
+# path and the reason, with nothing trained, searched or written.
+set -uo pipefail
+plan=$1
+src=$2
+bin=$(dirname "$1")
+exe="$bin/megatrain-exec"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); sed 's/^/  stderr: /' "$tmp/err" | head -5; else echo "ok: $1"; fi; }
+tiny="$src/profiles/plans/tiny-cpu.json"
+head -c 20000 /usr/share/common-licenses/GPL-3 >"$tmp/text.txt" 2>/dev/null || yes "the quick brown fox" | head -c 20000 >"$tmp/text.txt"
+touch "$tmp/file"
+# An exit code of 1, the message on stderr (fixed text), no CLI11 bound of DBL_MAX.
+refused() { [ "$1" -eq 1 ] && grep -qF -- "$2" "$tmp/err" && ! grep -q '17976931348623157' "$tmp/err"; }
+# Nothing trained: no progress line, no run header.
+untrained() { ! grep -q '^step' "$tmp/out" && ! grep -q 'tokens/step' "$tmp/out"; }
+
+# ---- megatrain-exec: flag ranges ----
+run_exec() { "$exe" "$tiny" --data "$tmp/text.txt" "$@" >"$tmp/out" 2>"$tmp/err"; }
+run_exec --steps 0
+check "exec --steps 0: at least 1, exit 1, untrained" "refused $? '--steps: must be at least 1 (got 0)' && untrained"
+run_exec --steps abc
+check "exec --steps abc: names the flag and the accepted range" \
+  "refused $? \"--steps: expected a whole number from 1 to 1000000000 (got 'abc')\" && untrained"
+run_exec --steps 1000000001
+check "exec --steps past the bound" "refused $? '--steps: must be at most 1000000000 (got 1000000001)'"
+run_exec --steps 99999999999999999999999
+check "exec --steps past int64" "refused $? '--steps: must be at most 1000000000 (got 99999999999999999999999)'"
+run_exec --checkpoint-dir "$tmp/ck0" --checkpoint-every 0
+check "exec --checkpoint-every 0" "refused $? '--checkpoint-every: must be at least 1 (got 0)' && untrained && [ ! -e $tmp/ck0 ]"
+run_exec --threads 0
+check "exec --threads 0" "refused $? '--threads: must be at least 1 (got 0)'"
+run_exec --threads 1025
+check "exec --threads 1025" "refused $? '--threads: must be at most 1024 (got 1025)'"
+run_exec --pinned-limit-gib x
+check "exec --pinned-limit-gib x" "refused $? \"--pinned-limit-gib: expected a number from 0 to 1048576 (got 'x')\""
+run_exec --pinned-limit-gib 2e6
+check "exec --pinned-limit-gib 2e6" "refused $? '--pinned-limit-gib: must be at most 1048576 (got 2e6)'"
+run_exec --no-such-flag
+check "exec: an unknown flag exits 1" "refused $? 'no-such-flag'"
+"$exe" >"$tmp/out" 2>"$tmp/err"
+check "exec: missing arguments exit 1" "refused $? 'required'"
+"$exe" --help >"$tmp/out" 2>"$tmp/err"
+check "exec --help exits 0 with the flags" "[ $? -eq 0 ] && grep -q -- '--checkpoint-every' $tmp/out"
+
+# ---- megatrain-exec: outputs refused before the first step ----
+run_exec --steps 2 --checkpoint-dir "$tmp/file"
+check "exec --checkpoint-dir FILE: exists and is not a folder, untrained" \
+  "refused $? \"--checkpoint-dir $tmp/file: exists and is not a folder\" && untrained"
+run_exec --steps 2 --checkpoint-dir "$tmp/file/ckpt"
+check "exec --checkpoint-dir under a file: could not be created, untrained" \
+  "refused $? \"--checkpoint-dir $tmp/file/ckpt: the folder could not be created (Not a directory)\" && untrained"
+run_exec --steps 2 --trace "$tmp/missing/dir/x.mtrace"
+check "exec --trace in a missing folder: names the folder, untrained, no trace" \
+  "refused $? \"--trace $tmp/missing/dir/x.mtrace: the folder $tmp/missing/dir does not exist\" && untrained && [ ! -e $tmp/missing ]"
+run_exec --steps 2 --trace "$tmp"
+check "exec --trace FOLDER: is a folder" "refused $? \"--trace $tmp: is a folder\" && untrained"
+run_exec --steps 2 --checkpoint-dir "$tmp/none" --resume
+check "exec --resume from a missing folder: does not exist, not created" \
+  "refused $? \"--checkpoint-dir $tmp/none: the folder does not exist\" && untrained && [ ! -e $tmp/none ]"
+if [ -d /sys ] && ! touch /sys/.megatrain-probe 2>/dev/null; then
+  run_exec --steps 2 --trace /sys/x.mtrace
+  check "exec --trace in an unwritable folder: not writable (reason), untrained" \
+    "refused $? '--trace /sys/x.mtrace: the folder /sys is not writable (' && untrained && [ ! -e /sys/x.mtrace ]"
+  run_exec --steps 2 --checkpoint-dir /sys/megatrain-ckpt
+  check "exec --checkpoint-dir in an unwritable folder: could not be created (reason), untrained" \
+    "refused $? '--checkpoint-dir /sys/megatrain-ckpt: the folder could not be created (' && untrained"
+else
+  echo "skip: no folder here that root cannot write (/sys missing or writable)"
+fi
+run_exec --steps 1 --checkpoint-dir "$tmp/new/ckpt" --trace "$tmp/run.mtrace"
+check "exec: a new --checkpoint-dir is created, and the run saves and traces" \
+  "[ $? -eq 0 ] && [ -d $tmp/new/ckpt ] && [ -s $tmp/run.mtrace ] && [ \$(ls $tmp/new/ckpt | grep -c step) -eq 1 ] && \
+   ! ls -a $tmp/new/ckpt $tmp | grep -q write-probe"
+
+# ---- megatrain-plan ----
+"$plan" inspect --model tiny-llama-gqa --seq 0 >"$tmp/out" 2>"$tmp/err"
+check "inspect --seq 0" "refused $? '--seq: must be at least 1 (got 0)' && [ ! -s $tmp/out ]"
+"$plan" inspect --model tiny-llama-gqa --seq 16777217 >"$tmp/out" 2>"$tmp/err"
+check "inspect --seq past 2^24" "refused $? '--seq: must be at most 16777216 (got 16777217)'"
+"$plan" inspect --model tiny-llama-gqa --seq 12k >"$tmp/out" 2>"$tmp/err"
+check "inspect --seq 12k" "refused $? \"--seq: expected a whole number from 1 to 16777216 (got '12k')\""
+"$plan" profile --quick --storage-gib 0 >"$tmp/out" 2>"$tmp/err"
+check "profile --storage-gib 0" "refused $? '--storage-gib: must be at least 0.01 (got 0)'"
+"$plan" profile --quick --model tiny-llama-gqa --seq 0 >"$tmp/out" 2>"$tmp/err"
+check "profile --seq 0" "refused $? '--seq: must be at least 1 (got 0)'"
+p() { "$plan" plan --model tiny-llama-gqa --rig cpu-dev-2core "$@" >"$tmp/out" 2>"$tmp/err"; }
+p --seq 0
+check "plan --seq 0" "refused $? '--seq: must be at least 1 (got 0)'"
+p --tokens-per-step 0
+check "plan --tokens-per-step 0" "refused $? '--tokens-per-step: must be at least 1 (got 0)'"
+p --top 1001
+check "plan --top 1001" "refused $? '--top: must be at most 1000 (got 1001)'"
+p --steps 0
+check "plan --steps 0" "refused $? '--steps: must be at least 1 (got 0)'"
+p --tolerance 0.6
+check "plan --tolerance 0.6" "refused $? '--tolerance: must be at most 0.5 (got 0.6)'"
+p --tolerance abc
+check "plan --tolerance abc" "refused $? \"--tolerance: expected a number from 0 to 0.5 (got 'abc')\""
+p --seq 128 --tokens-per-step 100
+check "plan --tokens-per-step below one sequence suggests one value" \
+  "refused $? 'accepted: a multiple of it, e.g. 128' && ! grep -q '128 or 128' $tmp/err"
+p --seq 128 --tokens-per-step 300
+check "plan --tokens-per-step suggests the multiples below and above" "refused $? 'accepted: a multiple of it, e.g. 256 or 384'"
+p --seq 128 --tokens-per-step 1024 -o "$tmp/missing/p.json"
+check "plan -o in a missing folder: refused before the search" \
+  "refused $? \"-o $tmp/missing/p.json: the folder $tmp/missing does not exist\" && [ ! -s $tmp/out ]"
+p --seq 128 --tokens-per-step 1024 -o "$tmp"
+check "plan -o FOLDER" "refused $? \"-o $tmp: is a folder\""
+"$plan" size --model tiny-llama-gqa --target-tokens-per-s x >"$tmp/out" 2>"$tmp/err"
+check "size --target-tokens-per-s x" "refused $? \"--target-tokens-per-s: expected a number from 0 to 1000000000000000 (got 'x')\""
+"$plan" size --model tiny-llama-gqa --seq 0 >"$tmp/out" 2>"$tmp/err"
+check "size --seq 0" "refused $? '--seq: must be at least 1 (got 0)'"
+"$plan" size --model tiny-llama-gqa --tokens-per-step 0 >"$tmp/out" 2>"$tmp/err"
+check "size --tokens-per-step 0" "refused $? '--tokens-per-step: must be at least 1 (got 0)'"
+"$plan" simulate "$tiny" --trace "$tmp/missing/x.mtrace" >"$tmp/out" 2>"$tmp/err"
+check "simulate --trace in a missing folder: refused before simulating" \
+  "refused $? \"--trace $tmp/missing/x.mtrace: the folder $tmp/missing does not exist\" && [ ! -s $tmp/out ]"
+"$plan" simulate "$tiny" --trace "$tmp/file/x.mtrace" >"$tmp/out" 2>"$tmp/err"
+check "simulate --trace under a file" "refused $? \"--trace $tmp/file/x.mtrace: $tmp/file is not a folder\""
+start=$(date +%s)
+"$plan" profile --quick -o "$tmp/missing/rig.json" >"$tmp/out" 2>"$tmp/err"
+check "profile -o in a missing folder: refused before measuring" \
+  "refused $? \"-o $tmp/missing/rig.json: the folder $tmp/missing does not exist\" && ! grep -q '^\[1/' $tmp/err && [ \$((\$(date +%s) - start)) -lt 5 ]"
+"$plan" >"$tmp/out" 2>"$tmp/err"
+check "plan: no subcommand exits 1" "refused $? 'subcommand'"
+"$plan" plan --help >"$tmp/out" 2>"$tmp/err"
+check "plan --help exits 0 with the subcommand's flags" "[ $? -eq 0 ] && grep -q -- '--tokens-per-step' $tmp/out"
+"$plan" --version >"$tmp/out" 2>"$tmp/err"
+check "--version exits 0" "[ $? -eq 0 ] && grep -q 'megatrain-plan' $tmp/out"
+
+# ---- megatrain-gui ----
+gui="$bin/megatrain-gui"
+if [ -x "$gui" ]; then
+  g() { QT_QPA_PLATFORM=offscreen "$gui" "$@" >"$tmp/out" 2>"$tmp/err"; }
+  g --size 100000x100000 --screenshot "$tmp/big.png"
+  check "gui --size past the bound: names it, exit 1, no QPainter warnings, no file" \
+    "refused $? '--size: width must be at most 16384 (got 100000); accepted: WIDTHxHEIGHT, each side 200 to 16384 pixels' && \
+     ! grep -q QPainter $tmp/err && [ ! -e $tmp/big.png ]"
+  g --size 1600x20000 --screenshot "$tmp/big.png"
+  check "gui --size: the height is bounded too" "refused $? '--size: height must be at most 16384 (got 20000)'"
+  g --size 100x1000 --screenshot "$tmp/small.png"
+  check "gui --size below 200" "refused $? '--size: width must be at least 200 (got 100)'"
+  g --size big --screenshot "$tmp/x.png"
+  check "gui --size malformed" "refused $? \"--size: expected WIDTHxHEIGHT (got 'big')\""
+  g --size 800xabc --screenshot "$tmp/x.png"
+  check "gui --size with a side not a number" "refused $? \"--size: height expected a whole number from 200 to 16384 (got 'abc')\""
+  g "$tiny" --screenshot "$tmp/missing/x.png"
+  check "gui --screenshot in a missing folder: the real reason, before loading" \
+    "refused $? \"--screenshot $tmp/missing/x.png: the folder $tmp/missing does not exist\" && ! grep -q 'permission\|writable' $tmp/err"
+  g "$tiny" --screenshot "$tmp"
+  check "gui --screenshot FOLDER" "refused $? \"--screenshot $tmp: is a folder\""
+  g --tab nope --screenshot "$tmp/x.png"
+  check "gui --tab nope exits 1" "refused $? '--tab takes timeline or compare'"
+else
+  echo "skip: megatrain-gui not built"
+fi
+
+# ---- benchmarks: no 309-digit messages, bad values exit 1 ----
+bench="$bin/megatrain-bench"
+if [ -x "$bench" ]; then
+  "$bench" sim --repeat 0 >"$tmp/out" 2>"$tmp/err"
+  check "bench sim --repeat 0" "refused $? '--repeat: must be at least 1 (got 0)'"
+  "$bench" search --repeat abc >"$tmp/out" 2>"$tmp/err"
+  check "bench search --repeat abc" "refused $? \"--repeat: expected a whole number from 1 to 1000 (got 'abc')\""
+  "$bench" adam --threads 0 >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if ! grep -q 'unknown\|usage' "$tmp/err"; then  # adam, codec and io need the executor
+    check "bench adam --threads 0" "refused $rc '--threads: must be at least 1 (got 0)'"
+    "$bench" codec --dir "$tmp/missing" >"$tmp/out" 2>"$tmp/err"
+    check "bench codec --dir missing: refused before training" "refused $? \"--dir $tmp/missing: the folder does not exist\""
+    "$bench" io --dir "$tmp" --file-mib 0 >"$tmp/out" 2>"$tmp/err"
+    check "bench io --file-mib 0" "refused $? '--file-mib: must be at least 1 (got 0)'"
+  fi
+else
+  echo "skip: megatrain-bench not built"
+fi
+trace_bench="$bin/../bench/megatrain-bench-trace"  # built outside bin/
+if [ -x "$trace_bench" ]; then
+  "$trace_bench" --repeat 0 >"$tmp/out" 2>"$tmp/err"
+  check "bench-trace --repeat 0" "refused $? '--repeat: must be at least 1 (got 0)'"
+  "$trace_bench" --dir "$tmp/file" >"$tmp/out" 2>"$tmp/err"
+  check "bench-trace --dir FILE" "refused $? \"--dir $tmp/file: exists and is not a folder\""
+fi
+if [ -x "$bin/megatrain-bench-states" ]; then
+  "$bin/megatrain-bench-states" --steps 5 >"$tmp/out" 2>"$tmp/err"
+  check "bench-states --steps 5" "refused $? '--steps: must be at least 11 (got 5)'"
+fi
+if [ -x "$bin/megatrain-bench-exec" ]; then
+  "$bin/megatrain-bench-exec" overlap --steps 1 >"$tmp/out" 2>"$tmp/err"
+  check "bench-exec overlap --steps 1" "refused $? '--steps: must be at least 2 (got 1)'"
+fi
+if [ -x "$bin/megatrain-bench-gui" ]; then
+  "$bin/megatrain-bench-gui" --width 50 >"$tmp/out" 2>"$tmp/err"
+  check "bench-gui --width 50" "refused $? '--width: must be at least 100 (got 50)'"
+fi
+
+echo "$fails failure(s)"
+[ "$fails" -eq 0 ]
