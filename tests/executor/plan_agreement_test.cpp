@@ -13,10 +13,12 @@
 // compute is the CUDA backend's, a backend capability the CPU backend refuses, not a plan rule.
 // The plans: every example in profiles/plans/ with its model and rig replaced as above (and its
 // staging capped at four unit transfers, so the executor does not allocate the 32 GiB a 123B plan
-// asks for), then a few hundred from a seeded RNG mutating the fields of the tiny plan.
+// asks for), then 500 from a seeded RNG mutating the fields of the tiny plan (on tiny-llama-gqa
+// or tiny-qwen2), each field drawn from values on both sides of its rules.
 // A disagreement prints the plan and both messages.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -142,20 +144,22 @@ T pick(std::mt19937_64& rng, const std::vector<T>& v) {
 Json fuzzed_plan(const Json& base, std::mt19937_64& rng, const fs::path& nvme_dir) {
   Json pj = base;
   Json& t = pj["training"];
-  t["seq_len"] = pick<int64_t>(rng, {1, 8, 16, 64, 128, 129});
+  pj["model"] = pick<std::string>(rng, {kModel, "tiny-qwen2"});  // tiny-qwen2: tied head, q/k/v biases
+  t["seq_len"] = pick<int64_t>(rng, {1, 8, 16, 64, 64, 128, 129});
   t["micro_batch"] = pick<int64_t>(rng, {1, 2, 3});
   t["grad_accum"] = pick<int64_t>(rng, {1, 2, 3});
-  t["steps"] = pick<int64_t>(rng, {1, 4, 50});
-  t["warmup_steps"] = pick<int64_t>(rng, {0, 1, 5, 60});
+  const int64_t steps = pick<int64_t>(rng, {1, 4, 50});
+  t["steps"] = steps;
+  t["warmup_steps"] = pick<int64_t>(rng, {0, 0, 1, steps, steps + 1});
   t["lr_schedule"] = pick<std::string>(rng, {"constant", "cosine", "linear"});
   t["clip_grad_norm"] = pick<double>(rng, {0.0, 1.0});
   t["data_order"] = pick<std::string>(rng, {"shuffled", "sequential"});
-  pj["precision"]["transfer"] = pick<std::string>(rng, {"fp32", "bf16"});
+  pj["precision"]["transfer"] = pick<std::string>(rng, {"fp32", "bf16", "bf16"});
   Json& s = pj["schedule"];
   s["order"] = pick<std::string>(rng, {"layer-major", "microbatch-major"});
-  s["prefetch_depth"] = pick<int64_t>(rng, {1, 2, 3});
-  s["device_layer_buffers"] = pick<int64_t>(rng, {2, 3, 4, 5});
-  s["checkpoint_every"] = pick<int64_t>(rng, {0, 1, 2, 3});
+  s["prefetch_depth"] = pick<int64_t>(rng, {1, 1, 2, 3});
+  s["device_layer_buffers"] = pick<int64_t>(rng, {2, 3, 4, 4, 5});
+  s["checkpoint_every"] = pick<int64_t>(rng, {0, 1, 1, 2, 2, 3});
   s["checkpoint_location"] = pick<std::string>(rng, {"device", "host"});
   Json& o = pj["optimizer"];
   o["m_format"] = pick<std::string>(rng, {"fp32", "bf16", "q8", "q4", "q3", "q2"});
@@ -165,7 +169,7 @@ Json fuzzed_plan(const Json& base, std::mt19937_64& rng, const fs::path& nvme_di
   Json& p = pj["placement"];
   p["master_weights"] = pick<std::string>(rng, {"ram", "nvme"});
   p["optimizer_states"] = pick<std::string>(rng, {"ram", "nvme", "nvme"});
-  p["nvme_dirs"] = pick<int>(rng, {0, 1, 1, 1}) ? Json::array({nvme_dir.string()}) : Json::array();
+  p["nvme_dirs"] = pick<int>(rng, {0, 1, 1, 1, 1, 1}) ? Json::array({nvme_dir.string()}) : Json::array();
   p["nvme_queue_depth"] = pick<int64_t>(rng, {1, 8, 32});
   p["nvme_block_bytes"] = pick<int64_t>(rng, {4096, 65536, 1048576});
   p["device_budget_bytes"] = 0;
@@ -190,13 +194,16 @@ TEST(PlanAgreement, SimulatorAndExecutorAcceptTheSamePlans) {
   ASSERT_GE(plans.size(), 3u) << "no example plans in " << examples;
   const Json base = retarget(read_json(examples / "tiny-cpu.json"), nvme_dir);
   std::mt19937_64 rng(16);
-  for (int i = 0; i < 400; ++i) plans.emplace_back("fuzzed plan " + std::to_string(i), fuzzed_plan(base, rng, nvme_dir));
+  for (int i = 0; i < 500; ++i) plans.emplace_back("fuzzed plan " + std::to_string(i), fuzzed_plan(base, rng, nvme_dir));
 
   int accepted = 0, refused_both = 0, disagreements = 0;
+  const bool verbose = std::getenv("MEGATRAIN_AGREEMENT_VERBOSE") != nullptr;  // every verdict, to tune the fuzzer
   for (const auto& [name, pj] : plans) {
     const std::string text = pj.dump();
     const Verdict sim = simulator_verdict(text);
     const Verdict exe = executor_verdict(text, tokens);
+    if (verbose) std::printf("%s: %s | %s\n", name.c_str(), sim.accepted ? "feasible" : sim.message.c_str(),
+                             exe.accepted ? "accepted" : exe.message.c_str());
     if (sim.accepted != exe.accepted) {
       ++disagreements;
       ADD_FAILURE() << name << ": the simulator " << (sim.accepted ? "accepts" : "refuses") << " and the executor "
