@@ -907,10 +907,18 @@ TEST(NvmeTraining, AFullCheckpointDriveKeepsTheLastCheckpointLoadable) {
 TEST(NvmeTraining, BadPlacementsAreRefusedBeforeTraining) {
   TmpDir dir("bad");
   const fs::path good = dir.sub("good");
-  // Master weights on NVMe need a bf16 streaming copy.
+  // Master weights on NVMe need a bf16 streaming copy: the plan rule refuses the plan, and
+  // HostState refuses the state for callers without a plan.
   {
-    const TrainSetup su = make_setup(on_nvme(base_plan("tiny-llama-gqa"), true, true, {good}));
-    auto st = make_state(su);
+    auto plan = Plan::from_json_text(on_nvme(base_plan("tiny-llama-gqa"), true, true, {good}).dump());
+    ASSERT_FALSE(plan.ok()) << "a plan with master weights on NVMe and an fp32 transfer was accepted";
+    EXPECT_TRUE(contains(plan.status().message(), "placement.master_weights: nvme with precision.transfer fp32"))
+        << plan.status().to_string();
+    Json bf16 = base_plan("tiny-llama-gqa");
+    bf16["precision"]["transfer"] = "bf16";
+    const TrainSetup su = make_setup(on_nvme(bf16, true, true, {good}));
+    auto st = HostState::create(su.model, DType::kFp32, su.plan.optimizer.m_format, su.plan.optimizer.v_format,
+                                su.plan.optimizer.block_size, placement_of(su.plan), true);
     ASSERT_FALSE(st.ok()) << "master weights on NVMe with an fp32 streaming copy were accepted";
     EXPECT_EQ(st.status().code(), StatusCode::kUnsupported) << st.status().to_string();
     EXPECT_TRUE(contains(st.status().message(), "bf16")) << st.status().to_string();
