@@ -234,7 +234,7 @@ const Json* FieldReader::find(const std::string& key, Need need, const char* exp
   if (!status_.ok() || !obj_.is_object()) return nullptr;
   auto it = obj_.find(key);
   if (it == obj_.end()) {
-    if (need == Need::kRequired) fail(invalid_argument(path_of(key) + ": missing; expected " + expected));
+    if (need == Need::kRequired) fail(invalid_argument(path_of(key) + ": missing; expected " + expected + misspelt_as(key)));
     return nullptr;
   }
   return &*it;
@@ -363,6 +363,15 @@ const Json* FieldReader::array(const std::string& key, Need need) {
 Status FieldReader::finish() {
   if (!status_.ok()) return status_;
   return unknown_key_error();
+}
+
+std::string FieldReader::misspelt_as(const std::string& key) const {
+  // A lenient object (a config.json, whose unknown keys are allowed) cannot call a near key
+  // unknown, but it can point at it.
+  for (auto it = obj_.begin(); it != obj_.end(); ++it)
+    if (std::find(known_.begin(), known_.end(), it.key()) == known_.end() && !closest_match(it.key(), {key}).empty())
+      return "; found \"" + it.key() + "\", a misspelling?";
+  return {};
 }
 
 Status FieldReader::unknown_key_error() const {

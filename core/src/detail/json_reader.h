@@ -73,6 +73,8 @@ class FieldReader {
 
  private:
   Status unknown_key_error() const;
+  // `; found "x", a misspelling?` for a key of the object not read yet that is close to `key`.
+  std::string misspelt_as(const std::string& key) const;
   const Json* find(const std::string& key, Need need, const char* expected);
   const Json& obj_;
   std::string path_;
