@@ -325,7 +325,9 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
   const OptimizerConfig& o = I.plan.optimizer;
   const double lr = learning_rate(I.plan.training, step);
-  const int threads = o.threads > 0 ? static_cast<int>(o.threads) : 1;
+  // optimizer.threads 0 means all cores, as the simulator reads it: the cores this process may
+  // run on, which is what megatrain-exec passes as the backend's threads unless --threads says less.
+  const int threads = o.threads > 0 ? static_cast<int>(o.threads) : std::max(1, I.opt.threads);
   uint16_t* stream = I.state->transfer() == DType::kBf16 ? us.stream_bf16.data() : nullptr;
   if (us.m.format() != StateFormat::kFp32 || us.v.format() != StateFormat::kFp32) {
     // Quantised or bf16 moments: tensor by tensor, since their blocks start at each tensor.
