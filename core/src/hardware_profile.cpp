@@ -80,9 +80,7 @@ std::string indexed(const std::string& path, size_t i) { return path + "[" + std
 // Reports unknown keys before any value is read, so that a misspelt required key is reported as
 // "unknown key ... did you mean" rather than as a missing key, which would hide the typo.
 Status check_keys(const Json& obj, const std::string& path, std::initializer_list<std::string_view> keys) {
-  FieldReader r(obj, path);
-  r.accept(keys);
-  return r.finish();
+  return FieldReader(obj, path, keys).finish();
 }
 
 // The reader's first error so far, without the unknown-key check that finish() adds: used part way

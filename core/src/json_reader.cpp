@@ -13,9 +13,68 @@
 
 namespace megatrain::detail {
 
+namespace {
+
+// The key path of the value being parsed, kept as nlohmann's parser reports its events, with the
+// keys seen so far in each open object: nlohmann keeps the last of two equal keys silently, so a
+// plan with "seq_len" twice would otherwise train with whichever came second.
+class DuplicateKeyFinder {
+ public:
+  bool on_event(nlohmann::json::parse_event_t ev, const Json& parsed) {
+    using Ev = nlohmann::json::parse_event_t;
+    switch (ev) {
+      case Ev::object_start: open(false); break;
+      case Ev::array_start: open(true); break;
+      case Ev::object_end:
+      case Ev::array_end: close(); break;
+      case Ev::key: {
+        Frame& f = frames_.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second && duplicate_.empty()) duplicate_ = path();
+        break;
+      }
+      case Ev::value: element_done(); break;
+    }
+    return true;
+  }
+  // The path of the first duplicated key ("training.seq_len", "storage[1].path"), or "".
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  struct Frame {
+    bool array = false;
+    size_t index = 0;  // arrays: the element being read
+    std::string key;   // objects: the member being read
+    std::set<std::string> keys;
+  };
+  void open(bool array) { frames_.push_back(Frame{array, 0, {}, {}}); }
+  void close() {
+    if (!frames_.empty()) frames_.pop_back();
+    element_done();
+  }
+  void element_done() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+  }
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (f.array) p += "[" + std::to_string(f.index) + "]";
+      else p += (p.empty() ? "" : ".") + f.key;
+    }
+    return p;
+  }
+  std::vector<Frame> frames_;
+  std::string duplicate_;
+};
+
+}  // namespace
+
 Result<Json> parse_json(std::string_view text, const std::string& what) {
+  DuplicateKeyFinder dup;
+  Json root;
   try {
-    return Json::parse(text.begin(), text.end());
+    root = Json::parse(text.begin(), text.end(),
+                       [&](int, nlohmann::json::parse_event_t ev, Json& parsed) { return dup.on_event(ev, parsed); });
   } catch (const nlohmann::json::parse_error& e) {
     // Convert the byte offset to line:column so the user can find it.
     size_t byte = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
@@ -31,6 +90,11 @@ Result<Json> parse_json(std::string_view text, const std::string& what) {
                        std::to_string(col) + (truncated ? " (the text ends early: truncated file?)" : "") +
                        ": " + reason);
   }
+  if (!dup.duplicate().empty())
+    return invalid_argument(what + ": " + dup.duplicate() +
+                            ": duplicate key; each key may appear once in an object (JSON readers disagree on "
+                            "which of two would count)");
+  return root;
 }
 
 Result<Json> read_json_file(const std::filesystem::path& path, const std::string& what) {
@@ -136,10 +200,21 @@ std::string closest_match(std::string_view key, const std::vector<std::string>& 
   return best_d <= limit ? best : std::string();
 }
 
+std::string did_you_mean(std::string_view key, const std::vector<std::string>& accepted) {
+  std::string hint = closest_match(key, accepted);
+  return hint.empty() ? hint : "did you mean \"" + hint + "\"?";
+}
+
 FieldReader::FieldReader(const Json& object, std::string path) : obj_(object), path_(std::move(path)) {
   if (!obj_.is_object())
     status_ = invalid_argument((path_.empty() ? std::string("the document") : path_) + ": expected an object, got " +
                                json_type_name(obj_));
+}
+
+FieldReader::FieldReader(const Json& object, std::string path, std::initializer_list<std::string_view> keys)
+    : FieldReader(object, std::move(path)) {
+  accept(keys);
+  if (status_.ok()) status_ = unknown_key_error();
 }
 
 bool FieldReader::has(const std::string& key) const { return obj_.is_object() && obj_.contains(key); }
@@ -159,7 +234,7 @@ const Json* FieldReader::find(const std::string& key, Need need, const char* exp
   if (!status_.ok() || !obj_.is_object()) return nullptr;
   auto it = obj_.find(key);
   if (it == obj_.end()) {
-    if (need == Need::kRequired) fail(invalid_argument(path_of(key) + ": missing; expected " + expected));
+    if (need == Need::kRequired) fail(invalid_argument(path_of(key) + ": missing; expected " + expected + misspelt_as(key)));
     return nullptr;
   }
   return &*it;
@@ -238,9 +313,9 @@ void FieldReader::choice(const std::string& key, std::string& out, Need need,
   }
   std::string v = j->get<std::string>();
   if (std::find(accepted.begin(), accepted.end(), v) == accepted.end()) {
-    std::string hint = closest_match(v, accepted);
-    fail(invalid_argument(path_of(key) + ": '" + v + "' is not accepted; accepted: " + join(accepted) +
-                          (hint.empty() ? "" : " (did you mean '" + hint + "'?)")));
+    std::string hint = did_you_mean(v, accepted);
+    fail(invalid_argument(path_of(key) + ": '" + v + "' is not accepted; " + (hint.empty() ? "" : hint + " ") +
+                          "accepted: " + join(accepted)));
     return;
   }
   out = v;
@@ -287,15 +362,28 @@ const Json* FieldReader::array(const std::string& key, Need need) {
 
 Status FieldReader::finish() {
   if (!status_.ok()) return status_;
+  return unknown_key_error();
+}
+
+std::string FieldReader::misspelt_as(const std::string& key) const {
+  // A lenient object (a config.json, whose unknown keys are allowed) cannot call a near key
+  // unknown, but it can point at it.
+  for (auto it = obj_.begin(); it != obj_.end(); ++it)
+    if (std::find(known_.begin(), known_.end(), it.key()) == known_.end() && !closest_match(it.key(), {key}).empty())
+      return "; found \"" + it.key() + "\", a misspelling?";
+  return {};
+}
+
+Status FieldReader::unknown_key_error() const {
+  if (!obj_.is_object()) return {};
   for (auto it = obj_.begin(); it != obj_.end(); ++it) {
     if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
     std::vector<std::string> accepted = known_;
     std::sort(accepted.begin(), accepted.end());
     accepted.erase(std::unique(accepted.begin(), accepted.end()), accepted.end());
-    std::string hint = closest_match(it.key(), accepted);
-    return invalid_argument(path_of(it.key()) + ": unknown key; accepted keys" +
-                            (path_.empty() ? "" : " in " + path_) + ": " + join(accepted) +
-                            (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+    std::string hint = did_you_mean(it.key(), accepted);
+    return invalid_argument(path_of(it.key()) + ": unknown key; " + (hint.empty() ? "" : hint + " ") + "accepted keys" +
+                            (path_.empty() ? "" : " in " + path_) + ": " + join(accepted));
   }
   return {};
 }

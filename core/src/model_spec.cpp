@@ -78,6 +78,27 @@ Result<StateFormat> parse_state_format(const std::string& s) {
   return invalid_argument("'" + s + "' is not a state format; accepted: fp32, bf16, q8, q4, q3, q2");
 }
 
+int64_t state_format_bytes(StateFormat f, const std::vector<int64_t>& tensor_numels, int64_t block_size) {
+  int64_t numel = 0, blocks = 0;
+  for (int64_t n : tensor_numels) {
+    numel += n;
+    blocks += block_size > 0 ? (n + block_size - 1) / block_size : 0;
+  }
+  if (f == StateFormat::kFp32) return 4 * numel;
+  if (f == StateFormat::kBf16) return 2 * numel;
+  return blocks * block_size * state_format_bits(f) / 8 + 4 * blocks;
+}
+
+int state_format_bits(StateFormat f) {
+  switch (f) {
+    case StateFormat::kQ8: return 8;
+    case StateFormat::kQ4: return 4;
+    case StateFormat::kQ3: return 3;
+    case StateFormat::kQ2: return 2;
+    default: return 0;
+  }
+}
+
 double state_format_bytes_per_element(StateFormat f, int64_t block_size) {
   const double scale = block_size > 0 ? 4.0 / static_cast<double>(block_size) : 0.0;  // one fp32 scale per block
   switch (f) {

@@ -1,6 +1,7 @@
 // Plan reading (strict, with key paths in errors), cross-checks against model and rig, and writing.
 #include "megatrain/core/plan.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "detail/json_reader.h"
@@ -62,6 +63,66 @@ const std::vector<std::string>& plan_bottleneck_names() {
   return names;
 }
 
+int64_t nvme_unit_transfer_bytes(const ModelSpec& model, bool master_on_nvme, bool states_on_nvme,
+                                 StateFormat m_format, StateFormat v_format, int64_t block_size) {
+  if (!master_on_nvme && !states_on_nvme) return 0;
+  // Units as the executor groups the tensors: 0 the embedding, l + 1 layer l, L + 1 the rest.
+  const int64_t L = model.config().num_layers;
+  std::vector<std::vector<int64_t>> unit_tensors(static_cast<size_t>(L + 2));
+  for (const TensorInfo& t : model.tensors()) {
+    int64_t u = t.layer >= 0 ? t.layer + 1 : t.role == TensorRole::kEmbedding ? 0 : L + 1;
+    unit_tensors[static_cast<size_t>(u)].push_back(t.numel);
+  }
+  int64_t largest = 0;
+  for (const auto& numels : unit_tensors) {
+    int64_t numel = 0;
+    for (int64_t n : numels) numel += n;
+    int64_t bytes = master_on_nvme ? 4 * numel : 0;
+    if (states_on_nvme)
+      bytes += state_format_bytes(m_format, numels, block_size) + state_format_bytes(v_format, numels, block_size);
+    largest = std::max(largest, bytes);
+  }
+  return largest;
+}
+
+Status check_pinned_staging(int64_t pinned_staging_bytes, int64_t unit_transfer_bytes) {
+  if (unit_transfer_bytes <= 0 || pinned_staging_bytes >= unit_transfer_bytes) return {};
+  return invalid_argument("placement.pinned_staging_bytes: " + std::to_string(pinned_staging_bytes) +
+                          " cannot hold one unit's NVMe transfer of " + std::to_string(unit_transfer_bytes) + " bytes (" +
+                          format_bytes(static_cast<double>(unit_transfer_bytes)) +
+                          ": the largest unit's state that placement puts on nvme); accepted: >= " +
+                          std::to_string(unit_transfer_bytes));
+}
+
+Status check_plan_for_model(const Plan& p, const ModelSpec& model) {
+  const ModelConfig& mc = model.config();
+  if (p.training.seq_len > mc.max_position_embeddings)
+    return invalid_argument("training.seq_len: " + std::to_string(p.training.seq_len) +
+                            " exceeds the model's max_position_embeddings; accepted: 1 .. " +
+                            std::to_string(mc.max_position_embeddings));
+  const ScheduleConfig& sc = p.schedule;
+  if (sc.checkpoint_every > mc.num_layers)
+    return invalid_argument("schedule.checkpoint_every: " + std::to_string(sc.checkpoint_every) + " exceeds the model's " +
+                            std::to_string(mc.num_layers) + " layers; accepted: 0 .. " + std::to_string(mc.num_layers));
+  // Backward recomputes a checkpoint block's layers from its checkpoint and keeps their weights
+  // on the device while it walks back through them, with the next layer prefetched beside them.
+  if (sc.checkpoint_every > 0 && sc.device_layer_buffers < sc.checkpoint_every + 1)
+    return invalid_argument("schedule.device_layer_buffers: " + std::to_string(sc.device_layer_buffers) +
+                            " cannot hold the " + std::to_string(sc.checkpoint_every) +
+                            " layers a checkpoint block recomputes (schedule.checkpoint_every) plus one in flight; "
+                            "accepted: >= " + std::to_string(sc.checkpoint_every + 1));
+  const PlacementConfig& pc = p.placement;
+  const bool master_nvme = pc.master_weights == "nvme", states_nvme = pc.optimizer_states == "nvme";
+  if (master_nvme && p.precision.transfer != DType::kBf16)
+    return invalid_argument("placement.master_weights: nvme with precision.transfer " +
+                            std::string(dtype_name(p.precision.transfer)) +
+                            ": the weights streamed to the device are a bf16 copy kept in RAM while the fp32 master "
+                            "weights are on NVMe; accepted: precision.transfer bf16, or master_weights ram");
+  return check_pinned_staging(pc.pinned_staging_bytes,
+                              nvme_unit_transfer_bytes(model, master_nvme, states_nvme, p.optimizer.m_format,
+                                                       p.optimizer.v_format, p.optimizer.block_size));
+}
+
 Result<ModelSpec> Plan::resolve_model() const {
   if (model.inline_object) return ModelSpec::from_config_json(model.value, "model (embedded config)");
   return ModelSpec::load(resolve_relative(model, base_dir).string());
@@ -85,12 +146,17 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
   if (!r.ok()) return ctx(r.finish());
   if (schema != kPlanSchema)
     return ctx(invalid_argument("schema: '" + schema + "' is not supported; accepted: " + kPlanSchema));
+  // Unknown top-level keys before any section is read, so a misspelt section is reported as
+  // unknown (with a suggestion) rather than as the missing section it stands for.
+  r.accept({"model", "rig", "training", "precision", "schedule", "placement", "optimizer", "predicted"});
+  if (Status s = r.finish(); !s.ok()) return ctx(s);
   if (Status s = read_profile_ref(r, root, "model", p.model); !s.ok()) return ctx(s);
   if (Status s = read_profile_ref(r, root, "rig", p.rig); !s.ok()) return ctx(s);
 
   // training
   if (const Json* t = r.object("training", Need::kRequired)) {
-    FieldReader tr(*t, "training");
+    FieldReader tr(*t, "training", {"seq_len", "micro_batch", "grad_accum", "steps", "seed", "lr", "lr_schedule",
+                                      "warmup_steps", "min_lr", "clip_grad_norm", "data_order"});
     TrainingConfig& c = p.training;
     tr.integer("seq_len", c.seq_len, Need::kRequired, 1, 1 << 24);
     tr.integer("micro_batch", c.micro_batch, Need::kRequired, 1, 1 << 20);
@@ -114,7 +180,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
 
   // precision
   if (const Json* j = r.object("precision", Need::kOptional)) {
-    FieldReader pr(*j, "precision");
+    FieldReader pr(*j, "precision", {"compute", "master", "transfer"});
     auto compute = read_dtype(pr, "compute", p.precision.compute, {"fp32", "bf16"});
     if (!compute.ok()) return ctx(compute.status());
     auto master = read_dtype(pr, "master", p.precision.master, {"fp32"});
@@ -128,7 +194,8 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
 
   // schedule
   if (const Json* j = r.object("schedule", Need::kOptional)) {
-    FieldReader sr(*j, "schedule");
+    FieldReader sr(*j, "schedule",
+                   {"order", "prefetch_depth", "device_layer_buffers", "checkpoint_every", "checkpoint_location"});
     ScheduleConfig& c = p.schedule;
     sr.choice("order", c.order, Need::kOptional, {"layer-major", "microbatch-major"});
     sr.integer("prefetch_depth", c.prefetch_depth, Need::kOptional, 1, 1024);
@@ -146,7 +213,8 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
 
   // placement
   if (const Json* j = r.object("placement", Need::kOptional)) {
-    FieldReader pr(*j, "placement");
+    FieldReader pr(*j, "placement", {"master_weights", "optimizer_states", "nvme_dirs", "pinned_staging_bytes",
+                                       "device_budget_bytes", "nvme_queue_depth", "nvme_block_bytes"});
     PlacementConfig& c = p.placement;
     pr.choice("master_weights", c.master_weights, Need::kOptional, {"ram", "nvme"});
     pr.choice("optimizer_states", c.optimizer_states, Need::kOptional, {"ram", "nvme"});
@@ -171,7 +239,8 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
 
   // optimizer
   if (const Json* j = r.object("optimizer", Need::kOptional)) {
-    FieldReader orr(*j, "optimizer");
+    FieldReader orr(*j, "optimizer", {"type", "beta1", "beta2", "eps", "weight_decay", "m_format", "v_format",
+                                       "block_size", "threads"});
     OptimizerConfig& c = p.optimizer;
     orr.choice("type", c.type, Need::kOptional, {"adamw"});
     orr.number("beta1", c.beta1, Need::kOptional, 0, 0.999999999);
@@ -195,7 +264,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
 
   // predicted (written by the planner)
   if (const Json* j = r.object("predicted", Need::kOptional)) {
-    FieldReader pr(*j, "predicted");
+    FieldReader pr(*j, "predicted", {"step_time_s", "tokens_per_s", "tflops", "mfu", "bottleneck", "peak_bytes"});
     Predicted d;
     pr.number("step_time_s", d.step_time_s, Need::kRequired, 0, 1e12);
     pr.number("tokens_per_s", d.tokens_per_s, Need::kRequired, 0, 1e18);
@@ -203,7 +272,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     pr.number("mfu", d.mfu, Need::kRequired, 0, 1);
     pr.choice("bottleneck", d.bottleneck, Need::kRequired, plan_bottleneck_names());
     if (const Json* pb = pr.object("peak_bytes", Need::kRequired)) {
-      FieldReader br(*pb, "predicted.peak_bytes");
+      FieldReader br(*pb, "predicted.peak_bytes", {"device", "pinned", "ram", "nvme"});
       br.integer("device", d.peak_bytes.device, Need::kRequired, 0, kMaxI);
       br.integer("pinned", d.peak_bytes.pinned, Need::kRequired, 0, kMaxI);
       br.integer("ram", d.peak_bytes.ram, Need::kRequired, 0, kMaxI);
@@ -220,15 +289,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
   if (!model.ok()) return ctx(model.status().with_context("model"));
   auto rig = p.resolve_rig();
   if (!rig.ok()) return ctx(rig.status().with_context("rig"));
-  const ModelConfig& mc = model->config();
-  if (p.training.seq_len > mc.max_position_embeddings)
-    return ctx(invalid_argument("training.seq_len: " + std::to_string(p.training.seq_len) +
-                                " exceeds the model's max_position_embeddings; accepted: 1 .. " +
-                                std::to_string(mc.max_position_embeddings)));
-  if (p.schedule.checkpoint_every > mc.num_layers)
-    return ctx(invalid_argument("schedule.checkpoint_every: " + std::to_string(p.schedule.checkpoint_every) +
-                                " exceeds the model's " + std::to_string(mc.num_layers) + " layers; accepted: 0 .. " +
-                                std::to_string(mc.num_layers)));
+  if (Status s = check_plan_for_model(p, *model); !s.ok()) return ctx(s);
   const double gpu_bytes = rig->gpu.memory_bytes.value;
   if (static_cast<double>(p.placement.device_budget_bytes) > gpu_bytes)
     return ctx(invalid_argument("placement.device_budget_bytes: " + format_bytes(static_cast<double>(p.placement.device_budget_bytes)) +

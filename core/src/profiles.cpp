@@ -62,10 +62,10 @@ Result<fs::path> resolve_profile(const std::string& kind, const std::string& spe
   std::vector<std::string> known = list_profiles(kind);
   std::string list;
   for (size_t i = 0; i < known.size(); ++i) list += (i ? ", " : "") + known[i];
-  std::string hint = detail::closest_match(spec, known);
+  std::string hint = detail::did_you_mean(spec, known);
   if (looks_like_path) return not_found(what + " file '" + spec + "' does not exist");
-  return not_found("no " + what + " named '" + spec + "': not a file, and not in " + (dir / kind).string() +
-                   "; known " + what + "s: " + list + (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+  return not_found("no " + what + " named '" + spec + "': not a file, and not in " + (dir / kind).string() + "; " +
+                   (hint.empty() ? "" : hint + " ") + "known " + what + "s: " + list);
 }
 
 }  // namespace megatrain

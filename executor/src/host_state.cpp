@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
 
 #include "megatrain/executor/optimizer.h"
@@ -203,18 +204,15 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
     t.layout.push_back(lay);
     region.push_back(off);
   }
-  MT_ASSIGN_OR_RETURN(t.store, NvmeStore::create(nvme.store, region));
   // Buffers: as many whole units as the staging bytes hold, counted at the units' own NVMe bytes
-  // (master, m, v) as the planner and the simulator count them; each buffer is then the largest
-  // region rounded to the store's blocks, a little more than that.
-  int64_t largest = 0;
-  for (const UnitState& us : hs.units_) {
-    int64_t b = t.master ? 4 * us.numel : 0;
-    if (t.states) b += us.m.bytes_if_allocated() + us.v.bytes_if_allocated();
-    largest = std::max(largest, b);
-  }
+  // (master, m, v) by the core function the simulator's staging rule uses; fewer than one unit is
+  // refused by that rule, before any space is reserved. Each buffer is then the largest region
+  // rounded to the store's blocks, a little more than that.
+  const int64_t largest = nvme_unit_transfer_bytes(model, t.master, t.states, m_format, v_format, block_size);
+  MT_RETURN_IF_ERROR(check_pinned_staging(nvme.staging_bytes, largest));
+  MT_ASSIGN_OR_RETURN(t.store, NvmeStore::create(nvme.store, region));
   for (int64_t u = 0; u < static_cast<int64_t>(region.size()); ++u) t.slot_bytes = std::max(t.slot_bytes, t.store->region_capacity(u));
-  const int64_t n_slots = std::max<int64_t>(1, largest > 0 ? nvme.staging_bytes / largest : 1);
+  const int64_t n_slots = nvme.staging_bytes / largest;
   t.slots.resize(static_cast<size_t>(n_slots));
   for (int64_t k = 0; k < n_slots; ++k) {
     t.slots[static_cast<size_t>(k)].resize(t.slot_bytes);

@@ -80,16 +80,6 @@ Result<Isa> resolve_isa(Isa isa) {
   return supported(isa);
 }
 
-int state_format_bits(StateFormat f) {
-  switch (f) {
-    case StateFormat::kQ8: return 8;
-    case StateFormat::kQ4: return 4;
-    case StateFormat::kQ3: return 3;
-    case StateFormat::kQ2: return 2;
-    default: return 0;
-  }
-}
-
 bool is_quantised(StateFormat f) { return state_format_bits(f) > 0; }
 
 StepConsts step_consts(const AdamWStep& s) {

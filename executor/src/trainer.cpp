@@ -127,6 +127,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.state = &state;
   I.data = &data;
   I.opt = options;
+  // The plan's rules, the same function Plan reading and the simulator apply (core/plan.h).
+  MT_RETURN_IF_ERROR(check_plan_for_model(plan, model));
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
   {
     const bool master_nvme = plan.placement.master_weights == "nvme", states_nvme = plan.placement.optimizer_states == "nvme";
@@ -194,10 +196,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   const int64_t act_floats = I.be->layer_act_floats();
   DeviceBudget& b = I.budget;
   if (options.streamed) {
-    if (I.c > 0 && I.B < I.c + 1)
-      return resource_exhausted("schedule.device_layer_buffers " + std::to_string(I.B) + " cannot hold the " +
-                                std::to_string(I.c) + " layers a checkpoint block recomputes plus one in flight; accepted: >= " +
-                                std::to_string(I.c + 1));
     b.slots = floats_to_bytes(I.B * max_unit);
     b.hidden = floats_to_bytes(3 * A_dev * NH);
     b.checkpoints = I.host_ckpt ? 0 : floats_to_bytes(n_ckpt * A_dev * NH);
@@ -327,7 +325,9 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
   const OptimizerConfig& o = I.plan.optimizer;
   const double lr = learning_rate(I.plan.training, step);
-  const int threads = o.threads > 0 ? static_cast<int>(o.threads) : 1;
+  // optimizer.threads 0 means all cores, as the simulator reads it: the cores this process may
+  // run on, which is what megatrain-exec passes as the backend's threads unless --threads says less.
+  const int threads = o.threads > 0 ? static_cast<int>(o.threads) : std::max(1, I.opt.threads);
   uint16_t* stream = I.state->transfer() == DType::kBf16 ? us.stream_bf16.data() : nullptr;
   if (us.m.format() != StateFormat::kFp32 || us.v.format() != StateFormat::kFp32) {
     // Quantised or bf16 moments: tensor by tensor, since their blocks start at each tensor.

@@ -626,6 +626,12 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
                   }
                   // Staging: the smallest that holds one transfer, then the largest multiple that fits.
                   Needs n = needs_of(k, f, compute, device_budget);
+                  // The plan rule's minimum is exact (quantised blocks padded per tensor), a few
+                  // bytes above the per-element estimate: start from whichever is larger.
+                  if (n.staging_min > 0)
+                    n.staging_min = std::max(n.staging_min, static_cast<double>(nvme_unit_transfer_bytes(
+                                                                model, k.master_nvme, k.states_nvme, k.m_format,
+                                                                k.v_format, OptimizerConfig{}.block_size)));
                   std::vector<int64_t> stagings = {0};
                   if (n.staging_min > 0) {
                     stagings.clear();

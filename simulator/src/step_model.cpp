@@ -592,16 +592,13 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
     res.reason = std::move(why);
     return res;
   };
+  // The plan's own rules first (the same function Plan reading and the executor call), then the
+  // capacities: a plan built in memory, as the planner builds them, has not been through reading.
+  if (Status valid = check_plan_for_model(plan, model); !valid.ok()) return refuse(valid.message());
   if (ram > rig.host.ram_bytes.value) return refuse(over("ram", ram, rig.host.ram_bytes.value));
   if (pinned > rig.host.pinnable_bytes.value) return refuse(over("pinned", pinned, rig.host.pinnable_bytes.value));
   if (nvme > nvme_capacity) return refuse(over("nvme", nvme, nvme_capacity));
-  if ((s.master_nvme || s.states_nvme) && staging <= 0)
-    return refuse("pinned: placement puts state on nvme but placement.pinned_staging_bytes is 0; NVMe reads need pinned staging buffers");
   if (device_static > device_budget) return refuse(over("device", device_static, device_budget));
-  if (s.c > 0 && plan.schedule.device_layer_buffers < s.c + 1)
-    return refuse("device: schedule.checkpoint_every " + std::to_string(s.c) + " recomputes " + std::to_string(s.c) +
-                  " layers at once, which needs schedule.device_layer_buffers >= " + std::to_string(s.c + 1) +
-                  " (has " + std::to_string(plan.schedule.device_layer_buffers) + ")");
   // The largest single-unit working set must fit beside the static buffers.
   {
     double unit_max = 0;
@@ -611,13 +608,6 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
     const double need = device_static + unit_max + std::max(logits, static_cast<double>(s.full_act)) +
                         (s.c == 0 ? static_cast<double>(s.L * a_hidden * s.full_act) : 0);
     if (need > device_budget) return refuse(over("device", need, device_budget));
-  }
-  // Staging must hold the largest NVMe transfer of one unit.
-  if (s.master_nvme || s.states_nvme) {
-    double largest = 0;
-    for (size_t u = 0; u < s.params.size(); ++u)
-      largest = std::max(largest, static_cast<double>(s.params[u]) * ((s.states_nvme ? s.state_pp : 0) + (s.master_nvme ? 4 : 0)));
-    if (largest > staging) return refuse(over("pinned staging (placement.pinned_staging_bytes)", largest, staging));
   }
 
   // ---- the engine --------------------------------------------------------------------------------

@@ -293,13 +293,13 @@ TEST(RigNvme, BandwidthLookupUsesQueueDepthAtOrBelowAndLogBlockSize) {
 
 TEST(RigErrors, UnknownKeySaysWhereAndSuggestsTheKnownOne) {
   EXPECT_ERROR(parse_edited([](Json& j) { rename_key(j["gpu"], "memory_bandwidth", "memory_bandwith"); }),
-               StatusCode::kInvalidArgument, "rig: ", "gpu.memory_bandwith", "unknown key", "did you mean 'memory_bandwidth'");
+               StatusCode::kInvalidArgument, "rig: ", "gpu.memory_bandwith", "unknown key", "did you mean \"memory_bandwidth\"");
   EXPECT_ERROR(parse_edited([](Json& j) { j["storage"][1]["read"][0]["latency"] = 1; }),
                StatusCode::kInvalidArgument, "storage[1].read[0].latency", "unknown key");
   EXPECT_ERROR(parse_edited([](Json& j) { j["links"]["h2d"]["pinned_bandwidth"]["provenance"]["note"] = "x"; }),
                StatusCode::kInvalidArgument, "links.h2d.pinned_bandwidth.provenance.note");
   EXPECT_ERROR(parse_edited([](Json& j) { rename_key(j, "description", "descripton"); }),
-               StatusCode::kInvalidArgument, "descripton", "did you mean 'description'");
+               StatusCode::kInvalidArgument, "descripton", "did you mean \"description\"");
 }
 
 TEST(RigErrors, WrongTypeNamesThePathAndTheExpectedType) {
@@ -460,7 +460,7 @@ TEST(RigErrors, MissingFileAndUnknownRigNameAreNotFound) {
   EXPECT_ERROR(HardwareProfile::load(missing).status(), StatusCode::kNotFound, missing.c_str());
   EXPECT_ERROR(HardwareProfile::load("no-such-rig").status(), StatusCode::kNotFound, "no-such-rig", "h200-1.5tb",
                "rtx3090-256gb", "gh200-480gb");
-  EXPECT_ERROR(HardwareProfile::load("h200-1.5t").status(), StatusCode::kNotFound, "did you mean 'h200-1.5tb'");
+  EXPECT_ERROR(HardwareProfile::load("h200-1.5t").status(), StatusCode::kNotFound, "did you mean \"h200-1.5tb\"");
 }
 
 TEST(RigErrors, LoadNamesTheFileInEveryValidationError) {

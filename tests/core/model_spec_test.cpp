@@ -205,6 +205,25 @@ TEST(ModelSpecErrors, MissingFieldIsNamed) {
   }
 }
 
+TEST(ModelSpecErrors, AMisspeltRequiredKeyIsPointedAt) {
+  // config.json may carry keys MegaTrain does not read, so a misspelt one is not "unknown"; the
+  // missing key it stands for names it instead.
+  Json c = base_config();
+  c["num_hiden_layers"] = c["num_hidden_layers"];
+  c.erase("num_hidden_layers");
+  Status s = error_of(c);
+  EXPECT_NE(s.message().find("num_hidden_layers: missing"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("found \"num_hiden_layers\", a misspelling?"), std::string::npos) << s.message();
+}
+
+TEST(ModelSpecErrors, DuplicateKeyIsRefused) {
+  std::string text = base_config().dump();
+  text.insert(1, "\"hidden_size\":32,");
+  auto s = ModelSpec::from_config_json(text, "config.json");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("config.json: hidden_size: duplicate key"), std::string::npos) << s.status().to_string();
+}
+
 TEST(ModelSpecErrors, ContradictoryFieldsAreNamed) {
   Json c = base_config();
   c["num_key_value_heads"] = 3;  // 4 heads cannot be split into 3 groups

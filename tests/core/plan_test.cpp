@@ -122,10 +122,98 @@ TEST(Plan, EmbeddedModelAndRigRoundTrip) {
   EXPECT_EQ(Json::parse(b->to_json_text())["rig"], j["rig"]);
 }
 
+// Inserts `extra` (",\"key\": value") after the first `after` in `text`.
+std::string with_after(std::string text, const std::string& after, const std::string& extra) {
+  const size_t at = text.find(after);
+  MT_CHECK(at != std::string::npos, after + " not in " + text);
+  return text.insert(at + after.size(), extra);
+}
+
+Json read_profile(const std::string& kind, const std::string& name) {
+  std::ifstream in(fs::path(MEGATRAIN_PROFILES_DIR) / kind / (name + ".json"));
+  return Json::parse(in);
+}
+
+void expect_text_error(const std::string& text, std::initializer_list<const char*> needles) {
+  auto p = Plan::from_json_text(text, "plan.json");
+  ASSERT_FALSE(p.ok()) << "expected an error for " << text;
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << p.status().to_string();
+  for (const char* n : needles)
+    EXPECT_NE(p.status().message().find(n), std::string::npos) << "'" << n << "' not in: " << p.status().message();
+}
+
+TEST(PlanErrors, DuplicateKeysAreRefusedNamingTheirPath) {
+  const std::string plan = minimal_plan().dump();
+  // nlohmann would keep the second seq_len (128) and the plan would read as valid.
+  expect_text_error(with_after(plan, "\"training\":{", "\"seq_len\":0,"), {"plan.json: training.seq_len: duplicate key"});
+  expect_text_error(with_after(plan, "\"rig\":\"h200-1.5tb\"", ",\"training\":{\"seq_len\":64,\"micro_batch\":2}"),
+                    {"plan.json: training: duplicate key"});
+  expect_text_error(with_after(plan, "{", "\"schema\":\"megatrain.plan/1\","), {"plan.json: schema: duplicate key"});
+  // Inside an embedded model and an embedded rig, down to an element of an array.
+  Json j = minimal_plan();
+  j["model"] = read_profile("models", "tiny-llama-gqa");
+  expect_text_error(with_after(j.dump(), "\"hidden_size\":64", ",\"hidden_size\":128"), {"model.hidden_size: duplicate key"});
+  j = minimal_plan();
+  j["rig"] = read_profile("hardware", "h200-1.5tb");
+  expect_text_error(with_after(j.dump(), "\"path\":\"/mnt/nvme1\"", ",\"path\":\"/mnt/nvme9\""),
+                    {"rig.storage[1].path: duplicate key"});
+  // Two equal keys in different objects are fine.
+  EXPECT_TRUE(Plan::from_json_text(full_plan().dump()).ok());
+}
+
+TEST(PlanErrors, DuplicateKeysInAPlanFileAreRefused) {
+  const fs::path path = fs::temp_directory_path() / ("megatrain-dup-plan-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << with_after(minimal_plan().dump(2), "\"micro_batch\": 2", ", \"micro_batch\": 4");
+  auto p = Plan::load(path);
+  fs::remove(path);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("training.micro_batch: duplicate key"), std::string::npos) << p.status().to_string();
+}
+
+TEST(PlanErrors, DuplicateKeysInModelConfigsAndRigsAreRefused) {
+  const std::string config = read_profile("models", "tiny-llama-gqa").dump();
+  auto m = ModelSpec::from_config_json(with_after(config, "{", "\"num_hidden_layers\":7,"), "config.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("config.json: num_hidden_layers: duplicate key"), std::string::npos) << m.status().to_string();
+  const std::string rig = read_profile("hardware", "h200-1.5tb").dump();
+  auto r = HardwareProfile::from_json_text(with_after(rig, "\"gpu\":{", "\"name\":\"x\","), "rig.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("rig.json: gpu.name: duplicate key"), std::string::npos) << r.status().to_string();
+}
+
+TEST(PlanErrors, AMisspeltKeyIsReportedAsUnknownBeforeTheKeyItStandsForIsMissing) {
+  Json j = minimal_plan();
+  j["trainig"] = j["training"];
+  j.erase("training");
+  Status s = error_of(j);
+  EXPECT_NE(s.message().find("trainig: unknown key; did you mean \"training\"?"), std::string::npos) << s.to_string();
+  EXPECT_EQ(s.message().find("missing"), std::string::npos) << s.to_string();
+  j = minimal_plan();
+  j["training"]["seqlen"] = 64;
+  j["training"].erase("seq_len");
+  s = error_of(j);
+  EXPECT_NE(s.message().find("training.seqlen: unknown key; did you mean \"seq_len\"?"), std::string::npos) << s.to_string();
+  EXPECT_EQ(s.message().find("missing"), std::string::npos) << s.to_string();
+  // Also before an error in a value read earlier in the same object.
+  j = minimal_plan();
+  j["training"]["micro_batch"] = "two";
+  j["training"]["grad_acum"] = 2;
+  s = error_of(j);
+  EXPECT_NE(s.message().find("training.grad_acum: unknown key; did you mean \"grad_accum\"?"), std::string::npos) << s.to_string();
+  j = full_plan();
+  j["placement"]["pinned_stagin_bytes"] = 0;
+  j["placement"].erase("pinned_staging_bytes");
+  expect_error(j, StatusCode::kInvalidArgument, {"placement.pinned_stagin_bytes: unknown key; did you mean \"pinned_staging_bytes\"?"});
+  // A key nothing resembles still lists what is accepted.
+  j = minimal_plan();
+  j["zzz"] = 1;
+  expect_error(j, StatusCode::kInvalidArgument, {"zzz: unknown key; accepted keys: model, optimizer"});
+}
+
 TEST(PlanErrors, UnknownKeysAnywhereAreNamedWithASuggestion) {
   Json j = minimal_plan();
   j["trainig"] = Json::object();
-  expect_error(j, StatusCode::kInvalidArgument, {"trainig", "unknown key", "did you mean 'training'"});
+  expect_error(j, StatusCode::kInvalidArgument, {"trainig", "unknown key", "did you mean \"training\""});
   j = minimal_plan();
   j["training"]["seq_length"] = 64;
   expect_error(j, StatusCode::kInvalidArgument, {"training.seq_length", "unknown key", "seq_len"});
@@ -206,7 +294,7 @@ TEST(PlanErrors, UnknownModelOrRigNameListsTheKnownOnes) {
   expect_error(j, StatusCode::kNotFound, {"model", "llama-9-000b", "llama-2-70b"});
   j = minimal_plan();
   j["rig"] = "h200-1.5tbb";
-  expect_error(j, StatusCode::kNotFound, {"rig", "h200-1.5tbb", "did you mean 'h200-1.5tb'"});
+  expect_error(j, StatusCode::kNotFound, {"rig", "h200-1.5tbb", "did you mean \"h200-1.5tb\""});
   j = minimal_plan();
   j["model"] = "models/missing/config.json";
   expect_error(j, StatusCode::kNotFound, {"model", "models/missing/config.json", "does not exist"});

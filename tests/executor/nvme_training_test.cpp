@@ -102,9 +102,23 @@ Json base_plan(const std::string& model) {
               {"optimizer", {{"threads", 1}}}};
 }
 
-// The plan with the given parts on NVMe in `dirs`.
-Json on_nvme(Json pj, bool master, bool states, const std::vector<fs::path>& dirs, int64_t staging_bytes = 0,
+// One unit's NVMe transfer for the plan with these parts on NVMe: the least pinned_staging_bytes
+// the plan rule accepts, which gives one staging buffer.
+int64_t one_unit_staging(const Json& pj, bool master, bool states) {
+  Json ram = pj;
+  ram.erase("placement");
+  auto plan = Plan::from_json_text(ram.dump());
+  MT_CHECK(plan.ok(), plan.status().to_string());
+  auto model = plan->resolve_model();
+  MT_CHECK(model.ok(), model.status().to_string());
+  return nvme_unit_transfer_bytes(*model, master, states, plan->optimizer.m_format, plan->optimizer.v_format,
+                                  plan->optimizer.block_size);
+}
+
+// The plan with the given parts on NVMe in `dirs`; staging_bytes < 0: one unit's transfer.
+Json on_nvme(Json pj, bool master, bool states, const std::vector<fs::path>& dirs, int64_t staging_bytes = -1,
              int64_t queue_depth = 8) {
+  if (staging_bytes < 0) staging_bytes = one_unit_staging(pj, master, states);
   Json d = Json::array();
   for (const auto& p : dirs) d.push_back(p.string());
   pj["placement"] = {{"master_weights", master ? "nvme" : "ram"},
@@ -326,7 +340,7 @@ TEST(NvmeTraining, MasterAndStatesOnNvmeWithBf16TransferMatchAndTakeLessRam) {
     ASSERT_TRUE(ram.ok && on.ok);
     EXPECT_LT(on.bytes, ram.bytes) << "HostState::bytes() with master weights and moments on NVMe is not below the RAM-only state's";
     // What leaves RAM: 4 bytes of master weights and 8 of fp32 moments per parameter; the staging
-    // pool (one buffer: pinned_staging_bytes 0) comes in.
+    // pool (one buffer: pinned_staging_bytes of one unit's transfer) comes in.
     EXPECT_EQ(on.staging_buffers, 1);
     EXPECT_GT(on.staging_bytes, 0);
     EXPECT_EQ(ram.bytes - on.bytes, 12 * on.params - on.staging_bytes);
@@ -397,10 +411,10 @@ TEST(NvmeTraining, OneAndThreeStagingBuffersMatch) {
     // own NVMe bytes (master weights, m, v); each buffer is the largest region in whole blocks.
     int64_t unit_bytes = 0;
     {
-      TrainSetup su = make_setup(on_nvme(pj, master, true, {dir.path()}, 0));
+      TrainSetup su = make_setup(on_nvme(pj, master, true, {dir.path()}));
       auto probe = make_state(su);
       ASSERT_TRUE(probe.ok()) << probe.status().to_string();
-      EXPECT_EQ(probe->staging_buffers(), 1) << "pinned_staging_bytes 0 gives one buffer";
+      EXPECT_EQ(probe->staging_buffers(), 1) << "pinned_staging_bytes of one unit's transfer gives one buffer";
       int64_t largest_region = 0;
       for (int64_t r = 0; r < probe->nvme_store()->regions(); ++r)
         largest_region = std::max(largest_region, probe->nvme_store()->region_capacity(r));
@@ -412,6 +426,7 @@ TEST(NvmeTraining, OneAndThreeStagingBuffersMatch) {
         unit_bytes = std::max(unit_bytes, b);
       }
       ASSERT_GT(unit_bytes, 0);
+      EXPECT_EQ(unit_bytes, one_unit_staging(pj, master, true)) << "core counts a unit's NVMe bytes as the executor lays them out";
     }
     const TrainRun reference = train(in_ram(pj), false);
     for (int64_t buffers : {1, 3}) {
@@ -430,7 +445,7 @@ TEST(NvmeTraining, StripingOverTwoDirectoriesMatches) {
   const fs::path d0 = dir.sub("drive0"), d1 = dir.sub("drive1");
   Json pj = base_plan("tiny-llama-gqa");
   pj["precision"]["transfer"] = "bf16";
-  const Json nvme = on_nvme(pj, true, true, {d0, d1}, 0, 4);
+  const Json nvme = on_nvme(pj, true, true, {d0, d1}, -1, 4);
   expect_nvme_matches_ram(nvme);
   EXPECT_EQ(train(nvme, true, 1).nvme_files, 2u);
   // Each directory holds a file while the state lives.
@@ -892,10 +907,18 @@ TEST(NvmeTraining, AFullCheckpointDriveKeepsTheLastCheckpointLoadable) {
 TEST(NvmeTraining, BadPlacementsAreRefusedBeforeTraining) {
   TmpDir dir("bad");
   const fs::path good = dir.sub("good");
-  // Master weights on NVMe need a bf16 streaming copy.
+  // Master weights on NVMe need a bf16 streaming copy: the plan rule refuses the plan, and
+  // HostState refuses the state for callers without a plan.
   {
-    const TrainSetup su = make_setup(on_nvme(base_plan("tiny-llama-gqa"), true, true, {good}));
-    auto st = make_state(su);
+    auto plan = Plan::from_json_text(on_nvme(base_plan("tiny-llama-gqa"), true, true, {good}).dump());
+    ASSERT_FALSE(plan.ok()) << "a plan with master weights on NVMe and an fp32 transfer was accepted";
+    EXPECT_TRUE(contains(plan.status().message(), "placement.master_weights: nvme with precision.transfer fp32"))
+        << plan.status().to_string();
+    Json bf16 = base_plan("tiny-llama-gqa");
+    bf16["precision"]["transfer"] = "bf16";
+    const TrainSetup su = make_setup(on_nvme(bf16, true, true, {good}));
+    auto st = HostState::create(su.model, DType::kFp32, su.plan.optimizer.m_format, su.plan.optimizer.v_format,
+                                su.plan.optimizer.block_size, placement_of(su.plan), true);
     ASSERT_FALSE(st.ok()) << "master weights on NVMe with an fp32 streaming copy were accepted";
     EXPECT_EQ(st.status().code(), StatusCode::kUnsupported) << st.status().to_string();
     EXPECT_TRUE(contains(st.status().message(), "bf16")) << st.status().to_string();

@@ -28,15 +28,23 @@ Status write_file_atomic(const std::filesystem::path& path, const std::string& t
 
 // "a string", "an integer", "a number", "an object", "an array", "a boolean", "null".
 std::string json_type_name(const Json& j);
-// The closest of `accepted` to `key` when it is a plausible typo, else "".
+// The closest of `accepted` to `key` by edit distance when it is a plausible typo, else "".
 std::string closest_match(std::string_view key, const std::vector<std::string>& accepted);
+// `did you mean "x"?` for the closest of `accepted` (closest_match), else "": the one wording of
+// every suggestion (unknown keys, unknown choices, unknown profile names).
+std::string did_you_mean(std::string_view key, const std::vector<std::string>& accepted);
 
 enum class Need { kRequired, kOptional };
 
 class FieldReader {
  public:
   // `object` must outlive the reader. `path` is the key path of `object` ("" for the root).
+  // Keys are learnt as they are read, so unknown keys are found by finish().
   FieldReader(const Json& object, std::string path);
+  // A strict object whose keys are all listed up front: an unknown key is the reader's first error,
+  // so that a misspelt key ("trainig") is reported as unknown, with a suggestion, before the
+  // consequent "training: missing" or any later value's error.
+  FieldReader(const Json& object, std::string path, std::initializer_list<std::string_view> keys);
 
   bool has(const std::string& key) const;
   std::string path_of(const std::string& key) const;
@@ -64,6 +72,9 @@ class FieldReader {
   Status finish();
 
  private:
+  Status unknown_key_error() const;
+  // `; found "x", a misspelling?` for a key of the object not read yet that is close to `key`.
+  std::string misspelt_as(const std::string& key) const;
   const Json* find(const std::string& key, Need need, const char* expected);
   const Json& obj_;
   std::string path_;

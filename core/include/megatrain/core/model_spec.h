@@ -25,6 +25,11 @@ const char* state_format_name(StateFormat f);
 Result<StateFormat> parse_state_format(const std::string& s);  // fp32 | bf16 | q8 | q4 | q3 | q2
 // Bytes per element including the per-block fp32 scale of quantised formats.
 double state_format_bytes_per_element(StateFormat f, int64_t block_size);
+// Bits per code of a quantised format (q8 8, q4 4, q3 3, q2 2); 0 for fp32 and bf16.
+int state_format_bits(StateFormat f);
+// Exact bytes of one moment array over tensors of these element counts, as the executor stores it:
+// quantised formats pad each tensor to whole blocks of `block_size` and keep one fp32 scale per block.
+int64_t state_format_bytes(StateFormat f, const std::vector<int64_t>& tensor_numels, int64_t block_size);
 
 struct ModelConfig {
   std::string architecture;     // "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM"

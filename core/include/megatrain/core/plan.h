@@ -99,6 +99,22 @@ struct Predicted {
 // gpu, h2d, d2h, cpu, host_memory, nvme_read, nvme_write, none.
 const std::vector<std::string>& plan_bottleneck_names();
 
+// The most bytes one unit (the embedding, one layer, or the final norm with the head) moves between
+// NVMe and pinned staging at once: its fp32 master weights when those are on nvme, plus its m and v
+// when the optimizer states are, laid out as the executor stores them (quantised formats padded to
+// whole blocks per tensor, one fp32 scale per block). 0 when nothing is on nvme.
+int64_t nvme_unit_transfer_bytes(const ModelSpec& model, bool master_on_nvme, bool states_on_nvme,
+                                 StateFormat m_format, StateFormat v_format, int64_t block_size);
+// The staging rule: with state on nvme, placement.pinned_staging_bytes must hold at least one unit's
+// transfer (nvme_unit_transfer_bytes); the error names the key, the value and the minimum in bytes.
+Status check_pinned_staging(int64_t pinned_staging_bytes, int64_t unit_transfer_bytes);
+
+struct Plan;
+// Every rule that ties a plan to its model, in one place: Plan reading, the simulator and the
+// executor all call it, so that none of them accepts a plan another refuses (docs/plan-format.md,
+// "Cross-checks"). Capacity verdicts (does it fit the rig's memory) are not part of it.
+Status check_plan_for_model(const Plan& plan, const ModelSpec& model);
+
 struct Plan {
   ProfileRef model;
   ProfileRef rig;

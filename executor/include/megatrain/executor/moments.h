@@ -52,8 +52,7 @@ Result<Isa> isa_from_environment();
 // explicit instruction set the CPU lacks is refused.
 Result<Isa> resolve_isa(Isa isa);
 
-// Bits per code of a quantised format (q8 8, q4 4, q3 3, q2 2); 0 for fp32 and bf16.
-int state_format_bits(StateFormat f);
+using megatrain::state_format_bits;  // core/model_spec.h: the bits per code of a quantised format
 bool is_quantised(StateFormat f);
 
 // A moment's storage for one range of elements (a whole tensor, from its first element): exactly
