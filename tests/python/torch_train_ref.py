@@ -2,7 +2,7 @@
 """An independent PyTorch implementation of a Llama-family model (Llama, Mistral, Qwen2 layers as
 Hugging Face defines them), written for MegaTrain's tests; not a test on its own.
 
-Usage: torch_train_ref.py DIR [--mutate SLIP]
+Usage: torch_train_ref.py DIR [--mutate SLIP [--slip-in reference|fp32]]
 DIR holds config.json, init.safetensors, tokens.u32, spec.json and MegaTrain's results: ours.json
 (per-step losses in fp32 and float64), final.safetensors (fp32, the streamed trainer) and
 final64.safetensors (float64, the same layer templates in double). This script trains the same
@@ -11,12 +11,13 @@ checks:
 
   float64: MegaTrain's float64 run against PyTorch's float64 run. Both compute the same math with
     rounding near 1e-16, so any disagreement above F64_BOUND is a semantic difference.
-  fp32: each side's fp32 error, measured against its own float64 run (per tensor, the largest
-    element difference relative to the tensor's largest value). MegaTrain's fp32 error must be at
-    most FP32_FACTOR times PyTorch's fp32 error on the same tensor, floored at PyTorch's median
-    error over all tensors (a tensor where PyTorch's rounding happens to cancel must not demand
-    the same luck of another summation order). The bound therefore moves with the rounding spread
-    of the machine, BLAS and instruction set it runs on; FP32_FACTOR is derived in docs/testing.md.
+  fp32: each side's fp32 error, measured against its own float64 run, as the relative 2-norm
+    |a - b| / |b| of each tensor and of all weights together. MegaTrain's worst tensor must be
+    within FP32_FACTOR times PyTorch's worst tensor, and all of its weights within FP32_FACTOR
+    times all of PyTorch's. The bound therefore moves with the rounding spread of the machine,
+    BLAS and instruction set it runs on; FP32_FACTOR is derived in docs/testing.md. (Per-tensor
+    maxima, the old measure, are dominated by the few elements whose Adam step took its sign from
+    rounding, a rare event whose count varies from tensor to tensor: their ratio has a heavy tail.)
 
 --mutate SLIP trains the reference with one deliberate semantic slip, to show the checks catch it
 (the exit status must then be 1). Exit 0 when everything agrees, 1 otherwise, 77 when torch is
@@ -38,9 +39,10 @@ except ImportError:
 # for other machines' libm and summation orders, and is still ten million times below the smallest
 # effect of the slips below.
 F64_BOUND = 1e-9
-# fp32: our error over PyTorch's, per tensor; measured at most 4.1 across the instruction-set paths
-# and machines in docs/testing.md.
-FP32_FACTOR = 16.0
+# fp32: our error over PyTorch's (our worst tensor over PyTorch's worst, and all weights over all
+# weights, in the 2-norm); measured at most 3.2 over 16 initial seeds, both models and every
+# instruction-set path (docs/testing.md), so 8 leaves a factor of 2.5.
+FP32_FACTOR = 8.0
 
 SLIPS = {
     "rope_offset": "RoPE positions of the keys one ahead of the queries'",
@@ -274,22 +276,39 @@ print(f"float64: worst loss difference {worst64_loss:.2e}, worst final-weight di
       f" bound {F64_BOUND:.0e}")
 
 # ---- fp32: each side's error against its own float64 run ------------------------------------------
+def rel_l2(a, b):
+    """|a - b| / |b| in the 2-norm over the whole tensor: the bulk of the rounding, which the few
+    elements whose Adam step took its sign from rounding cannot dominate as they do the maximum."""
+    return (a.double() - b.double()).norm().item() / max(b.double().norm().item(), 1e-300)
+
+
 err_ours, err_torch = {}, {}
 for name, ref64 in final64.items():
-    scale = ref64.abs().max().item()
-    err_torch[name] = rel(final32[name], ref64, scale)
-    err_ours[name] = rel(ours32[name], ours64[name], scale)
-floor = sorted(err_torch.values())[len(err_torch) // 2]
-worst_ratio, worst_name = 0.0, ""
+    err_torch[name] = rel_l2(final32[name], ref64)
+    err_ours[name] = rel_l2(ours32[name], ours64[name])
+# Our worst tensor against PyTorch's worst tensor, and all weights at once against all weights.
+torch_worst = max(err_torch.values())
+allowed = FP32_FACTOR * torch_worst
 for name in final64:
-    allowed = FP32_FACTOR * max(err_torch[name], floor)
-    ratio = err_ours[name] / max(err_torch[name], floor)
-    if ratio > worst_ratio:
-        worst_ratio, worst_name = ratio, name
     if err_ours[name] > allowed:
         ok = False
-        print(f"fp32 mismatch: {name}: MegaTrain's fp32 error {err_ours[name]:.2e} is above {FP32_FACTOR:g} x PyTorch's "
-              f"{max(err_torch[name], floor):.2e}")
+        print(f"fp32 mismatch: {name}: MegaTrain's fp32 error {err_ours[name]:.2e} is above {FP32_FACTOR:g} x "
+              f"PyTorch's worst tensor {torch_worst:.2e}")
+
+
+def global_l2(run32, run64):
+    num = sum((run32[n].double() - run64[n].double()).pow(2).sum().item() for n in final64)
+    den = sum(run64[n].double().pow(2).sum().item() for n in final64)
+    return math.sqrt(num / den)
+
+
+all_ours, all_torch = global_l2(ours32, ours64), global_l2(final32, final64)
+if all_ours > FP32_FACTOR * all_torch:
+    ok = False
+    print(f"fp32 mismatch: all weights: MegaTrain's fp32 error {all_ours:.2e} is above {FP32_FACTOR:g} x PyTorch's "
+          f"{all_torch:.2e}")
+worst_name = max(err_ours, key=err_ours.get)
+worst_ratio = err_ours[worst_name] / torch_worst
 # Losses: each step's fp32 loss against float64, the same rule over the ten steps.
 loss_err_ours = max(abs(a - b) / abs(b) for a, b in zip(ours["losses"], ours["losses64"]))
 loss_err_torch = max(abs(a - b) / abs(b) for a, b in zip(losses32, losses64))
@@ -298,9 +317,10 @@ if loss_err_ours > FP32_FACTOR * max(loss_err_torch, 1e-7):
     print(f"fp32 mismatch: losses: MegaTrain's fp32 error {loss_err_ours:.2e} is above {FP32_FACTOR:g} x PyTorch's {loss_err_torch:.2e}")
 # The fp32 runs against each other: reported, and bounded by the triangle through float64.
 direct = max(rel(ours32[n], final32[n], final64[n].abs().max().item()) for n in final64)
-print(f"fp32: PyTorch's error median {floor:.2e} max {max(err_torch.values()):.2e}; MegaTrain's max "
-      f"{max(err_ours.values()):.2e}; worst ratio {worst_ratio:.2f} ({worst_name}), allowed {FP32_FACTOR:g}; "
-      f"loss error MegaTrain {loss_err_ours:.2e} PyTorch {loss_err_torch:.2e}; fp32 runs differ by {direct:.2e}")
+print(f"fp32: PyTorch's error worst tensor {torch_worst:.2e}, all weights {all_torch:.2e}; MegaTrain's worst tensor "
+      f"{err_ours[worst_name]:.2e} ({worst_name}), all weights {all_ours:.2e}; ratios {worst_ratio:.2f} and "
+      f"{all_ours / all_torch:.2f}, allowed {FP32_FACTOR:g}; loss error MegaTrain {loss_err_ours:.2e} PyTorch "
+      f"{loss_err_torch:.2e}; fp32 runs differ by {direct:.2e} (largest element, relative)")
 print(f"losses MegaTrain {['%.6f' % v for v in ours['losses']]}")
 print(f"losses PyTorch   {['%.6f' % v for v in losses32]}")
 sys.exit(0 if ok else 1)
