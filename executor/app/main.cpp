@@ -138,13 +138,7 @@ int main(int argc, char** argv) {
   if (!loader.ok()) return fail(loader.status());
   // The training state: in RAM, or partly on the NVMe tier as placement says (the drives are
   // checked and their space reserved here, before anything runs).
-  exec::NvmePlacement nvme;
-  nvme.master = plan->placement.master_weights == "nvme";
-  nvme.states = plan->placement.optimizer_states == "nvme";
-  for (const std::string& d : plan->placement.nvme_dirs) nvme.store.dirs.emplace_back(d);
-  nvme.store.queue_depth = static_cast<int>(plan->placement.nvme_queue_depth);
-  nvme.store.block_bytes = plan->placement.nvme_block_bytes;
-  nvme.staging_bytes = plan->placement.pinned_staging_bytes;
+  exec::NvmePlacement nvme = exec::nvme_placement_of(plan->placement);
   // Layer-major without clipping needs no gradient after its own update: the trainer lends each
   // unit a gradient buffer from a pool of three instead of holding them all (4 bytes per parameter).
   const bool all_gradients = reference || plan->schedule.order != "layer-major" || plan->training.clip_grad_norm > 0;

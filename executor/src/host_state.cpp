@@ -15,6 +15,17 @@
 #include "megatrain/executor/optimizer.h"
 
 namespace megatrain::exec {
+
+NvmePlacement nvme_placement_of(const PlacementConfig& placement) {
+  NvmePlacement nvme;
+  nvme.master = placement.master_weights == "nvme";
+  nvme.states = placement.optimizer_states == "nvme";
+  for (const std::string& d : placement.nvme_dirs) nvme.store.dirs.emplace_back(d);
+  nvme.store.queue_depth = static_cast<int>(placement.nvme_queue_depth);
+  nvme.store.block_bytes = placement.nvme_block_bytes;
+  nvme.staging_bytes = placement.pinned_staging_bytes;
+  return nvme;
+}
 namespace {
 
 uint64_t splitmix64(uint64_t& x) {

@@ -160,16 +160,10 @@ TrainSetup make_setup(const Json& pj) {
   return TrainSetup{*plan, *model, std::make_unique<DataLoader>(std::move(loader).value())};
 }
 
-// The NVMe placement of a plan, as executor/app/main.cpp builds it.
+// The NVMe placement of a plan, as megatrain-exec builds it, optionally on the thread-pool I/O path.
 NvmePlacement placement_of(const Plan& plan, bool force_thread_pool = false) {
-  NvmePlacement nvme;
-  nvme.master = plan.placement.master_weights == "nvme";
-  nvme.states = plan.placement.optimizer_states == "nvme";
-  for (const std::string& d : plan.placement.nvme_dirs) nvme.store.dirs.emplace_back(d);
-  nvme.store.queue_depth = static_cast<int>(plan.placement.nvme_queue_depth);
-  nvme.store.block_bytes = plan.placement.nvme_block_bytes;
+  NvmePlacement nvme = nvme_placement_of(plan.placement);
   nvme.store.force_thread_pool = force_thread_pool;
-  nvme.staging_bytes = plan.placement.pinned_staging_bytes;
   return nvme;
 }
 
@@ -986,7 +980,9 @@ TEST(NvmeTraining, LentGradientsMatchAndTakeLessRam) {
     SCOPED_TRACE(p["placement"].dump());
     const TrainRun lent = train(p, true, 4, false, false);
     expect_identical(lent, reference);
-    if (!p.contains("placement")) EXPECT_EQ(all.bytes - lent.bytes, 4 * lent.params) << "the gradients' RAM is not saved";
+    if (!p.contains("placement")) {
+      EXPECT_EQ(all.bytes - lent.bytes, 4 * lent.params) << "the gradients' RAM is not saved";
+    }
   }
   for (const char* what : {"clipping", "microbatch-major"}) {
     Json bad = in_ram(pj);

@@ -77,13 +77,7 @@ Verdict executor_verdict(const std::string& text, const std::shared_ptr<const To
   auto loader = DataLoader::create(tokens, plan->training.seq_len, plan->training.micro_batch, plan->training.grad_accum,
                                    *order, static_cast<uint64_t>(plan->training.seed), model->config().vocab_size);
   if (!loader.ok()) return refused(loader.status());
-  NvmePlacement nvme;
-  nvme.master = plan->placement.master_weights == "nvme";
-  nvme.states = plan->placement.optimizer_states == "nvme";
-  for (const std::string& d : plan->placement.nvme_dirs) nvme.store.dirs.emplace_back(d);
-  nvme.store.queue_depth = static_cast<int>(plan->placement.nvme_queue_depth);
-  nvme.store.block_bytes = plan->placement.nvme_block_bytes;
-  nvme.staging_bytes = plan->placement.pinned_staging_bytes;
+  NvmePlacement nvme = nvme_placement_of(plan->placement);
   const bool all_gradients = plan->schedule.order != "layer-major" || plan->training.clip_grad_norm > 0;
   auto state = HostState::create(*model, plan->precision.transfer, plan->optimizer.m_format, plan->optimizer.v_format,
                                  plan->optimizer.block_size, nvme, all_gradients);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "megatrain/core/model_spec.h"
+#include "megatrain/core/plan.h"
 #include "megatrain/core/status.h"
 #include "megatrain/executor/aligned_array.h"
 #include "megatrain/executor/moments.h"
@@ -50,6 +51,9 @@ struct NvmePlacement {
   NvmeStoreOptions store;     // directories, queue depth, block size
   int64_t staging_bytes = 0;  // the staging pool: as many whole-unit buffers as fit, at least one
 };
+// The NVMe placement a plan's placement section asks for (megatrain-exec and the tests build the
+// HostState from it).
+NvmePlacement nvme_placement_of(const PlacementConfig& placement);
 
 class HostState {
  public:
