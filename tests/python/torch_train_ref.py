@@ -126,10 +126,10 @@ def rotate_half(x):
 
 
 def rope(x, pos, dtype):
-    # HF: inv_freq in float32 from int64 arange, cos/sin of positions x inv_freq, cast to x's dtype.
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    if dtype == torch.float64:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).double() / hd))
+    # HF: inv_freq from an int64 arange, cos/sin of positions x inv_freq, cast to x's dtype; in fp32
+    # as HF computes it, in float64 for the float64 run (as our double kernels do).
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(torch.float64 if dtype == torch.float64
+                                                                              else torch.float32) / hd))
     freqs = torch.outer(pos.to(inv_freq.dtype), inv_freq)
     if slip == "rope_interleaved":
         cos, sin = freqs.cos().repeat_interleave(2, -1)[None, None], freqs.sin().repeat_interleave(2, -1)[None, None]
@@ -216,9 +216,7 @@ def train(dtype):
               {"params": [p for n, p in W.items() if not decays(n, p)], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     if slip == "no_bias_correction":
-        for g in groups:
-            g["lr"] = spec["lr"]
-        opt = AdamWWithoutBiasCorrection(groups)
+        opt = AdamWWithoutBiasCorrection(groups)  # each step sets every group's lr below
     else:
         opt = torch.optim.AdamW(groups, lr=spec["lr"], betas=(spec["beta1"], spec["beta2"]), eps=spec["eps"])
     losses = []
