@@ -200,11 +200,15 @@ int main(int argc, char** argv) {
               model->name().c_str(), static_cast<long long>(model->parameter_counts().total),
               static_cast<long long>(loader->tokens_per_step()), static_cast<long long>(total),
               reference ? "in-memory loop" : "streamed", (*trainer)->backend_description().c_str());
-  if (!reference)
-    std::printf("device arena %s of %s budget\n", format_bytes(static_cast<double>((*trainer)->budget().total())).c_str(),
-                plan->placement.device_budget_bytes > 0
-                    ? format_bytes(static_cast<double>(plan->placement.device_budget_bytes)).c_str()
-                    : "the rig's whole");
+  if (!reference) {
+    const step::TierBytes& fp = (*trainer)->footprint().peak;
+    std::printf("memory: device arena %s of a %s budget, RAM %s (%s handed to the backend for page-locking)%s\n",
+                format_bytes(static_cast<double>(fp.device)).c_str(),
+                plan->placement.device_budget_bytes > 0 ? format_bytes(static_cast<double>(plan->placement.device_budget_bytes)).c_str()
+                                                        : "rig-wide",
+                format_bytes(static_cast<double>(fp.ram)).c_str(), format_bytes(static_cast<double>(fp.pinned)).c_str(),
+                fp.nvme > 0 ? (", NVMe " + format_bytes(static_cast<double>(fp.nvme))).c_str() : "");
+  }
   if (const std::string pinned = (*trainer)->pinned_report(); !pinned.empty()) std::printf("%s\n", pinned.c_str());
   const std::string plan_text = plan->to_json_text();
   auto save = [&](int64_t next_step) -> Status {

@@ -17,7 +17,9 @@
 #include <deque>
 #include <mutex>
 
+#include "megatrain/core/trace_vocab.h"
 #include "megatrain/core/units.h"
+#include "megatrain/step/schedule.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/model.h"
 #include "megatrain/executor/optimizer.h"
@@ -29,13 +31,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Span {
-  int lane;
-  std::string name, kind;
+  Lane lane;
+  SpanKind kind;
+  std::string name;  // span_name(kind, layer, mb), or a stall's reason
   int64_t step, layer, mb, start_ns, end_ns, bytes;
   double flops;
 };
-
-enum Lane { kLaneCompute, kLaneH2D, kLaneD2H, kLaneOptimizer, kLaneNvmeRead, kLaneNvmeWrite, kLaneCount };
 
 }  // namespace
 
@@ -47,6 +48,9 @@ struct Trainer::Impl {
   TrainerOptions opt;
   Dims d;
   DeviceBudget budget;
+  step::StepSchedule sched;  // the compiled step this trainer walks (megatrain/step/schedule.h)
+  step::Footprint fp;        // what it allocates, per tier
+  int64_t pinned_requested = 0;  // host bytes handed to the backend for page-locking
   // Host memory the backend may have page-locked is declared before it, so that it is freed after
   // the backend lets go of it.
   AlignedArray<float> host_ckpt_store; // [checkpoint index][mb] in RAM
@@ -104,19 +108,23 @@ struct Trainer::Impl {
   Clock::time_point t0 = Clock::now();
 
   int64_t ns(Clock::time_point t) const { return std::chrono::duration_cast<std::chrono::nanoseconds>(t - t0).count(); }
-  void record(int lane, std::string name, const char* kind, int64_t step, int64_t layer, int64_t mb, Clock::time_point a,
-              Clock::time_point b, int64_t bytes = 0, double flops = 0) {
+  // A span named as the simulator names it (span_name).
+  void record(SpanKind kind, int64_t step, int64_t layer, int64_t mb, Clock::time_point a, Clock::time_point b,
+              int64_t bytes = 0) {
     if (!opt.record_trace) return;
     std::lock_guard<std::mutex> g(trace_mu);
-    spans.push_back(Span{lane, std::move(name), kind, step, layer, mb, ns(a), ns(b), bytes, flops});
+    spans.push_back(Span{lane_of(kind), kind, span_name(kind, layer, mb), step, layer, mb, ns(a), ns(b), bytes, 0});
+  }
+  void record_stall(const char* reason, int64_t step, int64_t layer, int64_t mb, Clock::time_point a, Clock::time_point b) {
+    if (!opt.record_trace) return;
+    std::lock_guard<std::mutex> g(trace_mu);
+    spans.push_back(Span{Lane::kCompute, SpanKind::kStall, stall_name(reason), step, layer, mb, ns(a), ns(b), 0, 0});
+  }
+  Status register_host(void* p, int64_t bytes, const char* what) {
+    pinned_requested += bytes;
+    return be->register_host(p, bytes, what);
   }
 };
-
-namespace {
-
-int64_t floats_to_bytes(int64_t n) { return n * static_cast<int64_t>(sizeof(float)); }
-
-}  // namespace
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSpec& model, HostState& state,
                                                  const DataLoader& data, const TrainerOptions& options) {
@@ -148,7 +156,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
                             " (block " + std::to_string(plan.optimizer.block_size) +
                             "); accepted: a HostState created with the plan's optimizer formats");
-  if (!state.all_gradients() && (!options.streamed || plan.schedule.order != "layer-major" || plan.training.clip_grad_norm > 0))
+  if (!state.all_gradients() && !step::lends_gradients(plan, options.streamed))
     return invalid_argument("the training state lends gradients per unit (HostState created without all_gradients), which needs "
                             "the streamed pipeline in layer-major order without clipping (every gradient is needed until the "
                             "global norm or the last micro-batch otherwise); accepted: a HostState with all_gradients for this plan");
@@ -185,37 +193,46 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
 
   const Dims& d = I.d;
   const int64_t NH = d.N * d.H;
-  int64_t max_unit = 0, max_layer = 0;
-  for (int64_t u = 0; u < I.U; ++u) max_unit = std::max(max_unit, state.units()[static_cast<size_t>(u)].numel);
-  max_layer = I.L > 0 ? state.units()[1].numel : 0;
-  const int64_t n_ckpt = I.c > 0 ? (I.L + I.c - 1) / I.c : 0;
-  const int64_t A_dev = plan.schedule.order == "layer-major" ? I.A : 1;  // micro-batches on the device at once
-  const int64_t act_sets = I.c > 0 ? I.c : I.L * A_dev;
-  const int64_t grad_sets = (I.c > 0 ? I.c : 1) + 1;
-  const int64_t ws_floats = std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
-  const int64_t act_floats = I.be->layer_act_floats();
+  // The compiled step and its footprint, with this backend's own buffer sizes (the planner and the
+  // simulator size them with step::layout_for, which the CPU backend's figures equal: tested).
+  step::ActivationLayout layout = step::layout_for(I.be->name() == "cpu" ? step::BackendKind::kCpu : step::BackendKind::kCuda, model, plan);
+  layout.hidden_floats = NH;
+  layout.layer_act_floats = I.be->layer_act_floats();
+  layout.layer_workspace_floats = I.be->layer_workspace_floats();
+  layout.head_workspace_floats = I.be->head_workspace_floats();
+  layout.private_bytes = I.be->private_bytes();
+  step::CompileOptions co;
+  co.lent_gradients = !state.all_gradients();
+  MT_ASSIGN_OR_RETURN(I.sched, step::compile(plan, model, layout, co));
+  for (int64_t u = 0; u < I.U; ++u)
+    if (state.units()[static_cast<size_t>(u)].numel != I.sched.unit_numel[static_cast<size_t>(u)])
+      return internal_error("unit " + std::to_string(u) + " of the training state holds " +
+                            std::to_string(state.units()[static_cast<size_t>(u)].numel) + " parameters, the compiled step " +
+                            std::to_string(I.sched.unit_numel[static_cast<size_t>(u)]));
+  I.fp = step::footprint(I.sched, layout);
+  const step::Buffers& sb = I.sched.buffers;
+  const int64_t max_unit = sb.slot_floats, max_layer = sb.grad_floats;
+  const int64_t n_ckpt = I.sched.checkpoints_per_mb;
+  const int64_t A_dev = I.sched.resident_mbs;  // micro-batches on the device at once
+  const int64_t act_sets = sb.act_sets, grad_sets = sb.grad_sets;
+  const int64_t ws_floats = sb.workspace;
+  const int64_t act_floats = sb.act_floats;
   DeviceBudget& b = I.budget;
   if (options.streamed) {
-    b.slots = floats_to_bytes(I.B * max_unit);
-    b.hidden = floats_to_bytes(3 * A_dev * NH);
-    b.checkpoints = I.host_ckpt ? 0 : floats_to_bytes(n_ckpt * A_dev * NH);
-    b.activations = floats_to_bytes(act_sets * act_floats);
-    b.gradients = floats_to_bytes(grad_sets * max_layer + state.units()[0].numel +
-                                  state.units()[static_cast<size_t>(I.L + 1)].numel + (d.tied ? d.V * d.H : 0));
-    b.workspace = floats_to_bytes(ws_floats + NH) + I.be->private_bytes();
-    const int64_t budget = plan.placement.device_budget_bytes;
-    if (budget > 0 && b.total() > budget)
-      return resource_exhausted(
-          "placement.device_budget_bytes " + format_bytes(static_cast<double>(budget)) + " (" + std::to_string(budget) +
-          " bytes) cannot hold the pipeline's buffers: needs " + std::to_string(b.total()) + " bytes (" +
-          format_bytes(static_cast<double>(b.total())) + ": layer buffers " + format_bytes(static_cast<double>(b.slots)) +
-          ", hidden states " + format_bytes(static_cast<double>(b.hidden)) + ", checkpoints " +
-          format_bytes(static_cast<double>(b.checkpoints)) + ", activations " + format_bytes(static_cast<double>(b.activations)) +
-          ", gradients " + format_bytes(static_cast<double>(b.gradients)) + ", workspace " +
-          format_bytes(static_cast<double>(b.workspace)) + ")");
-    // Each carve is rounded up to 64 bytes: room for that on top of the budgeted bytes.
-    const int64_t carves = I.B + 3 * A_dev + (I.host_ckpt ? 0 : n_ckpt * A_dev) + act_sets + grad_sets + 5;
-    MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(b.total() + 64 * carves));
+    b.slots = I.fp.device_slots;
+    b.hidden = I.fp.device_hidden;
+    b.checkpoints = I.fp.device_checkpoints;
+    b.activations = I.fp.device_activations;
+    b.gradients = I.fp.device_gradients;
+    b.workspace = I.fp.device_workspace + I.fp.device_private;
+    // The budgets: the plan's device budget (or the rig's usable GPU memory) and the rig's host
+    // memory, checked before anything is allocated, with the figures the simulator reports.
+    MT_ASSIGN_OR_RETURN(HardwareProfile rig, plan.resolve_rig());
+    step::TierCapacity cap = step::capacity_of(plan, rig);
+    if (I.state->on_nvme()) cap.nvme = std::max(cap.nvme, I.fp.peak.nvme);  // the drives' own free space is checked by the store
+    if (Status fits = step::check_fits(I.fp, cap); !fits.ok())
+      return Status(fits.code(), "the plan does not fit its budgets: " + fits.message());
+    MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(I.fp.peak.device));
     Arena& ar = *I.arena;
     auto take = [&](std::vector<float*>& into, int64_t count, int64_t n, const char* what) -> Status {
       for (int64_t k = 0; k < count; ++k) {
@@ -224,7 +241,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
       }
       return Status{};
     };
-    MT_RETURN_IF_ERROR(take(I.slots, I.B, max_unit, "layer buffers"));
+    MT_RETURN_IF_ERROR(take(I.slots, sb.slots, max_unit, "layer buffers"));
     for (int k = 0; k < 2; ++k) MT_RETURN_IF_ERROR(take(I.hid[k], A_dev, NH, "hidden states"));
     MT_RETURN_IF_ERROR(take(I.dhid, A_dev, NH, "hidden-state gradients"));
     I.ckpt.resize(static_cast<size_t>(n_ckpt));
@@ -238,11 +255,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     MT_RETURN_IF_ERROR(take(I.acts, act_sets, act_floats, "activations"));
     MT_RETURN_IF_ERROR(take(I.grad_bufs, grad_sets, max_layer, "gradient accumulators"));
     std::vector<float*> one;
-    MT_RETURN_IF_ERROR(take(one, 1, state.units()[0].numel, "embedding gradient"));
-    MT_RETURN_IF_ERROR(take(one, 1, state.units()[static_cast<size_t>(I.L + 1)].numel, "head gradient"));
-    if (d.tied) MT_RETURN_IF_ERROR(take(one, 1, d.V * d.H, "tied head gradient"));
+    MT_RETURN_IF_ERROR(take(one, 1, sb.embed_grad, "embedding gradient"));
+    MT_RETURN_IF_ERROR(take(one, 1, sb.head_grad, "head gradient"));
+    if (d.tied) MT_RETURN_IF_ERROR(take(one, 1, sb.tied_grad, "tied head gradient"));
     MT_RETURN_IF_ERROR(take(one, 1, ws_floats, "workspace"));
-    MT_RETURN_IF_ERROR(take(one, 1, NH, "last layer output"));
+    MT_RETURN_IF_ERROR(take(one, 1, sb.scratch, "last layer output"));
     size_t k1 = 0;
     I.embed_grad = one[k1++];
     I.head_grad = one[k1++];
@@ -261,23 +278,23 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     // streamed weights and its gradient, and the host checkpoints.
     for (UnitState& us : state.units()) {
       if (state.transfer() == DType::kBf16)
-        MT_RETURN_IF_ERROR(I.be->register_host(us.stream_bf16.data(), 2 * us.numel, "streamed weights"));
+        MT_RETURN_IF_ERROR(I.register_host(us.stream_bf16.data(), 2 * us.numel, "streamed weights"));
       else
-        MT_RETURN_IF_ERROR(I.be->register_host(us.master.data(), 4 * us.numel, "streamed weights"));
-      if (state.all_gradients()) MT_RETURN_IF_ERROR(I.be->register_host(us.grad.data(), 4 * us.numel, "gradients"));
+        MT_RETURN_IF_ERROR(I.register_host(us.master.data(), 4 * us.numel, "streamed weights"));
+      if (state.all_gradients()) MT_RETURN_IF_ERROR(I.register_host(us.grad.data(), 4 * us.numel, "gradients"));
     }
     if (!state.all_gradients()) {
       // Three buffers: one being copied into, one being updated, one waiting between them.
-      constexpr int kLentGradients = 3;
+      constexpr int kLentGradients = step::kLentGradientBuffers;
       I.grad_pool.resize(kLentGradients);
       for (int k = 0; k < kLentGradients; ++k) {
         I.grad_pool[static_cast<size_t>(k)].resize(max_unit);
-        MT_RETURN_IF_ERROR(I.be->register_host(I.grad_pool[static_cast<size_t>(k)].data(), 4 * max_unit, "gradients"));
+        MT_RETURN_IF_ERROR(I.register_host(I.grad_pool[static_cast<size_t>(k)].data(), 4 * max_unit, "gradients"));
         I.free_grads.push_back(kLentGradients - 1 - k);
       }
       I.grad_of.assign(static_cast<size_t>(I.U), -1);
     }
-    MT_RETURN_IF_ERROR(I.be->register_host(I.host_ckpt_store.data(), 4 * I.host_ckpt_store.size(), "host checkpoints"));
+    MT_RETURN_IF_ERROR(I.register_host(I.host_ckpt_store.data(), 4 * I.host_ckpt_store.size(), "host checkpoints"));
   } else {
     // The in-memory loop keeps every activation of every micro-batch; it is the reference, not a
     // way to train big models.
@@ -314,6 +331,21 @@ Status Trainer::finish_updates() {
   return {};
 }
 const DeviceBudget& Trainer::budget() const { return impl_->budget; }
+const step::StepSchedule& Trainer::schedule() const { return impl_->sched; }
+const step::Footprint& Trainer::footprint() const { return impl_->fp; }
+MemoryInUse Trainer::memory_in_use() const {
+  const Impl& I = *impl_;
+  MemoryInUse m;
+  m.device = I.arena ? I.arena->capacity() + I.be->private_bytes() : 0;
+  m.pinned = I.pinned_requested;
+  m.ram = I.state->bytes() + 4 * static_cast<int64_t>(I.host_ckpt_store.size());
+  for (const auto& g : I.grad_pool) m.ram += 4 * g.size();
+  for (const auto& v : I.inputs) m.ram += 4 * static_cast<int64_t>(v.size());
+  for (const auto& v : I.targets) m.ram += 4 * static_cast<int64_t>(v.size());
+  if (I.be->name() == "cpu") m.ram += m.device;  // the CPU backend's arena is host memory
+  m.nvme = I.state->nvme_bytes();
+  return m;
+}
 std::string Trainer::backend_description() const { return impl_->be->describe(); }
 std::string Trainer::pinned_report() const { return impl_->be->pinned_report(); }
 
@@ -387,7 +419,7 @@ void nvme_read_unit(Trainer::Impl& I, int64_t u, int64_t step) {
   }
   const auto a = Clock::now();
   Status s = I.state->page_in(u, true);
-  I.record(kLaneNvmeRead, "nvme read L" + std::to_string(u), "nvme_read", step, u, -1, a, Clock::now(), nvme_unit_bytes(I, u));
+  I.record(SpanKind::kNvmeRead, step, u, -1, a, Clock::now(), nvme_unit_bytes(I, u));
   if (!s.ok()) return nvme_fail(I, std::move(s));
   {
     std::lock_guard<std::mutex> g(I.mu);
@@ -409,7 +441,7 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) 
   if (!skip) {
     const auto b = Clock::now();
     update_unit(I, u, step, grad_scale);
-    I.record(kLaneOptimizer, "adam L" + std::to_string(u), "optimizer", step, u, -1, b, Clock::now());
+    I.record(SpanKind::kOptimizer, step, u, -1, b, Clock::now());
   }
   {
     std::lock_guard<std::mutex> g(I.mu);
@@ -421,7 +453,7 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) 
   I.nvme_write->post([&I, u, step] {
     const auto a = Clock::now();
     Status s = I.state->page_out(u, true);
-    I.record(kLaneNvmeWrite, "nvme write L" + std::to_string(u), "nvme_write", step, u, -1, a, Clock::now(), nvme_unit_bytes(I, u));
+    I.record(SpanKind::kNvmeWrite, step, u, -1, a, Clock::now(), nvme_unit_bytes(I, u));
     if (!s.ok()) return nvme_fail(I, std::move(s));
     {
       std::lock_guard<std::mutex> g(I.mu);
@@ -429,15 +461,6 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) 
     }
     I.cv.notify_all();
   });
-}
-
-// The order the optimizer takes the units in: as their gradients become final (head, layers from
-// the last, embedding), or, after the global norm of clipping, from the first.
-std::vector<int64_t> optimizer_order(const Trainer::Impl& I) {
-  std::vector<int64_t> order;
-  for (int64_t u = I.U - 1; u >= 0; --u) order.push_back(u);
-  if (I.clip) std::reverse(order.begin(), order.end());
-  return order;
 }
 
 // torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), applied only when below 1.
@@ -554,7 +577,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // The NVMe tier's reads of this step, issued now in the optimizer's order: the staging buffers
   // bound how far ahead they run, and the forward pass overlaps them.
   if (I.nvme_read)
-    for (int64_t u : optimizer_order(I)) I.nvme_read->post([&I, u, step] { nvme_read_unit(I, u, step); });
+    for (int64_t u : I.sched.optimizer_order) I.nvme_read->post([&I, u, step] { nvme_read_unit(I, u, step); });
   for (int64_t round = 0; round < rounds; ++round) {
   const int64_t AR = layer_major ? I.A : 1;   // micro-batches in this round
   const int64_t j0 = layer_major ? 0 : round;  // the round's first micro-batch of the step
@@ -570,26 +593,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     Event* loaded = nullptr;  // H2D: the weights are in the slot
     Event* begun = nullptr;   // compute: has begun this load's unit (opens the prefetch window)
   };
+  const step::Round& rd = I.sched.round;
   std::vector<Load> loads;
-  for (int64_t u = 0; u < I.U; ++u) loads.push_back({u});
-  if (d.tied) loads.push_back({0});
-  const size_t backward_first = loads.size();
-  std::vector<std::pair<int64_t, int64_t>> blocks;
-  const int64_t cb = I.c > 0 ? I.c : 1;
-  for (int64_t lo = 1; lo <= I.L; lo += cb) blocks.push_back({lo, std::min(I.L, lo + cb - 1)});
-  std::reverse(blocks.begin(), blocks.end());
-  for (auto [lo, hi] : blocks) {
-    if (I.c > 0)
-      for (int64_t l = lo; l <= hi; ++l) loads.push_back({l});
-    else
-      for (int64_t l = hi; l >= lo; --l) loads.push_back({l});
-  }
+  for (int32_t u : rd.loads) loads.push_back({u});
+  const auto& blocks = rd.blocks;
   for (Load& ld : loads) {
     ld.loaded = &new_event();
     ld.begun = &new_event();
   }
-  // Host checkpoints: copied out during forward (D2H), restored into hid[0][mb] during backward
-  // (H2D, queued after each block's weights, as the executor issues them).
+  // Host checkpoints: copied out during forward (D2H), restored into hid[0][mb] during backward.
   const int64_t n_ck = static_cast<int64_t>(I.ckpt.size());
   std::vector<Event*> ckpt_copied, restored, consumed;
   for (int64_t k = 0; k < n_ck * AR; ++k) ckpt_copied.push_back(&new_event());
@@ -664,13 +676,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       const auto a = Clock::now();
       be.upload_unit(kH, us, I.state->transfer(), I.slots[static_cast<size_t>(ld.slot)]);
       be.synchronize(kH);
-      I.record(kLaneH2D, "h2d L" + std::to_string(ld.unit), "h2d", step, ld.unit, -1, a, Clock::now(),
-               us.numel * (I.state->transfer() == DType::kBf16 ? 2 : 4));
+      I.record(SpanKind::kH2D, step, ld.unit, -1, a, Clock::now(), us.numel * (I.state->transfer() == DType::kBf16 ? 2 : 4));
       be.record(kH, *ld.loaded);
     });
   };
   auto post_restore = [&](size_t bi, int64_t j, int64_t lo) {
-    I.h2d->post([&I, &be, &restored, &consumed, &backward_begun, &ckpt_copied, &aborted, bi, j, lo, step, NH, AR] {
+    I.h2d->post([&I, &be, &restored, &consumed, &backward_begun, &ckpt_copied, &aborted, bi, j, j0, lo, step, NH, AR] {
       const size_t ck = static_cast<size_t>((lo - 1) / I.c);
       be.wait(kH, backward_begun);
       if (bi > 0) be.wait(kH, *consumed[(bi - 1) * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
@@ -679,21 +690,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       const auto a = Clock::now();
       be.copy_to_device(kH, I.hid[0][static_cast<size_t>(j)], I.ckpt[ck][static_cast<size_t>(j)], NH);
       be.synchronize(kH);
-      I.record(kLaneH2D, "h2d checkpoint L" + std::to_string(lo) + " mb" + std::to_string(j), "h2d_checkpoint", step, lo, j, a,
-               Clock::now(), NH * 4);
+      I.record(SpanKind::kH2DCheckpoint, step, lo, j0 + j, a, Clock::now(), NH * 4);
       be.record(kH, *restored[bi * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
     });
   };
-  for (size_t i = 0; i < backward_first; ++i) post_load(i);
-  {
-    size_t i = backward_first;
-    for (size_t bi = 0; bi < blocks.size(); ++bi) {
-      const auto [lo, hi] = blocks[bi];
-      const int64_t n_loads = I.c > 0 ? hi - lo + 1 : 1;
-      for (int64_t k = 0; k < n_loads; ++k) post_load(i++);
-      if (I.host_ckpt)
-        for (int64_t j = 0; j < AR; ++j) post_restore(bi, j, lo);
-    }
+  // The H2D queue in the compiled step's order: the forward's loads, then per backward block its
+  // loads and its checkpoint restores.
+  for (const step::Transfer& t : rd.h2d) {
+    if (t.kind == step::Transfer::kWeights) post_load(static_cast<size_t>(t.load));
+    else post_restore(static_cast<size_t>(t.block), t.mb, t.unit);
   }
   // The compute stream waits for an event; a wait longer than 20 us is a stall with a reason.
   auto compute_wait = [&](Event& e, const char* reason, int64_t layer, int64_t mb) {
@@ -703,7 +708,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     const double waited = std::chrono::duration<double>(b - a).count();
     if (waited > 20e-6) {
       stall += waited;
-      I.record(kLaneCompute, std::string("stall: ") + reason, "stall", step, layer, mb, a, b);
+      I.record_stall(reason, step, layer, mb, a, b);
     }
   };
   // Compute side: open the prefetch window, wait for load i (a late prefetch is a stall).
@@ -721,8 +726,8 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     }
     I.cv.notify_all();
   };
-  auto compute_span = [&](const std::string& name, const char* kind, int64_t layer, int64_t mb, Clock::time_point a) {
-    I.record(kLaneCompute, name, kind, step, layer, mb, a, Clock::now());
+  auto compute_span = [&](SpanKind kind, int64_t layer, int64_t mb, Clock::time_point a) {
+    I.record(kind, step, layer, mb, a, Clock::now());
   };
   // A unit's gradient is final: copy it to the RAM tier, then (without clipping) update it.
   auto finish_unit = [&](int64_t u, float* grad_buf, int grad_index) {
@@ -749,7 +754,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       else
         be.add_to_host(kD, us.grad.data(), grad_buf, us.numel);
       be.synchronize(kD);  // the host reads the gradient next
-      I.record(kLaneD2H, "d2h grad L" + std::to_string(u), "d2h", step, u, -1, a, Clock::now(), us.numel * 4);
+      I.record(SpanKind::kD2H, step, u, layer_major ? -1 : round, a, Clock::now(), us.numel * 4);
       if (grad_index >= 0) {
         std::lock_guard<std::mutex> g(I.mu);
         I.grad_buf_free[static_cast<size_t>(grad_index)] = 1;
@@ -770,139 +775,117 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     return {g, k};
   };
 
-  // Forward.
-  size_t li = 0;
-  const float* w_embed = acquire(li);
-  for (int64_t j = 0; j < AR; ++j) {
-    const auto a = Clock::now();
-    MT_RETURN_IF_ERROR(be.embed(w_embed, I.inputs[static_cast<size_t>(j0 + j)].data(), I.hid[0][static_cast<size_t>(j)]));
-    compute_span("embed mb" + std::to_string(j0 + j), "embed_forward", 0, j0 + j, a);
-  }
-  release(li++);
-  int cur = 0;
-  for (int64_t l = 1; l <= I.L; ++l, ++li) {
-    const float* w = acquire(li);
-    const UnitView v = be.view_weights(units(l), w);
-    const bool keep_input = I.c > 0 && (l - 1) % I.c == 0;
-    for (int64_t j = 0; j < AR; ++j) {
-      float* x_in = I.hid[cur][static_cast<size_t>(j)];
-      float* x_out = I.hid[1 - cur][static_cast<size_t>(j)];
-      if (I.host_ckpt && l >= 2 && (l - 2) % I.c == 0) {
-        // This layer overwrites the previous layer's input: its copy to the host must be done.
-        const size_t ck = static_cast<size_t>((l - 2) / I.c) * static_cast<size_t>(AR) + static_cast<size_t>(j);
-        compute_wait(*ckpt_copied[ck], "checkpoint_copy", l, j0 + j);
-      }
-      const auto a = Clock::now();
-      if (keep_input && !I.host_ckpt) {
-        be.copy_on_device(kC, I.ckpt[static_cast<size_t>((l - 1) / I.c)][static_cast<size_t>(j)], x_in, NH);
-      } else if (keep_input) {
-        const size_t ck = static_cast<size_t>((l - 1) / I.c);
+  // The compute stream: a walk over the compiled step's ops (megatrain/step/schedule.h).
+  std::vector<const float*> w_of(loads.size(), nullptr);   // each load's slot once acquired
+  std::vector<std::pair<float*, int>> gb(static_cast<size_t>(I.U), {nullptr, -1});  // gradient accumulators per layer
+  int cur = 0;  // hid[cur] holds the hidden state the next layer reads
+  auto block_of = [&](int64_t l) {
+    const int64_t lo = I.c > 0 ? (l - 1) / I.c * I.c + 1 : l;
+    return std::pair<int64_t, int64_t>{lo, I.c > 0 ? std::min(I.L, lo + I.c - 1) : l};
+  };
+  const UnitState& hu = units(I.L + 1);
+  for (const step::Op& op : rd.compute) {
+    const int64_t l = op.layer, j = op.mb;
+    const auto jj = static_cast<size_t>(j);
+    switch (op.kind) {
+      case step::OpKind::kAcquire: w_of[static_cast<size_t>(op.load)] = acquire(static_cast<size_t>(op.load)); break;
+      case step::OpKind::kRelease: release(static_cast<size_t>(op.load)); break;
+      case step::OpKind::kWaitCheckpoint:
+        compute_wait(*ckpt_copied[static_cast<size_t>(op.checkpoint) * static_cast<size_t>(AR) + jj], "checkpoint_copy", l, j0 + j);
+        break;
+      case step::OpKind::kSaveCheckpoint: {
+        const auto ck = static_cast<size_t>(op.checkpoint);
+        float* x_in = I.hid[cur][jj];
+        if (!I.host_ckpt) {
+          be.copy_on_device(kC, I.ckpt[ck][jj], x_in, NH);
+          break;
+        }
         Event& produced = new_event();
         be.record(kC, produced);
-        Event& copied = *ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)];
+        Event& copied = *ckpt_copied[ck * static_cast<size_t>(AR) + jj];
         I.d2h->post([&I, &be, &produced, &copied, &aborted, ck, j, j0, x_in, l, step, NH] {
           be.wait(kD, produced);
           if (aborted()) return;
           const auto t_copy = Clock::now();
           be.copy_to_host(kD, I.ckpt[ck][static_cast<size_t>(j)], x_in, NH);
           be.synchronize(kD);
-          I.record(kLaneD2H, "d2h checkpoint L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "d2h_checkpoint", step, l,
-                   j0 + j, t_copy, Clock::now(), NH * 4);
+          I.record(SpanKind::kD2HCheckpoint, step, l, j0 + j, t_copy, Clock::now(), NH * 4);
           be.record(kD, copied);
         });
+        break;
       }
-      float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-      MT_RETURN_IF_ERROR(be.layer_forward(v, x_in, x_out, be.bind_acts(act)));
-      compute_span("fwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "forward", l, j0 + j, a);
-    }
-    release(li);
-    cur = 1 - cur;
-  }
-  // Head: forward, loss and backward per micro-batch; dhid receives the gradient at the top.
-  {
-    const size_t head_load = li++;
-    const float* w_head = acquire(head_load);
-    const float* table = nullptr;
-    size_t table_load = 0;
-    if (d.tied) {
-      table_load = li++;
-      table = acquire(table_load);
-    }
-    const UnitState& hu = units(I.L + 1);
-    be.fill_zero(kC, I.head_grad, hu.numel);
-    if (d.tied) be.fill_zero(kC, I.tied_grad, d.V * d.H);
-    const UnitView hv = be.view_weights(hu, w_head);
-    const float* lm = d.tied ? be.view_weights(units(0), table)[TensorRole::kEmbedding] : hv[TensorRole::kHead];
-    float* dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
-    for (int64_t j = 0; j < AR; ++j) {
-      const auto a = Clock::now();
-      MT_RETURN_IF_ERROR(be.head(hv[TensorRole::kFinalNorm], lm, I.hid[cur][static_cast<size_t>(j)],
-                                 I.targets[static_cast<size_t>(j0 + j)].data(), grad_scale, I.dhid[static_cast<size_t>(j)],
-                                 I.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, &loss_sum, &count, I.ws));
-      compute_span("head mb" + std::to_string(j0 + j), "head", I.L + 1, j0 + j, a);
-    }
-    release(head_load);
-    if (d.tied) release(table_load);
-    finish_unit(I.L + 1, I.head_grad, -1);
-  }
-  be.record(kC, backward_begun);
-  // Backward: block by block from the last; recompute from the checkpoint, then backward.
-  be.fill_zero(kC, I.embed_grad, units(0).numel);
-  li = backward_first;
-  for (size_t bi = 0; bi < blocks.size(); ++bi) {
-    const auto [lo, hi] = blocks[bi];
-    std::vector<const float*> w(static_cast<size_t>(hi - lo + 1));
-    std::vector<size_t> load_of(static_cast<size_t>(hi - lo + 1));
-    std::vector<std::pair<float*, int>> gb(static_cast<size_t>(hi - lo + 1));
-    if (I.c > 0) {
-      for (int64_t l = lo; l <= hi; ++l, ++li) {
-        load_of[static_cast<size_t>(l - lo)] = li;
-        w[static_cast<size_t>(l - lo)] = acquire(li);
-      }
-    } else {
-      load_of[0] = li;
-      w[0] = acquire(li++);
-    }
-    for (int64_t l = lo; l <= hi; ++l) gb[static_cast<size_t>(l - lo)] = take_grad_buf(units(l).numel);
-    for (int64_t j = 0; j < AR; ++j) {
-      if (I.c > 0) {
-        const float* x = I.ckpt[static_cast<size_t>((lo - 1) / I.c)][static_cast<size_t>(j)];
-        const size_t r = bi * static_cast<size_t>(AR) + static_cast<size_t>(j);
-        if (I.host_ckpt) {
-          compute_wait(*restored[r], "activations", lo, j0 + j);
-          x = I.hid[0][static_cast<size_t>(j)];
+      case step::OpKind::kWaitRestore:
+        compute_wait(*restored[static_cast<size_t>(op.block) * static_cast<size_t>(AR) + jj], "activations", l, j0 + j);
+        break;
+      case step::OpKind::kConsumed: be.record(kC, *consumed[static_cast<size_t>(op.block) * static_cast<size_t>(AR) + jj]); break;
+      case step::OpKind::kBackwardBegins:
+        be.record(kC, backward_begun);
+        be.fill_zero(kC, I.embed_grad, units(0).numel);
+        break;
+      case step::OpKind::kTakeGradBuffer: gb[static_cast<size_t>(l)] = take_grad_buf(units(l).numel); break;
+      case step::OpKind::kGradFinal:
+        if (l == I.L + 1) {
+          finish_unit(l, I.head_grad, -1);
+        } else if (l == 0) {
+          if (d.tied) be.add(I.embed_grad, I.tied_grad, d.V * d.H);
+          finish_unit(0, I.embed_grad, -1);
+        } else {
+          finish_unit(l, gb[static_cast<size_t>(l)].first, gb[static_cast<size_t>(l)].second);
         }
-        for (int64_t l = lo; l <= hi; ++l) {
-          const auto a = Clock::now();
-          float* out = l == hi ? I.x_scratch : I.acts[static_cast<size_t>(l - lo + 1)];  // next layer's acts.x
-          const LayerActs acts = be.bind_acts(I.acts[static_cast<size_t>(l - lo)]);
-          MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w[static_cast<size_t>(l - lo)]), l == lo ? x : acts.x, out, acts));
-          if (l == lo) be.record(kC, *consumed[r]);
-          compute_span("recompute L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "recompute", l, j0 + j, a);
-        }
-      }
-      for (int64_t l = hi; l >= lo; --l) {
+        break;
+      case step::OpKind::kCompute: {
         const auto a = Clock::now();
-        float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-        float* dx = I.dhid[static_cast<size_t>(j)];
-        MT_RETURN_IF_ERROR(be.layer_backward(be.view_weights(units(l), w[static_cast<size_t>(l - lo)]), be.bind_acts(act), dx, dx,
-                                             grad_unit(units(l), gb[static_cast<size_t>(l - lo)].first), I.ws));
-        compute_span("bwd L" + std::to_string(l) + " mb" + std::to_string(j0 + j), "backward", l, j0 + j, a);
+        const float* w = op.load >= 0 ? w_of[static_cast<size_t>(op.load)] : nullptr;
+        switch (op.span) {
+          case SpanKind::kEmbedForward:
+            MT_RETURN_IF_ERROR(be.embed(w, I.inputs[static_cast<size_t>(j0 + j)].data(), I.hid[0][jj]));
+            break;
+          case SpanKind::kForward: {
+            float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
+            MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w), I.hid[cur][jj], I.hid[1 - cur][jj], be.bind_acts(act)));
+            if (j == AR - 1) cur = 1 - cur;  // the layer is done for every micro-batch
+            break;
+          }
+          case SpanKind::kHead: {
+            if (j == 0) {
+              be.fill_zero(kC, I.head_grad, hu.numel);
+              if (d.tied) be.fill_zero(kC, I.tied_grad, d.V * d.H);
+            }
+            const UnitView hv = be.view_weights(hu, w);
+            const float* lm = d.tied ? be.view_weights(units(0), w_of[static_cast<size_t>(op.load2)])[TensorRole::kEmbedding]
+                                     : hv[TensorRole::kHead];
+            float* dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
+            MT_RETURN_IF_ERROR(be.head(hv[TensorRole::kFinalNorm], lm, I.hid[cur][jj], I.targets[static_cast<size_t>(j0 + j)].data(),
+                                       grad_scale, I.dhid[jj], I.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, &loss_sum,
+                                       &count, I.ws));
+            break;
+          }
+          case SpanKind::kRecompute: {
+            const auto [lo, hi] = block_of(l);
+            const float* x = I.host_ckpt ? I.hid[0][jj] : I.ckpt[static_cast<size_t>((lo - 1) / I.c)][jj];
+            float* out = l == hi ? I.x_scratch : I.acts[static_cast<size_t>(l - lo + 1)];  // the next layer's acts.x
+            const LayerActs acts = be.bind_acts(I.acts[static_cast<size_t>(l - lo)]);
+            MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w), l == lo ? x : acts.x, out, acts));
+            break;
+          }
+          case SpanKind::kBackward: {
+            const int64_t lo = block_of(l).first;
+            float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
+            float* dx = I.dhid[jj];
+            MT_RETURN_IF_ERROR(be.layer_backward(be.view_weights(units(l), w), be.bind_acts(act), dx, dx,
+                                                 grad_unit(units(l), gb[static_cast<size_t>(l)].first), I.ws));
+            break;
+          }
+          case SpanKind::kEmbedBackward:
+            MT_RETURN_IF_ERROR(be.embed_backward(I.inputs[static_cast<size_t>(j0 + j)].data(), I.dhid[jj], I.embed_grad));
+            break;
+          default: return internal_error("the compiled step has a compute op of kind " + std::string(span_kind_name(op.span)));
+        }
+        compute_span(op.span, l, j0 + j, a);
+        break;
       }
     }
-    for (int64_t l = hi; l >= lo; --l) {
-      release(load_of[I.c > 0 ? static_cast<size_t>(l - lo) : 0]);
-      finish_unit(l, gb[static_cast<size_t>(l - lo)].first, gb[static_cast<size_t>(l - lo)].second);
-      if (I.c == 0) break;
-    }
   }
-  for (int64_t j = 0; j < AR; ++j) {
-    const auto a = Clock::now();
-    MT_RETURN_IF_ERROR(be.embed_backward(I.inputs[static_cast<size_t>(j0 + j)].data(), I.dhid[static_cast<size_t>(j)], I.embed_grad));
-    compute_span("embed bwd mb" + std::to_string(j0 + j), "embed_backward", 0, j0 + j, a);
-  }
-  if (d.tied) be.add(I.embed_grad, I.tied_grad, d.V * d.H);
-  finish_unit(0, I.embed_grad, -1);
   // The round's buffers and events are reused or freed by the next: wait for its copies.
   I.h2d->synchronize();
   I.d2h->synchronize();
@@ -913,9 +896,11 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   if (I.clip) {
     // Every update waits for the global norm: the cost of clipping is losing the overlap of the
     // optimizer with backward (docs/executor.md).
+    const auto a = Clock::now();
     res.grad_norm = global_norm(I);
+    I.record(SpanKind::kGradNorm, step, -1, -1, a, Clock::now());
     const float scale = clip_scale(I, res.grad_norm);
-    for (int64_t u : optimizer_order(I)) I.optim->post([&I, u, step, scale] { optimize_unit(I, u, step, scale); });
+    for (int64_t u : I.sched.optimizer_order) I.optim->post([&I, u, step, scale] { optimize_unit(I, u, step, scale); });
   }
   // The updates may still be running: the next step's loads wait for them unit by unit, so its
   // forward overlaps the optimizer's tail. wait_for_updates() (checkpoints, the end of a run) and
@@ -939,23 +924,23 @@ Status Trainer::write_trace(const std::filesystem::path& path, const std::string
   const Impl& I = *impl_;
   if (I.optim) I.optim->synchronize();  // the optimizer's last spans
   MT_ASSIGN_OR_RETURN(auto w, TraceWriter::create(path, {{"source", "measured"}, {"plan", plan_json}, {"backend", I.be->name()}}));
-  const char* names[kLaneCount] = {"GPU compute", "H2D", "D2H", "CPU optimizer", "NVMe read", "NVMe write"};
-  const char* kinds[kLaneCount] = {"gpu", "h2d", "d2h", "cpu", "nvme_read", "nvme_write"};
   std::vector<int64_t> lane(kLaneCount, -1);
-  const int lanes = I.state->on_nvme() ? kLaneCount : kLaneNvmeRead;  // the NVMe lanes only where there is an NVMe tier
+  const int lanes = I.state->on_nvme() ? kLaneCount : static_cast<int>(Lane::kNvmeRead);  // NVMe lanes only with an NVMe tier
   for (int k = 0; k < lanes; ++k) {
-    MT_ASSIGN_OR_RETURN(lane[static_cast<size_t>(k)], w->add_lane(names[k], kinds[k]));
+    MT_ASSIGN_OR_RETURN(lane[static_cast<size_t>(k)], w->add_lane(lane_name(static_cast<Lane>(k)), lane_kind(static_cast<Lane>(k))));
   }
   for (const Span& s : I.spans)
-    MT_RETURN_IF_ERROR(w->add_span(TraceSpan{lane[static_cast<size_t>(s.lane)], s.name, s.kind, s.step, s.layer, s.mb,
-                                             s.start_ns, std::max(s.start_ns, s.end_ns), s.bytes, s.flops}));
+    MT_RETURN_IF_ERROR(w->add_span(TraceSpan{lane[static_cast<size_t>(s.lane)], s.name, span_kind_name(s.kind), s.step, s.layer,
+                                             s.mb, s.start_ns, std::max(s.start_ns, s.end_ns), s.bytes, s.flops}));
   for (const TraceStep& s : I.steps) MT_RETURN_IF_ERROR(w->add_step(s));
-  // Device memory is carved once at startup; RAM holds the whole state.
+  // Memory is allocated once, at start-up: each tier is flat over the run.
+  const MemoryInUse m = memory_in_use();
   const int64_t end = I.spans.empty() ? 0 : I.spans.back().end_ns;
   for (int64_t t : {int64_t{0}, end}) {
-    MT_RETURN_IF_ERROR(w->add_counter({"bytes.device", t, static_cast<double>(I.budget.total())}));
-    MT_RETURN_IF_ERROR(w->add_counter({"bytes.ram", t, static_cast<double>(I.state->bytes())}));
-    if (I.state->on_nvme()) MT_RETURN_IF_ERROR(w->add_counter({"bytes.nvme", t, static_cast<double>(I.state->nvme_bytes())}));
+    MT_RETURN_IF_ERROR(w->add_counter({"bytes.device", t, static_cast<double>(m.device)}));
+    MT_RETURN_IF_ERROR(w->add_counter({"bytes.pinned", t, static_cast<double>(m.pinned)}));
+    MT_RETURN_IF_ERROR(w->add_counter({"bytes.ram", t, static_cast<double>(m.ram)}));
+    if (I.state->on_nvme()) MT_RETURN_IF_ERROR(w->add_counter({"bytes.nvme", t, static_cast<double>(m.nvme)}));
   }
   return w->close();
 }

@@ -169,21 +169,6 @@ Regions carve(const AttnDims& d, int64_t rows, void* workspace) {
 
 }  // namespace
 
-int64_t attention_workspace_bytes(const AttnDims& d, int64_t rows) {
-  rows = std::min(rows, d.seq);
-  const int64_t block = d.n_heads * rows * d.seq;
-  // S (fp32) and P/dS (T, sized for fp32 so that one size serves both paths), then D rows.
-  return 2 * align_up(block * 4) + align_up(d.batch * d.n_heads * d.seq * 4);
-}
-
-int64_t attention_block_rows(const AttnDims& d, int64_t budget_bytes) {
-  const int64_t fixed = align_up(d.batch * d.n_heads * d.seq * 4) + 2 * kAlign;
-  const int64_t per_row = 8 * d.n_heads * d.seq;
-  int64_t rows = per_row > 0 ? (budget_bytes - fixed) / per_row : d.seq;
-  rows = std::max<int64_t>(rows, 16);
-  return std::min(rows, d.seq);
-}
-
 template <typename T>
 Status attention_forward(cublasHandle_t h, const AttnDims& d, const T* q, const T* k, const T* v, T* out, float* lse,
                          void* workspace, int64_t rows_per_block, cudaStream_t s) {

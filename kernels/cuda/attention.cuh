@@ -14,10 +14,8 @@
 
 namespace megatrain::cuda {
 
-// Query rows per block for a workspace of `budget_bytes` (at least 16 rows, at most seq).
-int64_t attention_block_rows(const AttnDims& d, int64_t budget_bytes);
-// Bytes of workspace forward and backward need with `rows` query rows per block.
-int64_t attention_workspace_bytes(const AttnDims& d, int64_t rows);
+// attention_block_rows and attention_workspace_bytes are in attention_schedule.h (host code: the
+// step library sizes the CUDA backend's arena with them).
 
 template <typename T>
 Status attention_forward(cublasHandle_t h, const AttnDims& d, const T* q, const T* k, const T* v, T* out, float* lse,

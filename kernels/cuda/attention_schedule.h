@@ -30,6 +30,23 @@ struct AttnDims {
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
 };
 
+// Bytes of workspace forward and backward need with `rows` query rows per block: S (fp32) and
+// P/dS (sized for fp32 so that one size serves both paths), then the D rows; 256-byte aligned.
+inline int64_t attention_align_up(int64_t x) { return (x + 255) / 256 * 256; }
+inline int64_t attention_workspace_bytes(const AttnDims& d, int64_t rows) {
+  rows = std::min(rows, d.seq);
+  const int64_t block = d.n_heads * rows * d.seq;
+  return 2 * attention_align_up(block * 4) + attention_align_up(d.batch * d.n_heads * d.seq * 4);
+}
+// Query rows per block for a workspace of `budget_bytes` (at least 16 rows, at most seq).
+inline int64_t attention_block_rows(const AttnDims& d, int64_t budget_bytes) {
+  const int64_t fixed = attention_align_up(d.batch * d.n_heads * d.seq * 4) + 2 * 256;
+  const int64_t per_row = 8 * d.n_heads * d.seq;
+  int64_t rows = per_row > 0 ? (budget_bytes - fixed) / per_row : d.seq;
+  rows = std::max<int64_t>(rows, 16);
+  return std::min(rows, d.seq);
+}
+
 inline Status check_attention(const AttnDims& d, int64_t rows) {
   if (d.batch <= 0 || d.seq <= 0 || d.n_heads <= 0 || d.n_kv_heads <= 0 || d.head_dim <= 0 || d.n_heads % d.n_kv_heads != 0)
     return invalid_argument("attention: batch, seq, heads and head_dim must be positive and n_kv_heads must divide n_heads");

@@ -14,12 +14,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::string span_name(const TaskSpec& t) {
-  std::string n = task_kind_name(t.kind);
-  if (t.layer >= 0) n += " L" + std::to_string(t.layer);
-  if (t.micro_batch >= 0) n += " mb" + std::to_string(t.micro_batch);
-  return n;
-}
+std::string span_name(const TaskSpec& t) { return megatrain::span_name(span_kind_of(t), t.layer, t.micro_batch); }
 
 Json peak_json(const PeakBytes& p) {
   return Json{{"device", p.device}, {"pinned", p.pinned}, {"ram", p.ram}, {"nvme", p.nvme}};
@@ -73,7 +68,7 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
     TraceSpan span;
     span.lane = lane[static_cast<size_t>(ts.resource)];
     span.name = span_name(ts);
-    span.kind = task_kind_name(ts.kind);
+    span.kind = span_kind_name(span_kind_of(ts));
     span.step = ts.step;
     span.layer = ts.layer;
     span.micro_batch = ts.micro_batch;
@@ -85,8 +80,8 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
     // A wait for a free buffer shows as a stall span before the task on its own lane.
     if (tt.start > tt.ready + 1e-9) {
       TraceSpan stall = span;
-      stall.name = "stall: buffer";
-      stall.kind = "stall";
+      stall.name = stall_name("buffer");
+      stall.kind = span_kind_name(SpanKind::kStall);
       stall.start_ns = ns(tt.ready);
       stall.end_ns = ns(tt.start);
       stall.bytes = 0;
@@ -95,7 +90,7 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
     }
   }
   // GPU idle gaps, named by what the next task waited for.
-  const int32_t gpu = 0;
+  const auto gpu = static_cast<int32_t>(Lane::kCompute);
   double prev_end = -1;
   for (TaskId t : e.queue(gpu)) {
     const TaskTimes& tt = e.times(t);
@@ -103,8 +98,8 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
       const std::string why = detail::stall_reason(e, t);
       TraceSpan stall;
       stall.lane = lane[gpu];
-      stall.name = "stall: " + why;
-      stall.kind = "stall";
+      stall.name = stall_name(why);
+      stall.kind = span_kind_name(SpanKind::kStall);
       stall.step = e.task(t).step;
       stall.layer = e.task(t).layer;
       stall.micro_batch = e.task(t).micro_batch;
@@ -114,19 +109,13 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
     }
     prev_end = tt.end;
   }
-  // Bytes in use per tier: device and pinned staging change over time; RAM and NVMe are static.
-  for (size_t m = 0; m < e.memories().size(); ++m) {
-    if (!e.memories()[m].counted) continue;
-    const std::string& name = e.memories()[m].name;
-    const std::string counter = name == "device" ? "bytes.device" : name == "pinned staging" ? "bytes.pinned" : "bytes." + name;
-    const double base = name == "pinned staging" ? static_cast<double>(r.peak_bytes.pinned - e.memory_peak(static_cast<int32_t>(m))) : 0;
-    for (const auto& [t, v] : e.memory_timeline(static_cast<int32_t>(m)))
-      MT_RETURN_IF_ERROR(writer->add_counter({counter, ns(t), base + static_cast<double>(v)}));
-  }
-  for (const char* tier : {"ram", "nvme"}) {
-    const double v = static_cast<double>(std::string(tier) == "ram" ? r.peak_bytes.ram : r.peak_bytes.nvme);
-    MT_RETURN_IF_ERROR(writer->add_counter({std::string("bytes.") + tier, 0, v}));
-    MT_RETURN_IF_ERROR(writer->add_counter({std::string("bytes.") + tier, ns(r.simulated_s), v}));
+  // Bytes in use per tier: the executor allocates its footprint once, at start-up, so each tier is
+  // flat at its peak (written at the start and the end, as the measured trace writes them).
+  const std::pair<const char*, int64_t> tiers[] = {{"bytes.device", r.peak_bytes.device}, {"bytes.pinned", r.peak_bytes.pinned},
+                                                   {"bytes.ram", r.peak_bytes.ram}, {"bytes.nvme", r.peak_bytes.nvme}};
+  for (const auto& [counter, v] : tiers) {
+    if (v <= 0 && std::string(counter) == "bytes.nvme") continue;
+    for (double t : {0.0, r.simulated_s}) MT_RETURN_IF_ERROR(writer->add_counter({counter, ns(t), static_cast<double>(v)}));
   }
   // Simulated steps: tokens and duration; the loss is unknown to a simulation (NaN).
   double prev = 0;
@@ -153,19 +142,20 @@ std::string stall_reason(const Engine& e, TaskId t) {
   if (tt.start > tt.ready + 1e-12) return "buffer";
   TaskId b = tt.binding;
   if (b < 0) return "other";
-  if (e.task(b).kind == kH2DWeights || (e.task(b).kind == kNvmeRead && e.task(b).micro_batch < 0)) {
+  const SpanKind bk = span_kind_of(e.task(b));
+  if (bk == SpanKind::kH2D) {
     const TaskId root = e.times(b).binding;
     if (root >= 0) {
-      const int16_t k = e.task(root).kind;
-      if (k == kOptimizer || k == kNvmeWrite || k == kGradNorm) return "optimizer";
+      const SpanKind k = span_kind_of(e.task(root));
+      if (k == SpanKind::kOptimizer || k == SpanKind::kNvmeWrite || k == SpanKind::kGradNorm) return "optimizer";
     }
     return "weights";
   }
-  switch (e.task(b).kind) {
-    case kH2DCheckpoint: return "activations";
-    case kD2HCheckpoint: return "checkpoint_copy";
-    case kD2HGradients: return "gradients";
-    case kOptimizer: case kNvmeWrite: case kGradNorm: case kNvmeRead: return "optimizer";
+  switch (bk) {
+    case SpanKind::kH2DCheckpoint: return "activations";
+    case SpanKind::kD2HCheckpoint: return "checkpoint_copy";
+    case SpanKind::kD2H: return "gradients";
+    case SpanKind::kOptimizer: case SpanKind::kNvmeWrite: case SpanKind::kGradNorm: case SpanKind::kNvmeRead: return "optimizer";
     default: return "other";
   }
 }

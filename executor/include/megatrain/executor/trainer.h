@@ -16,6 +16,7 @@
 #include "megatrain/core/trace_store.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
+#include "megatrain/step/schedule.h"
 
 namespace megatrain::exec {
 
@@ -42,6 +43,13 @@ struct DeviceBudget {
   int64_t total() const { return slots + hidden + checkpoints + activations + gradients + workspace; }
 };
 
+// What a trainer holds, per tier, measured from its own allocations: the arena it carved (and the
+// backend's private region), the host buffers it handed to the backend for page-locking, the
+// training state and its own host buffers, and the NVMe tier's reservation.
+struct MemoryInUse {
+  int64_t device = 0, pinned = 0, ram = 0, nvme = 0;
+};
+
 class Trainer {
  public:
   // Validates that the CPU backend supports the plan and that its buffers fit the device budget
@@ -62,6 +70,10 @@ class Trainer {
   // step that issued them has already returned); check it before saving a checkpoint.
   Status finish_updates();
   const DeviceBudget& budget() const;
+  // The compiled step this trainer walks and its footprint (the figures the simulator reports).
+  const step::StepSchedule& schedule() const;
+  const step::Footprint& footprint() const;
+  MemoryInUse memory_in_use() const;
   // The backend in use, in words ("CPU backend (2 compute threads)").
   std::string backend_description() const;
   // Page-locked host memory, in words ("" on the CPU backend).

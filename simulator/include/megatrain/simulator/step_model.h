@@ -1,5 +1,5 @@
-// The step model: compiles a Plan x ModelSpec x HardwareProfile into the task graph of the
-// schedule the executor runs (ARCHITECTURE.md section 4), simulates it on the Engine, and reports
+// The step model: adds costs to the compiled step (megatrain/step/schedule.h, the schedule the
+// executor walks) to make a task graph, simulates it on the Engine, and reports
 // the steady-state step (the second simulated step): time, tokens/s, TFLOP/s, MFU, busy fraction
 // per resource, stalls by reason, the critical path, the bottleneck and peak bytes per tier.
 // Cost formulas are in docs/cost-model.md.
@@ -16,17 +16,14 @@
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/core/status.h"
+#include "megatrain/core/trace_vocab.h"
 #include "megatrain/simulator/engine.h"
 
 namespace megatrain::sim {
 
-// Task kinds (TaskSpec::kind); names via task_kind_name().
-enum TaskKind : int16_t {
-  kForward, kBackward, kRecompute, kHead, kEmbedForward, kEmbedBackward,
-  kH2DWeights, kH2DCheckpoint, kD2HGradients, kD2HCheckpoint,
-  kOptimizer, kGradNorm, kGradAccumulate, kNvmeRead, kNvmeWrite, kTaskKindCount
-};
-const char* task_kind_name(int16_t kind);
+// TaskSpec::kind is a SpanKind (megatrain/core/trace_vocab.h) and TaskSpec::resource a Lane: the
+// simulated trace uses the executor's vocabulary, span for span.
+inline SpanKind span_kind_of(const TaskSpec& t) { return static_cast<SpanKind>(t.kind); }
 
 // Per-unit costs in seconds, from the profile (docs/cost-model.md). Units: 0 = embedding,
 // 1..L = decoder layers, L+1 = head (final norm + lm_head).
@@ -85,8 +82,8 @@ struct SimResult {
   std::map<std::string, double> stalls;         // reason -> seconds waited in the step: GPU idle by
                                                 // cause, plus transfers waiting for a free "buffer"
   std::map<std::string, double> critical_path;  // bottleneck name -> seconds on the critical path
-  PeakBytes peak_bytes;
-  PeakBytes capacity_bytes;  // the limits the peaks were checked against
+  PeakBytes peak_bytes;      // the compiled step's footprint (step::footprint), as the executor allocates it
+  PeakBytes capacity_bytes;  // the limits the peaks were checked against  // the limits the peaks were checked against
   int64_t tasks = 0;         // tasks simulated (all steps)
   double simulated_s = 0;    // makespan of all simulated steps
   double step_start_s = 0;   // the reported step's window in the timeline

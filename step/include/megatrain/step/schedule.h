@@ -1,0 +1,177 @@
+// The compiled step: one description of a training step that the simulator, the planner and the
+// executor share (ARCHITECTURE.md section 4). compile() turns a plan and a model into the ordered
+// work of one step on each of the pipeline's queues, and footprint() gives the bytes each memory
+// tier holds while it runs. The simulator adds costs to the schedule and runs it on its engine;
+// the trainer walks the same lists and issues backend calls; the planner's search and every
+// budget check call the same footprint. Nothing here knows about time or about a backend's code:
+// a backend is described by its ActivationLayout (what it keeps, in bytes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/hardware_profile.h"
+#include "megatrain/core/model_spec.h"
+#include "megatrain/core/plan.h"
+#include "megatrain/core/status.h"
+#include "megatrain/core/trace_vocab.h"
+
+namespace megatrain::step {
+
+enum class BackendKind : int8_t { kCpu, kCuda };
+const char* backend_name(BackendKind b);  // "cpu" | "cuda"
+// The backend a rig profile describes: the CPU backend's rigs (gpu.name "CPU backend ...", or a
+// host-memcpy link) or a CUDA GPU.
+BackendKind backend_of_rig(const HardwareProfile& rig);
+
+// What a backend keeps on the device for one micro-batch, in bytes, and how it carves its arena.
+struct ActivationLayout {
+  BackendKind backend = BackendKind::kCpu;
+  int64_t hidden_floats = 0;        // one micro-batch's hidden state (the fp32 residual stream)
+  int64_t layer_act_floats = 0;     // one layer's kept activations (eager attention keeps T x T probabilities)
+  int64_t layer_workspace_floats = 0;
+  int64_t head_workspace_floats = 0;
+  int64_t private_bytes = 0;        // the backend's own region of the arena (cuBLAS, attention blocks, tokens)
+  bool eager_attention = true;      // CPU: softmax probabilities kept; CUDA: fused, log-sum-exp only
+  bool arena_in_ram = true;         // the CPU backend's "device" is host memory
+  int64_t carve_align = 64;         // every buffer carved from the arena is rounded up to this
+  int64_t arena_align = 64;         // the pipeline's part of the arena is rounded up to this
+  int64_t workspace_floats() const { return std::max(layer_workspace_floats, head_workspace_floats); }
+};
+// The CPU backend's layout (executor/src/model.cpp binds the activations in this order).
+ActivationLayout cpu_layout(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
+// The CUDA backend's layout for a compute dtype (fp32 or bf16; executor/src/cuda/cuda_backend.cpp).
+ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, DType compute);
+ActivationLayout layout_for(BackendKind backend, const ModelSpec& model, const Plan& plan);
+
+// Device memory the CUDA runtime keeps outside the arena (context, module images, allocator
+// slack): min(1 GiB, memory / 16). The CPU backend has none.
+int64_t device_context_reserve(BackendKind backend, int64_t device_memory_bytes);
+// The device budget a plan for this rig may fill: the rig's GPU memory less the context reserve.
+int64_t usable_device_bytes(const HardwareProfile& rig);
+// The budget a plan enforces: placement.device_budget_bytes, or the rig's usable bytes when 0.
+int64_t device_budget_of(const Plan& plan, const HardwareProfile& rig);
+
+// ---- the schedule ------------------------------------------------------------------------------
+
+// One copy into the device, in the H2D queue's order.
+struct Transfer {
+  enum Kind : int8_t { kWeights, kRestore } kind = kWeights;
+  int32_t unit = 0;       // kWeights: the unit; kRestore: the block's first layer
+  int32_t load = -1;      // kWeights: its index among the round's loads
+  int32_t block = -1;     // kRestore: the backward block, and the checkpoint it reads
+  int32_t checkpoint = -1;
+  int32_t mb = -1;        // kRestore: the micro-batch (within the round)
+};
+
+// One step of the compute stream's walk, in issue order.
+enum class OpKind : int8_t {
+  kAcquire,         // wait for load `load` (compute has begun it: the prefetch window opens)
+  kRelease,         // load `load`'s slot may be refilled once the ops issued so far are done
+  kCompute,         // `span` (embed, forward, head, recompute, backward, embed backward) of `layer`, `mb`
+  kSaveCheckpoint,  // keep layer `layer`'s input of `mb`: a device copy, or a D2H into host memory
+  kWaitCheckpoint,  // host checkpoints: wait until checkpoint `checkpoint` of `mb` is in host memory
+  kWaitRestore,     // host checkpoints: wait until restore `block` of `mb` is on the device
+  kConsumed,        // the block's first recompute of `mb` has read the restored buffer
+  kBackwardBegins,  // the head is done: restores may start
+  kTakeGradBuffer,  // take a gradient accumulator for `layer` (waits for a free one)
+  kGradFinal,       // unit `layer`'s gradient is final for the round: D2H (then, last round, update)
+};
+struct Op {
+  OpKind kind = OpKind::kCompute;
+  SpanKind span = SpanKind::kForward;  // kCompute
+  int32_t layer = -1;                  // the unit (0 embedding, 1..L layers, L+1 head)
+  int32_t mb = -1;                     // within the round
+  int32_t load = -1;                   // kAcquire/kRelease; kCompute: the load whose weights it reads
+  int32_t load2 = -1;                  // kCompute of a tied head: the table's load
+  int32_t checkpoint = -1;             // kSaveCheckpoint/kWaitCheckpoint
+  int32_t block = -1;                  // kWaitRestore/kConsumed
+};
+
+// The round: layer-major has one with every micro-batch; microbatch-major one per micro-batch,
+// all alike, so one Round describes each of them (micro-batch j of round r is r + j).
+struct Round {
+  int32_t micro_batches = 1;
+  std::vector<int32_t> loads;       // unit of each load, in issue order
+  int32_t backward_first_load = 0;  // loads before it are the forward pass's
+  std::vector<Transfer> h2d;        // the H2D queue: loads and restores
+  std::vector<Op> compute;          // the compute stream
+  std::vector<std::pair<int32_t, int32_t>> blocks;  // backward blocks (lo, hi), last first
+};
+
+struct Buffers {  // what the pipeline carves from the device arena, in floats
+  int64_t slots = 0, slot_floats = 0;            // weight buffers, each the largest unit
+  int64_t hidden = 0, hidden_floats = 0;         // hid[0], hid[1], dhid per resident micro-batch
+  int64_t checkpoints = 0;                       // device checkpoints (of hidden_floats)
+  int64_t act_sets = 0, act_floats = 0;          // kept activations
+  int64_t grad_sets = 0, grad_floats = 0;        // per-layer gradient accumulators
+  int64_t embed_grad = 0, head_grad = 0, tied_grad = 0;
+  int64_t workspace = 0, scratch = 0;            // layer/head workspace; the last layer's output
+};
+
+struct StepSchedule {
+  int32_t L = 0, U = 0, A = 0;          // layers, units (L + 2), micro-batches per step
+  int32_t K = 1, B = 2, c = 1;          // prefetch depth, device layer buffers, checkpoint interval
+  int32_t resident_mbs = 1;             // micro-batches on the device at once (A layer-major, 1 otherwise)
+  int32_t rounds = 1;
+  int32_t checkpoints_per_mb = 0;       // ceil(L / c), 0 without recompute
+  bool layer_major = true, clip = false, tied = false, host_checkpoints = false;
+  bool master_nvme = false, states_nvme = false;
+  bool transfer_bf16 = true;            // the streaming copy is bf16 (else the fp32 master streams)
+  StateFormat m_format = StateFormat::kFp32, v_format = StateFormat::kFp32;
+  int64_t block_size = 128;             // quantised moments' block
+  int64_t nvme_block_bytes = 1 << 20;   // the NVMe store's request size (regions are whole blocks)
+  int32_t lent_gradients = 0;           // 0: every unit has its host gradient; else the pool's size
+  int32_t staging_buffers = 0;          // NVMe staging buffers (whole units)
+  int64_t tokens_per_mb = 0;
+  std::vector<int64_t> unit_numel;      // per unit, as HostState lays them out
+  std::vector<std::vector<int64_t>> unit_tensor_numels;
+  Round round;
+  std::vector<int32_t> optimizer_order; // units, as the optimizer takes them (and NVMe reads them)
+  Buffers buffers;
+  ActivationLayout layout;
+  int32_t mb_of(int32_t round_index, int32_t mb) const { return layer_major ? mb : round_index; }
+};
+
+// Lent gradients (a small pool of host gradient buffers instead of one per unit) are possible in
+// layer-major order without clipping on the streamed pipeline, where no gradient outlives its own
+// update; megatrain-exec lends them whenever the plan allows it.
+bool lends_gradients(const Plan& plan, bool streamed = true);
+inline constexpr int32_t kLentGradientBuffers = 3;
+
+struct CompileOptions {
+  bool ops = true;  // false: only the shape, buffers and layout (what footprint() needs), cheaply
+  bool lent_gradients = true;  // follow lends_gradients(plan) (the executor's choice)
+};
+Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const ActivationLayout& layout,
+                             const CompileOptions& options = {});
+
+// ---- the footprint -----------------------------------------------------------------------------
+
+struct TierBytes {
+  int64_t device = 0;   // the arena: the pipeline's buffers and the backend's private region
+  int64_t pinned = 0;   // host memory the copies read or write, page-locked on the CUDA backend
+  int64_t ram = 0;      // all host memory of the training state and the pipeline (pinned included)
+  int64_t nvme = 0;     // reserved on the drives
+};
+struct Footprint {
+  TierBytes peak;
+  // The parts, for messages and the simulator's report.
+  int64_t device_slots = 0, device_hidden = 0, device_checkpoints = 0, device_activations = 0, device_gradients = 0,
+          device_workspace = 0, device_private = 0;
+  int64_t ram_state = 0, ram_staging = 0, ram_checkpoints = 0, ram_gradients = 0, ram_arena = 0, ram_data = 0;
+  std::string device_parts() const;  // "layer buffers 12 MiB, hidden states 3 MiB, ..."
+};
+Footprint footprint(const StepSchedule& schedule, const ActivationLayout& layout);
+
+// The capacities a footprint must fit: the plan's device budget, the rig's pinnable memory, RAM
+// and drives. The first tier over its capacity is an error naming the tier, both byte counts and
+// what would be accepted; `who` starts the message ("simulate", "megatrain-exec").
+struct TierCapacity {
+  int64_t device = 0, pinned = 0, ram = 0, nvme = 0;
+};
+TierCapacity capacity_of(const Plan& plan, const HardwareProfile& rig);
+Status check_fits(const Footprint& f, const TierCapacity& cap);
+
+}  // namespace megatrain::step

@@ -1,0 +1,121 @@
+// footprint(): the bytes each tier holds while the step runs. The executor carves its device arena
+// once, at start-up, from exactly these buffers, and allocates the host parts listed here, so the
+// figure is the executor's allocation, not an estimate of it (docs/executor.md, "Memory").
+#include <algorithm>
+
+#include "megatrain/core/units.h"
+#include "megatrain/step/schedule.h"
+
+namespace megatrain::step {
+namespace {
+
+constexpr int64_t kNvmeAlignment = 4096;  // every array of an NVMe region starts on a 4 KiB boundary
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// One moment array as MomentStore keeps it: fp32, bf16, or codes plus one fp32 scale per block.
+std::vector<int64_t> moment_arrays(StateFormat f, const std::vector<int64_t>& numels, int64_t block) {
+  int64_t n = 0, blocks = 0;
+  for (int64_t x : numels) {
+    n += x;
+    blocks += (x + block - 1) / block;
+  }
+  switch (f) {
+    case StateFormat::kFp32: return {4 * n};
+    case StateFormat::kBf16: return {2 * n};
+    default: return {blocks * block * state_format_bits(f) / 8, 4 * blocks};
+  }
+}
+
+}  // namespace
+
+std::string Footprint::device_parts() const {
+  auto b = [](int64_t v) { return format_bytes(static_cast<double>(v)); };
+  std::string s = "layer buffers " + b(device_slots) + ", hidden states " + b(device_hidden) + ", checkpoints " +
+                  b(device_checkpoints) + ", activations " + b(device_activations) + ", gradients " + b(device_gradients) +
+                  ", workspace " + b(device_workspace);
+  if (device_private > 0) s += ", backend " + b(device_private);
+  return s;
+}
+
+Footprint footprint(const StepSchedule& s, const ActivationLayout& layout) {
+  Footprint f;
+  const Buffers& b = s.buffers;
+  const int64_t al = layout.carve_align;
+  auto carve = [&](int64_t floats) { return round_up(4 * floats, al); };
+  f.device_slots = b.slots * carve(b.slot_floats);
+  f.device_hidden = b.hidden * carve(b.hidden_floats);
+  f.device_checkpoints = b.checkpoints * carve(b.hidden_floats);
+  f.device_activations = b.act_sets * carve(b.act_floats);
+  f.device_gradients = b.grad_sets * carve(b.grad_floats) + carve(b.embed_grad) + carve(b.head_grad) +
+                       (s.tied ? carve(b.tied_grad) : 0);
+  f.device_workspace = carve(b.workspace) + carve(b.scratch);
+  f.device_private = layout.private_bytes;
+  const int64_t pipeline = f.device_slots + f.device_hidden + f.device_checkpoints + f.device_activations +
+                           f.device_gradients + f.device_workspace;
+  f.peak.device = round_up(pipeline, layout.arena_align) + f.device_private;
+
+  // Host memory: the state of every unit (HostState), the NVMe staging pool, host checkpoints,
+  // lent gradients, the arena when the "device" is host memory, and the step's token rows.
+  const bool bf16 = s.transfer_bf16;
+  int64_t max_unit = 0, max_region = 0;
+  for (size_t u = 0; u < s.unit_numel.size(); ++u) {
+    const int64_t n = s.unit_numel[u];
+    max_unit = std::max(max_unit, n);
+    const auto m = moment_arrays(s.m_format, s.unit_tensor_numels[u], s.block_size);
+    const auto v = moment_arrays(s.v_format, s.unit_tensor_numels[u], s.block_size);
+    int64_t mv = 0;
+    for (int64_t x : m) mv += x;
+    for (int64_t x : v) mv += x;
+    f.ram_state += n * ((s.lent_gradients == 0 ? 4 : 0) + (bf16 ? 2 : 0)) + (s.master_nvme ? 0 : 4 * n) + (s.states_nvme ? 0 : mv);
+    f.peak.pinned += n * (bf16 ? 2 : 4) + (s.lent_gradients == 0 ? 4 * n : 0);
+    if (s.master_nvme || s.states_nvme) {
+      int64_t region = s.master_nvme ? round_up(4 * n, kNvmeAlignment) : 0;
+      if (s.states_nvme) {
+        for (int64_t x : m) region += round_up(x, kNvmeAlignment);
+        for (int64_t x : v) region += round_up(x, kNvmeAlignment);
+      }
+      const int64_t capacity = round_up(region, s.nvme_block_bytes);
+      f.peak.nvme += capacity;
+      max_region = std::max(max_region, capacity);
+    }
+  }
+  f.ram_staging = int64_t{s.staging_buffers} * max_region;
+  f.ram_checkpoints = s.host_checkpoints ? int64_t{s.checkpoints_per_mb} * s.resident_mbs * 4 * b.hidden_floats : 0;
+  f.ram_gradients = int64_t{s.lent_gradients} * 4 * max_unit;
+  f.ram_arena = layout.arena_in_ram ? f.peak.device : 0;
+  f.ram_data = 2 * int64_t{s.A} * s.tokens_per_mb * 4;  // input and target rows of the step
+  f.peak.pinned += f.ram_checkpoints + f.ram_gradients;
+  f.peak.ram = f.ram_state + f.ram_staging + f.ram_checkpoints + f.ram_gradients + f.ram_arena + f.ram_data;
+  return f;
+}
+
+TierCapacity capacity_of(const Plan& plan, const HardwareProfile& rig) {
+  TierCapacity c;
+  c.device = device_budget_of(plan, rig);
+  c.pinned = static_cast<int64_t>(rig.host.pinnable_bytes.value);
+  c.ram = static_cast<int64_t>(rig.host.ram_bytes.value);
+  for (const auto& d : rig.storage) c.nvme += static_cast<int64_t>(d.capacity_bytes.value);
+  return c;
+}
+
+Status check_fits(const Footprint& f, const TierCapacity& cap) {
+  auto over = [](const std::string& tier, int64_t need, int64_t have, const std::string& parts, const std::string& accepted) {
+    return resource_exhausted(tier + " needs " + format_bytes(static_cast<double>(need)) + " (" + std::to_string(need) +
+                              " bytes" + (parts.empty() ? "" : ": " + parts) + ") but has " +
+                              format_bytes(static_cast<double>(have)) + " (" + std::to_string(have) + " bytes): over by " +
+                              format_bytes(static_cast<double>(need - have)) + " (" + std::to_string(need - have) +
+                              " bytes); accepted: " + accepted);
+  };
+  if (f.peak.device > cap.device)
+    return over("device", f.peak.device, cap.device, f.device_parts(),
+                "placement.device_budget_bytes >= " + std::to_string(f.peak.device) +
+                    " on a GPU that has it free, or a plan with fewer layer buffers, a smaller micro-batch or more recompute");
+  if (f.peak.ram > cap.ram)
+    return over("ram", f.peak.ram, cap.ram, "", "a rig with that much RAM, or a plan that puts master weights or optimizer states on nvme");
+  if (f.peak.pinned > cap.pinned)
+    return over("pinned", f.peak.pinned, cap.pinned, "", "a rig that can page-lock that much, or bf16 transfer and lent gradients");
+  if (f.peak.nvme > cap.nvme) return over("nvme", f.peak.nvme, cap.nvme, "", "more or larger drives in the rig, or less state on nvme");
+  return {};
+}
+
+}  // namespace megatrain::step
