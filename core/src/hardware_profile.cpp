@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "detail/json_reader.h"
+#include "megatrain/core/durable_file.h"
 #include "megatrain/core/profiles.h"
 
 namespace megatrain {
@@ -585,7 +586,7 @@ Status HardwareProfile::save(const std::filesystem::path& path) const {
   // an error now, while the caller still knows which figure it set.
   auto check = from_json_text(text, "rig to be saved as '" + path.string() + "'");
   if (!check.ok()) return check.status();
-  return detail::write_file_atomic(path, text);
+  return write_file_atomic(path, text);
 }
 
 }  // namespace megatrain

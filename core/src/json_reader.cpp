@@ -1,8 +1,5 @@
-// Strict JSON reading with key paths in every message, and atomic file writes.
+// Strict JSON reading with key paths in every message.
 #include "detail/json_reader.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -111,42 +108,6 @@ Result<Json> read_json_file(const std::filesystem::path& path, const std::string
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     return parse_error(what + " '" + path.string() + "' is empty; expected a JSON object");
   return parse_json(text, what + " '" + path.string() + "'");
-}
-
-Status write_file_atomic(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  std::string tmp = (dir / ("." + path.filename().string() + ".tmp-" + std::to_string(getpid()))).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("cannot create '" + tmp + "': " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return io_error("cannot write '" + path.string() + "': " + std::strerror(err) +
-                      (err == ENOSPC ? " (the disk is full; the previous file, if any, is unchanged)" : ""));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return io_error("cannot flush '" + path.string() + "': " + std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return io_error("cannot rename into '" + path.string() + "': " + std::strerror(err));
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return {};
 }
 
 std::string json_type_name(const Json& j) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "detail/json_reader.h"
+#include "megatrain/core/durable_file.h"
 #include "megatrain/core/profiles.h"
 #include "megatrain/core/units.h"
 
@@ -343,6 +344,6 @@ std::string Plan::to_json_text() const {
   return j.dump(2) + "\n";
 }
 
-Status Plan::save(const std::filesystem::path& path) const { return detail::write_file_atomic(path, to_json_text()); }
+Status Plan::save(const std::filesystem::path& path) const { return write_file_atomic(path, to_json_text()); }
 
 }  // namespace megatrain

@@ -3,13 +3,10 @@
 // streaming Chrome Trace Event JSON export.
 #include "megatrain/core/trace_store.h"
 
-#include <fcntl.h>
 #include <sqlite3.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -20,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
+
+#include "megatrain/core/durable_file.h"
 
 namespace megatrain {
 namespace {
@@ -153,41 +152,9 @@ void bind_text(sqlite3_stmt* s, int i, const std::string& v) {
   sqlite3_bind_text(s, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
 }
 
-Status fsync_path(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0) | O_CLOEXEC);
-  if (fd < 0) return io_error("cannot open " + p.string() + " to fsync it: " + errno_text(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  // Some filesystems cannot fsync a directory; the rename is then as durable as they allow.
-  if (rc != 0 && !(directory && (err == EINVAL || err == ENOTSUP))) {
-    return io_error("fsync of " + p.string() + " failed: " + errno_text(err));
-  }
-  return {};
-}
-
 fs::path parent_dir(const fs::path& p) {
   fs::path d = p.parent_path();
   return d.empty() ? fs::path(".") : d;
-}
-
-// Unique within the process too, so two writers aimed at one path never share a temp file.
-fs::path temp_path_for(const fs::path& path) {
-  static std::atomic<uint64_t> counter{0};
-  std::string suffix = ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
-  fs::path t = path;
-  t += suffix;
-  return t;
-}
-
-// Publishes `tmp` as `dst`: fsync the data, rename over the old file, fsync the directory so the
-// rename itself survives a crash.
-Status publish(const fs::path& tmp, const fs::path& dst) {
-  MT_RETURN_IF_ERROR(fsync_path(tmp, false));
-  if (::rename(tmp.c_str(), dst.c_str()) != 0) {
-    return io_error("cannot rename " + tmp.string() + " to " + dst.string() + ": " + errno_text(errno));
-  }
-  return fsync_path(parent_dir(dst), true);
 }
 
 Status check_output_path(const fs::path& path, const std::string& what) {
@@ -329,7 +296,7 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const fs::path& path,
 
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  impl->tmp = temp_path_for(path);
+  impl->tmp = temp_path_beside(path);
   impl->batch_rows = batch_rows;
   std::error_code ec;
   fs::remove(impl->tmp, ec);  // a stale file from an earlier process that had our pid
@@ -891,7 +858,7 @@ Status write_chrome_events(const TraceReader& trace, JsonOut& out) {
 
 Status export_chrome_trace(const TraceReader& trace, const fs::path& out_json) {
   MT_RETURN_IF_ERROR(check_output_path(out_json, "Chrome trace"));
-  const fs::path tmp = temp_path_for(out_json);
+  const fs::path tmp = temp_path_beside(out_json);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) return io_error("cannot create " + tmp.string() + ": " + errno_text(errno));
   auto drop = [&](Status s) {

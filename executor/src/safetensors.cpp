@@ -1,5 +1,6 @@
-// safetensors reading (strict validation, pread on demand), atomic writing (temp file, fsync, rename,
-// fsync of the directory) and resolution of Hugging Face checkpoint folders, single file or sharded.
+// safetensors reading (strict validation, pread on demand), atomic writing (core's AtomicFile: temp
+// file, fsync, rename, fsync of the directory) and resolution of Hugging Face checkpoint folders,
+// single file or sharded.
 #include "megatrain/executor/safetensors.h"
 
 #include <fcntl.h>
@@ -7,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include "megatrain/core/durable_file.h"
 
 namespace megatrain::exec {
 
@@ -72,22 +74,6 @@ Status pread_all(int fd, void* out, size_t bytes, uint64_t offset, const std::st
       return io_error("cannot read " + what + ": " + std::strerror(errno));
     }
     if (n == 0) return corrupt(what + ": the file ended early (truncated while open?)");
-    done += static_cast<size_t>(n);
-  }
-  return {};
-}
-
-Status write_all(int fd, const void* data, size_t bytes, const std::string& what) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  size_t done = 0;
-  while (done < bytes) {
-    ssize_t n = ::write(fd, p + done, bytes - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      return io_error("cannot write '" + what + "': " + std::strerror(err) +
-                      (err == ENOSPC ? " (the disk is full)" : "") + "; the previous file, if any, is unchanged");
-    }
     done += static_cast<size_t>(n);
   }
   return {};
@@ -372,12 +358,12 @@ TensorToWrite raw_tensor(std::string name, std::vector<int64_t> shape, const voi
 namespace {
 
 // Writes one tensor's values, converting through a bounded buffer when source and stored differ.
-Status write_tensor_data(int fd, const TensorToWrite& t, int64_t numel, const std::string& what) {
+Status write_tensor_data(AtomicFile& out, const TensorToWrite& t, int64_t numel) {
   if (numel == 0) return {};
   if (!t.raw_dtype.empty())
-    return write_all(fd, t.data, static_cast<size_t>(numel) * *element_bytes_of(t.raw_dtype), what);
+    return out.write(t.data, static_cast<size_t>(numel) * *element_bytes_of(t.raw_dtype));
   if (t.source == t.stored)
-    return write_all(fd, t.data, static_cast<size_t>(numel) * dtype_bytes(t.stored), what);
+    return out.write(t.data, static_cast<size_t>(numel) * dtype_bytes(t.stored));
   constexpr int64_t kChunk = 1 << 20;
   if (t.source == DType::kFp32) {
     const auto* src = static_cast<const float*>(t.data);
@@ -386,7 +372,7 @@ Status write_tensor_data(int fd, const TensorToWrite& t, int64_t numel, const st
       const int64_t n = std::min(kChunk, numel - i);
       for (int64_t k = 0; k < n; ++k)
         buf[static_cast<size_t>(k)] = t.stored == DType::kBf16 ? fp32_to_bf16(src[i + k]) : fp32_to_fp16(src[i + k]);
-      MT_RETURN_IF_ERROR(write_all(fd, buf.data(), static_cast<size_t>(n) * 2, what));
+      MT_RETURN_IF_ERROR(out.write(buf.data(), static_cast<size_t>(n) * 2));
     }
     return {};
   }
@@ -397,12 +383,10 @@ Status write_tensor_data(int fd, const TensorToWrite& t, int64_t numel, const st
     const int64_t n = std::min(kChunk, numel - i);
     for (int64_t k = 0; k < n; ++k)
       buf[static_cast<size_t>(k)] = t.source == DType::kBf16 ? bf16_to_fp32(src[i + k]) : fp16_to_fp32(src[i + k]);
-    MT_RETURN_IF_ERROR(write_all(fd, buf.data(), static_cast<size_t>(n) * 4, what));
+    MT_RETURN_IF_ERROR(out.write(buf.data(), static_cast<size_t>(n) * 4));
   }
   return {};
 }
-
-std::atomic<uint64_t> g_temp_counter{0};
 
 }  // namespace
 
@@ -474,87 +458,39 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
   while ((8 + text.size()) % 8 != 0) text.push_back(' ');
   const uint64_t header_len = text.size();
 
-  const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  const std::string tmp = (dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                                  std::to_string(g_temp_counter.fetch_add(1))))
-                              .string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int err = errno;
-    std::error_code ec;
-    if (err == ENOENT && !std::filesystem::is_directory(dir, ec))
-      return not_found("cannot write '" + target + "': the directory '" + dir.string() + "' does not exist");
-    return io_error("cannot create '" + tmp + "' to write '" + target + "': " + std::strerror(err));
-  }
-  auto fail = [&](Status s) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  {
-    Status s = write_all(fd, &header_len, 8, target);
-    if (s.ok()) s = write_all(fd, text.data(), text.size(), target);
-    for (size_t i = 0; s.ok() && i < tensors.size(); ++i) {
-      if (tensors[i].produce) {
-        Result<std::vector<uint8_t>> bytes = tensors[i].produce();
-        if (!bytes.ok()) {
-          s = bytes.status();
-          break;
-        }
-        if (bytes->size() > tensors[i].max_bytes) {
-          s = internal_error("writing '" + target + "': tensor '" + tensors[i].name + "' came to " +
-                             std::to_string(bytes->size()) + " bytes, over its bound of " +
-                             std::to_string(tensors[i].max_bytes));
-          break;
-        }
-        sizes[i] = bytes->size();
-        s = write_all(fd, bytes->data(), bytes->size(), target);
-        continue;
-      }
-      if (!tensors[i].fetch) {
-        s = write_tensor_data(fd, tensors[i], numels[i], target);
-        continue;
-      }
-      Result<const void*> p = tensors[i].fetch();
-      if (!p.ok()) {
-        s = p.status();
-        break;
-      }
-      TensorToWrite t = tensors[i];
-      t.data = *p;
-      s = write_tensor_data(fd, t, numels[i], target);
+  // The bytes go to a temporary beside `path` that replaces it only once complete (durable_file.h);
+  // an early return discards the temporary.
+  MT_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::create(path));
+  MT_RETURN_IF_ERROR(out.write(&header_len, 8));
+  MT_RETURN_IF_ERROR(out.write(text.data(), text.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].produce) {
+      MT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, tensors[i].produce());
+      if (bytes.size() > tensors[i].max_bytes)
+        return internal_error("writing '" + target + "': tensor '" + tensors[i].name + "' came to " +
+                              std::to_string(bytes.size()) + " bytes, over its bound of " +
+                              std::to_string(tensors[i].max_bytes));
+      sizes[i] = bytes.size();
+      MT_RETURN_IF_ERROR(out.write(bytes.data(), bytes.size()));
+      continue;
     }
-    if (s.ok() && produced) {
-      // The real sizes are known: the header is rewritten in place, padded to its reserved length.
-      Result<std::string> real = header_text(sizes);
-      if (!real.ok()) s = real.status();
-      else if (real->size() > header_len)
-        s = internal_error("writing '" + target + "': the final header outgrew the room reserved for it");
-      else {
-        real->resize(header_len, ' ');
-        if (::pwrite(fd, real->data(), real->size(), 8) != static_cast<ssize_t>(real->size()))
-          s = io_error("cannot write the header of '" + tmp + "': " + std::strerror(errno));
-      }
+    if (!tensors[i].fetch) {
+      MT_RETURN_IF_ERROR(write_tensor_data(out, tensors[i], numels[i]));
+      continue;
     }
-    if (!s.ok()) return fail(s);
+    TensorToWrite t = tensors[i];
+    MT_ASSIGN_OR_RETURN(t.data, tensors[i].fetch());
+    MT_RETURN_IF_ERROR(write_tensor_data(out, t, numels[i]));
   }
-  if (::fsync(fd) != 0) return fail(io_error("cannot flush '" + tmp + "': " + std::strerror(errno) +
-                                             "; the previous file, if any, is unchanged"));
-  int close_rc = ::close(fd);
-  fd = -1;
-  if (close_rc != 0) return fail(io_error("cannot close '" + tmp + "': " + std::strerror(errno)));
-  if (::rename(tmp.c_str(), target.c_str()) != 0)
-    return fail(io_error("cannot rename '" + tmp + "' to '" + target + "': " + std::strerror(errno) +
-                         "; the previous file, if any, is unchanged"));
-  // The rename is durable only once the directory entry is on disk.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || ::fsync(dfd) != 0) {
-    int err = errno;
-    if (dfd >= 0) ::close(dfd);
-    return io_error("wrote '" + target + "' but cannot sync its directory '" + dir.string() + "': " + std::strerror(err));
+  if (produced) {
+    // The real sizes are known: the header is rewritten in place, padded to its reserved length.
+    MT_ASSIGN_OR_RETURN(std::string real, header_text(sizes));
+    if (real.size() > header_len)
+      return internal_error("writing '" + target + "': the final header outgrew the room reserved for it");
+    real.resize(header_len, ' ');
+    MT_RETURN_IF_ERROR(out.write_at(8, real.data(), real.size()));
   }
-  ::close(dfd);
-  return {};
+  return out.commit();
 }
 
 // ---- Hugging Face checkpoints -----------------------------------------------------------------

@@ -23,8 +23,6 @@ using Json = nlohmann::ordered_json;
 Result<Json> parse_json(std::string_view text, const std::string& what);
 // Reads and parses a file; a missing or unreadable file is an error naming the path.
 Result<Json> read_json_file(const std::filesystem::path& path, const std::string& what);
-// Writes text to `path` atomically: temp file in the same directory, fsync, rename.
-Status write_file_atomic(const std::filesystem::path& path, const std::string& text);
 
 // "a string", "an integer", "a number", "an object", "an array", "a boolean", "null".
 std::string json_type_name(const Json& j);

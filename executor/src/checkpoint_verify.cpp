@@ -1,0 +1,199 @@
+// Verification of a step directory: its manifest (written with an XXH64 trailer over its own bytes,
+// parsed strictly) and the checks every file passes before a load touches the training state; see
+// detail/checkpoint_verify.h.
+#include "detail/checkpoint_verify.h"
+
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "detail/checkpoint_hash.h"
+#include "detail/optimizer_file.h"
+
+namespace megatrain::exec::detail {
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+// The manifest ends with this key; its value is the XXH64 of every byte before the comma.
+constexpr const char* kTrailer = ",\n  \"manifest_xxh64\": \"";
+constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
+
+Json manifest_json(const CheckpointInfo& info, const std::map<std::string, FileDigest>& files, const std::string& created) {
+  Json j = Json::object();
+  j["schema"] = kCheckpointSchema;
+  j["step"] = info.next_step;
+  j["created"] = created;
+  j["model"] = {{"name", info.model_name}, {"parameters", info.parameters}};
+  Json jf = Json::object();
+  for (const auto& [name, d] : files) jf[name] = {{"bytes", d.bytes}, {"xxh64", hex64(d.xxh64)}};
+  j["files"] = std::move(jf);
+  const DataPosition& dp = info.data;
+  j["data"] = {{"next_step", info.next_step}, {"next_micro_batch", 0},   {"seq_len", dp.seq_len},
+               {"micro_batch", dp.micro_batch}, {"grad_accum", dp.grad_accum}, {"order", dp.order},
+               {"seed", dp.seed}, {"source", dp.source}, {"tokens", dp.tokens}};
+  j["rng"] = {{"seed", info.seed}};
+  j["losses"] = {{"first_step", info.losses_first_step}, {"values", info.losses}};
+  j["plan"] = info.plan_json.empty() ? Json(nullptr) : Json::parse(info.plan_json);
+  return j;
+}
+
+Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
+  const fs::path mpath = dir / kManifestFile;
+  auto text = read_small_file(mpath, kMaxManifestBytes);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return corrupt("'" + mpath.string() + "' is missing; '" + dir.string() + "' is not a complete checkpoint");
+    return text.status();
+  }
+  const std::string& t = *text;
+  const std::string where = "'" + mpath.string() + "': ";
+  const size_t at = t.rfind(kTrailer);
+  const std::string tail_end = "\"\n}\n";
+  const size_t trailer_len = std::strlen(kTrailer);
+  if (at == std::string::npos || t.size() != at + trailer_len + 16 + tail_end.size() ||
+      t.compare(at + trailer_len + 16, tail_end.size(), tail_end) != 0)
+    return corrupt(where + "the checksum trailer (\"manifest_xxh64\") is missing or damaged; the file is truncated or altered");
+  const std::string stored = t.substr(at + trailer_len, 16);
+  const std::string computed = hex64(xxh64(t.data(), at));
+  if (stored != computed)
+    return corrupt(where + "checksum mismatch: the content hashes to " + computed + ", the manifest says " + stored +
+                   "; the file was altered or damaged");
+  Json j;
+  try {
+    j = Json::parse(t);
+  } catch (const Json::exception& e) {
+    return corrupt(where + "not valid JSON (" + std::string(e.what()) + ")");
+  }
+  const std::string schema = j.value("schema", std::string());
+  if (schema != kCheckpointSchema) {
+    if (schema.rfind("megatrain.checkpoint/", 0) == 0)
+      return unsupported(where + "schema '" + schema + "' is not supported; accepted: " + kCheckpointSchema);
+    return corrupt(where + "schema '" + schema + "' is not " + kCheckpointSchema);
+  }
+  CheckpointInfo info;
+  int64_t data_step = -1;
+  try {
+    info.next_step = j.at("step").get<int64_t>();
+    info.created = j.value("created", std::string());
+    info.model_name = j.at("model").at("name").get<std::string>();
+    info.parameters = j.at("model").at("parameters").get<int64_t>();
+    const Json& d = j.at("data");
+    data_step = d.at("next_step").get<int64_t>();
+    if (d.at("next_micro_batch").get<int64_t>() != 0)
+      return corrupt(where + "data.next_micro_batch is not 0; checkpoints are taken between steps");
+    info.data = DataPosition{d.at("seq_len").get<int64_t>(),
+                             d.at("micro_batch").get<int64_t>(), d.at("grad_accum").get<int64_t>(),
+                             d.at("order").get<std::string>(), d.at("seed").get<uint64_t>(),
+                             d.at("source").get<std::string>(), d.at("tokens").get<int64_t>()};
+    info.seed = j.at("rng").at("seed").get<uint64_t>();
+    if (j.contains("losses")) {
+      info.losses_first_step = j["losses"].at("first_step").get<int64_t>();
+      for (const Json& v : j["losses"].at("values"))
+        info.losses.push_back(v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>());
+    }
+    if (!j.at("plan").is_null()) info.plan_json = j["plan"].dump(2);
+    for (const char* f : {kModelFile, kOptimizerFile}) {
+      const Json& e = j.at("files").at(f);
+      e.at("bytes").get<uint64_t>();
+      const std::string h = e.at("xxh64").get<std::string>();
+      if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+        return corrupt(where + "files." + f + ".xxh64 is not 16 lower-case hex digits");
+    }
+  } catch (const Json::exception& e) {
+    return corrupt(where + "a required field is missing or has the wrong type (" + std::string(e.what()) + ")");
+  }
+  if (info.next_step < 0 || data_step != info.next_step)
+    return corrupt(where + "step " + std::to_string(info.next_step) + " and data.next_step " + std::to_string(data_step) +
+                   " disagree");
+  if (auto n = parse_step_dir_name(dir.filename().string()); n && *n != info.next_step)
+    return corrupt(where + "the directory is named for step " + std::to_string(*n) + " but the manifest says step " +
+                   std::to_string(info.next_step));
+  // Sizes and checksums of the data files.
+  for (const char* f : {kModelFile, kOptimizerFile}) {
+    const fs::path p = dir / f;
+    const uint64_t bytes = j["files"][f]["bytes"].get<uint64_t>();
+    const std::string want = j["files"][f]["xxh64"].get<std::string>();
+    auto dg = digest_file(p);
+    if (!dg.ok()) {
+      if (dg.status().code() == StatusCode::kNotFound)
+        return corrupt("'" + p.string() + "' is missing; the manifest lists it");
+      return dg.status();
+    }
+    if (dg->bytes != bytes)
+      return corrupt("'" + p.string() + "' " + (dg->bytes < bytes ? "is truncated: " : "has extra bytes: ") +
+                     std::to_string(dg->bytes) + " bytes, the manifest says " + std::to_string(bytes));
+    if (hex64(dg->xxh64) != want)
+      return corrupt("'" + p.string() + "': checksum mismatch: XXH64 " + hex64(dg->xxh64) + ", the manifest says " + want +
+                     "; the file is damaged");
+  }
+  return info;
+}
+
+std::vector<ExpectedTensor> expected_model_tensors(const HostState& state) {
+  std::vector<ExpectedTensor> out;
+  for (const UnitState& us : state.units())
+    for (const TensorSlot& t : us.tensors) out.push_back({t.name, "F32", t.shape});
+  return out;
+}
+
+// Every tensor the state needs, present with its dtype and shape, and nothing else.
+Status check_tensors(const SafetensorsFile& f, const std::vector<ExpectedTensor>& expected, const CheckpointInfo& info) {
+  const std::string where = "'" + f.path().string() + "' (a checkpoint of model '" + info.model_name + "'): ";
+  auto text = [](const std::vector<int64_t>& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  };
+  for (const ExpectedTensor& x : expected) {
+    const SafetensorsEntry* e = f.find(x.name);
+    if (!e) return invalid_argument(where + "tensor " + x.name + " is missing; is this checkpoint of another model?");
+    if (e->dtype != x.dtype) return corrupt(where + "tensor " + x.name + " is " + e->dtype + ", expected " + x.dtype);
+    if (x.any_length) {
+      if (e->shape.size() != 1) return corrupt(where + "tensor " + x.name + " is not one-dimensional");
+      continue;
+    }
+    if (e->shape != x.shape)
+      return invalid_argument(where + "tensor " + x.name + " has shape " + text(e->shape) + ", the model needs " +
+                              text(x.shape) + "; is this checkpoint of another model?");
+  }
+  if (f.entries().size() != expected.size())
+    return invalid_argument(where + "it holds " + std::to_string(f.entries().size()) + " tensors, the model has " +
+                            std::to_string(expected.size()) + "; is this checkpoint of another model?");
+  return {};
+}
+
+}  // namespace
+
+// The JSON without its last "}", then the trailer with the XXH64 of everything before it.
+std::string manifest_text(const CheckpointInfo& info, const std::map<std::string, FileDigest>& files,
+                          const std::string& created) {
+  std::string body = manifest_json(info, files, created).dump(2);
+  body.resize(body.size() - 2);  // drop "\n}"
+  return body + kTrailer + hex64(xxh64(body.data(), body.size())) + "\"\n}\n";
+}
+
+Result<Verified> verify_step_dir(const fs::path& dir, const HostState& state) {
+  Verified v;
+  v.dir = dir;
+  MT_ASSIGN_OR_RETURN(v.info, parse_manifest(dir));
+  MT_ASSIGN_OR_RETURN(SafetensorsFile model, SafetensorsFile::open(dir / kModelFile));
+  MT_ASSIGN_OR_RETURN(SafetensorsFile optimizer, SafetensorsFile::open(dir / kOptimizerFile));
+  MT_RETURN_IF_ERROR(check_tensors(model, expected_model_tensors(state), v.info));
+  MT_ASSIGN_OR_RETURN(const MomentFormats saved, formats_in(optimizer));
+  const MomentFormats now = formats_of(state);
+  if (!(saved == now))
+    return invalid_argument("'" + optimizer.path().string() + "': the checkpoint keeps m/v in " + saved.text() +
+                            ", this run's plan says " + now.text() +
+                            "; accepted: resume with the plan the checkpoint was written with (optimizer.m_format, "
+                            "optimizer.v_format, optimizer.block_size)");
+  MT_ASSIGN_OR_RETURN(const std::vector<ExpectedTensor> opt_tensors, expected_optimizer_tensors(state, saved.compressed));
+  MT_RETURN_IF_ERROR(check_tensors(optimizer, opt_tensors, v.info));
+  v.compressed = saved.compressed;
+  v.model.emplace(std::move(model));
+  v.optimizer.emplace(std::move(optimizer));
+  return v;
+}
+
+}  // namespace megatrain::exec::detail

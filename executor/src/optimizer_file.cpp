@@ -1,0 +1,257 @@
+// The optimizer file of a checkpoint: Adam's m and v in their storage format (fp32, bf16 bits, or
+// q8/q4/q3/q2 codes and scales; fp32 optionally compressed), its tensor names and __metadata__,
+// writing it and reading it back; see detail/optimizer_file.h.
+#include "detail/optimizer_file.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "megatrain/executor/plane_codec.h"
+
+namespace megatrain::exec::detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};  // m, v (torch AdamW's names)
+// fp32 moments stored compressed (SaveOptions::compress_fp32_moments): the entry's suffix and the
+// __metadata__ key and value that say so.
+constexpr const char* kCompressedSuffix = ".planes_zstd";
+constexpr const char* kCompressedKey = "fp32_moments";
+constexpr const char* kCompressedValue = "planes_zstd";
+
+// The spans of every tensor of `us` in `ms` (MomentSpan).
+std::vector<MomentSpan> moment_spans(const UnitState& us, const MomentStore& ms) {
+  std::vector<MomentSpan> out;
+  const int64_t bs = ms.block_size();
+  const int64_t block_bytes = bs * state_format_bits(ms.format()) / 8;
+  int64_t elems = 0, blocks = 0;
+  for (const TensorSlot& t : us.tensors) {
+    MomentSpan sp;
+    sp.elem_offset = elems;
+    sp.numel = t.numel;
+    sp.block_offset = blocks;
+    sp.blocks = is_quantised(ms.format()) ? (t.numel + bs - 1) / bs : 0;
+    sp.code_offset = blocks * block_bytes;
+    sp.code_bytes = sp.blocks * block_bytes;
+    elems += t.numel;
+    blocks += sp.blocks;
+    out.push_back(sp);
+  }
+  return out;
+}
+
+// The spans of `ms`, after checking that they cover its arrays exactly (they always do for a
+// HostState::create'd state; anything else would make reads and writes run off the arrays).
+Result<std::vector<MomentSpan>> checked_spans(const UnitState& us, const MomentStore& ms, int m_or_v) {
+  std::vector<MomentSpan> spans = moment_spans(us, ms);
+  int64_t elems = 0, blocks = 0, codes = 0;
+  for (const MomentSpan& sp : spans) elems += sp.numel, blocks += sp.blocks, codes += sp.code_bytes;
+  bool fits = elems == us.numel && ms.numel() == us.numel;
+  // array_bytes, not the arrays: a unit on NVMe has none until it is paged in.
+  const std::vector<int64_t> arrays = ms.array_bytes();
+  switch (ms.format()) {
+    case StateFormat::kFp32: fits = fits && arrays.at(0) == 4 * elems; break;
+    case StateFormat::kBf16: fits = fits && arrays.at(0) == 2 * elems; break;
+    default: fits = fits && arrays.at(0) == codes && arrays.at(1) == 4 * blocks;
+  }
+  if (!fits)
+    return internal_error(std::string("Adam's ") + (m_or_v ? "v" : "m") + " (" + state_format_name(ms.format()) +
+                          ") of a unit does not have the layout of its tensors; the state was not built by HostState::create");
+  return spans;
+}
+
+}  // namespace
+
+MomentFormats formats_of(const HostState& state) {
+  MomentFormats f;
+  if (state.units().empty()) return f;
+  const UnitState& u = state.units()[0];
+  f.m = u.m.format();
+  f.v = u.v.format();
+  f.block_size = u.m.block_size();
+  return f;
+}
+
+Status write_optimizer(const HostState& state, const fs::path& path, int64_t next_step, const SaveOptions& options) {
+  // Moments on NVMe are paged in one unit at a time as the file is written (read-only: nothing
+  // is written back).
+  auto pager = std::make_shared<UnitPager>(const_cast<HostState&>(state));
+  std::vector<TensorToWrite> tensors;
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    const UnitState& us = state.units()[u];
+    std::vector<MomentSpan> spans[2];
+    for (int k = 0; k < 2; ++k) {
+      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, k ? us.v : us.m, k));
+    }
+    for (size_t i = 0; i < us.tensors.size(); ++i) {
+      const TensorSlot& t = us.tensors[i];
+      for (int k = 0; k < 2; ++k) {
+        const StateFormat format = (k ? us.v : us.m).format();
+        const MomentSpan sp = spans[k][i];
+        const std::string name = t.name + kMomentSuffix[k];
+        // The bytes of one array of this moment, from the unit as it is now (paged in if need be).
+        auto at = [&state, pager, u, k](int array, int64_t byte_offset) -> std::function<Result<const void*>()> {
+          return [&state, pager, u, k, array, byte_offset]() -> Result<const void*> {
+            if (state.states_on_nvme()) MT_RETURN_IF_ERROR(pager->get(static_cast<int64_t>(u)).status());
+            const MomentStore& ms = k ? state.units()[u].v : state.units()[u].m;
+            const void* base = ms.format() == StateFormat::kFp32   ? static_cast<const void*>(ms.f32().data())
+                               : ms.format() == StateFormat::kBf16 ? static_cast<const void*>(ms.bf16().data())
+                               : array == 0                        ? static_cast<const void*>(ms.codes().data())
+                                                                   : static_cast<const void*>(ms.scales().data());
+            return static_cast<const void*>(static_cast<const uint8_t*>(base) + byte_offset);
+          };
+        };
+        switch (format) {
+          case StateFormat::kFp32: {
+            if (options.compress_fp32_moments) {  // compressed just before it is written
+              TensorToWrite w = raw_tensor(name + kCompressedSuffix, {}, nullptr, "U8");
+              w.max_bytes = compress_fp32_bound(sp.numel);
+              w.produce = [fetch = at(0, 4 * sp.elem_offset), n = sp.numel, options]() -> Result<std::vector<uint8_t>> {
+                MT_ASSIGN_OR_RETURN(const void* p, fetch());
+                return compress_fp32(static_cast<const float*>(p), n, options.zstd_level, PlaneSplit::kBytePlanes,
+                                     options.threads);
+              };
+              tensors.push_back(std::move(w));
+              break;
+            }
+            TensorToWrite w{name, t.shape, nullptr, DType::kFp32, DType::kFp32};
+            w.fetch = at(0, 4 * sp.elem_offset);
+            tensors.push_back(std::move(w));
+            break;
+          }
+          case StateFormat::kBf16: {  // the bits as they are: equal types are copied, never rounded
+            TensorToWrite w{name, t.shape, nullptr, DType::kBf16, DType::kBf16};
+            w.fetch = at(0, 2 * sp.elem_offset);
+            tensors.push_back(std::move(w));
+            break;
+          }
+          default: {
+            TensorToWrite codes = raw_tensor(name + ".codes", {sp.code_bytes}, nullptr, "U8");
+            codes.fetch = at(0, sp.code_offset);
+            tensors.push_back(std::move(codes));
+            TensorToWrite scales{name + ".scales", {sp.blocks}, nullptr, DType::kFp32, DType::kFp32};
+            scales.fetch = at(1, 4 * sp.block_offset);
+            tensors.push_back(std::move(scales));
+          }
+        }
+      }
+    }
+  }
+  const MomentFormats f = formats_of(state);
+  std::map<std::string, std::string> metadata = {
+      {"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)},
+      {"m_format", state_format_name(f.m)}, {"v_format", state_format_name(f.v)},
+      {"block_size", std::to_string(f.block_size)}};
+  if (options.compress_fp32_moments && (f.m == StateFormat::kFp32 || f.v == StateFormat::kFp32))
+    metadata[kCompressedKey] = kCompressedValue;
+  Status s = write_safetensors(path, tensors, metadata);
+  if (options.compress_fp32_moments) release_plane_codec_scratch();  // nothing stays held while training
+  Status done = pager->finish();
+  return s.ok() ? done : s;
+}
+
+
+Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& state, bool compressed) {
+  std::vector<ExpectedTensor> out;
+  for (const UnitState& us : state.units()) {
+    const MomentStore* stores[2] = {&us.m, &us.v};
+    std::vector<MomentSpan> spans[2];
+    for (int k = 0; k < 2; ++k) {
+      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, *stores[k], k));
+    }
+    for (size_t i = 0; i < us.tensors.size(); ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const std::string name = us.tensors[i].name + kMomentSuffix[k];
+        switch (stores[k]->format()) {
+          case StateFormat::kFp32:
+            if (compressed) out.push_back({name + kCompressedSuffix, "U8", {}, true});
+            else out.push_back({name, "F32", us.tensors[i].shape});
+            break;
+          case StateFormat::kBf16: out.push_back({name, "BF16", us.tensors[i].shape}); break;
+          default:
+            out.push_back({name + ".codes", "U8", {spans[k][i].code_bytes}});
+            out.push_back({name + ".scales", "F32", {spans[k][i].blocks}});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+
+Result<MomentFormats> formats_in(const SafetensorsFile& f) {
+  const auto& md = f.metadata();
+  MomentFormats out;
+  const bool any = md.count("m_format") || md.count("v_format") || md.count("block_size");
+  const std::string where = "'" + f.path().string() + "': __metadata__.";
+  if (auto c = md.find(kCompressedKey); c != md.end()) {
+    if (c->second != kCompressedValue)
+      return corrupt(where + kCompressedKey + " is '" + c->second + "'; this build reads '" + kCompressedValue + "'");
+    if (!any) return corrupt(where + kCompressedKey + " is set but the optimizer formats are not recorded");
+    out.compressed = true;
+  }
+  if (!any) return out;
+  for (const char* key : {"m_format", "v_format", "block_size"})
+    if (!md.count(key)) return corrupt(where + key + " is missing while the other optimizer formats are recorded");
+  using Field = std::pair<const char*, StateFormat*>;
+  for (const auto& [key, dst] : {Field{"m_format", &out.m}, Field{"v_format", &out.v}}) {
+    auto fmt = parse_state_format(md.at(key));
+    if (!fmt.ok()) return corrupt(where + key + " is '" + md.at(key) + "'; expected fp32, bf16, q8, q4, q3 or q2");
+    *dst = *fmt;
+  }
+  const std::string& bs = md.at("block_size");
+  int64_t b = 0;
+  bool ok = !bs.empty() && bs.size() <= 9 && bs.find_first_not_of("0123456789") == std::string::npos;
+  if (ok) b = std::stoll(bs);
+  if (!ok || b < 1) return corrupt(where + "block_size is '" + bs + "'; expected a positive integer");
+  out.block_size = b;
+  return out;
+}
+
+Result<MomentReader> MomentReader::for_unit(const SafetensorsFile& opt, bool compressed, UnitState& us) {
+  MomentReader r(opt, compressed, us);
+  for (int k = 0; k < 2; ++k) {
+    MT_ASSIGN_OR_RETURN(r.spans_[k], checked_spans(us, k ? us.v : us.m, k));
+  }
+  return r;
+}
+
+Status MomentReader::read(size_t i) {
+  const SafetensorsFile& opt = *opt_;
+  const TensorSlot& t = us_->tensors[i];
+  MomentStore* stores[2] = {&us_->m, &us_->v};
+  for (int k = 0; k < 2; ++k) {
+    MomentStore& ms = *stores[k];
+    const MomentSpan& sp = spans_[k][i];
+    const std::string name = t.name + kMomentSuffix[k];
+    Status s;
+    switch (ms.format()) {
+      case StateFormat::kFp32:
+        if (compressed_) {
+          const SafetensorsEntry& e = *opt.find(name + kCompressedSuffix);
+          std::vector<uint8_t> bytes(static_cast<size_t>(e.end - e.begin));
+          s = opt.read_raw(e, "U8", bytes.data(), bytes.size());
+          if (s.ok()) s = decompress_fp32(bytes, ms.f32().data() + sp.elem_offset, sp.numel);
+          if (!s.ok()) s = corrupt("'" + opt.path().string() + "': tensor " + e.name + ": " + s.message());
+          break;
+        }
+        s = opt.read_raw(*opt.find(name), "F32", ms.f32().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 4);
+        break;
+      case StateFormat::kBf16:
+        s = opt.read_raw(*opt.find(name), "BF16", ms.bf16().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 2);
+        break;
+      default:
+        s = opt.read_raw(*opt.find(name + ".codes"), "U8", ms.codes().data() + sp.code_offset,
+                         static_cast<size_t>(sp.code_bytes));
+        if (s.ok())
+          s = opt.read_raw(*opt.find(name + ".scales"), "F32", ms.scales().data() + sp.block_offset,
+                           static_cast<size_t>(sp.blocks) * 4);
+    }
+    if (!s.ok()) return s;
+  }
+  return {};
+}
+
+}  // namespace megatrain::exec::detail
