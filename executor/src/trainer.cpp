@@ -131,8 +131,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   MT_RETURN_IF_ERROR(check_plan_for_model(plan, model));
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
   {
-    const bool master_nvme = plan.placement.master_weights == "nvme", states_nvme = plan.placement.optimizer_states == "nvme";
-    auto where = [](bool nvme) { return nvme ? "nvme" : "ram"; };
+    const bool master_nvme = plan.placement.master_weights == Tier::kNvme, states_nvme = plan.placement.optimizer_states == Tier::kNvme;
+    auto where = [](bool nvme) { return name(nvme ? Tier::kNvme : Tier::kRam); };
     if (master_nvme != state.master_on_nvme() || states_nvme != state.states_on_nvme())
       return invalid_argument(std::string("placement: the plan puts master weights in ") + where(master_nvme) + " and optimizer states in " +
                               where(states_nvme) + ", but the training state keeps them in " + where(state.master_on_nvme()) + " and " +
@@ -148,7 +148,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
                             " (block " + std::to_string(plan.optimizer.block_size) +
                             "); accepted: a HostState created with the plan's optimizer formats");
-  if (!state.all_gradients() && (!options.streamed || plan.schedule.order != "layer-major" || plan.training.clip_grad_norm > 0))
+  if (!state.all_gradients() && (!options.streamed || plan.schedule.order != ScheduleOrder::kLayerMajor || plan.training.clip_grad_norm > 0))
     return invalid_argument("the training state lends gradients per unit (HostState created without all_gradients), which needs "
                             "the streamed pipeline in layer-major order without clipping (every gradient is needed until the "
                             "global norm or the last micro-batch otherwise); accepted: a HostState with all_gradients for this plan");
@@ -159,7 +159,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.B = plan.schedule.device_layer_buffers;
   I.c = plan.schedule.checkpoint_every;
   I.clip = plan.training.clip_grad_norm > 0;
-  I.host_ckpt = plan.schedule.checkpoint_location == "host" && I.c > 0;
+  I.host_ckpt = plan.schedule.checkpoint_location == CheckpointLocation::kHost && I.c > 0;
   const ModelConfig& mc = model.config();
   // The CPU attention is full causal; a sliding window changes nothing while the sequence fits it.
   if (mc.sliding_window > 0 && plan.training.seq_len > mc.sliding_window)
@@ -189,7 +189,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   for (int64_t u = 0; u < I.U; ++u) max_unit = std::max(max_unit, state.units()[static_cast<size_t>(u)].numel);
   max_layer = I.L > 0 ? state.units()[1].numel : 0;
   const int64_t n_ckpt = I.c > 0 ? (I.L + I.c - 1) / I.c : 0;
-  const int64_t A_dev = plan.schedule.order == "layer-major" ? I.A : 1;  // micro-batches on the device at once
+  const int64_t A_dev = plan.schedule.order == ScheduleOrder::kLayerMajor ? I.A : 1;  // micro-batches on the device at once
   const int64_t act_sets = I.c > 0 ? I.c : I.L * A_dev;
   const int64_t grad_sets = (I.c > 0 ? I.c : 1) + 1;
   const int64_t ws_floats = std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
@@ -548,7 +548,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // summed on the host, and the updates wait for the last round.
   Backend& be = *I.be;
   constexpr StreamKind kC = StreamKind::kCompute, kH = StreamKind::kH2D, kD = StreamKind::kD2H;
-  const bool layer_major = I.plan.schedule.order == "layer-major";
+  const bool layer_major = I.plan.schedule.order == ScheduleOrder::kLayerMajor;
   double stall = 0;
   const int64_t rounds = layer_major ? 1 : I.A;
   // The NVMe tier's reads of this step, issued now in the optimizer's order: the staging buffers

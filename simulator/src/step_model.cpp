@@ -278,7 +278,7 @@ class Builder {
   // on the device until backward recomputes from it, or copied to pinned host memory.
   void checkpoint(int32_t l, int32_t mb) {
     const TaskId producer = producer_[static_cast<size_t>(mb)];
-    if (plan_.schedule.checkpoint_location == "device") {
+    if (plan_.schedule.checkpoint_location == CheckpointLocation::kDevice) {
       e_.acquire(producer, id_.mem_device, s_.hidden);
       ckpt_device_[cell(l, mb)] = 1;
       return;
@@ -344,7 +344,7 @@ class Builder {
   // Registers the H2D of a host checkpoint, needed by the next GPU task (the block's first
   // recompute); the task itself is created in issue order by run_pass.
   void restore_checkpoint(int32_t lo, int32_t mb) {
-    if (plan_.schedule.checkpoint_location == "device") return;
+    if (plan_.schedule.checkpoint_location == CheckpointLocation::kDevice) return;
     const size_t needed_at = gpu_order_.size();
     restores_.push_back({needed_at, [this, lo, mb, needed_at] {
       const double bytes = static_cast<double>(s_.hidden);
@@ -357,7 +357,7 @@ class Builder {
   }
 
   void release_checkpoint(int32_t lo, int32_t mb, TaskId recompute) {
-    if (plan_.schedule.checkpoint_location == "device") {
+    if (plan_.schedule.checkpoint_location == CheckpointLocation::kDevice) {
       if (uint8_t& held = ckpt_device_[cell(lo, mb)]; held) {
         e_.release(recompute, id_.mem_device, s_.hidden);
         held = 0;
@@ -535,10 +535,10 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   s.H = mc.hidden_size;
   s.V = mc.vocab_size;
   s.c = plan.schedule.checkpoint_every;
-  s.layer_major = plan.schedule.order == "layer-major";
+  s.layer_major = plan.schedule.order == ScheduleOrder::kLayerMajor;
   s.clip = plan.training.clip_grad_norm > 0;
-  s.master_nvme = plan.placement.master_weights == "nvme";
-  s.states_nvme = plan.placement.optimizer_states == "nvme";
+  s.master_nvme = plan.placement.master_weights == Tier::kNvme;
+  s.states_nvme = plan.placement.optimizer_states == Tier::kNvme;
   s.cb = static_cast<double>(dtype_bytes(plan.precision.compute));
   s.tb = static_cast<double>(dtype_bytes(plan.precision.transfer));
   s.stream_from_nvme = s.master_nvme && plan.precision.transfer == DType::kFp32;
@@ -560,7 +560,7 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   const double n = static_cast<double>(pc.total);
   const int64_t a_hidden = s.layer_major ? s.A : 1;
   const int64_t n_ckpt = s.c > 0 ? (s.L + s.c - 1) / s.c : 0;
-  const double host_ckpt = plan.schedule.checkpoint_location == "host" ? static_cast<double>(n_ckpt * a_hidden * s.hidden) : 0;
+  const double host_ckpt = plan.schedule.checkpoint_location == CheckpointLocation::kHost ? static_cast<double>(n_ckpt * a_hidden * s.hidden) : 0;
   const double stream_copy = n * s.tb;                 // bf16 copy, or the fp32 master itself
   // The executor's host gradients: one fp32 array per unit, which microbatch-major sums into; in
   // layer-major without clipping, three buffers of the largest unit lent from unit to unit.
