@@ -49,6 +49,31 @@ Result<StateFormat> read_format(FieldReader& r, const std::string& key, StateFor
   return parse_state_format(s);
 }
 
+// Reads an optional word-valued key into its enum; the accepted words and the error wording are
+// FieldReader::choice's. `out` keeps its default when the key is absent.
+template <class E>
+void read_enum(FieldReader& r, const std::string& key, E& out, const std::vector<std::string>& accepted) {
+  std::string s = name(out);
+  r.choice(key, s, Need::kOptional, accepted);
+  for (size_t i = 0; i < accepted.size(); ++i)
+    if (accepted[i] == s) out = static_cast<E>(i);
+}
+
+template <class E>
+Result<E> parse_word(std::string_view s, std::string_view key, const std::vector<std::string>& accepted) {
+  for (size_t i = 0; i < accepted.size(); ++i)
+    if (accepted[i] == s) return static_cast<E>(i);
+  std::string list;
+  for (const std::string& a : accepted) list += (list.empty() ? "" : ", ") + a;
+  return invalid_argument(std::string(key) + ": '" + std::string(s) + "' is not accepted; accepted: " + list);
+}
+
+template <class E>
+const char* word_of(E v, const std::vector<std::string>& names) {
+  const auto i = static_cast<size_t>(v);
+  return i < names.size() ? names[i].c_str() : "?";
+}
+
 std::filesystem::path resolve_relative(const ProfileRef& ref, const std::filesystem::path& base) {
   std::filesystem::path p(ref.value);
   if (!base.empty() && p.is_relative() && (ref.value.find('/') != std::string::npos || p.extension() == ".json"))
@@ -57,6 +82,47 @@ std::filesystem::path resolve_relative(const ProfileRef& ref, const std::filesys
 }
 
 }  // namespace
+
+const std::vector<std::string>& lr_schedule_names() {
+  static const std::vector<std::string> names = {"constant", "cosine", "linear"};
+  return names;
+}
+const std::vector<std::string>& data_order_names() {
+  static const std::vector<std::string> names = {"shuffled", "sequential"};
+  return names;
+}
+const std::vector<std::string>& schedule_order_names() {
+  static const std::vector<std::string> names = {"layer-major", "microbatch-major"};
+  return names;
+}
+const std::vector<std::string>& checkpoint_location_names() {
+  static const std::vector<std::string> names = {"device", "host"};
+  return names;
+}
+const std::vector<std::string>& tier_names() {
+  static const std::vector<std::string> names = {"ram", "nvme"};
+  return names;
+}
+
+const char* name(LrSchedule v) { return word_of(v, lr_schedule_names()); }
+const char* name(DataOrder v) { return word_of(v, data_order_names()); }
+const char* name(ScheduleOrder v) { return word_of(v, schedule_order_names()); }
+const char* name(CheckpointLocation v) { return word_of(v, checkpoint_location_names()); }
+const char* name(Tier v) { return word_of(v, tier_names()); }
+
+Result<LrSchedule> parse_lr_schedule(std::string_view s, std::string_view key) {
+  return parse_word<LrSchedule>(s, key, lr_schedule_names());
+}
+Result<DataOrder> parse_data_order(std::string_view s, std::string_view key) {
+  return parse_word<DataOrder>(s, key, data_order_names());
+}
+Result<ScheduleOrder> parse_schedule_order(std::string_view s, std::string_view key) {
+  return parse_word<ScheduleOrder>(s, key, schedule_order_names());
+}
+Result<CheckpointLocation> parse_checkpoint_location(std::string_view s, std::string_view key) {
+  return parse_word<CheckpointLocation>(s, key, checkpoint_location_names());
+}
+Result<Tier> parse_tier(std::string_view s, std::string_view key) { return parse_word<Tier>(s, key, tier_names()); }
 
 const std::vector<std::string>& plan_bottleneck_names() {
   static const std::vector<std::string> names = {"gpu", "h2d", "d2h", "cpu", "host_memory",
@@ -113,7 +179,7 @@ Status check_plan_for_model(const Plan& p, const ModelSpec& model) {
                             " layers a checkpoint block recomputes (schedule.checkpoint_every) plus one in flight; "
                             "accepted: >= " + std::to_string(sc.checkpoint_every + 1));
   const PlacementConfig& pc = p.placement;
-  const bool master_nvme = pc.master_weights == "nvme", states_nvme = pc.optimizer_states == "nvme";
+  const bool master_nvme = pc.master_weights == Tier::kNvme, states_nvme = pc.optimizer_states == Tier::kNvme;
   if (master_nvme && p.precision.transfer != DType::kBf16)
     return invalid_argument("placement.master_weights: nvme with precision.transfer " +
                             std::string(dtype_name(p.precision.transfer)) +
@@ -165,11 +231,11 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     tr.integer("steps", c.steps, Need::kOptional, 1, kMaxI);
     tr.integer("seed", c.seed, Need::kOptional, 0, kMaxI);
     tr.number("lr", c.lr, Need::kOptional, 0, 10);
-    tr.choice("lr_schedule", c.lr_schedule, Need::kOptional, {"constant", "cosine", "linear"});
+    read_enum(tr, "lr_schedule", c.lr_schedule, lr_schedule_names());
     tr.integer("warmup_steps", c.warmup_steps, Need::kOptional, 0, kMaxI);
     tr.number("min_lr", c.min_lr, Need::kOptional, 0, 10);
     tr.number("clip_grad_norm", c.clip_grad_norm, Need::kOptional, 0, 1e30);
-    tr.choice("data_order", c.data_order, Need::kOptional, {"shuffled", "sequential"});
+    read_enum(tr, "data_order", c.data_order, data_order_names());
     if (Status s = tr.finish(); !s.ok()) return ctx(s);
     if (c.warmup_steps > c.steps)
       return ctx(invalid_argument("training.warmup_steps: " + std::to_string(c.warmup_steps) +
@@ -198,11 +264,11 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     FieldReader sr(*j, "schedule",
                    {"order", "prefetch_depth", "device_layer_buffers", "checkpoint_every", "checkpoint_location"});
     ScheduleConfig& c = p.schedule;
-    sr.choice("order", c.order, Need::kOptional, {"layer-major", "microbatch-major"});
+    read_enum(sr, "order", c.order, schedule_order_names());
     sr.integer("prefetch_depth", c.prefetch_depth, Need::kOptional, 1, 1024);
     sr.integer("device_layer_buffers", c.device_layer_buffers, Need::kOptional, 2, 1025);
     sr.integer("checkpoint_every", c.checkpoint_every, Need::kOptional, 0, 100000);
-    sr.choice("checkpoint_location", c.checkpoint_location, Need::kOptional, {"device", "host"});
+    read_enum(sr, "checkpoint_location", c.checkpoint_location, checkpoint_location_names());
     if (Status s = sr.finish(); !s.ok()) return ctx(s);
   }
   if (p.schedule.device_layer_buffers < p.schedule.prefetch_depth + 1)
@@ -217,8 +283,8 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     FieldReader pr(*j, "placement", {"master_weights", "optimizer_states", "nvme_dirs", "pinned_staging_bytes",
                                        "device_budget_bytes", "nvme_queue_depth", "nvme_block_bytes"});
     PlacementConfig& c = p.placement;
-    pr.choice("master_weights", c.master_weights, Need::kOptional, {"ram", "nvme"});
-    pr.choice("optimizer_states", c.optimizer_states, Need::kOptional, {"ram", "nvme"});
+    read_enum(pr, "master_weights", c.master_weights, tier_names());
+    read_enum(pr, "optimizer_states", c.optimizer_states, tier_names());
     pr.string_array("nvme_dirs", c.nvme_dirs, Need::kOptional);
     pr.integer("pinned_staging_bytes", c.pinned_staging_bytes, Need::kOptional, 0, kMaxI);
     pr.integer("device_budget_bytes", c.device_budget_bytes, Need::kOptional, 0, kMaxI);
@@ -231,9 +297,9 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     for (size_t i = 0; i < c.nvme_dirs.size(); ++i)
       if (c.nvme_dirs[i].empty())
         return ctx(invalid_argument("placement.nvme_dirs[" + std::to_string(i) + "]: empty; expected a directory path"));
-    if ((c.master_weights == "nvme" || c.optimizer_states == "nvme") && c.nvme_dirs.empty())
+    if ((c.master_weights == Tier::kNvme || c.optimizer_states == Tier::kNvme) && c.nvme_dirs.empty())
       return ctx(invalid_argument("placement.nvme_dirs: empty, but placement puts " +
-                                  std::string(c.master_weights == "nvme" ? "master_weights" : "optimizer_states") +
+                                  std::string(c.master_weights == Tier::kNvme ? "master_weights" : "optimizer_states") +
                                   " on nvme; list at least one NVMe directory"));
   }
   if (!r.ok()) return ctx(r.finish());
@@ -316,16 +382,16 @@ std::string Plan::to_json_text() const {
   j["rig"] = rig.inline_object ? Json::parse(rig.value) : Json(rig.value);
   const TrainingConfig& t = training;
   j["training"] = {{"seq_len", t.seq_len}, {"micro_batch", t.micro_batch}, {"grad_accum", t.grad_accum},
-                   {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr}, {"lr_schedule", t.lr_schedule},
+                   {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr}, {"lr_schedule", name(t.lr_schedule)},
                    {"warmup_steps", t.warmup_steps}, {"min_lr", t.min_lr}, {"clip_grad_norm", t.clip_grad_norm},
-                   {"data_order", t.data_order}};
+                   {"data_order", name(t.data_order)}};
   j["precision"] = {{"compute", dtype_name(precision.compute)}, {"master", dtype_name(precision.master)},
                     {"transfer", dtype_name(precision.transfer)}};
-  j["schedule"] = {{"order", schedule.order}, {"prefetch_depth", schedule.prefetch_depth},
+  j["schedule"] = {{"order", name(schedule.order)}, {"prefetch_depth", schedule.prefetch_depth},
                    {"device_layer_buffers", schedule.device_layer_buffers},
                    {"checkpoint_every", schedule.checkpoint_every},
-                   {"checkpoint_location", schedule.checkpoint_location}};
-  j["placement"] = {{"master_weights", placement.master_weights}, {"optimizer_states", placement.optimizer_states},
+                   {"checkpoint_location", name(schedule.checkpoint_location)}};
+  j["placement"] = {{"master_weights", name(placement.master_weights)}, {"optimizer_states", name(placement.optimizer_states)},
                     {"nvme_dirs", placement.nvme_dirs}, {"pinned_staging_bytes", placement.pinned_staging_bytes},
                     {"device_budget_bytes", placement.device_budget_bytes}, {"nvme_queue_depth", placement.nvme_queue_depth},
                     {"nvme_block_bytes", placement.nvme_block_bytes}};

@@ -130,10 +130,8 @@ int main(int argc, char** argv) {
   if (!file.ok()) return fail(file.status());
   auto tokens = std::make_shared<const exec::TokenFile>(std::move(file).value());
   if (Status s = tokens->check_vocab(model->config().vocab_size); !s.ok()) return fail(s);
-  auto order = exec::parse_data_order(plan->training.data_order);
-  if (!order.ok()) return fail(order.status());
   auto loader = exec::DataLoader::create(tokens, plan->training.seq_len, plan->training.micro_batch,
-                                         plan->training.grad_accum, *order, static_cast<uint64_t>(plan->training.seed),
+                                         plan->training.grad_accum, plan->training.data_order, static_cast<uint64_t>(plan->training.seed),
                                          model->config().vocab_size);
   if (!loader.ok()) return fail(loader.status());
   // The training state: in RAM, or partly on the NVMe tier as placement says (the drives are
@@ -141,7 +139,7 @@ int main(int argc, char** argv) {
   exec::NvmePlacement nvme = exec::nvme_placement_of(plan->placement);
   // Layer-major without clipping needs no gradient after its own update: the trainer lends each
   // unit a gradient buffer from a pool of three instead of holding them all (4 bytes per parameter).
-  const bool all_gradients = reference || plan->schedule.order != "layer-major" || plan->training.clip_grad_norm > 0;
+  const bool all_gradients = reference || plan->schedule.order != ScheduleOrder::kLayerMajor || plan->training.clip_grad_norm > 0;
   auto created = exec::HostState::create(*model, plan->precision.transfer, plan->optimizer.m_format, plan->optimizer.v_format,
                                          plan->optimizer.block_size, nvme, all_gradients);
   if (!created.ok()) return fail(created.status());

@@ -39,7 +39,7 @@ Result<TokenFormat> parse_token_format(const std::string& s) {
   return invalid_argument("token format '" + s + "' is not accepted; accepted: auto, llmc, u16, u32, text");
 }
 
-const char* data_order_name(DataOrder o) { return o == DataOrder::kSequential ? "sequential" : "shuffled"; }
+const char* data_order_name(DataOrder o) { return name(o); }
 
 Result<DataOrder> parse_data_order(const std::string& s) {
   if (s == "sequential") return DataOrder::kSequential;

@@ -18,8 +18,8 @@ namespace megatrain::exec {
 
 NvmePlacement nvme_placement_of(const PlacementConfig& placement) {
   NvmePlacement nvme;
-  nvme.master = placement.master_weights == "nvme";
-  nvme.states = placement.optimizer_states == "nvme";
+  nvme.master = placement.master_weights == Tier::kNvme;
+  nvme.states = placement.optimizer_states == Tier::kNvme;
   for (const std::string& d : placement.nvme_dirs) nvme.store.dirs.emplace_back(d);
   nvme.store.queue_depth = static_cast<int>(placement.nvme_queue_depth);
   nvme.store.block_bytes = placement.nvme_block_bytes;

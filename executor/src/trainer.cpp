@@ -139,8 +139,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   MT_RETURN_IF_ERROR(check_plan_for_model(plan, model));
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
   {
-    const bool master_nvme = plan.placement.master_weights == "nvme", states_nvme = plan.placement.optimizer_states == "nvme";
-    auto where = [](bool nvme) { return nvme ? "nvme" : "ram"; };
+    const bool master_nvme = plan.placement.master_weights == Tier::kNvme, states_nvme = plan.placement.optimizer_states == Tier::kNvme;
+    auto where = [](bool nvme) { return name(nvme ? Tier::kNvme : Tier::kRam); };
     if (master_nvme != state.master_on_nvme() || states_nvme != state.states_on_nvme())
       return invalid_argument(std::string("placement: the plan puts master weights in ") + where(master_nvme) + " and optimizer states in " +
                               where(states_nvme) + ", but the training state keeps them in " + where(state.master_on_nvme()) + " and " +
@@ -167,7 +167,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.B = plan.schedule.device_layer_buffers;
   I.c = plan.schedule.checkpoint_every;
   I.clip = plan.training.clip_grad_norm > 0;
-  I.host_ckpt = plan.schedule.checkpoint_location == "host" && I.c > 0;
+  I.host_ckpt = plan.schedule.checkpoint_location == CheckpointLocation::kHost && I.c > 0;
   const ModelConfig& mc = model.config();
   // The CPU attention is full causal; a sliding window changes nothing while the sequence fits it.
   if (mc.sliding_window > 0 && plan.training.seq_len > mc.sliding_window)
@@ -571,7 +571,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // summed on the host, and the updates wait for the last round.
   Backend& be = *I.be;
   constexpr StreamKind kC = StreamKind::kCompute, kH = StreamKind::kH2D, kD = StreamKind::kD2H;
-  const bool layer_major = I.plan.schedule.order == "layer-major";
+  const bool layer_major = I.plan.schedule.order == ScheduleOrder::kLayerMajor;
   double stall = 0;
   const int64_t rounds = layer_major ? 1 : I.A;
   // The NVMe tier's reads of this step, issued now in the optimizer's order: the staging buffers

@@ -72,6 +72,13 @@ QComboBox* makeCombo(const QStringList& items, QWidget* parent) {
   return c;
 }
 
+// A plan enum's words (core/plan.h), for a combo box.
+QStringList wordList(const std::vector<std::string>& names) {
+  QStringList l;
+  for (const std::string& n : names) l << QString::fromStdString(n);
+  return l;
+}
+
 }  // namespace
 
 MainWindow::MainWindow(QWidget* parent)
@@ -270,7 +277,7 @@ QWidget* MainWindow::buildWhatIfTab() {
   auto* form = new QFormLayout(page);
   const QStringList formats = {QStringLiteral("fp32"), QStringLiteral("bf16"), QStringLiteral("q8"), QStringLiteral("q4"),
                                QStringLiteral("q3"), QStringLiteral("q2")};
-  const QStringList tiers = {QStringLiteral("ram"), QStringLiteral("nvme")};
+  const QStringList tiers = wordList(tier_names());
   wiPrefetch_ = new QSpinBox(page);
   wiPrefetch_->setRange(1, 64);  // the plan format accepts 1 .. 1024
   wiMFormat_ = makeCombo(formats, page);
@@ -279,7 +286,7 @@ QWidget* MainWindow::buildWhatIfTab() {
   wiStates_ = makeCombo(tiers, page);
   wiMicroBatch_ = new QSpinBox(page);
   wiMicroBatch_->setRange(1, 65536);
-  wiOrder_ = makeCombo({QStringLiteral("layer-major"), QStringLiteral("microbatch-major")}, page);
+  wiOrder_ = makeCombo(wordList(schedule_order_names()), page);
   form->addRow(tr("Prefetch depth"), wiPrefetch_);
   form->addRow(tr("Adam m format"), wiMFormat_);
   form->addRow(tr("Adam v format"), wiVFormat_);
@@ -509,10 +516,10 @@ void MainWindow::refreshWhatIfEditors() {
   wiPrefetch_->setValue(static_cast<int>(p.schedule.prefetch_depth));
   wiMFormat_->setCurrentText(QString::fromLatin1(state_format_name(p.optimizer.m_format)));
   wiVFormat_->setCurrentText(QString::fromLatin1(state_format_name(p.optimizer.v_format)));
-  wiMaster_->setCurrentText(QString::fromStdString(p.placement.master_weights));
-  wiStates_->setCurrentText(QString::fromStdString(p.placement.optimizer_states));
+  wiMaster_->setCurrentText(QString::fromLatin1(megatrain::name(p.placement.master_weights)));
+  wiStates_->setCurrentText(QString::fromLatin1(megatrain::name(p.placement.optimizer_states)));
   wiMicroBatch_->setValue(static_cast<int>(p.training.micro_batch));
-  wiOrder_->setCurrentText(QString::fromStdString(p.schedule.order));
+  wiOrder_->setCurrentText(QString::fromLatin1(megatrain::name(p.schedule.order)));
   wiUpdating_ = false;
   if (!d.edited)
     wiStatus_->setText(tr("Change a setting: the plan is re-simulated in the background and the timeline and summary update."));

@@ -565,12 +565,18 @@ Result<Plan> applyWhatIf(const Plan& base, const WhatIfEdits& e) {
   if (e.vFormat) {
     MT_ASSIGN_OR_RETURN(p.optimizer.v_format, parse_state_format(*e.vFormat));
   }
-  if (e.masterWeights) p.placement.master_weights = *e.masterWeights;
-  if (e.optimizerStates) p.placement.optimizer_states = *e.optimizerStates;
+  if (e.masterWeights) {
+    MT_ASSIGN_OR_RETURN(p.placement.master_weights, parse_tier(*e.masterWeights, "placement.master_weights"));
+  }
+  if (e.optimizerStates) {
+    MT_ASSIGN_OR_RETURN(p.placement.optimizer_states, parse_tier(*e.optimizerStates, "placement.optimizer_states"));
+  }
   if (e.microBatch) {
     p.training.micro_batch = *e.microBatch;
   }
-  if (e.order) p.schedule.order = *e.order;
+  if (e.order) {
+    MT_ASSIGN_OR_RETURN(p.schedule.order, parse_schedule_order(*e.order));
+  }
   p.predicted.reset();
   // Validate exactly as a plan file is validated (names the field and the accepted values).
   auto checked = Plan::from_json_text(p.to_json_text(), "edited plan", base.base_dir);

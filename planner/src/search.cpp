@@ -189,13 +189,13 @@ Plan make_plan(const Knobs& k, const SearchRequest& req, int64_t seq, DType comp
   p.training.grad_accum = k.grad_accum;
   p.training.steps = req.steps;
   p.precision = PrecisionConfig{compute, DType::kFp32, k.transfer};
-  p.schedule.order = k.layer_major ? "layer-major" : "microbatch-major";
+  p.schedule.order = k.layer_major ? ScheduleOrder::kLayerMajor : ScheduleOrder::kMicrobatchMajor;
   p.schedule.prefetch_depth = k.prefetch;
   p.schedule.device_layer_buffers = k.buffers;
   p.schedule.checkpoint_every = k.ckpt_every;
-  p.schedule.checkpoint_location = k.ckpt_host ? "host" : "device";
-  p.placement.master_weights = k.master_nvme ? "nvme" : "ram";
-  p.placement.optimizer_states = k.states_nvme ? "nvme" : "ram";
+  p.schedule.checkpoint_location = k.ckpt_host ? CheckpointLocation::kHost : CheckpointLocation::kDevice;
+  p.placement.master_weights = k.master_nvme ? Tier::kNvme : Tier::kRam;
+  p.placement.optimizer_states = k.states_nvme ? Tier::kNvme : Tier::kRam;
   if (k.master_nvme || k.states_nvme)
     for (const auto& d : rig.storage) p.placement.nvme_dirs.push_back(d.path);
   p.placement.pinned_staging_bytes = k.staging;
@@ -225,9 +225,9 @@ double lower_bound(const Plan& plan, const ModelSpec& model, const HardwareProfi
   const double head = static_cast<double>(mc.vocab_size * mc.hidden_size + pc.final_norm) * tb;
   const double embed = static_cast<double>(pc.embedding) * tb;
   const double weights = cost.h2d_time(embed) + cost.h2d_time(head) + 2 * L * cost.h2d_time(layer);
-  const bool layer_major = plan.schedule.order == "layer-major";
+  const bool layer_major = plan.schedule.order == ScheduleOrder::kLayerMajor;
   double h2d = layer_major ? weights : A * weights;
-  if (c > 0 && plan.schedule.checkpoint_location == "host") {
+  if (c > 0 && plan.schedule.checkpoint_location == CheckpointLocation::kHost) {
     const double n_ckpt = static_cast<double>((mc.num_layers + c - 1) / c);
     const ActivationBytes act =
         model.activation_bytes_per_token_per_layer(plan.training.seq_len, dtype_bytes(plan.precision.compute));
@@ -263,18 +263,18 @@ std::string fmt_pct(double f) {
 std::string ckpt_phrase(const Plan& p) {
   if (p.schedule.checkpoint_every == 0) return "none (every activation kept, no recompute)";
   return "every " + std::to_string(p.schedule.checkpoint_every) + " layer" + (p.schedule.checkpoint_every == 1 ? "" : "s") +
-         " on " + p.schedule.checkpoint_location;
+         " on " + name(p.schedule.checkpoint_location);
 }
 
 // (label, value) for each knob, in a fixed order, so two plans can be compared knob by knob.
 std::vector<std::pair<std::string, std::string>> knob_phrases(const Plan& p) {
   return {
       {"micro-batch", std::to_string(p.training.micro_batch) + " x " + std::to_string(p.training.grad_accum)},
-      {"order", p.schedule.order},
+      {"order", name(p.schedule.order)},
       {"prefetch", std::to_string(p.schedule.prefetch_depth) + " (" + std::to_string(p.schedule.device_layer_buffers) + " buffers)"},
       {"checkpoints", ckpt_phrase(p)},
-      {"master weights in", p.placement.master_weights == "nvme" ? "NVMe" : "RAM"},
-      {"optimizer states in", p.placement.optimizer_states == "nvme" ? "NVMe" : "RAM"},
+      {"master weights in", p.placement.master_weights == Tier::kNvme ? "NVMe" : "RAM"},
+      {"optimizer states in", p.placement.optimizer_states == Tier::kNvme ? "NVMe" : "RAM"},
       {"m/v", std::string(state_format_name(p.optimizer.m_format)) + "/" + state_format_name(p.optimizer.v_format)},
       {"transfer", dtype_name(p.precision.transfer)},
       {"optimizer threads", std::to_string(p.optimizer.threads)},
@@ -431,16 +431,16 @@ Result<SearchResult> search_plan(const ModelSpec& model, const HardwareProfile& 
                                  const SearchOptions& opt) {
   MT_ASSIGN_OR_RETURN(SearchResult res, search_plan_once(model, rig, req, opt));
   const Plan& p = res.best.plan;
-  if (res.feasible && (p.placement.master_weights == "nvme" || p.placement.optimizer_states == "nvme")) {
+  if (res.feasible && (p.placement.master_weights == Tier::kNvme || p.placement.optimizer_states == Tier::kNvme)) {
     // Say why state goes to NVMe: the same plan with everything in RAM, as the simulator sees it.
     Plan in_ram = p;
-    in_ram.placement.master_weights = "ram";
-    in_ram.placement.optimizer_states = "ram";
+    in_ram.placement.master_weights = Tier::kRam;
+    in_ram.placement.optimizer_states = Tier::kRam;
     in_ram.placement.nvme_dirs.clear();
     in_ram.placement.pinned_staging_bytes = 0;
-    const std::string what = p.placement.master_weights == "nvme" && p.placement.optimizer_states == "nvme"
+    const std::string what = p.placement.master_weights == Tier::kNvme && p.placement.optimizer_states == Tier::kNvme
                                  ? "master weights and optimizer states"
-                             : p.placement.master_weights == "nvme" ? "master weights"
+                             : p.placement.master_weights == Tier::kNvme ? "master weights"
                                                                     : "optimizer states";
     auto r = sim::simulate(in_ram, model, rig);
     if (r.ok() && !r->feasible)
@@ -1024,8 +1024,8 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
       if (seen.size() >= kReliefCandidates) break;
       // NVMe placement only relieves RAM; a blocked candidate that adds it for nothing is skipped.
       const bool ram_short = n.ram > caps.ram || n.pinned > caps.pinned;
-      if (!ram_short && ((s.k.master_nvme && best.plan.placement.master_weights == "ram") ||
-                         (s.k.states_nvme && best.plan.placement.optimizer_states == "ram")))
+      if (!ram_short && ((s.k.master_nvme && best.plan.placement.master_weights == Tier::kRam) ||
+                         (s.k.states_nvme && best.plan.placement.optimizer_states == Tier::kRam)))
         continue;
       HardwareProfile bigger = rig;
       std::string tier;
@@ -1157,10 +1157,10 @@ Json stats_json(const SearchStats& s) {
 }
 
 Json knobs_json(const Plan& p) {
-  return {{"micro_batch", p.training.micro_batch}, {"grad_accum", p.training.grad_accum}, {"order", p.schedule.order},
+  return {{"micro_batch", p.training.micro_batch}, {"grad_accum", p.training.grad_accum}, {"order", name(p.schedule.order)},
           {"prefetch_depth", p.schedule.prefetch_depth}, {"device_layer_buffers", p.schedule.device_layer_buffers},
-          {"checkpoint_every", p.schedule.checkpoint_every}, {"checkpoint_location", p.schedule.checkpoint_location},
-          {"master_weights", p.placement.master_weights}, {"optimizer_states", p.placement.optimizer_states},
+          {"checkpoint_every", p.schedule.checkpoint_every}, {"checkpoint_location", name(p.schedule.checkpoint_location)},
+          {"master_weights", name(p.placement.master_weights)}, {"optimizer_states", name(p.placement.optimizer_states)},
           {"m_format", state_format_name(p.optimizer.m_format)}, {"v_format", state_format_name(p.optimizer.v_format)},
           {"transfer", dtype_name(p.precision.transfer)}, {"threads", p.optimizer.threads},
           {"pinned_staging_bytes", p.placement.pinned_staging_bytes}};

@@ -13,7 +13,7 @@ BackendKind backend_of_rig(const HardwareProfile& rig) {
 }
 
 bool lends_gradients(const Plan& plan, bool streamed) {
-  return streamed && plan.schedule.order == "layer-major" && plan.training.clip_grad_norm <= 0;
+  return streamed && plan.schedule.order == ScheduleOrder::kLayerMajor && plan.training.clip_grad_norm <= 0;
 }
 
 namespace {
@@ -135,15 +135,15 @@ Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const Act
   s.K = static_cast<int32_t>(plan.schedule.prefetch_depth);
   s.B = static_cast<int32_t>(plan.schedule.device_layer_buffers);
   s.c = static_cast<int32_t>(plan.schedule.checkpoint_every);
-  s.layer_major = plan.schedule.order == "layer-major";
+  s.layer_major = plan.schedule.order == ScheduleOrder::kLayerMajor;
   s.clip = plan.training.clip_grad_norm > 0;
   s.tied = mc.tie_word_embeddings;
-  s.host_checkpoints = plan.schedule.checkpoint_location == "host" && s.c > 0;
+  s.host_checkpoints = plan.schedule.checkpoint_location == CheckpointLocation::kHost && s.c > 0;
   s.resident_mbs = s.layer_major ? s.A : 1;
   s.rounds = s.layer_major ? 1 : s.A;
   s.checkpoints_per_mb = s.c > 0 ? (s.L + s.c - 1) / s.c : 0;
-  s.master_nvme = plan.placement.master_weights == "nvme";
-  s.states_nvme = plan.placement.optimizer_states == "nvme";
+  s.master_nvme = plan.placement.master_weights == Tier::kNvme;
+  s.states_nvme = plan.placement.optimizer_states == Tier::kNvme;
   s.transfer_bf16 = plan.precision.transfer == DType::kBf16;
   s.m_format = plan.optimizer.m_format;
   s.v_format = plan.optimizer.v_format;

@@ -65,7 +65,7 @@ TEST(Plan, FullExampleReadsEveryField) {
   EXPECT_DOUBLE_EQ(p->training.min_lr, 3e-5);
   EXPECT_EQ(p->precision.compute, DType::kBf16);
   EXPECT_EQ(p->schedule.device_layer_buffers, 3);
-  EXPECT_EQ(p->placement.optimizer_states, "nvme");
+  EXPECT_EQ(p->placement.optimizer_states, Tier::kNvme);
   EXPECT_EQ(p->placement.nvme_dirs, std::vector<std::string>{"/mnt/nvme0"});
   EXPECT_EQ(p->placement.pinned_staging_bytes, 8589934592);
   EXPECT_EQ(p->optimizer.threads, 32);
@@ -81,7 +81,7 @@ TEST(Plan, MinimalPlanTakesDocumentedDefaults) {
   EXPECT_EQ(p->schedule, defaults.schedule);
   EXPECT_EQ(p->optimizer, defaults.optimizer);
   EXPECT_EQ(p->training.grad_accum, 1);
-  EXPECT_EQ(p->training.lr_schedule, "cosine");
+  EXPECT_EQ(p->training.lr_schedule, LrSchedule::kCosine);
   EXPECT_FALSE(p->predicted.has_value());
 }
 

@@ -152,9 +152,8 @@ TrainSetup make_setup(const Json& pj) {
   std::vector<uint32_t> toks;
   for (uint32_t i = 0; i < 4000; ++i) toks.push_back((i * 2654435761u >> 7) % 256);
   auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks, "tokens"));
-  auto order = parse_data_order(plan->training.data_order);
-  MT_CHECK(order.ok(), order.status().to_string());
-  auto loader = DataLoader::create(file, plan->training.seq_len, plan->training.micro_batch, plan->training.grad_accum, *order,
+  auto loader = DataLoader::create(file, plan->training.seq_len, plan->training.micro_batch, plan->training.grad_accum,
+                                   plan->training.data_order,
                                    static_cast<uint64_t>(plan->training.seed), model->config().vocab_size);
   MT_CHECK(loader.ok(), loader.status().to_string());
   return TrainSetup{*plan, *model, std::make_unique<DataLoader>(std::move(loader).value())};

@@ -79,15 +79,15 @@ TEST(LearningRate, WarmupThenEachScheduleAtHandComputedPoints) {
   t.min_lr = 1e-4;
   t.steps = 11;
   t.warmup_steps = 2;
-  t.lr_schedule = "cosine";
+  t.lr_schedule = LrSchedule::kCosine;
   EXPECT_DOUBLE_EQ(learning_rate(t, 0), 0.5e-3);  // (0+1)/2
   EXPECT_DOUBLE_EQ(learning_rate(t, 1), 1e-3);
   EXPECT_DOUBLE_EQ(learning_rate(t, 2), 1e-3);    // decay starts at lr
   EXPECT_NEAR(learning_rate(t, 6), 1e-4 + 0.9e-3 * 0.5 * (1 + std::cos(3.14159265358979 * 4 / 8)), 1e-15);
   EXPECT_DOUBLE_EQ(learning_rate(t, 10), 1e-4);   // the last step reaches min_lr
-  t.lr_schedule = "linear";
+  t.lr_schedule = LrSchedule::kLinear;
   EXPECT_NEAR(learning_rate(t, 6), 1e-3 - 0.9e-3 * 0.5, 1e-15);
-  t.lr_schedule = "constant";
+  t.lr_schedule = LrSchedule::kConstant;
   EXPECT_DOUBLE_EQ(learning_rate(t, 9), 1e-3);
 }
 

@@ -72,13 +72,11 @@ Verdict executor_verdict(const std::string& text, const std::shared_ptr<const To
   if (!plan.ok()) return refused(plan.status());
   auto model = plan->resolve_model();
   if (!model.ok()) return refused(model.status());
-  auto order = parse_data_order(plan->training.data_order);
-  if (!order.ok()) return refused(order.status());
   auto loader = DataLoader::create(tokens, plan->training.seq_len, plan->training.micro_batch, plan->training.grad_accum,
-                                   *order, static_cast<uint64_t>(plan->training.seed), model->config().vocab_size);
+                                   plan->training.data_order, static_cast<uint64_t>(plan->training.seed), model->config().vocab_size);
   if (!loader.ok()) return refused(loader.status());
   NvmePlacement nvme = nvme_placement_of(plan->placement);
-  const bool all_gradients = plan->schedule.order != "layer-major" || plan->training.clip_grad_norm > 0;
+  const bool all_gradients = plan->schedule.order != ScheduleOrder::kLayerMajor || plan->training.clip_grad_norm > 0;
   auto state = HostState::create(*model, plan->precision.transfer, plan->optimizer.m_format, plan->optimizer.v_format,
                                  plan->optimizer.block_size, nvme, all_gradients);
   if (!state.ok()) return refused(state.status());

@@ -131,7 +131,7 @@ class TestModels : public QObject {
     QVERIFY(edited->schedule.device_layer_buffers >= 4);
     QCOMPARE(edited->optimizer.m_format, megatrain::StateFormat::kQ8);
     QCOMPARE(edited->training.micro_batch, 2);
-    QCOMPARE(edited->schedule.order, std::string("microbatch-major"));
+    QCOMPARE(edited->schedule.order, megatrain::ScheduleOrder::kMicrobatchMajor);
     WhatIfEdits bad;
     bad.vFormat = "q5";
     auto rejected = applyWhatIf(*base, bad);

@@ -195,8 +195,8 @@ TEST(Search, CpuBackendRigGetsPlansTheCpuExecutorAccepts) {
   const Plan& p = res->best.plan;
   EXPECT_EQ(p.precision.compute, DType::kFp32);
   EXPECT_EQ(p.precision.transfer, DType::kFp32);
-  EXPECT_EQ(p.placement.master_weights, "ram");
-  EXPECT_EQ(p.placement.optimizer_states, "ram");
+  EXPECT_EQ(p.placement.master_weights, Tier::kRam);
+  EXPECT_EQ(p.placement.optimizer_states, Tier::kRam);
   EXPECT_EQ(p.optimizer.m_format, StateFormat::kFp32);
   EXPECT_EQ(p.optimizer.v_format, StateFormat::kFp32);
   SearchRequest bf16 = request("tiny-llama-gqa", "cpu-dev-2core", 128, 1024);

@@ -349,7 +349,7 @@ std::pair<int64_t, int> weights_moved(const SimResult& r) {
   int count = 0;
   for (size_t t = 0; t < r.engine->task_count(); ++t) {
     const TaskSpec& ts = r.engine->task(static_cast<TaskId>(t));
-    if (ts.kind == kH2DWeights && ts.step == 1) {
+    if (span_kind_of(ts) == SpanKind::kH2D && ts.step == 1) {
       bytes += ts.bytes;
       ++count;
     }
@@ -487,11 +487,11 @@ void check_timeline(const SimResult& r, const std::string& what) {
   std::map<std::tuple<int32_t, int32_t, int32_t>, TaskId> copies;
   for (size_t t = 0; t < e.task_count(); ++t) {
     const TaskSpec& ts = e.task(static_cast<TaskId>(t));
-    if (ts.kind == kD2HCheckpoint) copies[{ts.step, ts.layer, ts.micro_batch}] = static_cast<TaskId>(t);
+    if (span_kind_of(ts) == SpanKind::kD2HCheckpoint) copies[{ts.step, ts.layer, ts.micro_batch}] = static_cast<TaskId>(t);
   }
   for (size_t t = 0; t < e.task_count(); ++t) {
     const TaskSpec& ts = e.task(static_cast<TaskId>(t));
-    if (ts.kind != kH2DCheckpoint) continue;
+    if (span_kind_of(ts) != SpanKind::kH2DCheckpoint) continue;
     auto it = copies.find({ts.step, ts.layer, ts.micro_batch});
     ASSERT_NE(it, copies.end()) << what << ": a restore without a copy";
     EXPECT_GE(e.times(static_cast<TaskId>(t)).start, e.times(it->second).end - 1e-12)

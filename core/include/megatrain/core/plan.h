@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "megatrain/core/hardware_profile.h"
@@ -25,6 +26,37 @@ struct ProfileRef {
   bool operator==(const ProfileRef&) const = default;
 };
 
+// The plan's word-valued fields, parsed into enums when a plan is read. The plan file keeps the
+// words (name() gives each enumerator's); enumerators are listed in the order the reading errors
+// list the accepted words.
+enum class LrSchedule { kConstant, kCosine, kLinear };          // constant | cosine | linear
+enum class DataOrder { kShuffled, kSequential };                // shuffled | sequential
+enum class ScheduleOrder { kLayerMajor, kMicrobatchMajor };     // layer-major | microbatch-major
+enum class CheckpointLocation { kDevice, kHost };               // device | host
+enum class Tier { kRam, kNvme };                                // ram | nvme (placement of host state)
+
+const char* name(LrSchedule v);
+const char* name(DataOrder v);
+const char* name(ScheduleOrder v);
+const char* name(CheckpointLocation v);
+const char* name(Tier v);
+
+// Every enumerator's name, in enumerator order (the accepted words, as errors list them).
+const std::vector<std::string>& lr_schedule_names();
+const std::vector<std::string>& data_order_names();
+const std::vector<std::string>& schedule_order_names();
+const std::vector<std::string>& checkpoint_location_names();
+const std::vector<std::string>& tier_names();
+
+// Word -> enum. The error reads "<key>: '<word>' is not accepted; accepted: <the words>", the way
+// Plan reading words it (less the "did you mean" hint).
+Result<LrSchedule> parse_lr_schedule(std::string_view s, std::string_view key = "training.lr_schedule");
+Result<DataOrder> parse_data_order(std::string_view s, std::string_view key = "training.data_order");
+Result<ScheduleOrder> parse_schedule_order(std::string_view s, std::string_view key = "schedule.order");
+Result<CheckpointLocation> parse_checkpoint_location(std::string_view s,
+                                                     std::string_view key = "schedule.checkpoint_location");
+Result<Tier> parse_tier(std::string_view s, std::string_view key = "tier");
+
 struct TrainingConfig {
   int64_t seq_len = 4096;
   int64_t micro_batch = 1;
@@ -32,11 +64,11 @@ struct TrainingConfig {
   int64_t steps = 1;
   int64_t seed = 1;
   double lr = 3e-4;
-  std::string lr_schedule = "cosine";  // constant | cosine | linear
+  LrSchedule lr_schedule = LrSchedule::kCosine;
   int64_t warmup_steps = 0;
   double min_lr = 0;
   double clip_grad_norm = 1.0;         // 0 turns clipping off
-  std::string data_order = "shuffled"; // shuffled | sequential
+  DataOrder data_order = DataOrder::kShuffled;
   bool operator==(const TrainingConfig&) const = default;
 };
 
@@ -48,17 +80,17 @@ struct PrecisionConfig {
 };
 
 struct ScheduleConfig {
-  std::string order = "layer-major";   // layer-major | microbatch-major
+  ScheduleOrder order = ScheduleOrder::kLayerMajor;
   int64_t prefetch_depth = 2;
   int64_t device_layer_buffers = 3;    // >= prefetch_depth + 1
   int64_t checkpoint_every = 1;        // layers between activation checkpoints; 0 keeps all activations
-  std::string checkpoint_location = "host";  // device | host
+  CheckpointLocation checkpoint_location = CheckpointLocation::kHost;
   bool operator==(const ScheduleConfig&) const = default;
 };
 
 struct PlacementConfig {
-  std::string master_weights = "ram";     // ram | nvme
-  std::string optimizer_states = "ram";   // ram | nvme
+  Tier master_weights = Tier::kRam;
+  Tier optimizer_states = Tier::kRam;
   std::vector<std::string> nvme_dirs;     // required when anything is on nvme
   int64_t pinned_staging_bytes = 0;
   int64_t device_budget_bytes = 0;        // 0: the rig's whole GPU memory

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/core/plan.h"
 #include "megatrain/core/status.h"
 
 namespace megatrain::exec {
@@ -73,7 +74,7 @@ class TokenFile {
   std::vector<uint32_t> memory_;   // from_tokens storage
 };
 
-enum class DataOrder { kSequential, kShuffled };
+using DataOrder = ::megatrain::DataOrder;  // the plan's training.data_order (core/plan.h)
 const char* data_order_name(DataOrder o);  // "sequential" | "shuffled"
 Result<DataOrder> parse_data_order(const std::string& s);
 
