@@ -102,7 +102,11 @@ class CpuBackend final : public Backend {
       return resource_exhausted("CPU backend: could not allocate the device arena of " + std::to_string(bytes) +
                                 " bytes of host memory");
     std::memset(p, 0, rounded);  // touch every page now, not during the first step
-    return std::make_unique<Arena>(p, static_cast<int64_t>(rounded), [](void* q) { std::free(q); });
+    aligned_bytes_in_use() += static_cast<int64_t>(rounded);
+    return std::make_unique<Arena>(p, static_cast<int64_t>(rounded), [rounded](void* q) {
+      aligned_bytes_in_use() -= static_cast<int64_t>(rounded);
+      std::free(q);
+    });
   }
 
   void upload_unit(StreamKind, const UnitState& unit, DType transfer, float* dst) override {

@@ -1,11 +1,20 @@
 // AlignedArray: the RAM tier's arrays, aligned so that SIMD loads and page-locking work on them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 
 namespace megatrain::exec {
+
+// Bytes held by every live AlignedArray (and the CPU backend's arena) in this process: the
+// allocations themselves, counted where they are made, against which the compiled step's RAM
+// footprint is tested.
+inline std::atomic<int64_t>& aligned_bytes_in_use() {
+  static std::atomic<int64_t> bytes{0};
+  return bytes;
+}
 
 // 64-byte (page, from 64 KiB) aligned array that never copies implicitly. It may instead be a view
 // of memory it does not own (the NVMe tier's staging buffers, host_state.h): view() starts one,
@@ -24,6 +33,8 @@ class AlignedArray {
     const size_t bytes = (raw + align - 1) / align * align;
     view_ = nullptr;
     p_.reset(bytes ? static_cast<T*>(std::aligned_alloc(align, bytes)) : nullptr);
+    p_.get_deleter().bytes = p_ ? static_cast<int64_t>(bytes) : 0;
+    aligned_bytes_in_use() += p_.get_deleter().bytes;
     for (int64_t i = 0; i < n; ++i) p_.get()[i] = T{};
   }
   void view(T* p, int64_t n) {
@@ -44,7 +55,11 @@ class AlignedArray {
 
  private:
   struct Free {
-    void operator()(T* p) const { std::free(p); }
+    int64_t bytes = 0;
+    void operator()(T* p) const {
+      aligned_bytes_in_use() -= bytes;
+      std::free(p);
+    }
   };
   std::unique_ptr<T, Free> p_;
   T* view_ = nullptr;
