@@ -17,6 +17,8 @@
 #include <deque>
 #include <mutex>
 
+#include <unistd.h>
+
 #include "megatrain/core/trace_vocab.h"
 #include "megatrain/core/units.h"
 #include "megatrain/step/schedule.h"
@@ -232,6 +234,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     if (I.state->on_nvme()) cap.nvme = std::max(cap.nvme, I.fp.peak.nvme);  // the drives' own free space is checked by the store
     if (Status fits = step::check_fits(I.fp, cap); !fits.ok())
       return Status(fits.code(), "the plan does not fit its budgets: " + fits.message());
+    // The rig may describe a bigger machine than this one: host memory is also checked against the
+    // physical RAM here, before anything is allocated, rather than found short by the OOM killer.
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0 && I.fp.peak.ram > static_cast<int64_t>(pages) * page)
+      return resource_exhausted("the plan needs " + format_bytes(static_cast<double>(I.fp.peak.ram)) + " (" +
+                                std::to_string(I.fp.peak.ram) + " bytes) of host RAM, but this machine has " +
+                                format_bytes(static_cast<double>(pages) * static_cast<double>(page)) +
+                                "; accepted: a plan for this machine's rig (megatrain-plan plan --rig), which puts state on NVMe when RAM is short");
     MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(I.fp.peak.device));
     Arena& ar = *I.arena;
     auto take = [&](std::vector<float*>& into, int64_t count, int64_t n, const char* what) -> Status {

@@ -13,6 +13,8 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "megatrain/core/trace_vocab.h"
+
 #include <nlohmann/json.hpp>
 
 #include "megatrain/core/hardware_profile.h"
@@ -237,12 +239,21 @@ double laneBusySeconds(const TraceData& d, const std::string& kind) {
 }  // namespace
 
 SpanCategory categoryOfKind(const std::string& k) {
-  if (k == "stall") return SpanCategory::Stall;
-  if (k == "forward" || k == "embed_forward" || k == "head") return SpanCategory::Forward;
-  if (k == "backward" || k == "embed_backward" || k == "grad_accumulate") return SpanCategory::Backward;
-  if (k == "recompute") return SpanCategory::Recompute;
-  if (k == "optimizer" || k == "grad_norm") return SpanCategory::Optimizer;
-  if (startsWith(k, "h2d") || startsWith(k, "d2h") || startsWith(k, "nvme") || k == "data") return SpanCategory::Transfer;
+  // The span kinds both programs write (megatrain/core/trace_vocab.h); traces written before it
+  // may also hold grad_accumulate (the simulator's host-side gradient sum) and data.
+  if (const std::optional<SpanKind> kind = span_kind_from_name(k)) {
+    switch (*kind) {
+      case SpanKind::kStall: return SpanCategory::Stall;
+      case SpanKind::kEmbedForward: case SpanKind::kForward: case SpanKind::kHead: return SpanCategory::Forward;
+      case SpanKind::kBackward: case SpanKind::kEmbedBackward: return SpanCategory::Backward;
+      case SpanKind::kRecompute: return SpanCategory::Recompute;
+      case SpanKind::kOptimizer: case SpanKind::kGradNorm: return SpanCategory::Optimizer;
+      case SpanKind::kH2D: case SpanKind::kH2DCheckpoint: case SpanKind::kD2H: case SpanKind::kD2HCheckpoint:
+      case SpanKind::kNvmeRead: case SpanKind::kNvmeWrite: return SpanCategory::Transfer;
+    }
+  }
+  if (k == "grad_accumulate") return SpanCategory::Backward;
+  if (k == "data") return SpanCategory::Transfer;
   return SpanCategory::Other;
 }
 
