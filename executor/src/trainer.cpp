@@ -49,7 +49,6 @@ struct Trainer::Impl {
   const DataLoader* data = nullptr;
   TrainerOptions opt;
   Dims d;
-  DeviceBudget budget;
   step::StepSchedule sched;  // the compiled step this trainer walks (megatrain/step/schedule.h)
   step::Footprint fp;        // what it allocates, per tier
   int64_t pinned_requested = 0;  // host bytes handed to the backend for page-locking
@@ -65,7 +64,7 @@ struct Trainer::Impl {
   int64_t L = 0, U = 0, A = 0, K = 1, B = 2, c = 1;
   bool clip = false;
 
-  // The device arena: one allocation of the plan's budget, carved at startup.
+  // The device arena: one allocation of the compiled step's device footprint, carved at startup.
   std::unique_ptr<Arena> arena;
   std::vector<float*> slots;           // B weight buffers of the largest unit
   std::vector<float*> hid[2];          // A hidden states, ping-pong
@@ -219,14 +218,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   const int64_t act_sets = sb.act_sets, grad_sets = sb.grad_sets;
   const int64_t ws_floats = sb.workspace;
   const int64_t act_floats = sb.act_floats;
-  DeviceBudget& b = I.budget;
   if (options.streamed) {
-    b.slots = I.fp.device_slots;
-    b.hidden = I.fp.device_hidden;
-    b.checkpoints = I.fp.device_checkpoints;
-    b.activations = I.fp.device_activations;
-    b.gradients = I.fp.device_gradients;
-    b.workspace = I.fp.device_workspace + I.fp.device_private;
     // The budgets: the plan's device budget (or the rig's usable GPU memory) and the rig's host
     // memory, checked before anything is allocated, with the figures the simulator reports.
     MT_ASSIGN_OR_RETURN(HardwareProfile rig, plan.resolve_rig());
@@ -340,7 +332,6 @@ Status Trainer::finish_updates() {
   if (impl_->nvme_failed) return Status(impl_->nvme_error.code(), "the NVMe tier failed: " + impl_->nvme_error.message());
   return {};
 }
-const DeviceBudget& Trainer::budget() const { return impl_->budget; }
 const step::StepSchedule& Trainer::schedule() const { return impl_->sched; }
 const step::Footprint& Trainer::footprint() const { return impl_->fp; }
 MemoryInUse Trainer::memory_in_use() const {

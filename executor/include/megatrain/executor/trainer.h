@@ -37,12 +37,6 @@ struct TrainerOptions {
   bool record_trace = false;
 };
 
-// Device bytes the streamed pipeline allocates for this plan (all from one arena).
-struct DeviceBudget {
-  int64_t slots = 0, hidden = 0, checkpoints = 0, activations = 0, gradients = 0, workspace = 0;
-  int64_t total() const { return slots + hidden + checkpoints + activations + gradients + workspace; }
-};
-
 // What a trainer holds, per tier, measured from its own allocations: the arena it carved (and the
 // backend's private region), the host buffers it handed to the backend for page-locking, the
 // training state and its own host buffers, and the NVMe tier's reservation.
@@ -52,8 +46,10 @@ struct MemoryInUse {
 
 class Trainer {
  public:
-  // Validates that the CPU backend supports the plan and that its buffers fit the device budget
-  // (the error says how many bytes are needed and for what) before anything runs.
+  // Compiles the plan's step (megatrain/step/schedule.h) and validates, before anything runs, that
+  // the backend supports the plan and that its footprint fits the plan's device budget (or the
+  // rig's usable GPU memory), the rig's RAM and pinnable memory, and this machine's RAM (the error
+  // names the tier, the bytes and their parts). The plan's rig must resolve.
   static Result<std::unique_ptr<Trainer>> create(const Plan& plan, const ModelSpec& model, HostState& state,
                                                  const DataLoader& data, const TrainerOptions& options);
   ~Trainer();
@@ -69,7 +65,6 @@ class Trainer {
   // wait_for_updates(), then the NVMe tier's error if a read or write of the updates failed (the
   // step that issued them has already returned); check it before saving a checkpoint.
   Status finish_updates();
-  const DeviceBudget& budget() const;
   // The compiled step this trainer walks and its footprint (the figures the simulator reports).
   const step::StepSchedule& schedule() const;
   const step::Footprint& footprint() const;
