@@ -1,0 +1,60 @@
+// A training run from a plan file, as megatrain-exec runs it: probes the outputs, loads the plan,
+// model and data, builds the training state with the plan's placement, initialises or loads the
+// weights (or resumes from the newest checkpoint), trains with a progress line per step, writes
+// checkpoints and the trace. The command line only parses flags into RunOptions and calls this.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain::exec {
+
+// What megatrain-exec's flags set; the defaults are the flags' defaults.
+struct RunOptions {
+  std::string plan_path;       // megatrain.plan/1
+  std::string data_path;       // token file (data.h)
+  int64_t steps = 0;           // total steps counted from step 0, also when resuming; 0: training.steps of the plan
+  std::string init_dir;        // Hugging Face checkpoint to start from; "": random initialisation
+  std::string checkpoint_dir;  // "": no checkpoints
+  int64_t checkpoint_every = 0;  // also checkpoint every N steps (0: only at the end and on a stop)
+  bool compress_states = false;  // fp32 moments stored losslessly compressed in checkpoints
+  bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
+  std::string trace_path;      // "": no trace
+  std::string backend = "auto";  // auto | cpu | cuda
+  int threads = 0;             // CPU backend compute threads; 0: every core this process may run on
+  double pinned_limit_gib = -1;  // CUDA backend page-locking limit; negative: the backend's default
+  bool in_memory = false;      // the plain in-memory loop instead of the streamed pipeline
+};
+
+// Hooks into the run; every one is optional. Called on the thread that called run_training.
+struct RunCallbacks {
+  // Called once, right before the first step runs (megatrain-exec installs its signal handlers here,
+  // so that a signal while loading still stops the process at once).
+  std::function<void()> before_first_step;
+  // Polled after every step: nonzero (a signal number, SIGINT or SIGTERM) stops the run after that
+  // step, with a checkpoint when there is a checkpoint_dir.
+  std::function<int()> stop_requested;
+};
+
+struct RunSummary {
+  int64_t first_step = 0;  // the first step this call ran (the resumed checkpoint's step, or 0)
+  int64_t next_step = 0;   // steps done when it returned
+  int64_t total_steps = 0;  // the steps the run asked for
+  // The loss history the last checkpoint records: losses[i] is the loss of step losses_first_step + i,
+  // resumed history included.
+  int64_t losses_first_step = 0;
+  std::vector<double> losses;
+  int stop_signal = 0;  // nonzero: stopped by stop_requested() before total_steps (exit 128 + it)
+};
+
+// Runs training as the options say, writing megatrain-exec's lines to `out` (flushed after each
+// line). Every output path is probed before anything loads. A failure at any point returns its
+// Status, whatever was printed before it.
+Result<RunSummary> run_training(const RunOptions& options, std::ostream& out, const RunCallbacks& callbacks = {});
+
+}  // namespace megatrain::exec

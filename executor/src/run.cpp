@@ -1,0 +1,243 @@
+// run_training (run.h): megatrain-exec's run, from the plan file to the last checkpoint and the trace.
+// The lines it prints are megatrain-exec's user interface (tests/cli/*.sh read them): keep them as they are.
+#include "megatrain/executor/run.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <ostream>
+#include <thread>
+#include <utility>
+
+#include "megatrain/core/output_path.h"
+#include "megatrain/core/plan.h"
+#include "megatrain/core/units.h"
+#include "megatrain/executor/backend.h"
+#include "megatrain/executor/checkpoint.h"
+#include "megatrain/executor/data.h"
+#include "megatrain/executor/host_state.h"
+#include "megatrain/executor/moments.h"
+#include "megatrain/executor/trainer.h"
+#include "megatrain/executor/weights_io.h"
+#include "megatrain/step/schedule.h"
+
+namespace megatrain::exec {
+namespace {
+
+// One printf-formatted line to `out`, flushed (a watcher of the output sees each step as it ends).
+[[gnu::format(printf, 2, 3)]] void say(std::ostream& out, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  va_list sizing;
+  va_copy(sizing, args);
+  const int n = std::vsnprintf(nullptr, 0, format, sizing);
+  va_end(sizing);
+  std::string line(static_cast<size_t>(std::max(n, 0)), '\0');
+  std::vsnprintf(line.data(), line.size() + 1, format, args);
+  va_end(args);
+  out << line << '\n' << std::flush;
+}
+
+// Cores in this process's affinity mask (what taskset or a container allows).
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Everything that can be refused without loading anything: a bad path costs a second, not a run.
+Status check_before_loading(const RunOptions& o) {
+  // A resumed run's folder must hold its checkpoints already, so it is not created.
+  if (!o.checkpoint_dir.empty())
+    MT_RETURN_IF_ERROR(check_output("--checkpoint-dir", o.checkpoint_dir, o.resume ? OutputKind::kExistingFolder : OutputKind::kFolder));
+  if (!o.trace_path.empty()) MT_RETURN_IF_ERROR(check_output("--trace", o.trace_path, OutputKind::kFile));
+  // A forced instruction set this CPU cannot run (MEGATRAIN_ISA, docs/testing.md).
+  if (auto isa = isa_from_environment(); !isa.ok()) return isa.status();
+  // Asked for a GPU that is not there: say so before loading anything.
+  if (o.backend == "cuda") {
+    if (const std::string why = cuda_unavailable_reason(); !why.empty())
+      return unavailable("--backend cuda: no usable GPU: " + why + "; accepted here: --backend cpu (or auto)");
+  }
+  return {};
+}
+
+Status check_compression(const RunOptions& o, const Plan& plan) {
+  if (!o.compress_states || plan.optimizer.m_format == StateFormat::kFp32 || plan.optimizer.v_format == StateFormat::kFp32) return {};
+  return invalid_argument(std::string("--checkpoint-compress compresses fp32 moments losslessly, and this plan keeps m/v in ") +
+                          state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
+                          ", which are stored as they are; accepted: drop the flag, or a plan with "
+                          "optimizer.m_format or optimizer.v_format fp32");
+}
+
+// The training state: in RAM, or partly on the NVMe tier as placement says (the drives are checked
+// and their space reserved here, before anything runs).
+Result<HostState> create_state(const RunOptions& o, const Plan& plan, const ModelSpec& model, std::ostream& out) {
+  const NvmePlacement nvme = nvme_placement_of(plan.placement);
+  // Where the trainer may lend gradients (step::lends_gradients, the rule it checks too) the state
+  // holds a small pool of them instead of one per parameter.
+  const bool all_gradients = !step::lends_gradients(plan, !o.in_memory);
+  MT_ASSIGN_OR_RETURN(HostState state, HostState::create(model, plan.precision.transfer, plan.optimizer.m_format, plan.optimizer.v_format,
+                                                         plan.optimizer.block_size, nvme, all_gradients));
+  if (state.on_nvme())
+    say(out, "NVMe tier: %s%s%s on %zu drive(s), %s reserved, %s; %lld staging buffer(s), %s of RAM",
+        nvme.master ? "master weights" : "", nvme.master && nvme.states ? " and " : "", nvme.states ? "optimizer states" : "",
+        nvme.store.dirs.size(), format_bytes(static_cast<double>(state.nvme_bytes())).c_str(), state.nvme_store()->engine().c_str(),
+        static_cast<long long>(state.staging_buffers()), format_bytes(static_cast<double>(state.staging_bytes())).c_str());
+  return state;
+}
+
+// Fills the state to start from: the newest checkpoint (its step and loss history into `summary`),
+// the --init weights, or a random initialisation from the plan's seed.
+Status start_state(const RunOptions& o, const Plan& plan, const ModelSpec& model, const DataLoader& loader, HostState& state,
+                   RunSummary& summary, std::ostream& out) {
+  if (o.resume) {
+    MT_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, load_checkpoint(o.checkpoint_dir, state));
+    if (Status s = check_resume_compatible(loaded.info, plan, model, loader); !s.ok()) return s.with_context(loaded.dir.string());
+    summary.first_step = loaded.info.next_step;
+    summary.losses_first_step = loaded.info.losses_first_step;
+    summary.losses = std::move(loaded.info.losses);
+    if (summary.losses_first_step + static_cast<int64_t>(summary.losses.size()) != summary.first_step) {  // an incomplete history is dropped
+      summary.losses_first_step = summary.first_step;
+      summary.losses.clear();
+    }
+    say(out, "resuming from %s: %lld steps done", loaded.dir.string().c_str(), static_cast<long long>(summary.first_step));
+    return {};
+  }
+  // A new run never mixes its checkpoints with another run's.
+  if (!o.checkpoint_dir.empty()) {
+    if (auto existing = find_latest_checkpoint(o.checkpoint_dir); existing.ok())
+      return invalid_argument("--checkpoint-dir '" + o.checkpoint_dir + "' already holds checkpoints (newest: " + existing->string() +
+                              "); pass --resume to continue that run, or choose another folder");
+  }
+  if (!o.init_dir.empty()) return load_weights(state, o.init_dir);
+  return state.init_random(static_cast<uint64_t>(plan.training.seed), 0.02);
+}
+
+// What the run is and where its memory goes, before the first step.
+void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model, const DataLoader& loader, const Trainer& trainer,
+                  int64_t total, std::ostream& out) {
+  say(out, "megatrain-exec: %s, %lld parameters, %lld tokens/step, %lld steps, %s on the %s", model.name().c_str(),
+      static_cast<long long>(model.parameter_counts().total), static_cast<long long>(loader.tokens_per_step()),
+      static_cast<long long>(total), o.in_memory ? "in-memory loop" : "streamed", trainer.backend_description().c_str());
+  if (!o.in_memory) {
+    const step::TierBytes& fp = trainer.footprint().peak;
+    say(out, "memory: device arena %s of a %s budget, RAM %s (%s handed to the backend for page-locking)%s",
+        format_bytes(static_cast<double>(fp.device)).c_str(),
+        plan.placement.device_budget_bytes > 0 ? format_bytes(static_cast<double>(plan.placement.device_budget_bytes)).c_str()
+                                               : "rig-wide",
+        format_bytes(static_cast<double>(fp.ram)).c_str(), format_bytes(static_cast<double>(fp.pinned)).c_str(),
+        fp.nvme > 0 ? (", NVMe " + format_bytes(static_cast<double>(fp.nvme))).c_str() : "");
+  }
+  if (const std::string pinned = trainer.pinned_report(); !pinned.empty()) say(out, "%s", pinned.c_str());
+}
+
+// The checkpoint of the state after step next_step - 1, all its updates written.
+Status save(const RunOptions& o, const Plan& plan, const std::string& plan_text, const ModelSpec& model, const DataLoader& loader,
+            HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out) {
+  CheckpointInfo info;
+  info.next_step = next_step;
+  info.model_name = model.name();
+  info.parameters = model.parameter_counts().total;
+  info.plan_json = plan_text;
+  info.data = data_position(loader);
+  info.seed = static_cast<uint64_t>(plan.training.seed);
+  info.losses_first_step = summary.losses_first_step;
+  info.losses = summary.losses;
+  const auto t0 = std::chrono::steady_clock::now();
+  SaveOptions options;
+  options.compress_fp32_moments = o.compress_states;
+  options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  MT_RETURN_IF_ERROR(save_checkpoint(o.checkpoint_dir, state, info, options));
+  const std::filesystem::path step_dir = checkpoint_step_dir(o.checkpoint_dir, next_step);
+  std::error_code ec;
+  const auto opt_bytes = std::filesystem::file_size(step_dir / "optimizer.safetensors", ec);
+  say(out, "checkpoint %s written in %.2f s (optimizer states %s%s)", step_dir.string().c_str(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      ec ? "?" : format_bytes(static_cast<double>(opt_bytes)).c_str(), o.compress_states ? ", fp32 moments compressed" : "");
+  return {};
+}
+
+Status write_trace(const RunOptions& o, const Trainer& trainer, const std::string& plan_text, std::ostream& out) {
+  if (o.trace_path.empty()) return {};
+  MT_RETURN_IF_ERROR(trainer.write_trace(o.trace_path, plan_text));
+  say(out, "trace written to %s", o.trace_path.c_str());
+  return {};
+}
+
+}  // namespace
+
+Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const RunCallbacks& callbacks) {
+  MT_RETURN_IF_ERROR(check_before_loading(o));
+  MT_ASSIGN_OR_RETURN(Plan plan, Plan::load(o.plan_path));
+  MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
+  MT_RETURN_IF_ERROR(check_compression(o, plan));
+  MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.data_path));
+  auto tokens = std::make_shared<const TokenFile>(std::move(file));
+  MT_RETURN_IF_ERROR(tokens->check_vocab(model.config().vocab_size));
+  MT_ASSIGN_OR_RETURN(DataLoader loader,
+                      DataLoader::create(tokens, plan.training.seq_len, plan.training.micro_batch, plan.training.grad_accum,
+                                         plan.training.data_order, static_cast<uint64_t>(plan.training.seed), model.config().vocab_size));
+  MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, out));
+  RunSummary summary;
+  MT_RETURN_IF_ERROR(start_state(o, plan, model, loader, state, summary, out));
+
+  TrainerOptions topt;
+  topt.streamed = !o.in_memory;
+  topt.threads = o.threads > 0 ? o.threads : usable_cores();
+  topt.backend = o.backend;
+  topt.pinned_limit_bytes = o.pinned_limit_gib >= 0 ? static_cast<int64_t>(o.pinned_limit_gib * 1073741824.0) : -1;
+  topt.record_trace = !o.trace_path.empty();
+  MT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(plan, model, state, loader, topt));
+
+  const int64_t start = summary.first_step;
+  const int64_t total = o.steps > 0 ? o.steps : plan.training.steps;
+  summary.next_step = start;
+  summary.total_steps = total;
+  if (start >= total) {
+    say(out, "the checkpoint has %lld steps done, the run has %lld in all: nothing to run", static_cast<long long>(start),
+        static_cast<long long>(total));
+    return summary;
+  }
+  print_header(o, plan, model, loader, *trainer, total, out);
+  const std::string plan_text = plan.to_json_text();
+  if (callbacks.before_first_step) callbacks.before_first_step();
+  double elapsed = 0;
+  for (int64_t s = start; s < total; ++s) {
+    MT_ASSIGN_OR_RETURN(StepResult r, trainer->run_step(s));
+    summary.losses.push_back(r.loss);
+    summary.next_step = s + 1;
+    elapsed += r.time_s;
+    const double eta = elapsed / static_cast<double>(s + 1 - start) * static_cast<double>(total - s - 1);
+    say(out, "step %5lld/%lld  loss %.4f  %8.0f tokens/s  stall %4.1f%%  ETA %s", static_cast<long long>(s + 1),
+        static_cast<long long>(total), r.loss, static_cast<double>(r.tokens) / r.time_s, 100.0 * r.stall_s / r.time_s,
+        format_duration(eta).c_str());
+    const int64_t done = s + 1;
+    const int sig = callbacks.stop_requested ? callbacks.stop_requested() : 0;
+    if (!o.checkpoint_dir.empty() && (done == total || sig != 0 || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))) {
+      // The checkpoint holds the state after this step's updates, all of them written.
+      MT_RETURN_IF_ERROR(trainer->finish_updates());
+      MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, done, out));
+    }
+    if (sig != 0 && done < total) {
+      say(out, "stopped by %s after step %lld of %lld; %s", sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(done),
+          static_cast<long long>(total), o.checkpoint_dir.empty() ? "nothing saved (no --checkpoint-dir)" : "continue with --resume");
+      MT_RETURN_IF_ERROR(write_trace(o, *trainer, plan_text, out));
+      summary.stop_signal = sig;
+      return summary;
+    }
+  }
+  // The last step's updates finish after it returns: a failure there fails the run.
+  MT_RETURN_IF_ERROR(trainer->finish_updates());
+  MT_RETURN_IF_ERROR(write_trace(o, *trainer, plan_text, out));
+  return summary;
+}
+
+}  // namespace megatrain::exec

@@ -1,0 +1,122 @@
+// run_training (run.h) as megatrain-exec calls it: a run of 3 steps with a checkpoint, resumed for 2
+// more, has the losses of a straight 5-step run bit for bit; a requested stop saves and says so.
+#include "megatrain/executor/run.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "executor/file_test_util.h"
+
+namespace megatrain::exec {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small English text (bytes, vocab 256), enough for 5 steps of the tiny plan (1024 tokens each).
+std::string text_file(const test::ScratchDir& dir) {
+  std::string text;
+  while (text.size() < 20000) text += "the quick brown fox jumps over the lazy dog, and the dog sleeps on. ";
+  const fs::path path = dir / "text.txt";
+  test::write_bytes(path, text);
+  return path.string();
+}
+
+RunOptions tiny_run(const std::string& data, int64_t steps) {
+  RunOptions o;
+  o.plan_path = (fs::path(MEGATRAIN_PROFILES_DIR) / "plans" / "tiny-cpu.json").string();
+  o.data_path = data;
+  o.steps = steps;
+  o.backend = "cpu";
+  o.threads = 2;
+  return o;
+}
+
+TEST(RunTraining, ResumedRunHasTheStraightRunsLossesBitForBit) {
+  test::ScratchDir dir("run");
+  const std::string data = text_file(dir);
+
+  std::ostringstream straight_out;
+  auto straight = run_training(tiny_run(data, 5), straight_out);
+  ASSERT_TRUE(straight.ok()) << straight.status().to_string();
+  EXPECT_EQ(straight->first_step, 0);
+  EXPECT_EQ(straight->next_step, 5);
+  EXPECT_EQ(straight->stop_signal, 0);
+  ASSERT_EQ(straight->losses.size(), 5u);
+  EXPECT_NE(straight_out.str().find("step     5/5  loss"), std::string::npos) << straight_out.str();
+
+  RunOptions first = tiny_run(data, 3);
+  first.checkpoint_dir = (dir / "ckpt").string();
+  std::ostringstream first_out;
+  auto head = run_training(first, first_out);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  EXPECT_EQ(head->next_step, 3);
+  EXPECT_TRUE(fs::exists(dir / "ckpt" / "step-00000003" / "manifest.json"));
+  EXPECT_NE(first_out.str().find("checkpoint "), std::string::npos) << first_out.str();
+
+  RunOptions second = tiny_run(data, 5);
+  second.checkpoint_dir = first.checkpoint_dir;
+  second.resume = true;
+  std::ostringstream second_out;
+  auto tail = run_training(second, second_out);
+  ASSERT_TRUE(tail.ok()) << tail.status().to_string();
+  EXPECT_EQ(tail->first_step, 3);
+  EXPECT_EQ(tail->next_step, 5);
+  EXPECT_TRUE(fs::exists(dir / "ckpt" / "step-00000005" / "manifest.json"));
+  EXPECT_NE(second_out.str().find("resuming from "), std::string::npos) << second_out.str();
+  EXPECT_EQ(second_out.str().find("step     3/5"), std::string::npos) << "the resumed run ran step 3 again";
+
+  // The history carries the checkpoint's 3 losses and the resumed 2; all 5 equal as doubles.
+  EXPECT_EQ(tail->losses_first_step, 0);
+  ASSERT_EQ(tail->losses.size(), 5u);
+  ASSERT_EQ(head->losses.size(), 3u);
+  for (size_t i = 0; i < 5; ++i) {
+    if (i < 3) {
+      EXPECT_EQ(head->losses[i], straight->losses[i]) << "step " << i;
+    }
+    EXPECT_EQ(tail->losses[i], straight->losses[i]) << "step " << i;
+  }
+
+  // Resuming the finished run runs nothing.
+  std::ostringstream again_out;
+  auto again = run_training(second, again_out);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->next_step, 5);
+  EXPECT_NE(again_out.str().find("nothing to run"), std::string::npos) << again_out.str();
+}
+
+TEST(RunTraining, StopRequestSavesAfterTheStepAndReportsTheSignal) {
+  test::ScratchDir dir("run-stop");
+  RunOptions o = tiny_run(text_file(dir), 50);
+  o.checkpoint_dir = (dir / "ckpt").string();
+  int polls = 0;
+  bool started = false;
+  RunCallbacks callbacks;
+  callbacks.before_first_step = [&] { started = true; };
+  callbacks.stop_requested = [&] { return ++polls == 2 ? SIGINT : 0; };
+  std::ostringstream out;
+  auto run = run_training(o, out, callbacks);
+  ASSERT_TRUE(run.ok()) << run.status().to_string();
+  EXPECT_TRUE(started);
+  EXPECT_EQ(run->stop_signal, SIGINT);
+  EXPECT_EQ(run->next_step, 2);
+  EXPECT_TRUE(fs::exists(dir / "ckpt" / "step-00000002" / "manifest.json"));
+  EXPECT_NE(out.str().find("stopped by SIGINT after step 2 of 50; continue with --resume"), std::string::npos) << out.str();
+}
+
+TEST(RunTraining, RefusesANewRunIntoAFolderOfCheckpoints) {
+  test::ScratchDir dir("run-mix");
+  RunOptions o = tiny_run(text_file(dir), 1);
+  o.checkpoint_dir = (dir / "ckpt").string();
+  std::ostringstream out;
+  ASSERT_TRUE(run_training(o, out).ok());
+  auto again = run_training(o, out);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("pass --resume"), std::string::npos) << again.status().to_string();
+}
+
+}  // namespace
+}  // namespace megatrain::exec
