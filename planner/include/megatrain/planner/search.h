@@ -6,7 +6,8 @@
 // checks and the executor allocates) prune infeasible candidates before any simulation,
 // documented dominance rules prune candidates that cannot be faster than a twin, and a
 // compute-only lower bound on the step time skips candidates that cannot beat the best found.
-// Every returned plan was simulated and accepted by sim::simulate. The rules and their reasons are in docs/planner.md.
+// Every returned plan was simulated and accepted by sim::simulate. The rules and their reasons
+// are in docs/planner.md.
 #pragma once
 
 #include <cstdint>
