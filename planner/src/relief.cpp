@@ -22,6 +22,25 @@ std::string tier_more_text(const std::string& tier, double bytes) {
   return format_bytes(bytes) + " more " + what;
 }
 
+// A copy of the rig with one tier's capacity enlarged by `more` bytes; for the device, the GPU's
+// memory grows until the usable budget (step::usable_device_bytes) has `more` more.
+HardwareProfile enlarged(const HardwareProfile& rig, const std::string& tier, double more) {
+  HardwareProfile r = rig;
+  if (tier == "device") {
+    // The context reserve grows with the memory (up to 1 GiB): add until the budget has `more`.
+    const double want = static_cast<double>(step::usable_device_bytes(rig)) + more;
+    for (int i = 0; i < 8 && static_cast<double>(step::usable_device_bytes(r)) < want; ++i)
+      r.gpu.memory_bytes.value += std::ceil(want - static_cast<double>(step::usable_device_bytes(r)));
+  }
+  if (tier == "ram") r.host.ram_bytes.value += more;
+  if (tier == "pinned") {
+    r.host.pinnable_bytes.value += more;
+    r.host.ram_bytes.value = std::max(r.host.ram_bytes.value, r.host.pinnable_bytes.value);
+  }
+  if (tier == "nvme" && !r.storage.empty()) r.storage[0].capacity_bytes.value += more;
+  return r;
+}
+
 // The knobs' best prefetch depth (1 .. 4, stopping when a deeper one gains nothing) on `on`.
 bool simulate_best_k(Knobs k, const Space& s, const HardwareProfile& on, Candidate& out, int64_t& simulations) {
   bool found = false;
@@ -167,23 +186,6 @@ void hardware_relief(SearchResult& res, const Space& s) {
 }
 
 }  // namespace
-
-HardwareProfile enlarged(const HardwareProfile& rig, const std::string& tier, double more) {
-  HardwareProfile r = rig;
-  if (tier == "device") {
-    // The context reserve grows with the memory (up to 1 GiB): add until the budget has `more`.
-    const double want = static_cast<double>(step::usable_device_bytes(rig)) + more;
-    for (int i = 0; i < 8 && static_cast<double>(step::usable_device_bytes(r)) < want; ++i)
-      r.gpu.memory_bytes.value += std::ceil(want - static_cast<double>(step::usable_device_bytes(r)));
-  }
-  if (tier == "ram") r.host.ram_bytes.value += more;
-  if (tier == "pinned") {
-    r.host.pinnable_bytes.value += more;
-    r.host.ram_bytes.value = std::max(r.host.ram_bytes.value, r.host.pinnable_bytes.value);
-  }
-  if (tier == "nvme" && !r.storage.empty()) r.storage[0].capacity_bytes.value += more;
-  return r;
-}
 
 void add_relief(SearchResult& res, const Space& s, std::vector<Structural> blocked) {
   blocked_relief(res, s, std::move(blocked));

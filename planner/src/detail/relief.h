@@ -16,8 +16,4 @@ constexpr double kReliefMinGain = 0.005;
 // Fills res.relief for res.best (feasible), counting its simulations into res.stats.
 void add_relief(SearchResult& res, const Space& s, std::vector<Structural> blocked);
 
-// A copy of the rig with one tier's capacity enlarged by `more` bytes; for the device, the GPU's
-// memory grows until the usable budget (step::usable_device_bytes) has `more` more.
-HardwareProfile enlarged(const HardwareProfile& rig, const std::string& tier, double more);
-
 }  // namespace megatrain::planner::detail
