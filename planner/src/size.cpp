@@ -17,6 +17,7 @@
 
 #include "megatrain/core/profiles.h"
 #include "megatrain/core/units.h"
+#include "megatrain/step/schedule.h"
 
 namespace megatrain::planner {
 namespace {
@@ -155,7 +156,7 @@ Result<SizeResult> size_rigs(const ModelSpec& model, const std::string& gpu_filt
   for (const std::string& name : list_profiles("hardware")) {
     auto r = HardwareProfile::load(name);
     if (!r.ok()) return r.status().with_context("profiles/hardware/" + name + ".json");
-    if (is_cpu_backend(*r)) {
+    if (step::backend_of_rig(*r) == step::BackendKind::kCpu) {
       res.assumptions.push_back("rig '" + name + "' is the CPU backend, not a GPU: left out of rig sizing");
       continue;
     }

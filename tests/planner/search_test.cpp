@@ -1,14 +1,20 @@
 // The plan search: its best plan is one the simulator accepts, it is deterministic, more RAM never
 // makes it slower, an impossible request is explained per tier, it beats the hand-written plans,
-// and its pruning keeps the best that a brute-force simulation of every candidate finds.
+// its pruning keeps the best that a brute-force simulation of every candidate finds, every plan it
+// writes fits the compiled step's footprint, and its memoised sizing equals that footprint.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
+#include "detail/candidates.h"
+#include "detail/sizing.h"
 #include "megatrain/core/plan.h"
+#include "megatrain/core/profiles.h"
 #include "megatrain/planner/search.h"
 #include "megatrain/simulator/step_model.h"
+#include "megatrain/step/schedule.h"
 
 namespace megatrain::planner {
 namespace {
@@ -234,6 +240,78 @@ TEST(Search, LossyFormatsOnlyWhenThePolicyAllowsThem) {
   auto lossy = search_plan(model("llama-2-70b"), h, q);
   ASSERT_TRUE(lossy.ok() && lossy->feasible);
   EXPECT_GE(lossy->best.result.tokens_per_s, full->best.result.tokens_per_s * (1 - 1e-12));
+}
+
+// Every plan the search writes (the best and the alternatives) for each shipped rig fits the
+// compiled step's footprint against the rig's capacities, is accepted by the simulator, and
+// carries the rig's usable device budget (the executor enforces it).
+TEST(Search, EveryWrittenPlanFitsTheStepFootprintOnEveryShippedRig) {
+  int plans = 0;
+  for (const std::string& model_name : {std::string("small-llama"), std::string("llama-2-7b")}) {
+    const ModelSpec m = model(model_name);
+    for (const std::string& rig_name : list_profiles("hardware")) {
+      const HardwareProfile h = rig(rig_name);
+      auto res = search_plan(m, h, request(model_name, rig_name));
+      ASSERT_TRUE(res.ok()) << model_name << " on " << rig_name << ": " << res.status().to_string();
+      if (!res->feasible) continue;
+      std::vector<Plan> written = {res->best.plan};
+      for (const Candidate& c : res->alternatives) written.push_back(c.plan);
+      for (const Plan& p : written) {
+        SCOPED_TRACE(model_name + " on " + rig_name + ": " + describe_knobs(p));
+        EXPECT_EQ(p.placement.device_budget_bytes, step::usable_device_bytes(h));
+        const step::ActivationLayout layout = step::layout_for(step::backend_of_rig(h), m, p);
+        auto sched = step::compile(p, m, layout);
+        ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+        const Status fits = step::check_fits(step::footprint(*sched, layout), step::capacity_of(p, h));
+        EXPECT_TRUE(fits.ok()) << fits.to_string();
+        auto sim = sim::simulate(p, m, h);
+        ASSERT_TRUE(sim.ok()) << sim.status().to_string();
+        EXPECT_TRUE(sim->feasible) << sim->reason;
+        ++plans;
+      }
+    }
+  }
+  EXPECT_GE(plans, 7);
+}
+
+// The search's sizing memoises the device arena and the host tiers on the knobs each depends on;
+// every candidate's figures must equal the compiled step's footprint, in any order of asking.
+TEST(Search, MemoisedSizingEqualsTheCompiledFootprint) {
+  for (const std::string& rig_name : {std::string("rtx4090-256gb"), std::string("cpu-dev-2core")}) {
+    const ModelSpec m = model("tiny-llama-gqa");
+    const HardwareProfile h = rig(rig_name);
+    SearchRequest q = request("tiny-llama-gqa", rig_name, 128, 128 * 8);
+    q.policy.state_formats = {StateFormat::kFp32, StateFormat::kQ8};
+    SearchOptions opt;
+    SearchResult res;
+    auto space = detail::resolve_request(m, h, q, opt, res);
+    ASSERT_TRUE(space.ok()) << space.status().to_string();
+    detail::Sizer sizer(*space);
+    std::vector<detail::Knobs> all = detail::structural_knobs(*space);
+    ASSERT_GT(all.size(), 20u);
+    int64_t checked = 0;
+    for (int pass = 0; pass < 2; ++pass) {  // the second pass asks in reverse: cache hits across keys
+      if (pass == 1) std::reverse(all.begin(), all.end());
+      for (const detail::Knobs& base : all)
+        for (int64_t K : {1, 3}) {
+          detail::Knobs k = detail::at_prefetch(base, K);
+          k.staging = nvme_unit_transfer_bytes(m, k.master_nvme, k.states_nvme, k.m_format, k.v_format, 128) * (K == 1 ? 1 : 2);
+          auto got = sizer.need(k);
+          ASSERT_TRUE(got.ok()) << got.status().to_string();
+          const Plan p = detail::make_plan(k, *space);
+          const step::ActivationLayout layout = step::layout_for(step::backend_of_rig(h), m, p);
+          auto sched = step::compile(p, m, layout);
+          ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+          const step::Footprint f = step::footprint(*sched, layout);
+          EXPECT_EQ(got->device, f.peak.device) << describe_knobs(p);
+          EXPECT_EQ(got->pinned, f.peak.pinned) << describe_knobs(p);
+          EXPECT_EQ(got->ram, f.peak.ram) << describe_knobs(p);
+          EXPECT_EQ(got->nvme, f.peak.nvme) << describe_knobs(p);
+          ++checked;
+        }
+    }
+    EXPECT_LT(sizer.compiles(), checked / 2) << "the memo must save compilations";
+  }
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // `megatrain-plan plan`: searches the plan knobs (schedule order, prefetch depth and device
 // buffers, micro-batch x accumulation, checkpoint interval and location, RAM/NVMe placement, state
 // formats allowed by the user's policy, transfer precision, optimizer threads) for the highest
-// simulated tokens/s that fits every tier of a rig. Deterministic branch and bound: static bytes
-// per tier prune infeasible candidates before any simulation, documented dominance rules prune
-// candidates that cannot be faster than a twin, and a compute-only lower bound on the step time
-// skips candidates that cannot beat the best found. Every returned plan was simulated and
-// accepted by sim::simulate. The rules and their reasons are in docs/planner.md.
+// simulated tokens/s that fits every tier of a rig. Deterministic branch and bound: each
+// candidate's bytes per tier (step::footprint of its compiled step, the figures the simulator
+// checks and the executor allocates) prune infeasible candidates before any simulation,
+// documented dominance rules prune candidates that cannot be faster than a twin, and a
+// compute-only lower bound on the step time skips candidates that cannot beat the best found.
+// Every returned plan was simulated and accepted by sim::simulate. The rules and their reasons
+// are in docs/planner.md.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +58,8 @@ struct SearchOptions {
   bool feasibility_only = false;
 };
 
-// Bytes one candidate needs per tier, against what the rig has.
+// Bytes one candidate needs per tier (step::footprint), against what the rig has
+// (step::capacity_of; the device's is the usable budget, step::usable_device_bytes).
 struct TierNeed {
   std::string tier;   // device | pinned | ram | nvme
   double need = 0;
@@ -124,11 +127,6 @@ struct SearchResult {
   std::string placement_note;
   SearchStats stats;
 };
-
-// True for a rig whose "GPU" is the CPU backend (gpu.name starts with "CPU backend" or the link
-// is "host-memcpy"): plans for it use only what megatrain-exec's CPU backend accepts (fp32
-// compute and transfer, master weights and states in RAM, fp32 m and v).
-bool is_cpu_backend(const HardwareProfile& rig);
 
 // The default sequence length: min(4096, max_position_embeddings).
 int64_t default_seq_len(const ModelSpec& model);

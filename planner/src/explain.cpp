@@ -1,0 +1,192 @@
+// The search's words: knob phrases, plan differences, why a runner-up lost, the bottleneck and the
+// "nothing fits" paragraph (detail/explain.h).
+#include "detail/explain.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "megatrain/core/units.h"
+
+namespace megatrain::planner {
+namespace detail {
+namespace {
+
+std::string ckpt_phrase(const Plan& p) {
+  if (p.schedule.checkpoint_every == 0) return "none (every activation kept, no recompute)";
+  return "every " + std::to_string(p.schedule.checkpoint_every) + " layer" + (p.schedule.checkpoint_every == 1 ? "" : "s") +
+         " on " + name(p.schedule.checkpoint_location);
+}
+
+std::string stall_label(const std::string& s) {
+  if (s == "buffer") return "transfers waiting for a free device buffer";
+  if (s == "weights") return "GPU waiting for weights";
+  if (s == "optimizer") return "GPU waiting for the optimizer";
+  if (s == "activations") return "GPU waiting for activations";
+  if (s == "checkpoint_copy") return "GPU waiting for checkpoint copies";
+  return "GPU waiting (" + s + ")";
+}
+
+}  // namespace
+
+std::string fmt_pct(double f) {
+  char b[32];
+  std::snprintf(b, sizeof b, std::fabs(f) < 0.001 && f != 0 ? "%.3f%%" : "%.1f%%", 100 * f);
+  return b;
+}
+
+std::vector<std::pair<std::string, std::string>> knob_phrases(const Plan& p) {
+  return {
+      {"micro-batch", std::to_string(p.training.micro_batch) + " x " + std::to_string(p.training.grad_accum)},
+      {"order", name(p.schedule.order)},
+      {"prefetch", std::to_string(p.schedule.prefetch_depth) + " (" + std::to_string(p.schedule.device_layer_buffers) + " buffers)"},
+      {"checkpoints", ckpt_phrase(p)},
+      {"master weights in", p.placement.master_weights == Tier::kNvme ? "NVMe" : "RAM"},
+      {"optimizer states in", p.placement.optimizer_states == Tier::kNvme ? "NVMe" : "RAM"},
+      {"m/v", std::string(state_format_name(p.optimizer.m_format)) + "/" + state_format_name(p.optimizer.v_format)},
+      {"transfer", dtype_name(p.precision.transfer)},
+      {"optimizer threads", std::to_string(p.optimizer.threads)},
+      {"pinned staging", p.placement.pinned_staging_bytes > 0 ? format_bytes(static_cast<double>(p.placement.pinned_staging_bytes)) : ""},
+  };
+}
+
+std::string diff_text(const Plan& a, const Plan& ref, bool with_ref) {
+  const auto pa = knob_phrases(a), pr = knob_phrases(ref);
+  std::string out;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (pa[i].second == pr[i].second || pa[i].first == "pinned staging" || pa[i].first == "optimizer threads") continue;
+    if (!out.empty()) out += "; ";
+    out += pa[i].first + " " + pa[i].second;
+    if (with_ref) out += " instead of " + pr[i].second;
+  }
+  return out.empty() ? "the same knobs" : out;
+}
+
+std::string resource_label(const std::string& r) {
+  static const std::map<std::string, std::string> names = {
+      {"gpu", "GPU compute"}, {"h2d", "H2D transfers"}, {"d2h", "D2H transfers"}, {"cpu", "the CPU optimizer"},
+      {"host_memory", "host memory bandwidth"}, {"nvme_read", "NVMe reads"}, {"nvme_write", "NVMe writes"},
+      {"none", "nothing"}};
+  auto it = names.find(r);
+  return it == names.end() ? r : it->second;
+}
+
+std::string upper_label(const std::string& r) {
+  static const std::map<std::string, std::string> names = {
+      {"gpu", "GPU"}, {"h2d", "H2D"}, {"d2h", "D2H"}, {"cpu", "CPU-optimizer"}, {"host_memory", "host-memory"},
+      {"nvme_read", "NVMe-read"}, {"nvme_write", "NVMe-write"}, {"none", "nothing"}};
+  auto it = names.find(r);
+  return it == names.end() ? r : it->second;
+}
+
+std::string why_lost(const Candidate& alt, const Candidate& best) {
+  const double slower = 1 - alt.result.tokens_per_s / best.result.tokens_per_s;
+  std::string cause;
+  if (alt.result.bottleneck != best.result.bottleneck) {
+    cause = upper_label(alt.result.bottleneck) + "-bound";
+  } else {
+    std::string worst;
+    double grow = 0;
+    for (const auto& [k, v] : alt.result.stalls) {
+      auto it = best.result.stalls.find(k);
+      const double d = v - (it == best.result.stalls.end() ? 0 : it->second);
+      if (d > grow) {
+        grow = d;
+        worst = k;
+      }
+    }
+    if (!worst.empty() && grow > 1e-3 * best.result.step_time_s)
+      cause = "+" + format_duration(grow) + " " + stall_label(worst);
+    else
+      cause = "+" + format_duration(alt.result.step_time_s - best.result.step_time_s) + " per step, " +
+              upper_label(alt.result.bottleneck) + "-bound like the best";
+  }
+  return fmt_pct(std::max(0.0, slower)) + " slower: " + cause + "; " + diff_text(alt.plan, best.plan);
+}
+
+std::vector<Candidate> alternatives_of(const std::vector<Candidate>& simulated, const std::vector<size_t>& group,
+                                       size_t best_i, int top) {
+  std::map<size_t, size_t> group_best;  // structure -> simulated index
+  for (size_t i = 0; i < simulated.size(); ++i) {
+    auto it = group_best.find(group[i]);
+    if (it == group_best.end() || simulated[i].result.step_time_s < simulated[it->second].result.step_time_s)
+      group_best[group[i]] = i;
+  }
+  std::vector<size_t> order;
+  for (const auto& [g, i] : group_best)
+    if (g != group[best_i]) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return simulated[a].result.step_time_s != simulated[b].result.step_time_s
+               ? simulated[a].result.step_time_s < simulated[b].result.step_time_s
+               : a < b;
+  });
+  std::vector<Candidate> out;
+  for (size_t j = 0; j < order.size() && static_cast<int>(j) < top; ++j) {
+    Candidate c = simulated[order[j]];
+    c.why = why_lost(c, simulated[best_i]);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string bottleneck_text(const sim::SimResult& r) {
+  const double busy = r.busy.count(r.bottleneck) ? r.busy.at(r.bottleneck) : 0;
+  const double cp = r.critical_path.count(r.bottleneck) ? r.critical_path.at(r.bottleneck) : 0;
+  std::ostringstream t;
+  t << upper_label(r.bottleneck) << "-bound: " << resource_label(r.bottleneck) << " holds " << format_duration(cp)
+    << " of the " << format_duration(r.step_time_s) << " step's critical path (busy " << fmt_pct(busy) << ")";
+  if (r.bottleneck == "gpu") t << "; MFU " << fmt_pct(r.mfu);
+  double stall_total = 0;
+  for (const auto& [k, v] : r.stalls)
+    if (k != "buffer") stall_total += v;
+  if (stall_total > 0) t << "; the GPU waits " << format_duration(stall_total) << " per step";
+  return t.str();
+}
+
+std::string infeasible_reason(const SearchResult& res, const std::string& rig_name, const Unfit& u) {
+  const bool target_missed = u.structures_fit > 0 && u.target;
+  std::ostringstream why;
+  why << (target_missed ? "no plan reaches the target: " : "nothing fits: ") << res.model_name << " at seq " << u.seq << ", "
+      << u.tokens << " tokens per step on rig '" << rig_name << "'.";
+  if (!res.closest_needs.empty()) {
+    why << " The closest plan (" << res.closest_description << ") is short of:";
+    bool any = false;
+    for (const TierNeed& t : res.closest_needs) {
+      if (t.short_by() <= 0) continue;
+      why << (any ? ";" : "") << " " << t.tier << " needs " << format_bytes(t.need) << ", has " << format_bytes(t.have)
+          << ", short by " << format_bytes(t.short_by()) << " (" << static_cast<int64_t>(std::ceil(t.short_by())) << " bytes)";
+      any = true;
+    }
+    why << ".";
+  }
+  if (!res.least_needs.empty()) {
+    why << " The least any plan needs, tier by tier:";
+    for (size_t i = 0; i < res.least_needs.size(); ++i) {
+      const TierNeed& t = res.least_needs[i];
+      why << (i ? "," : "") << " " << t.tier << " " << format_bytes(t.need) << " (has " << format_bytes(t.have) << ")";
+    }
+    why << ".";
+  }
+  if (target_missed)
+    why << " " << u.structures_fit << " structures fit, but none can reach " << u.target_tokens_per_s
+        << " tokens/s: the fastest lower bound is " << static_cast<double>(u.tokens) / u.fastest_bound_s << " tokens/s.";
+  if (!res.refusals.empty()) why << " The simulator refused every plan that fitted statically, e.g. " << res.refusals.front();
+  if (!u.has_nvme) why << " The rig has no NVMe drives, so every state must sit in RAM.";
+  return why.str();
+}
+
+}  // namespace detail
+
+std::string describe_knobs(const Plan& plan) {
+  std::string out;
+  for (const auto& [k, v] : detail::knob_phrases(plan)) {
+    if (v.empty()) continue;
+    if (!out.empty()) out += ", ";
+    out += k + " " + v;
+  }
+  return out;
+}
+
+}  // namespace megatrain::planner
