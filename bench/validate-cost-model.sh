@@ -8,8 +8,8 @@
 #      on the CPU backend for a few steps, and compares predicted against measured step time;
 #   3. prints the table and the mean absolute percentage error (MAPE). Target: 10% or less. Beside
 #      the time, the predicted peak bytes per tier (the compiled step's footprint) against what the
-#      run allocated (the trace's counters) and against the process's peak resident set (wait4)
-#      less the program's own (its code and libraries: the resident set of megatrain-exec --help).
+#      run allocated (the trace's counters) and against the process's anonymous resident memory
+#      (RssAnon, sampled from /proc) less the program's own (that of megatrain-exec --help).
 #
 # usage: bench/validate-cost-model.sh [--build DIR] [--quick] [--steps N] [--out DIR] [--rig FILE]
 #   --build DIR  the build folder holding bin/megatrain-plan and bin/megatrain-exec (default: build)
@@ -120,10 +120,27 @@ def write_plan(spec, rig, path):
 # Each round: a fresh profile (the machine's speed drifts by tens of percent over minutes on a
 # shared VM, so a prediction is compared with a run made minutes after its own profile), then
 # every plan simulated with it and trained once.
-# The program's own resident set (its code and libraries, CUDA's included when linked), measured
-# once: what a run holds beyond it is what the footprint predicts.
-_p = subprocess.Popen([exec_bin, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-baseline_rss = os.wait4(_p.pid, 0)[2].ru_maxrss * 1024
+def anon_rss(cmd, what):
+    """Runs cmd; returns the most anonymous resident memory it held (RssAnon: heap and mmap'd
+    arrays, not the program's file pages, whose residency the kernel varies), sampled every 10 ms."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    most = 0
+    while p.poll() is None:
+        try:
+            for line in open(f"/proc/{p.pid}/status"):
+                if line.startswith("RssAnon:"):
+                    most = max(most, int(line.split()[1]) * 1024)
+        except OSError:
+            pass
+        time.sleep(0.01)
+    err = p.stderr.read().decode()
+    if p.returncode != 0:
+        sys.exit(f"{what} failed: {err}")
+    return most
+
+
+# The program's own heap (megatrain-exec --help): what a run holds beyond it is what the footprint predicts.
+baseline_rss = anon_rss([exec_bin, "--help"], "megatrain-exec --help")
 results = {spec[0]: [] for spec in grid}  # name -> [(error, predicted, measured, min, max, other, bottleneck)]
 for r in range(rounds):
     rig = fixed_rig
@@ -151,15 +168,8 @@ for r in range(rounds):
             os.remove(trace)
         busy0, wall0 = cpu_busy_s(), time.monotonic()
         child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        # wait4 gives this run's own peak resident set (the process's real memory, libraries included).
-        with open(os.path.join(out, f"{name}.r{r}.stderr"), "w+") as err_file:
-            proc = subprocess.Popen(nice + [exec_bin, path, "--data", data, "--steps", str(steps), "--threads", str(cores),
-                                            "--trace", trace], stdout=subprocess.DEVNULL, stderr=err_file)
-            _, status, usage = os.wait4(proc.pid, 0)
-            err_file.seek(0)
-            if os.waitstatus_to_exitcode(status) != 0:
-                sys.exit(f"megatrain-exec {name} failed: {err_file.read()}")
-        rss = usage.ru_maxrss * 1024
+        rss = anon_rss([*nice, exec_bin, path, "--data", data, "--steps", str(steps), "--threads", str(cores), "--trace", trace],
+                       f"megatrain-exec {name}")
         child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         ours = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
         other = max(0.0, (cpu_busy_s() - busy0 - ours) / ((time.monotonic() - wall0) * cores))
@@ -213,7 +223,7 @@ worst_dev = max(abs(mem_err(r[8]["device"])) for r in rows)
 worst_ram = max(abs(mem_err(r[8]["ram"])) for r in rows)
 worst_rss = max(abs(mem_err(r[8]["rss"])) for r in rows)
 lines.append(f"memory: worst error against the executor's counters: device {100 * worst_dev:.2f}%, RAM {100 * worst_ram:.2f}%;"
-             f" RAM against the process's peak resident set less the program's own ({baseline_rss / MiB:.0f} MiB, megatrain-exec --help):"
+             f" RAM against the process's anonymous resident memory less the program's own ({baseline_rss / MiB:.0f} MiB, megatrain-exec --help):"
              f" {100 * worst_rss:.1f}%")
 text = "\n".join(lines)
 print(text)
