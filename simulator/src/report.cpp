@@ -114,6 +114,7 @@ Status write_trace(const SimResult& r, const Plan& plan, const std::filesystem::
   const std::pair<const char*, int64_t> tiers[] = {{"bytes.device", r.peak_bytes.device}, {"bytes.pinned", r.peak_bytes.pinned},
                                                    {"bytes.ram", r.peak_bytes.ram}, {"bytes.nvme", r.peak_bytes.nvme}};
   for (const auto& [counter, v] : tiers) {
+    if (v <= 0 && std::string(counter) == "bytes.nvme") continue;  // as the executor: only with an NVMe tier
     for (double t : {0.0, r.simulated_s}) MT_RETURN_IF_ERROR(writer->add_counter({counter, ns(t), static_cast<double>(v)}));
   }
   // Simulated steps: tokens and duration; the loss is unknown to a simulation (NaN).
