@@ -72,7 +72,7 @@ struct GridPlan {
 
 // The planner's choices: best and runners-up of searches over three models, several device and
 // RAM sizes (tight RAM pushes state to NVMe) and two state-format policies.
-std::vector<GridPlan> planner_plans(const fs::path& nvme_dir) {
+std::vector<GridPlan> planner_plans(const fs::path& nvme_dir, std::vector<std::string>& errors) {
   std::vector<GridPlan> out;
   std::set<std::string> seen;
   struct Case {
@@ -83,13 +83,15 @@ std::vector<GridPlan> planner_plans(const fs::path& nvme_dir) {
   const Case cases[] = {
       {"small-llama", 64.0 * (1 << 20), 24e9, false},   {"small-llama", 24.0 * (1 << 20), 24e9, true},
       {"small-llama", 256.0 * (1 << 20), 60e6, false}, {"tiny-qwen2", 16.0 * (1 << 20), 24e9, true},
-      {"tiny-qwen2", 64.0 * (1 << 20), 1.5e6, false},    {"tiny-llama-gqa", 16.0 * (1 << 20), 24e9, false},
+      {"tiny-qwen2", 64.0 * (1 << 20), 24e9, false},    {"tiny-llama-gqa", 16.0 * (1 << 20), 24e9, false},
       {"tiny-llama-gqa", 128.0 * (1 << 20), 40e6, true},
   };
   for (const Case& c : cases) {
     auto model = ModelSpec::load(c.model);
-    EXPECT_TRUE(model.ok()) << model.status().to_string();
-    if (!model.ok()) continue;
+    if (!model.ok()) {
+      errors.push_back(model.status().to_string());
+      continue;
+    }
     const HardwareProfile rig = dev_rig(c.gpu, c.ram, nvme_dir);
     planner::SearchRequest req;
     req.seq_len = 64;
@@ -102,9 +104,9 @@ std::vector<GridPlan> planner_plans(const fs::path& nvme_dir) {
     planner::SearchOptions opt;
     opt.relief = false;
     auto r = planner::search_plan(*model, rig, req, opt);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
     if (!r.ok() || !r->feasible) {
-      ADD_FAILURE() << "no plan for " << c.model << " with " << c.gpu << " device bytes";
+      errors.push_back(std::string("no plan for ") + c.model + " with " + std::to_string(c.gpu) + " device bytes and " +
+                       std::to_string(c.ram) + " bytes of RAM" + (r.ok() ? "" : ": " + r.status().to_string()));
       continue;
     }
     std::vector<const planner::Candidate*> cands = {&r->best};
@@ -257,25 +259,30 @@ class CompiledStep : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new ScratchDir("compiled-step");
     fs::create_directories(*dir_ / "nvme");
-    plans_ = new std::vector<GridPlan>(planner_plans(*dir_ / "nvme"));
+    errors_ = new std::vector<std::string>;
+    plans_ = new std::vector<GridPlan>(planner_plans(*dir_ / "nvme", *errors_));
     const auto more = variants(*plans_);
     plans_->insert(plans_->end(), more.begin(), more.end());
     // The example plans' schedules on the CPU: tiny-cpu as it is.
     auto tiny = Plan::load(fs::path(MEGATRAIN_PROFILES_DIR) / "plans" / "tiny-cpu.json");
-    EXPECT_TRUE(tiny.ok()) << tiny.status().to_string();
     if (tiny.ok()) plans_->insert(plans_->begin(), {"example tiny-cpu.json", *tiny});
+    else errors_->push_back(tiny.status().to_string());
   }
   static void TearDownTestSuite() {
+    delete errors_;
     delete plans_;
     delete dir_;
   }
   static ScratchDir* dir_;
   static std::vector<GridPlan>* plans_;
+  static std::vector<std::string>* errors_;  // what building the grid could not do (failed in the first test)
 };
 ScratchDir* CompiledStep::dir_ = nullptr;
 std::vector<GridPlan>* CompiledStep::plans_ = nullptr;
+std::vector<std::string>* CompiledStep::errors_ = nullptr;
 
 TEST_F(CompiledStep, TheGridCoversEveryScheduleFeature) {
+  for (const std::string& e : *errors_) ADD_FAILURE() << e;
   std::map<std::string, int> have;
   for (const GridPlan& g : *plans_) {
     const Plan& p = g.plan;
@@ -295,12 +302,15 @@ TEST_F(CompiledStep, TheGridCoversEveryScheduleFeature) {
     have["quantised moments"] += p.optimizer.m_format != StateFormat::kFp32 || p.optimizer.v_format != StateFormat::kFp32;
     have["grad_accum > 1"] += p.training.grad_accum > 1;
   }
-  EXPECT_GE(plans_->size(), 31u) << "at least 30 planner-chosen plans and the example";
+  const auto chosen = std::count_if(plans_->begin(), plans_->end(), [](const GridPlan& g) {
+    return g.label.find("[variant") == std::string::npos && g.label.rfind("example", 0) != 0;
+  });
+  EXPECT_GE(chosen, 30) << "at least 30 plans the planner chose";
   for (const char* f : {"layer-major", "microbatch-major", "prefetch 1", "prefetch >= 2", "no recompute", "host checkpoints",
                         "device checkpoints", "nvme", "clipping", "lent gradients", "tied head", "quantised moments",
                         "grad_accum > 1"})
     EXPECT_GT(have[f], 0) << "no plan in the grid has " << f;
-  std::printf("%zu plans; coverage:", plans_->size());
+  std::printf("%zu plans (%ld chosen by the planner); coverage:", plans_->size(), static_cast<long>(chosen));
   for (const auto& [k, v] : have) std::printf(" %s %d,", k.c_str(), v);
   std::printf("\n");
 }
