@@ -48,7 +48,10 @@ class Builder {
     prev_update_ = adam_prev_;  // this step's loads wait for the previous step's updates
     nvme_read_.assign(static_cast<size_t>(s_.U), -1);
     if (s_.master_nvme || s_.states_nvme)  // issued at the step's start, in the optimizer's order
-      for (int32_t u : s_.optimizer_order) nvme_read_[static_cast<size_t>(u)] = nvme_read(u);
+      for (int32_t u : s_.optimizer_order) {
+        nvme_read_[static_cast<size_t>(u)] = nvme_read(u);
+        for (TaskId b : {last_h2d_, last_d2h_}) after(b, nvme_read_[static_cast<size_t>(u)]);
+      }
     for (int32_t r = 0; r < s_.rounds; ++r) round(r);
     if (s_.clip) {
       double bytes = 0;
@@ -127,7 +130,11 @@ class Builder {
     std::vector<TaskId> waiting_restore(consumed.size(), -1);  // the GPU task that waits for each restore
     int64_t pending_restore = -1;
     TaskId backward_begun = -1;
-    std::vector<TaskId> pending_deps;
+    // The executor waits for the copy queues to drain at the end of every round (its events and
+    // buffers are reused by the next): this round's first copy and first compute wait for that.
+    const TaskId barrier[2] = {last_h2d_, last_d2h_};
+    std::vector<TaskId> pending_deps(barrier, barrier + 2);
+    bool first_h2d = true;
     int32_t take_buffers = 0;
     std::vector<int32_t> buffer_layers;
     std::vector<TaskId> grad_buffer_taker(static_cast<size_t>(s_.U), -1);
@@ -160,6 +167,7 @@ class Builder {
           TaskId d = task(Lane::kD2H, cost_.d2h_time(bytes), SpanKind::kD2HCheckpoint, op.layer, mb_of(op.mb), ceil_i(bytes));
           dma(d, bytes, cost_.d2h_time(bytes));
           after(last_gpu_, d);
+          last_d2h_ = d;
           ckpt_copy[cell(op.checkpoint, op.mb)] = d;
           break;
         }
@@ -180,6 +188,7 @@ class Builder {
           TaskId d = task(Lane::kD2H, work, SpanKind::kD2H, u, s_.layer_major ? -1 : r, ceil_i(bytes));
           dma(d, bytes, work);
           after(last_gpu_, d);
+          last_d2h_ = d;
           if (TaskId& taker = grad_buffer_taker[static_cast<size_t>(u)]; taker >= 0) {
             e_.release(d, id_.mem_grad_buffers, 1);
             taker = -1;
@@ -193,10 +202,17 @@ class Builder {
     }
     // The H2D queue in its issue order.
     for (const step::Transfer& t : rd.h2d) {
+      const auto first = [&](TaskId h) {
+        if (first_h2d)
+          for (TaskId b : barrier) after(b, h);
+        first_h2d = false;
+        last_h2d_ = h;
+      };
       if (t.kind == step::Transfer::kWeights) {
         const auto i = static_cast<size_t>(t.load);
         const double bytes = numel(t.unit) * tb_;
         TaskId h = task(Lane::kH2D, cost_.h2d_time(bytes), SpanKind::kH2D, t.unit, -1, ceil_i(bytes));
+        first(h);
         dma(h, bytes, cost_.h2d_time(bytes));
         e_.acquire(h, id_.mem_slots, 1);
         e_.release(slot_free[i], id_.mem_slots, 1);
@@ -206,6 +222,7 @@ class Builder {
       } else {
         const double bytes = 4.0 * static_cast<double>(s_.buffers.hidden_floats);
         TaskId h = task(Lane::kH2D, cost_.h2d_time(bytes), SpanKind::kH2DCheckpoint, t.unit, mb_of(t.mb), ceil_i(bytes));
+        first(h);
         dma(h, bytes, cost_.h2d_time(bytes));
         after(backward_begun, h);
         if (t.block > 0) after(consumed[restore_cell(t.block - 1, t.mb)], h);  // it overwrites what that recompute read
@@ -263,7 +280,7 @@ class Builder {
   Engine& e_;
   const Ids& id_;
   int32_t step_ = 0;
-  TaskId last_gpu_ = -1;
+  TaskId last_gpu_ = -1, last_h2d_ = -1, last_d2h_ = -1;
   double layer_flops_ = 0, head_flops_ = 0, tb_ = 2, state_pp_ = 8;
   std::vector<TaskId> adam_prev_, prev_update_, nvme_write_prev_, grad_ready_, nvme_read_;
 };
