@@ -480,6 +480,66 @@ double global_norm(Trainer::Impl& I) {
   return std::sqrt(total);
 }
 
+// The plain in-memory loop: the reference the streamed pipeline is tested against. It keeps every
+// activation of every micro-batch; it is not a way to train big models.
+Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResult& res) {
+  const Dims& d = I.d;
+  const int64_t NH = d.N * d.H;
+  double loss_sum = 0;
+  int64_t count = 0;
+  auto units = [&](int64_t u) -> UnitState& { return I.state->units()[static_cast<size_t>(u)]; };
+  // ---- the plain in-memory loop -------------------------------------------------------------
+  float* p = I.reference_x.data();
+  std::vector<float*> xs;  // [mb][layer 0..L] hidden states
+  for (int64_t k = 0; k < I.A * (I.L + 1); ++k, p += NH) xs.push_back(p);
+  std::vector<float*> act_buf;
+  for (int64_t k = 0; k < I.A * I.L; ++k, p += I.be->layer_act_floats()) act_buf.push_back(p);
+  float* ws = p;
+  p += std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
+  float* dx = p;
+  p += NH;
+  float* tied = d.tied ? p + NH : nullptr;
+  // Weights as the device would see them (the bf16 copy expanded), then fresh gradients.
+  std::vector<std::vector<float>>& w = I.reference_w;
+  for (int64_t u = 0; u < I.U; ++u) {
+    I.be->upload_unit(StreamKind::kCompute, units(u), I.state->transfer(), w[static_cast<size_t>(u)].data());
+    std::fill(units(u).grad.data(), units(u).grad.data() + units(u).numel, 0.0f);
+  }
+  if (tied) std::fill(tied, tied + d.V * d.H, 0.0f);
+  const UnitState& head_u = units(I.L + 1);
+  const float* lm = d.tied ? w[0].data() : w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kHead)->offset;
+  float* dlm = d.tied ? tied : units(I.L + 1).grad.data() + head_u.find(TensorRole::kHead)->offset;
+  for (int64_t j = 0; j < I.A; ++j) {
+    float** x = &xs[static_cast<size_t>(j * (I.L + 1))];
+    MT_RETURN_IF_ERROR(I.be->embed(w[0].data(), I.inputs[static_cast<size_t>(j)].data(), x[0]));
+    for (int64_t l = 1; l <= I.L; ++l) {
+      const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
+      MT_RETURN_IF_ERROR(I.be->layer_forward(view_unit(units(l), w[static_cast<size_t>(l)].data()), x[l - 1], x[l], a));
+    }
+    const float* fn = w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kFinalNorm)->offset;
+    float* dfn = units(I.L + 1).grad.data() + head_u.find(TensorRole::kFinalNorm)->offset;
+    MT_RETURN_IF_ERROR(I.be->head(fn, lm, x[I.L], I.targets[static_cast<size_t>(j)].data(), grad_scale, dx, dfn, dlm,
+                                    &loss_sum, &count, ws));
+    for (int64_t l = I.L; l >= 1; --l) {
+      const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
+      MT_RETURN_IF_ERROR(I.be->layer_backward(view_unit(units(l), w[static_cast<size_t>(l)].data()), a, dx, dx,
+                                          grad_unit(units(l), units(l).grad.data()), ws));
+    }
+    MT_RETURN_IF_ERROR(I.be->embed_backward(I.inputs[static_cast<size_t>(j)].data(), dx, units(0).grad.data()));
+  }
+  if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
+  if (I.clip) res.grad_norm = global_norm(I);
+  const float scale = clip_scale(I, res.grad_norm);
+  for (int64_t u = 0; u < I.U; ++u) {
+    MT_RETURN_IF_ERROR(I.state->page_in(u, true));  // NVMe-resident units: read, update, write back
+    update_unit(I, u, step, scale);
+    MT_RETURN_IF_ERROR(I.state->page_out(u, true));
+  }
+  res.loss = loss_sum / static_cast<double>(count);
+  res.tokens = count;
+  return {};
+}
+
 }  // namespace
 
 Result<StepResult> Trainer::run_step(int64_t step) {
@@ -513,55 +573,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   auto units = [&](int64_t u) -> UnitState& { return I.state->units()[static_cast<size_t>(u)]; };
 
   if (!I.opt.streamed) {
-    // ---- the plain in-memory loop -------------------------------------------------------------
-    float* p = I.reference_x.data();
-    std::vector<float*> xs;  // [mb][layer 0..L] hidden states
-    for (int64_t k = 0; k < I.A * (I.L + 1); ++k, p += NH) xs.push_back(p);
-    std::vector<float*> act_buf;
-    for (int64_t k = 0; k < I.A * I.L; ++k, p += I.be->layer_act_floats()) act_buf.push_back(p);
-    float* ws = p;
-    p += std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
-    float* dx = p;
-    p += NH;
-    float* tied = d.tied ? p + NH : nullptr;
-    // Weights as the device would see them (the bf16 copy expanded), then fresh gradients.
-    std::vector<std::vector<float>>& w = I.reference_w;
-    for (int64_t u = 0; u < I.U; ++u) {
-      I.be->upload_unit(StreamKind::kCompute, units(u), I.state->transfer(), w[static_cast<size_t>(u)].data());
-      std::fill(units(u).grad.data(), units(u).grad.data() + units(u).numel, 0.0f);
-    }
-    if (tied) std::fill(tied, tied + d.V * d.H, 0.0f);
-    const UnitState& head_u = units(I.L + 1);
-    const float* lm = d.tied ? w[0].data() : w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kHead)->offset;
-    float* dlm = d.tied ? tied : units(I.L + 1).grad.data() + head_u.find(TensorRole::kHead)->offset;
-    for (int64_t j = 0; j < I.A; ++j) {
-      float** x = &xs[static_cast<size_t>(j * (I.L + 1))];
-      MT_RETURN_IF_ERROR(I.be->embed(w[0].data(), I.inputs[static_cast<size_t>(j)].data(), x[0]));
-      for (int64_t l = 1; l <= I.L; ++l) {
-        const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
-        MT_RETURN_IF_ERROR(I.be->layer_forward(view_unit(units(l), w[static_cast<size_t>(l)].data()), x[l - 1], x[l], a));
-      }
-      const float* fn = w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kFinalNorm)->offset;
-      float* dfn = units(I.L + 1).grad.data() + head_u.find(TensorRole::kFinalNorm)->offset;
-      MT_RETURN_IF_ERROR(I.be->head(fn, lm, x[I.L], I.targets[static_cast<size_t>(j)].data(), grad_scale, dx, dfn, dlm,
-                                      &loss_sum, &count, ws));
-      for (int64_t l = I.L; l >= 1; --l) {
-        const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
-        MT_RETURN_IF_ERROR(I.be->layer_backward(view_unit(units(l), w[static_cast<size_t>(l)].data()), a, dx, dx,
-                                            grad_unit(units(l), units(l).grad.data()), ws));
-      }
-      MT_RETURN_IF_ERROR(I.be->embed_backward(I.inputs[static_cast<size_t>(j)].data(), dx, units(0).grad.data()));
-    }
-    if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
-    if (I.clip) res.grad_norm = global_norm(I);
-    const float scale = clip_scale(I, res.grad_norm);
-    for (int64_t u = 0; u < I.U; ++u) {
-      MT_RETURN_IF_ERROR(I.state->page_in(u, true));  // NVMe-resident units: read, update, write back
-      update_unit(I, u, step, scale);
-      MT_RETURN_IF_ERROR(I.state->page_out(u, true));
-    }
-    res.loss = loss_sum / static_cast<double>(count);
-    res.tokens = count;
+    MT_RETURN_IF_ERROR(reference_step(I, step, grad_scale, res));
     res.time_s = std::chrono::duration<double>(Clock::now() - step_start).count();
     return res;
   }

@@ -330,8 +330,11 @@ TEST_F(CompiledStep, MeasuredSpansAndBytesEqualThePrediction) {
       const std::string diff = first_difference(sim.at(lane), spans);
       EXPECT_EQ(diff, "") << "lane " << lane << " (" << spans.size() << " measured spans)\n" << g.plan.to_json_text();
     }
-    for (const auto& [lane, spans] : sim)
-      if (!m->lanes.count(lane)) EXPECT_TRUE(spans.empty()) << "the executor has no lane " << lane << " but the simulator has spans on it";
+    for (const auto& [lane, spans] : sim) {
+      if (!m->lanes.count(lane)) {
+        EXPECT_TRUE(spans.empty()) << "the executor has no lane " << lane << " but the simulator has spans on it";
+      }
+    }
     // Bytes per tier: the trainer's accounting, and the allocations themselves.
     const PeakBytes& p = m->predicted.peak_bytes;
     EXPECT_EQ(m->memory.device, p.device) << "the arena is the footprint's device figure";

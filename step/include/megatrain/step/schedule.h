@@ -7,6 +7,7 @@
 // a backend is described by its ActivationLayout (what it keeps, in bytes).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
