@@ -13,6 +13,7 @@
 #include "megatrain/core/plan.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/trainer.h"
+#include "megatrain/step/schedule.h"
 
 namespace megatrain::exec {
 namespace {
@@ -144,6 +145,34 @@ TEST(CudaTraining, AutoPicksTheGpuAndTheInMemoryLoopStaysOnTheCpu) {
   ASSERT_TRUE(be.ok()) << be.status().to_string();
   EXPECT_EQ((*be)->name(), "cuda");
   EXPECT_NE((*be)->describe().find("CUDA backend"), std::string::npos);
+}
+
+TEST(CudaTraining, TheBackendKeepsWhatTheCudaLayoutSays) {
+  // The planner and the simulator size the CUDA backend's arena with step::cuda_layout; the
+  // trainer takes the backend's own figures. They must be the same numbers, or predictions for a
+  // GPU would be off by the difference.
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << "no GPU here: " << why;
+  for (const char* name : {"tiny-llama-gqa", "small-llama"}) {
+    auto model = ModelSpec::load(name);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    for (DType compute : {DType::kFp32, DType::kBf16})
+      for (int64_t mb : {1, 3})
+        for (int64_t seq : {16, 64}) {
+          auto d = make_dims(*model, mb, seq);
+          ASSERT_TRUE(d.ok());
+          BackendOptions bo;
+          bo.compute = compute;
+          bo.transfer = compute;
+          auto be = make_backend("cuda", *model, *d, bo);
+          ASSERT_TRUE(be.ok()) << be.status().to_string();
+          const step::ActivationLayout l = step::cuda_layout(*model, mb, seq, compute);
+          SCOPED_TRACE(std::string(name) + " " + dtype_name(compute) + " mb " + std::to_string(mb) + " seq " + std::to_string(seq));
+          EXPECT_EQ((*be)->layer_act_floats(), l.layer_act_floats);
+          EXPECT_EQ((*be)->layer_workspace_floats(), l.layer_workspace_floats);
+          EXPECT_EQ((*be)->head_workspace_floats(), l.head_workspace_floats);
+          EXPECT_EQ((*be)->private_bytes(), l.private_bytes);
+        }
+  }
 }
 
 TEST(CudaTraining, WithoutAGpuCudaIsRefusedWithTheReason) {
