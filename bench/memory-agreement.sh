@@ -25,27 +25,11 @@ mkdir -p "$out"
 data=/usr/share/common-licenses/GPL-3
 [ -r "$data" ] || { yes "the quick brown fox jumps over the lazy dog" | head -c 200000 >"$out/text.txt"; data=$out/text.txt; }
 /usr/bin/python3 - "$here" "$build" "$out" "$data" <<'PY'
-import json, os, sqlite3, subprocess, sys, time
+import json, os, sqlite3, subprocess, sys
 here, build, out, data = sys.argv[1:5]
+sys.path.insert(0, os.path.join(here, "bench"))
+from anon_rss import anon_rss as rss_of
 plan_bin, exec_bin = os.path.join(build, "bin/megatrain-plan"), os.path.join(build, "bin/megatrain-exec")
-
-def rss_of(cmd):
-    """The most anonymous resident memory (RssAnon: heap and mmap'd arrays, not the program's file
-    pages, whose residency the kernel varies) the command held, sampled every 10 ms."""
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    most = 0
-    while p.poll() is None:
-        try:
-            for line in open(f"/proc/{p.pid}/status"):
-                if line.startswith("RssAnon:"):
-                    most = max(most, int(line.split()[1]) * 1024)
-        except OSError:
-            pass
-        time.sleep(0.01)
-    err = p.stderr.read().decode()
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed: {err}")
-    return most
 
 base_rss = rss_of([exec_bin, "--help"])
 cases = []

@@ -73,6 +73,8 @@ echo "== the grid: $rounds round(s); each round profiles this machine (unless --
 import json, os, resource, sqlite3, statistics, subprocess, sys, time
 
 here, fixed_rig, out, plan_bin, exec_bin, data, steps, rounds, quick = sys.argv[1:10]
+sys.path.insert(0, os.path.join(here, "bench"))
+from anon_rss import anon_rss
 nice = sys.argv[10:]
 steps = int(steps)
 rounds = int(rounds)
@@ -120,25 +122,6 @@ def write_plan(spec, rig, path):
 # Each round: a fresh profile (the machine's speed drifts by tens of percent over minutes on a
 # shared VM, so a prediction is compared with a run made minutes after its own profile), then
 # every plan simulated with it and trained once.
-def anon_rss(cmd, what):
-    """Runs cmd; returns the most anonymous resident memory it held (RssAnon: heap and mmap'd
-    arrays, not the program's file pages, whose residency the kernel varies), sampled every 10 ms."""
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    most = 0
-    while p.poll() is None:
-        try:
-            for line in open(f"/proc/{p.pid}/status"):
-                if line.startswith("RssAnon:"):
-                    most = max(most, int(line.split()[1]) * 1024)
-        except OSError:
-            pass
-        time.sleep(0.01)
-    err = p.stderr.read().decode()
-    if p.returncode != 0:
-        sys.exit(f"{what} failed: {err}")
-    return most
-
-
 # The program's own heap (megatrain-exec --help): what a run holds beyond it is what the footprint predicts.
 baseline_rss = anon_rss([exec_bin, "--help"], "megatrain-exec --help")
 results = {spec[0]: [] for spec in grid}  # name -> [(error, predicted, measured, min, max, other, bottleneck)]
