@@ -1,5 +1,6 @@
 // ModelSpec: a decoder-only transformer read from a Hugging Face config.json (LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM). It lists every tensor with its HF name and shape and
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, and the Mixture-of-Experts models
+// Qwen3MoeForCausalLM, MixtralForCausalLM and GptOssForCausalLM). It lists every tensor with its HF name and shape and
 // derives exact parameter counts, training FLOPs per token (generalised Megatron formula),
 // training-state bytes per precision setup and activation bytes per token per layer.
 // Layer semantics follow the HF implementations (see docs/model-spec.md).
@@ -56,10 +57,53 @@ struct ModelConfig {
   std::string hidden_act = "silu";
   int64_t sliding_window = 0;     // 0 when full attention
   std::string torch_dtype;        // as published ("bfloat16"); informative
+
+  // ---- Qwen3 and gpt-oss attention
+  bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (Qwen3: self_attn.q_norm / k_norm, [head_dim])
+  bool attention_sinks = false;   // learned per-head sink logits (gpt-oss: self_attn.sinks, [num_heads])
+  // Per layer: whether the layer attends within sliding_window (gpt-oss layer_types
+  // "sliding_attention"; every layer for Mistral/Mixtral when sliding_window > 0). Empty or all
+  // false: every layer attends to the whole causal prefix.
+  std::vector<bool> layer_sliding;
+  double rope_beta_fast = 32, rope_beta_slow = 1;  // yarn
+  bool rope_truncate = true;                       // yarn: HF's `truncate` (round the correction range)
+
+  // ---- Mixture-of-Experts ("" for dense models)
+  // The router and expert semantics, as HF's modeling code for the architecture defines them:
+  //   "mixtral":   logits = gate(x); softmax over all experts; top-k; weights renormalised.
+  //   "qwen3_moe": the same, renormalised only when norm_topk_prob.
+  //   "gpt_oss":   logits = router(x) + bias; top-k of the logits; softmax over the k chosen.
+  std::string moe;
+  int64_t num_experts = 0;          // num_local_experts (Mixtral) / num_experts / num_local_experts (gpt-oss)
+  int64_t experts_per_token = 0;    // num_experts_per_tok (experts_per_token in gpt-oss' original config)
+  int64_t moe_intermediate_size = 0;  // one expert's intermediate size (Mixtral and gpt-oss: intermediate_size)
+  bool norm_topk_prob = true;
+  int64_t decoder_sparse_step = 1;  // Qwen3-MoE: layer l is MoE when (l + 1) % step == 0 and l not in mlp_only_layers
+  std::vector<int64_t> mlp_only_layers;
+  double router_aux_loss_coef = 0;  // load-balancing loss weight
+  bool output_router_logits = false;  // HF adds the aux loss to the loss only when true
+  double swiglu_alpha = 1.702;      // gpt-oss clamped SwiGLU: (up + 1) * gate * sigmoid(alpha * gate)
+  double swiglu_limit = 0;          // gpt-oss: gate clamped to (-inf, limit], up to [-limit, limit]; 0: none
+  bool is_moe() const { return !moe.empty(); }
+  // Whether decoder layer l (0-based) has the MoE block (false for dense models and mlp_only_layers).
+  bool is_moe_layer(int64_t l) const;
+  bool is_sliding_layer(int64_t l) const;
 };
 
 enum class TensorRole { kEmbedding, kAttnNorm, kQ, kK, kV, kO, kQBias, kKBias, kVBias, kOBias,
-                        kMlpNorm, kGate, kUp, kDown, kGateBias, kUpBias, kDownBias, kFinalNorm, kHead };
+                        kMlpNorm, kGate, kUp, kDown, kGateBias, kUpBias, kDownBias, kFinalNorm, kHead,
+                        // Qwen3 / gpt-oss attention
+                        kQNorm, kKNorm, kSinks,
+                        // MoE: the router [E, H] (and its bias [E], gpt-oss); one expert's gate, up
+                        // [I, H] and down [H, I] (Mixtral w1/w3/w2, Qwen3-MoE gate/up/down_proj),
+                        // one tensor per expert with TensorInfo::expert set; gpt-oss stacks the
+                        // experts: gate_up_proj [E, H, 2I] (gate and up interleaved in the last
+                        // dim), its bias [E, 2I], down_proj [E, I, H], its bias [E, H].
+                        kRouter, kRouterBias, kExpertGate, kExpertUp, kExpertDown,
+                        kExpertGateUp, kExpertGateUpBias, kExpertDownBias,
+                        kCount };
+constexpr int kTensorRoleCount = static_cast<int>(TensorRole::kCount);
+const char* tensor_role_name(TensorRole r);
 
 struct TensorInfo {
   std::string name;             // HF name: "model.layers.3.self_attn.q_proj.weight"
@@ -67,13 +111,21 @@ struct TensorInfo {
   int64_t numel = 0;
   int64_t layer = -1;           // -1 for embedding, final norm and head
   TensorRole role = TensorRole::kEmbedding;
+  int64_t expert = -1;          // the expert of a per-expert tensor (Mixtral, Qwen3-MoE); -1 otherwise
 };
 
 struct ParameterCounts {
   int64_t total = 0;            // unique parameters (a tied head is counted once, in embedding)
   int64_t embedding = 0;        // model.embed_tokens
-  int64_t per_layer = 0;        // one decoder layer (all layers are identical)
-  int64_t layers = 0;           // per_layer * num_layers
+  int64_t per_layer = 0;        // decoder layer 0 (layers differ only with Qwen3-MoE mlp_only_layers)
+  int64_t layers = 0;           // all decoder layers
+  // Mixture-of-Experts (all 0 for dense models):
+  int64_t active = 0;           // parameters one token uses: total less the (E - k) unchosen experts of every MoE layer
+  int64_t experts = 0;          // every expert of every layer
+  int64_t per_expert = 0;       // one expert of one MoE layer (with its biases)
+  int64_t router = 0;           // every layer's router (and router bias)
+  int64_t moe_layers = 0;       // decoder layers with the MoE block
+  std::vector<int64_t> layer;   // parameters of each decoder layer
   int64_t final_norm = 0;       // model.norm
   int64_t head = 0;             // lm_head; 0 when tied
 };
@@ -88,9 +140,13 @@ struct FlopsPerToken {
   double recompute = 0;         // one extra forward of the layers (not the head), full checkpointing
   double training() const { return forward + backward; }
   double training_with_recompute() const { return forward + backward + recompute; }
-  double layer_forward = 0;     // one layer's forward
+  double layer_forward = 0;     // one layer's forward (the mean over layers when they differ)
+  std::vector<double> layer_forwards;  // each decoder layer's forward (dense and MoE layers differ)
   double attention_forward = 0; // the seq-dependent part of one layer's forward (QK^T and AV)
   double head_forward = 0;      // LM head forward
+  // MoE: FLOPs count the k experts a token uses (active parameters), not all E.
+  double router_forward = 0;    // one MoE layer's router GEMM, per token
+  double experts_forward = 0;   // one MoE layer's k experts, per token
 };
 
 // How a training state is held: the precision of compute and transfer, and the optimizer formats.
