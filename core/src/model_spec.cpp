@@ -353,3 +353,56 @@ ActivationBytes ModelSpec::activation_bytes_per_token_per_layer(int64_t seq_len,
 }
 
 }  // namespace megatrain
+
+namespace megatrain {
+
+bool ModelConfig::is_moe_layer(int64_t l) const {
+  if (moe.empty() || l < 0 || l >= num_layers) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) != mlp_only_layers.end()) return false;
+  return decoder_sparse_step <= 1 || (l + 1) % decoder_sparse_step == 0;
+}
+
+bool ModelConfig::is_sliding_layer(int64_t l) const {
+  if (sliding_window <= 0 || l < 0) return false;
+  if (layer_sliding.empty()) return true;
+  return l < static_cast<int64_t>(layer_sliding.size()) && layer_sliding[static_cast<size_t>(l)];
+}
+
+const char* tensor_role_name(TensorRole r) {
+  switch (r) {
+    case TensorRole::kEmbedding: return "embedding";
+    case TensorRole::kAttnNorm: return "attn_norm";
+    case TensorRole::kQ: return "q";
+    case TensorRole::kK: return "k";
+    case TensorRole::kV: return "v";
+    case TensorRole::kO: return "o";
+    case TensorRole::kQBias: return "q_bias";
+    case TensorRole::kKBias: return "k_bias";
+    case TensorRole::kVBias: return "v_bias";
+    case TensorRole::kOBias: return "o_bias";
+    case TensorRole::kMlpNorm: return "mlp_norm";
+    case TensorRole::kGate: return "gate";
+    case TensorRole::kUp: return "up";
+    case TensorRole::kDown: return "down";
+    case TensorRole::kGateBias: return "gate_bias";
+    case TensorRole::kUpBias: return "up_bias";
+    case TensorRole::kDownBias: return "down_bias";
+    case TensorRole::kFinalNorm: return "final_norm";
+    case TensorRole::kHead: return "head";
+    case TensorRole::kQNorm: return "q_norm";
+    case TensorRole::kKNorm: return "k_norm";
+    case TensorRole::kSinks: return "sinks";
+    case TensorRole::kRouter: return "router";
+    case TensorRole::kRouterBias: return "router_bias";
+    case TensorRole::kExpertGate: return "expert_gate";
+    case TensorRole::kExpertUp: return "expert_up";
+    case TensorRole::kExpertDown: return "expert_down";
+    case TensorRole::kExpertGateUp: return "expert_gate_up";
+    case TensorRole::kExpertGateUpBias: return "expert_gate_up_bias";
+    case TensorRole::kExpertDownBias: return "expert_down_bias";
+    case TensorRole::kCount: break;
+  }
+  return "?";
+}
+
+}  // namespace megatrain

@@ -33,12 +33,12 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
 // Pointers to one unit's tensors inside a contiguous block laid out as UnitState::tensors.
 template <typename T>
 struct UnitViewT {
-  const T* p[19] = {};  // indexed by TensorRole
+  const T* p[kTensorRoleCount] = {};  // indexed by TensorRole
   const T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
 };
 template <typename T>
 struct UnitGradT {
-  T* p[19] = {};
+  T* p[kTensorRoleCount] = {};
   T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
 };
 using UnitView = UnitViewT<float>;
