@@ -49,7 +49,7 @@ constexpr const char* kCreateSchemaSql =
     "CREATE TABLE spans(lane INTEGER, name TEXT, kind TEXT, step INTEGER, layer INTEGER,"
     " micro_batch INTEGER, start_ns INTEGER, end_ns INTEGER, bytes INTEGER, flops REAL);"
     "CREATE TABLE counters(name TEXT, t_ns INTEGER, value REAL);"
-    "CREATE TABLE steps(step INTEGER, loss REAL, tokens INTEGER, time_s REAL);";
+    "CREATE TABLE steps(step INTEGER, loss REAL, tokens INTEGER, time_s REAL, aux_loss REAL);";
 
 // Built at close(), after the bulk insert, because maintaining them row by row would slow the
 // insert several-fold. spans(start_ns) serves time-window queries across all lanes.
@@ -329,7 +329,7 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const fs::path& path,
   MT_ASSIGN_OR_RETURN(impl->ins_counter,
                       prepare(db, "INSERT INTO counters(name, t_ns, value) VALUES(?, ?, ?)", "prepare"));
   MT_ASSIGN_OR_RETURN(impl->ins_step,
-                      prepare(db, "INSERT INTO steps(step, loss, tokens, time_s) VALUES(?, ?, ?, ?)", "prepare"));
+                      prepare(db, "INSERT INTO steps(step, loss, tokens, time_s, aux_loss) VALUES(?, ?, ?, ?, ?)", "prepare"));
 
   for (const auto& [k, v] : meta) MT_RETURN_IF_ERROR(impl->write_meta(k, v));
   if (schema == meta.end()) MT_RETURN_IF_ERROR(impl->write_meta("schema", kTraceSchemaVersion));
@@ -425,6 +425,8 @@ Status TraceWriter::add_step(const TraceStep& step) {
   sqlite3_bind_double(s, 2, step.loss);
   sqlite3_bind_int64(s, 3, step.tokens);
   sqlite3_bind_double(s, 4, step.time_s);
+  if (std::isnan(step.aux_loss)) sqlite3_bind_null(s, 5);
+  else sqlite3_bind_double(s, 5, step.aux_loss);
   return impl_->step_insert(s, "step");
 }
 
@@ -689,12 +691,18 @@ Result<std::vector<TraceCounter>> TraceReader::counters(const std::string& name)
 }
 
 Result<std::vector<TraceStep>> TraceReader::steps() const {
-  MT_ASSIGN_OR_RETURN(Stmt st, impl_->prep("SELECT step, loss, tokens, time_s FROM steps ORDER BY step, rowid"));
+  // aux_loss (Mixture-of-Experts models) came with schema additions; older traces lack the column.
+  auto with_aux = impl_->prep("SELECT step, loss, tokens, time_s, aux_loss FROM steps ORDER BY step, rowid");
+  const bool has_aux = with_aux.ok();
+  MT_ASSIGN_OR_RETURN(Stmt st, has_aux ? std::move(with_aux)
+                                       : impl_->prep("SELECT step, loss, tokens, time_s FROM steps ORDER BY step, rowid"));
   std::vector<TraceStep> out;
   int rc;
   while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
-    out.push_back({sqlite3_column_int64(st.get(), 0), column_real(st.get(), 1), sqlite3_column_int64(st.get(), 2),
-                   column_real(st.get(), 3)});
+    TraceStep t{sqlite3_column_int64(st.get(), 0), column_real(st.get(), 1), sqlite3_column_int64(st.get(), 2),
+                column_real(st.get(), 3)};
+    if (has_aux && sqlite3_column_type(st.get(), 4) != SQLITE_NULL) t.aux_loss = sqlite3_column_double(st.get(), 4);
+    out.push_back(t);
   }
   if (rc != SQLITE_DONE) return impl_->query_error(rc, "reading steps");
   return out;

@@ -159,6 +159,7 @@ Status apply(const Verified& v, HostState& state) {
     }
   }
   if (Status s = pager.finish(); !s.ok()) return incomplete(s);
+  if (Status s = read_expert_steps(opt, state); !s.ok()) return incomplete(s);
   if (Status s = state.refresh_stream(); !s.ok()) return incomplete(s);
   return {};
 }

@@ -46,6 +46,8 @@ bool is_norm_or_bias(TensorRole r) {
     case TensorRole::kAttnNorm: case TensorRole::kMlpNorm: case TensorRole::kFinalNorm:
     case TensorRole::kQBias: case TensorRole::kKBias: case TensorRole::kVBias: case TensorRole::kOBias:
     case TensorRole::kGateBias: case TensorRole::kUpBias: case TensorRole::kDownBias:
+    case TensorRole::kQNorm: case TensorRole::kKNorm:
+    case TensorRole::kRouterBias: case TensorRole::kExpertGateUpBias: case TensorRole::kExpertDownBias:
       return true;
     default:
       return false;
@@ -252,10 +254,13 @@ void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateF
     else if (t.role == TensorRole::kEmbedding) u = 0;
     else u = static_cast<size_t>(L + 1);
     UnitState& us = units_[u];
-    us.tensors.push_back(TensorSlot{t.name, t.shape, t.role, us.numel, t.numel, !is_norm_or_bias(t.role)});
+    us.tensors.push_back(TensorSlot{t.name, t.shape, t.role, us.numel, t.numel, !is_norm_or_bias(t.role), t.expert});
     us.numel += t.numel;
   }
   for (UnitState& us : units_) {
+    int64_t experts = 0;
+    for (const TensorSlot& t : us.tensors) experts = std::max(experts, t.expert + 1);
+    us.expert_steps.assign(static_cast<size_t>(experts), 0);
     if (master_ram) us.master.resize(us.numel);
     if (all_gradients_) us.grad.resize(us.numel);
     std::vector<int64_t> sizes;
@@ -274,7 +279,8 @@ Status HostState::init_random(uint64_t seed, double std) {
     if (master_on_nvme()) MT_RETURN_IF_ERROR(pager.get(static_cast<int64_t>(u), true).status());
     for (const TensorSlot& t : us.tensors) {
       float* w = us.master.data() + t.offset;
-      if (t.role == TensorRole::kAttnNorm || t.role == TensorRole::kMlpNorm || t.role == TensorRole::kFinalNorm) {
+      if (t.role == TensorRole::kAttnNorm || t.role == TensorRole::kMlpNorm || t.role == TensorRole::kFinalNorm ||
+          t.role == TensorRole::kQNorm || t.role == TensorRole::kKNorm) {
         for (int64_t i = 0; i < t.numel; ++i) w[i] = 1.0f;
         continue;
       }

@@ -1,9 +1,11 @@
 // The Llama-family layer, embedding and head on the CPU kernels, forward and backward.
 #include "megatrain/executor/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "megatrain/kernels/cpu/moe.h"
 #include "megatrain/kernels/cpu/ops.h"
 
 namespace megatrain::exec {
@@ -27,7 +29,36 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
   d.tied = c.tie_word_embeddings;
   if (c.o_bias || c.mlp_bias)
     return unsupported("attention_bias/mlp_bias: o_proj and MLP biases are not supported by the CPU backend yet; accepted: false for both (q/k/v biases, as in Qwen2, are supported)");
+  if (c.moe == "gpt_oss" || c.attention_sinks)
+    return unsupported(c.architecture + ": the executor does not train gpt-oss yet (attention sinks, per-layer sliding "
+                       "windows, stacked biased experts); inspect, simulate, plan and size support it. Trainable: Llama, "
+                       "Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral");
+  d.qk_norm = c.qk_norm;
+  if (c.is_moe()) {
+    if (c.moe != "mixtral" && c.moe != "qwen3_moe")
+      return unsupported("moe '" + c.moe + "': the executor trains the mixtral and qwen3_moe blocks");
+    d.moe = true;
+    d.E = c.num_experts;
+    d.k = c.experts_per_token;
+    d.Im = c.moe_intermediate_size;
+    d.renorm = c.moe == "mixtral" || c.norm_topk_prob;
+    d.dense_mlp = false;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (c.is_moe_layer(l)) ++d.moe_layers;
+      else d.dense_mlp = true;
+    }
+    if (d.E < 1 || d.k < 1 || d.k > d.E || d.Im < 1)
+      return invalid_argument("MoE: num_experts " + std::to_string(d.E) + ", experts_per_tok " + std::to_string(d.k) +
+                              ", moe_intermediate_size " + std::to_string(d.Im) +
+                              ": accepted 1 <= experts_per_tok <= num_experts and an intermediate size >= 1");
+  }
   return d;
+}
+
+int64_t Dims::mlp_floats() const {
+  int64_t n = dense_mlp ? N * I : 0;
+  if (moe) n = std::max(n, N * k * Im);
+  return n;
 }
 
 template <typename T>
@@ -44,23 +75,56 @@ Result<std::vector<T>> rope_inv_freq_for(const ModelSpec& model) {
   return cpu::rope_inv_freq<T>(rc);
 }
 
+namespace {
+// Pointers and expert strides of a unit's tensors in a block laid out as layout.tensors: a
+// per-expert tensor (expert >= 0) is addressed through expert 0's, with the distance to expert 1's
+// as its stride.
+template <typename P, typename V>
+void bind_unit(const UnitState& layout, P block, V& v) {
+  int64_t first[kTensorRoleCount];
+  for (const auto& t : layout.tensors) {
+    const int r = static_cast<int>(t.role);
+    if (t.expert <= 0) {
+      v.p[r] = block + t.offset;
+      first[r] = t.offset;
+    } else if (t.expert == 1) {
+      v.stride[r] = t.offset - first[r];
+    }
+  }
+}
+// int32 cells inside an array of T.
+template <typename T>
+int64_t int_cells(int64_t n) {
+  return (n * static_cast<int64_t>(sizeof(int32_t)) + static_cast<int64_t>(sizeof(T)) - 1) / static_cast<int64_t>(sizeof(T));
+}
+// The MoE activations' elements beyond the dense layer's (in float cells).
+int64_t moe_act_floats(const Dims& d) {
+  if (!d.moe) return 0;
+  const int64_t slots = d.N * d.k;
+  return 2 * d.N * d.E /*logits, probs*/ + slots /*weight*/ + 2 * slots * d.H /*xp, yp*/ +
+         3 * int_cells<float>(slots) /*expert, perm, row_of_slot*/ + int_cells<float>(d.E + 1) /*offsets*/;
+}
+int64_t qk_norm_act_floats(const Dims& d) { return d.qk_norm ? d.N * (d.q + d.kv + d.nh + d.nkv) : 0; }
+}  // namespace
+
 template <typename T>
 UnitViewT<T> view_unit(const UnitState& layout, const T* block) {
   UnitViewT<T> v;
-  for (const auto& t : layout.tensors) v.p[static_cast<int>(t.role)] = block + t.offset;
+  bind_unit(layout, block, v);
   return v;
 }
 
 template <typename T>
 UnitGradT<T> grad_unit(const UnitState& layout, T* block) {
   UnitGradT<T> g;
-  for (const auto& t : layout.tensors) g.p[static_cast<int>(t.role)] = block + t.offset;
+  bind_unit(layout, block, g);
   return g;
 }
 
 int64_t layer_act_floats(const Dims& d) {
   const int64_t probs = d.B * d.nh * d.T * d.T;
-  return d.N * (d.H /*x*/ + 1 + d.H /*xn1*/ + d.q + 2 * d.kv + d.q /*attn*/ + d.H /*h*/ + 1 + d.H + 3 * d.I) + probs;
+  return d.N * (d.H /*x*/ + 1 + d.H /*xn1*/ + d.q + 2 * d.kv + d.q /*attn*/ + d.H /*h*/ + 1 + d.H) + 3 * d.mlp_floats() +
+         probs + qk_norm_act_floats(d) + moe_act_floats(d);
 }
 
 template <typename T>
@@ -83,15 +147,38 @@ LayerActsT<T> bind_layer_acts(const Dims& d, T* base) {
   a.h = take(d.N * d.H);
   a.rstd2 = take(d.N);
   a.xn2 = take(d.N * d.H);
-  a.gate = take(d.N * d.I);
-  a.up = take(d.N * d.I);
-  a.act = take(d.N * d.I);
+  a.gate = take(d.mlp_floats());
+  a.up = take(d.mlp_floats());
+  a.act = take(d.mlp_floats());
+  if (d.qk_norm) {
+    a.q_pre = take(d.N * d.q);
+    a.k_pre = take(d.N * d.kv);
+    a.rstd_q = take(d.N * d.nh);
+    a.rstd_k = take(d.N * d.nkv);
+  }
+  if (d.moe) {
+    const int64_t slots = d.N * d.k;
+    a.logits = take(d.N * d.E);
+    a.rprobs = take(d.N * d.E);
+    a.rweight = take(slots);
+    a.xp = take(slots * d.H);
+    a.yp = take(slots * d.H);
+    a.rexpert = reinterpret_cast<int32_t*>(take(int_cells<T>(slots)));
+    a.perm = reinterpret_cast<int32_t*>(take(int_cells<T>(slots)));
+    a.row_of_slot = reinterpret_cast<int32_t*>(take(int_cells<T>(slots)));
+    a.offsets = reinterpret_cast<int32_t*>(take(int_cells<T>(d.E + 1)));
+  }
   return a;
 }
 
 int64_t layer_workspace_floats(const Dims& d) {
-  // da, dgate, dup [N,I]; dxn, dh [N,H]; dattn, dq [N,q]; dk, dv [N,kv]; attention ds [probs]
-  return 3 * d.N * d.I + 2 * d.N * d.H + 2 * d.N * d.q + 2 * d.N * d.kv + d.B * d.nh * d.T * d.T + d.N * d.H;
+  // da, dgate, dup [MLP]; dxn, dh [N,H]; dattn, dq [N,q]; dk, dv [N,kv]; attention ds [probs]; tmp [N,H]
+  int64_t n = 3 * d.mlp_floats() + 2 * d.N * d.H + 2 * d.N * d.q + 2 * d.N * d.kv + d.B * d.nh * d.T * d.T + d.N * d.H;
+  // After tmp, used one after the other: the MoE block's dxp, dyp [N*k, H], d weight [N*k] and
+  // d logits [N, E]; then the q/k norms' input gradients [N, q + kv].
+  const int64_t moe = d.moe ? 2 * d.N * d.k * d.H + d.N * d.k + d.N * d.E : 0;
+  const int64_t qk = d.qk_norm ? d.N * (d.q + d.kv) : 0;
+  return n + std::max(moe, qk);
 }
 
 int64_t head_workspace_floats(const Dims& d) { return d.N * d.V + 2 * d.N + 2 * d.N * d.H; }
@@ -109,9 +196,15 @@ Status LayerMathT<T>::forward(const UnitViewT<T>& w, const T* x_in, T* x_out, co
   const Dims& d = d_;
   if (a.x != x_in) std::memcpy(a.x, x_in, sizeof(T) * static_cast<size_t>(d.N * d.H));
   cpu::rmsnorm_forward<T>(ctx_, a.x, w[TensorRole::kAttnNorm], d.N, d.H, d.eps, a.xn1, a.rstd1);
-  cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kQ], w[TensorRole::kQBias], d.N, d.H, d.q, a.q);
-  cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kK], w[TensorRole::kKBias], d.N, d.H, d.kv, a.k);
+  T* q = d.qk_norm ? a.q_pre : a.q;
+  T* k = d.qk_norm ? a.k_pre : a.k;
+  cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kQ], w[TensorRole::kQBias], d.N, d.H, d.q, q);
+  cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kK], w[TensorRole::kKBias], d.N, d.H, d.kv, k);
   cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kV], w[TensorRole::kVBias], d.N, d.H, d.kv, a.v);
+  if (d.qk_norm) {  // Qwen3: RMSNorm over each head's head_dim, before RoPE
+    cpu::rmsnorm_forward<T>(ctx_, a.q_pre, w[TensorRole::kQNorm], d.N * d.nh, d.hd, d.eps, a.q, a.rstd_q);
+    cpu::rmsnorm_forward<T>(ctx_, a.k_pre, w[TensorRole::kKNorm], d.N * d.nkv, d.hd, d.eps, a.k, a.rstd_k);
+  }
   cpu::rope_forward<T>(ctx_, a.q, a.q, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data());
   cpu::rope_forward<T>(ctx_, a.k, a.k, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data());
   const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd};
@@ -120,6 +213,7 @@ Status LayerMathT<T>::forward(const UnitViewT<T>& w, const T* x_in, T* x_out, co
   cpu::linear_forward<T>(ctx_, a.attn, w[TensorRole::kO], nullptr, d.N, d.q, d.H, a.h);
   cpu::add<T>(ctx_, a.x, a.h, d.N * d.H, a.h);
   cpu::rmsnorm_forward<T>(ctx_, a.h, w[TensorRole::kMlpNorm], d.N, d.H, d.eps, a.xn2, a.rstd2);
+  if (w[TensorRole::kRouter] != nullptr) return moe_forward(w, x_out, a);
   cpu::linear_forward<T>(ctx_, a.xn2, w[TensorRole::kGate], nullptr, d.N, d.H, d.I, a.gate);
   cpu::linear_forward<T>(ctx_, a.xn2, w[TensorRole::kUp], nullptr, d.N, d.H, d.I, a.up);
   cpu::swiglu_forward<T>(ctx_, a.gate, a.up, d.N * d.I, a.act);
@@ -133,9 +227,9 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
                                const UnitGradT<T>& g, T* ws) {
   const Dims& d = d_;
   T* da = ws;
-  T* dgate = da + d.N * d.I;
-  T* dup = dgate + d.N * d.I;
-  T* dxn = dup + d.N * d.I;
+  T* dgate = da + d.mlp_floats();
+  T* dup = dgate + d.mlp_floats();
+  T* dxn = dup + d.mlp_floats();
   T* dh = dxn + d.N * d.H;
   T* dattn = dh + d.N * d.H;
   T* dq = dattn + d.N * d.q;
@@ -144,10 +238,14 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
   T* dsw = dv + d.N * d.kv;
   T* tmp = dsw + d.B * d.nh * d.T * d.T;
   // MLP: out = h + down(act)
-  cpu::linear_backward<T>(ctx_, dout, a.act, w[TensorRole::kDown], d.N, d.I, d.H, da, false, g[TensorRole::kDown], nullptr);
-  cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, d.N * d.I, dgate, dup);
-  cpu::linear_backward<T>(ctx_, dgate, a.xn2, w[TensorRole::kGate], d.N, d.H, d.I, dxn, false, g[TensorRole::kGate], nullptr);
-  cpu::linear_backward<T>(ctx_, dup, a.xn2, w[TensorRole::kUp], d.N, d.H, d.I, dxn, true, g[TensorRole::kUp], nullptr);
+  if (w[TensorRole::kRouter] != nullptr) {
+    moe_backward(w, a, dout, g, dxn, da, dgate, dup, tmp + d.N * d.H);
+  } else {
+    cpu::linear_backward<T>(ctx_, dout, a.act, w[TensorRole::kDown], d.N, d.I, d.H, da, false, g[TensorRole::kDown], nullptr);
+    cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, d.N * d.I, dgate, dup);
+    cpu::linear_backward<T>(ctx_, dgate, a.xn2, w[TensorRole::kGate], d.N, d.H, d.I, dxn, false, g[TensorRole::kGate], nullptr);
+    cpu::linear_backward<T>(ctx_, dup, a.xn2, w[TensorRole::kUp], d.N, d.H, d.I, dxn, true, g[TensorRole::kUp], nullptr);
+  }
   cpu::rmsnorm_backward<T>(ctx_, dxn, a.h, w[TensorRole::kMlpNorm], a.rstd2, d.N, d.H, tmp, g[TensorRole::kMlpNorm]);
   cpu::add<T>(ctx_, dout, tmp, d.N * d.H, dh);  // residual
   // Attention: h = x + o_proj(attn)
@@ -156,12 +254,78 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
   MT_RETURN_IF_ERROR(cpu::attention_backward<T>(ctx_, s, a.q, a.k, a.v, a.probs, dattn, dq, dk, dv, dsw));
   cpu::rope_backward<T>(ctx_, dq, dq, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data());
   cpu::rope_backward<T>(ctx_, dk, dk, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data());
+  if (d.qk_norm) {  // through the per-head norms to the projections' outputs
+    T* dq_pre = tmp + d.N * d.H;
+    T* dk_pre = dq_pre + d.N * d.q;
+    cpu::rmsnorm_backward<T>(ctx_, dq, a.q_pre, w[TensorRole::kQNorm], a.rstd_q, d.N * d.nh, d.hd, dq_pre, g[TensorRole::kQNorm]);
+    cpu::rmsnorm_backward<T>(ctx_, dk, a.k_pre, w[TensorRole::kKNorm], a.rstd_k, d.N * d.nkv, d.hd, dk_pre, g[TensorRole::kKNorm]);
+    std::memcpy(dq, dq_pre, sizeof(T) * static_cast<size_t>(d.N * d.q));
+    std::memcpy(dk, dk_pre, sizeof(T) * static_cast<size_t>(d.N * d.kv));
+  }
   cpu::linear_backward<T>(ctx_, dq, a.xn1, w[TensorRole::kQ], d.N, d.H, d.q, dxn, false, g[TensorRole::kQ], g[TensorRole::kQBias]);
   cpu::linear_backward<T>(ctx_, dk, a.xn1, w[TensorRole::kK], d.N, d.H, d.kv, dxn, true, g[TensorRole::kK], g[TensorRole::kKBias]);
   cpu::linear_backward<T>(ctx_, dv, a.xn1, w[TensorRole::kV], d.N, d.H, d.kv, dxn, true, g[TensorRole::kV], g[TensorRole::kVBias]);
   cpu::rmsnorm_backward<T>(ctx_, dxn, a.x, w[TensorRole::kAttnNorm], a.rstd1, d.N, d.H, tmp, g[TensorRole::kAttnNorm]);
   cpu::add<T>(ctx_, dh, tmp, d.N * d.H, dx);
   return {};
+}
+
+// The MoE block on xn2 (Mixtral and Qwen3-MoE, as HF computes it): router logits, softmax over the
+// experts, top-k (renormalised when d.renorm), the slots sorted by expert, each expert's SwiGLU MLP
+// on its rows (one GEMM per expert and projection), and the weighted sum of each token's k outputs,
+// added to the residual h.
+template <typename T>
+Status LayerMathT<T>::moe_forward(const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a) {
+  const Dims& d = d_;
+  const int64_t slots = d.N * d.k;
+  const auto kind = cpu::RouterKind::kSoftmaxTopK;
+  cpu::linear_forward<T>(ctx_, a.xn2, w[TensorRole::kRouter], w[TensorRole::kRouterBias], d.N, d.H, d.E, a.logits);
+  cpu::moe_route_forward<T>(ctx_, kind, a.logits, d.N, d.E, d.k, d.renorm, a.rexpert, a.rweight, a.rprobs);
+  cpu::moe_permute(a.rexpert, d.N, d.k, d.E, a.offsets, a.perm);
+  for (int64_t r = 0; r < slots; ++r) a.row_of_slot[a.perm[r]] = static_cast<int32_t>(r);
+  cpu::moe_gather<T>(ctx_, a.xn2, a.perm, slots, d.k, d.H, a.xp);
+  const int64_t ws = w.stride_of(TensorRole::kExpertGate);
+  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertGate], ws, false, nullptr, 0, a.offsets, d.E, d.H, d.Im, a.gate);
+  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp), false, nullptr, 0,
+                                 a.offsets, d.E, d.H, d.Im, a.up);
+  cpu::swiglu_forward<T>(ctx_, a.gate, a.up, slots * d.Im, a.act);
+  cpu::grouped_linear_forward<T>(ctx_, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown), false, nullptr,
+                                 0, a.offsets, d.E, d.Im, d.H, a.yp);
+  cpu::moe_combine_forward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, d.N, d.k, d.H, x_out);
+  cpu::add<T>(ctx_, a.h, x_out, d.N * d.H, x_out);
+  if (a.aux_count != nullptr) cpu::moe_aux_stats<T>(ctx_, kind, a.rprobs, a.rexpert, d.N, d.E, d.k, a.aux_count, a.aux_prob);
+  return {};
+}
+
+// dxn = d MoE(xn2) / d xn2 . dout (overwritten); the router's and the chosen experts' gradients
+// accumulate into g (an expert no token chose is not touched). Buffers: da, dgate, dup hold
+// [N*k, Im]; more holds dxp, dyp [N*k, H], d weight [N*k] and d logits [N, E].
+template <typename T>
+void LayerMathT<T>::moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, const UnitGradT<T>& g,
+                                 T* dxn, T* da, T* dgate, T* dup, T* more) {
+  const Dims& d = d_;
+  const int64_t slots = d.N * d.k;
+  const auto kind = cpu::RouterKind::kSoftmaxTopK;
+  T* dxp = more;
+  T* dyp = dxp + slots * d.H;
+  T* dweight = dyp + slots * d.H;
+  T* dlogits = dweight + slots;
+  cpu::moe_combine_backward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, dout, d.N, d.k, d.H, dyp, dweight);
+  cpu::grouped_linear_backward<T>(ctx_, dyp, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown), false,
+                                  a.offsets, d.E, d.Im, d.H, da, g[TensorRole::kExpertDown], nullptr, 0);
+  cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, slots * d.Im, dgate, dup);
+  cpu::grouped_linear_backward<T>(ctx_, dgate, a.xp, w[TensorRole::kExpertGate], w.stride_of(TensorRole::kExpertGate), false,
+                                  a.offsets, d.E, d.H, d.Im, dxp, g[TensorRole::kExpertGate], nullptr, 0);
+  cpu::grouped_linear_backward<T>(ctx_, dup, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp), false,
+                                  a.offsets, d.E, d.H, d.Im, dyp, g[TensorRole::kExpertUp], nullptr, 0);
+  cpu::add<T>(ctx_, dxp, dyp, slots * d.H, dxp);
+  cpu::moe_scatter_add<T>(ctx_, dxp, a.row_of_slot, d.N, d.k, d.H, dxn);
+  std::vector<T> aux;
+  if (a.aux_grad != nullptr) aux.assign(a.aux_grad, a.aux_grad + d.E);
+  cpu::moe_route_backward<T>(ctx_, kind, a.logits, a.rprobs, a.rexpert, a.rweight, dweight, aux.empty() ? nullptr : aux.data(),
+                             d.N, d.E, d.k, d.renorm, dlogits);
+  cpu::linear_backward<T>(ctx_, dlogits, a.xn2, w[TensorRole::kRouter], d.N, d.H, d.E, dxn, true, g[TensorRole::kRouter],
+                          g[TensorRole::kRouterBias]);
 }
 
 template <typename T>

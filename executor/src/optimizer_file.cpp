@@ -3,6 +3,7 @@
 // writing it and reading it back; see detail/optimizer_file.h.
 #include "detail/optimizer_file.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,6 +21,8 @@ constexpr const char* kMomentSuffix[2] = {".exp_avg", ".exp_avg_sq"};  // m, v (
 constexpr const char* kCompressedSuffix = ".planes_zstd";
 constexpr const char* kCompressedKey = "fp32_moments";
 constexpr const char* kCompressedValue = "planes_zstd";
+// Mixture-of-Experts: each expert's AdamW update count (UnitState::expert_steps).
+constexpr const char* kExpertStepsKey = "expert_steps";
 
 // The spans of every tensor of `us` in `ms` (MomentSpan).
 std::vector<MomentSpan> moment_spans(const UnitState& us, const MomentStore& ms) {
@@ -146,6 +149,7 @@ Status write_optimizer(const HostState& state, const fs::path& path, int64_t nex
       {"block_size", std::to_string(f.block_size)}};
   if (options.compress_fp32_moments && (f.m == StateFormat::kFp32 || f.v == StateFormat::kFp32))
     metadata[kCompressedKey] = kCompressedValue;
+  if (std::string es = expert_steps_text(state); !es.empty()) metadata[kExpertStepsKey] = es;
   Status s = write_safetensors(path, tensors, metadata);
   if (options.compress_fp32_moments) release_plane_codec_scratch();  // nothing stays held while training
   Status done = pager->finish();
@@ -180,6 +184,67 @@ Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& 
   return out;
 }
 
+
+std::string expert_steps_text(const HostState& state) {
+  std::string out;
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    const std::vector<int64_t>& es = state.units()[u].expert_steps;
+    if (es.empty()) continue;
+    if (!out.empty()) out += ';';
+    out += std::to_string(u) + ':';
+    for (size_t e = 0; e < es.size(); ++e) out += (e ? "," : "") + std::to_string(es[e]);
+  }
+  return out;
+}
+
+Status read_expert_steps(const SafetensorsFile& f, HostState& state) {
+  bool any = false;
+  for (const UnitState& us : state.units()) any = any || !us.expert_steps.empty();
+  const auto& md = f.metadata();
+  const auto it = md.find(kExpertStepsKey);
+  const std::string where = "'" + f.path().string() + "': __metadata__." + kExpertStepsKey;
+  if (!any) {
+    if (it != md.end()) return corrupt(where + " is set, but this model has no per-expert tensors");
+    return {};
+  }
+  if (it == md.end())
+    return corrupt(where + " is missing: a Mixture-of-Experts checkpoint records each expert's AdamW step count");
+  // "<unit>:<count>,<count>,...;<unit>:..." with every unit that has per-expert tensors, in order.
+  std::vector<std::vector<int64_t>> parsed(state.units().size());
+  const std::string& text = it->second;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t end = std::min(text.find(';', pos), text.size());
+    const std::string part = text.substr(pos, end - pos);
+    const size_t colon = part.find(':');
+    auto number = [](const std::string& t, int64_t& v) {
+      if (t.empty() || t.size() > 18 || t.find_first_not_of("0123456789") != std::string::npos) return false;
+      v = std::stoll(t);
+      return true;
+    };
+    int64_t u = 0;
+    if (colon == std::string::npos || !number(part.substr(0, colon), u) || u >= static_cast<int64_t>(parsed.size()))
+      return corrupt(where + ": '" + part + "' is not '<unit>:<count>,...' for a unit of this model");
+    std::vector<int64_t>& counts = parsed[static_cast<size_t>(u)];
+    size_t p = colon + 1;
+    while (p <= part.size()) {
+      const size_t q = std::min(part.find(',', p), part.size());
+      int64_t c = 0;
+      if (!number(part.substr(p, q - p), c)) return corrupt(where + ": unit " + std::to_string(u) + " has a count that is not a whole number");
+      counts.push_back(c);
+      p = q + 1;
+    }
+    pos = end + 1;
+  }
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    UnitState& us = state.units()[u];
+    if (parsed[u].size() != us.expert_steps.size())
+      return corrupt(where + ": unit " + std::to_string(u) + " lists " + std::to_string(parsed[u].size()) + " experts; the model has " +
+                     std::to_string(us.expert_steps.size()));
+    us.expert_steps = parsed[u];
+  }
+  return {};
+}
 
 Result<MomentFormats> formats_in(const SafetensorsFile& f) {
   const auto& md = f.metadata();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
@@ -216,8 +217,17 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
     summary.next_step = s + 1;
     elapsed += r.time_s;
     const double eta = elapsed / static_cast<double>(s + 1 - start) * static_cast<double>(total - s - 1);
-    say(out, "step %5lld/%lld  loss %.4f  %8.0f tokens/s  stall %4.1f%%  ETA %s", static_cast<long long>(s + 1),
-        static_cast<long long>(total), r.loss, static_cast<double>(r.tokens) / r.time_s, 100.0 * r.stall_s / r.time_s,
+    // MoE: the router's load-balancing loss, marked "(not trained)" when the config leaves it out
+    // of the objective (output_router_logits false), and the experts AdamW skipped.
+    std::string moe;
+    if (!std::isnan(r.aux_loss)) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "  aux %.4f%s  unused experts %lld", r.aux_loss, r.aux_in_loss ? "" : " (not trained)",
+                    static_cast<long long>(r.unused_experts));
+      moe = buf;
+    }
+    say(out, "step %5lld/%lld  loss %.4f%s  %8.0f tokens/s  stall %4.1f%%  ETA %s", static_cast<long long>(s + 1),
+        static_cast<long long>(total), r.loss, moe.c_str(), static_cast<double>(r.tokens) / r.time_s, 100.0 * r.stall_s / r.time_s,
         format_duration(eta).c_str());
     const int64_t done = s + 1;
     const int sig = callbacks.stop_requested ? callbacks.stop_requested() : 0;

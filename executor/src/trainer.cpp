@@ -102,6 +102,16 @@ struct Trainer::Impl {
   bool nvme_failed = false;           // a read or write failed: the step ends with nvme_error
   Status nvme_error;
 
+  // Mixture-of-Experts, written by the compute thread only: per micro-batch j and decoder layer l
+  // (1-based) the slots that chose each expert and the summed router probabilities
+  // ([(j * L + l - 1) * E + e]), the load-balancing loss's gradient per micro-batch and expert
+  // ([j * E + e]) once computed, and per unit whether each expert was chosen in the step (read by
+  // the optimizer after the unit's gradient is final; the next step rewrites it only after its
+  // load of the unit has waited for that update).
+  std::vector<double> moe_count, moe_prob, moe_grad;
+  std::vector<char> moe_grad_ready;
+  std::vector<std::vector<char>> chosen;
+
   // Trace.
   std::mutex trace_mu;
   std::vector<Span> spans;
@@ -175,6 +185,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     return unsupported("training.seq_len " + std::to_string(plan.training.seq_len) + " exceeds the model's sliding_window " +
                        std::to_string(mc.sliding_window) + ", and the CPU attention has no window; accepted: seq_len <= " +
                        std::to_string(mc.sliding_window));
+  if (I.d.moe) {
+    I.moe_count.assign(static_cast<size_t>(I.A * I.L * I.d.E), 0.0);
+    I.moe_prob.assign(I.moe_count.size(), 0.0);
+    I.moe_grad.assign(static_cast<size_t>(I.A * I.d.E), 0.0);
+    I.moe_grad_ready.assign(static_cast<size_t>(I.A), 0);
+    I.chosen.assign(static_cast<size_t>(I.L + 2), std::vector<char>(static_cast<size_t>(I.d.E), 1));
+  }
   BackendOptions bo;
   bo.threads = options.threads;
   bo.transfer = state.transfer();
@@ -352,6 +369,97 @@ std::string Trainer::pinned_report() const { return impl_->be->pinned_report(); 
 
 namespace {
 
+// ---- Mixture-of-Experts bookkeeping (model.h LayerActs: aux_count, aux_prob, aux_grad) ----------
+
+bool is_moe_unit(const Trainer::Impl& I, int64_t u) {
+  return I.d.moe && u >= 1 && u <= I.L && I.state->units()[static_cast<size_t>(u)].find(TensorRole::kRouter) != nullptr;
+}
+
+// The first forward of layer l for micro-batch j adds its routing statistics; a recompute does not.
+LayerActs moe_forward_acts(Trainer::Impl& I, LayerActs a, int64_t l, int64_t j) {
+  if (!is_moe_unit(I, l)) return a;
+  const size_t at = static_cast<size_t>((j * I.L + l - 1) * I.d.E);
+  a.aux_count = I.moe_count.data() + at;
+  a.aux_prob = I.moe_prob.data() + at;
+  return a;
+}
+
+// HF's load_balancing_loss_func over micro-batch j's router outputs, concatenated over the MoE
+// layers (R = moe_layers * N rows): tokens_per_expert[k][e] is the fraction of rows whose k-th
+// choice is e and router_prob_per_expert[e] the mean probability, so the loss is
+// E * sum_e (c_e / R) * (P_e / R) with c_e the slots choosing e and P_e the summed probabilities,
+// layer by layer in order.
+double moe_aux_loss(const Trainer::Impl& I, int64_t j, std::vector<double>* count_out = nullptr) {
+  const int64_t E = I.d.E;
+  std::vector<double> c(static_cast<size_t>(E), 0.0), p(static_cast<size_t>(E), 0.0);
+  for (int64_t l = 1; l <= I.L; ++l) {
+    if (!is_moe_unit(I, l)) continue;
+    const size_t at = static_cast<size_t>((j * I.L + l - 1) * E);
+    for (int64_t e = 0; e < E; ++e) c[static_cast<size_t>(e)] += I.moe_count[at + static_cast<size_t>(e)];
+    for (int64_t e = 0; e < E; ++e) p[static_cast<size_t>(e)] += I.moe_prob[at + static_cast<size_t>(e)];
+  }
+  const double R = static_cast<double>(I.d.moe_layers * I.d.N);
+  double loss = 0;
+  for (int64_t e = 0; e < E; ++e) loss += (c[static_cast<size_t>(e)] / R) * (p[static_cast<size_t>(e)] / R);
+  if (count_out) *count_out = std::move(c);
+  return static_cast<double>(E) * loss;
+}
+
+// The backward of layer l for micro-batch j gets d(objective)/d p[t][e] = coef / A * E * c_e / R^2
+// when the load-balancing loss is part of the objective (output_router_logits), else nothing.
+LayerActs moe_backward_acts(Trainer::Impl& I, LayerActs a, int64_t l, int64_t j) {
+  const ModelConfig& mc = I.model->config();
+  if (!is_moe_unit(I, l) || !mc.output_router_logits || mc.router_aux_loss_coef == 0) return a;
+  const int64_t E = I.d.E;
+  double* g = I.moe_grad.data() + static_cast<size_t>(j * E);
+  if (!I.moe_grad_ready[static_cast<size_t>(j)]) {
+    std::vector<double> c;
+    (void)moe_aux_loss(I, j, &c);
+    const double R = static_cast<double>(I.d.moe_layers * I.d.N);
+    const double scale = mc.router_aux_loss_coef / static_cast<double>(I.A) * static_cast<double>(E) / (R * R);
+    for (int64_t e = 0; e < E; ++e) g[e] = scale * c[static_cast<size_t>(e)];
+    I.moe_grad_ready[static_cast<size_t>(j)] = 1;
+  }
+  a.aux_grad = g;
+  return a;
+}
+
+// Unit u's gradient is final: which experts did any micro-batch of the step choose?
+void mark_chosen(Trainer::Impl& I, int64_t u) {
+  if (!is_moe_unit(I, u)) return;
+  std::vector<char>& ch = I.chosen[static_cast<size_t>(u)];
+  ch.assign(static_cast<size_t>(I.d.E), 0);
+  for (int64_t j = 0; j < I.A; ++j)
+    for (int64_t e = 0; e < I.d.E; ++e)
+      if (I.moe_count[static_cast<size_t>((j * I.L + u - 1) * I.d.E + e)] > 0) ch[static_cast<size_t>(e)] = 1;
+}
+
+// A step starts: no statistics yet.
+void moe_begin_step(Trainer::Impl& I) {
+  if (!I.d.moe) return;
+  std::fill(I.moe_count.begin(), I.moe_count.end(), 0.0);
+  std::fill(I.moe_prob.begin(), I.moe_prob.end(), 0.0);
+  std::fill(I.moe_grad_ready.begin(), I.moe_grad_ready.end(), 0);
+}
+
+// The step's load-balancing loss and its unused experts, for StepResult.
+void moe_end_step(const Trainer::Impl& I, StepResult& res) {
+  if (!I.d.moe) return;
+  double sum = 0;
+  for (int64_t j = 0; j < I.A; ++j) sum += moe_aux_loss(I, j);
+  res.aux_loss = sum / static_cast<double>(I.A);
+  res.aux_in_loss = I.model->config().output_router_logits && I.model->config().router_aux_loss_coef != 0;
+  res.unused_experts = 0;
+  for (int64_t l = 1; l <= I.L; ++l) {
+    if (!is_moe_unit(I, l)) continue;
+    for (int64_t e = 0; e < I.d.E; ++e) {
+      double c = 0;
+      for (int64_t j = 0; j < I.A; ++j) c += I.moe_count[static_cast<size_t>((j * I.L + l - 1) * I.d.E + e)];
+      if (c == 0) ++res.unused_experts;
+    }
+  }
+}
+
 // AdamW for one unit, tensor by tensor (weight decay only on matrices and the embedding).
 void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   const NvtxRange range("optimizer");
@@ -362,28 +470,45 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   // run on, which is what megatrain-exec passes as the backend's threads unless --threads says less.
   const int threads = o.threads > 0 ? static_cast<int>(o.threads) : std::max(1, I.opt.threads);
   uint16_t* stream = I.state->transfer() == DType::kBf16 ? us.stream_bf16.data() : nullptr;
+  // Per-expert tensors: an expert no token of the step chose has no gradient, and AdamW leaves it
+  // alone as torch.optim.AdamW skips a parameter whose grad is None; a chosen expert is corrected
+  // with its own update count (UnitState::expert_steps).
+  const bool per_expert = !us.expert_steps.empty() && is_moe_unit(I, u);
+  const std::vector<char>* chosen = per_expert ? &I.chosen[static_cast<size_t>(u)] : nullptr;
+  auto skipped = [&](const TensorSlot& t) { return chosen && t.expert >= 0 && !(*chosen)[static_cast<size_t>(t.expert)]; };
+  auto count_of = [&](const TensorSlot& t) {
+    return chosen && t.expert >= 0 ? us.expert_steps[static_cast<size_t>(t.expert)] + 1 : step + 1;
+  };
   if (us.m.format() != StateFormat::kFp32 || us.v.format() != StateFormat::kFp32) {
     // Quantised or bf16 moments: tensor by tensor, since their blocks start at each tensor.
     for (size_t a = 0; a < us.tensors.size(); ++a) {
       const TensorSlot& t = us.tensors[a];
-      AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, step + 1, grad_scale};
+      if (skipped(t)) continue;
+      AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, count_of(t), grad_scale};
       adamw_update_moments(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.tensor(a), us.v.tensor(a), t.numel, s,
                            nullptr, stream ? stream + t.offset : nullptr, threads);
     }
-    return;
+  } else {
+    // Adjacent tensors with the same weight decay (and the same expert) are one call: AdamW is
+    // element-wise, so the result is the same, with fewer thread starts and longer chunks per thread.
+    for (size_t a = 0; a < us.tensors.size();) {
+      const TensorSlot& t = us.tensors[a];
+      int64_t n = t.numel;
+      size_t b = a + 1;
+      while (b < us.tensors.size() && us.tensors[b].decay == t.decay && us.tensors[b].expert == t.expert &&
+             us.tensors[b].offset == t.offset + n)
+        n += us.tensors[b++].numel;
+      if (!skipped(t)) {
+        AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, count_of(t), grad_scale};
+        adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.data() + t.offset, us.v.data() + t.offset, n,
+                     s, nullptr, stream ? stream + t.offset : nullptr, threads);
+      }
+      a = b;
+    }
   }
-  // Adjacent tensors with the same weight decay are one call: AdamW is element-wise, so the result
-  // is the same, with fewer thread starts and longer chunks per thread.
-  for (size_t a = 0; a < us.tensors.size();) {
-    const TensorSlot& t = us.tensors[a];
-    int64_t n = t.numel;
-    size_t b = a + 1;
-    while (b < us.tensors.size() && us.tensors[b].decay == t.decay && us.tensors[b].offset == t.offset + n) n += us.tensors[b++].numel;
-    AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, step + 1, grad_scale};
-    adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.data() + t.offset, us.v.data() + t.offset, n,
-                 s, nullptr, stream ? stream + t.offset : nullptr, threads);
-    a = b;
-  }
+  if (chosen)
+    for (size_t e = 0; e < us.expert_steps.size(); ++e)
+      if ((*chosen)[e]) ++us.expert_steps[e];
 }
 
 int64_t nvme_unit_bytes(const Trainer::Impl& I, int64_t u) {
@@ -513,7 +638,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     float** x = &xs[static_cast<size_t>(j * (I.L + 1))];
     MT_RETURN_IF_ERROR(I.be->embed(w[0].data(), I.inputs[static_cast<size_t>(j)].data(), x[0]));
     for (int64_t l = 1; l <= I.L; ++l) {
-      const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
+      const LayerActs a = moe_forward_acts(I, bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]), l, j);
       MT_RETURN_IF_ERROR(I.be->layer_forward(view_unit(units(l), w[static_cast<size_t>(l)].data()), x[l - 1], x[l], a));
     }
     const float* fn = w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kFinalNorm)->offset;
@@ -521,7 +646,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     MT_RETURN_IF_ERROR(I.be->head(fn, lm, x[I.L], I.targets[static_cast<size_t>(j)].data(), grad_scale, dx, dfn, dlm,
                                     &loss_sum, &count, ws));
     for (int64_t l = I.L; l >= 1; --l) {
-      const LayerActs a = bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]);
+      const LayerActs a = moe_backward_acts(I, bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]), l, j);
       MT_RETURN_IF_ERROR(I.be->layer_backward(view_unit(units(l), w[static_cast<size_t>(l)].data()), a, dx, dx,
                                           grad_unit(units(l), units(l).grad.data()), ws));
     }
@@ -530,6 +655,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
   if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
   if (I.clip) res.grad_norm = global_norm(I);
   const float scale = clip_scale(I, res.grad_norm);
+  for (int64_t u = 0; u < I.U; ++u) mark_chosen(I, u);
   for (int64_t u = 0; u < I.U; ++u) {
     MT_RETURN_IF_ERROR(I.state->page_in(u, true));  // NVMe-resident units: read, update, write back
     update_unit(I, u, step, scale);
@@ -537,6 +663,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
   }
   res.loss = loss_sum / static_cast<double>(count);
   res.tokens = count;
+  moe_end_step(I, res);
   return {};
 }
 
@@ -568,6 +695,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   for (int64_t j = 0; j < I.A; ++j)
     MT_RETURN_IF_ERROR(I.data->fill(step, j, I.inputs[static_cast<size_t>(j)].data(), I.targets[static_cast<size_t>(j)].data()));
   const float grad_scale = 1.0f / static_cast<float>(d.N * I.A);
+  moe_begin_step(I);
   double loss_sum = 0;
   int64_t count = 0;
   auto units = [&](int64_t u) -> UnitState& { return I.state->units()[static_cast<size_t>(u)]; };
@@ -843,6 +971,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
           if (d.tied) be.add(I.embed_grad, I.tied_grad, d.V * d.H);
           finish_unit(0, I.embed_grad, -1);
         } else {
+          mark_chosen(I, l);
           finish_unit(l, gb[static_cast<size_t>(l)].first, gb[static_cast<size_t>(l)].second);
         }
         break;
@@ -855,7 +984,8 @@ Result<StepResult> Trainer::run_step(int64_t step) {
             break;
           case SpanKind::kForward: {
             float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-            MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w), I.hid[cur][jj], I.hid[1 - cur][jj], be.bind_acts(act)));
+            MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w), I.hid[cur][jj], I.hid[1 - cur][jj],
+                                                moe_forward_acts(I, be.bind_acts(act), l, j0 + j)));
             if (j == AR - 1) cur = 1 - cur;  // the layer is done for every micro-batch
             break;
           }
@@ -885,7 +1015,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
             const int64_t lo = block_of(l).first;
             float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
             float* dx = I.dhid[jj];
-            MT_RETURN_IF_ERROR(be.layer_backward(be.view_weights(units(l), w), be.bind_acts(act), dx, dx,
+            MT_RETURN_IF_ERROR(be.layer_backward(be.view_weights(units(l), w), moe_backward_acts(I, be.bind_acts(act), l, j0 + j), dx, dx,
                                                  grad_unit(units(l), gb[static_cast<size_t>(l)].first), I.ws));
             break;
           }
@@ -924,11 +1054,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   }
   res.loss = loss_sum / static_cast<double>(count);
   res.tokens = count;
+  moe_end_step(I, res);
   res.stall_s = stall;
   res.time_s = std::chrono::duration<double>(Clock::now() - step_start).count();
   if (I.opt.record_trace) {
     std::lock_guard<std::mutex> g(I.trace_mu);
-    I.steps.push_back(TraceStep{step, res.loss, res.tokens, res.time_s});
+    I.steps.push_back(TraceStep{step, res.loss, res.tokens, res.time_s, res.aux_loss});
   }
   return res;
 }

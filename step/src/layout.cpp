@@ -12,6 +12,8 @@ namespace {
 
 struct Shape {
   int64_t B, T, N, H, I, nh, nkv, hd, q, kv, V;
+  bool qk_norm, moe;
+  int64_t E, k, mlp;  // experts, chosen per token, elements of each MLP intermediate (gate, up, act)
 };
 Shape shape_of(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
   const ModelConfig& c = model.config();
@@ -27,8 +29,19 @@ Shape shape_of(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
   s.q = s.nh * s.hd;
   s.kv = s.nkv * s.hd;
   s.V = c.vocab_size;
+  s.qk_norm = c.qk_norm;
+  s.moe = c.is_moe();
+  s.E = s.moe ? c.num_experts : 0;
+  s.k = s.moe ? c.experts_per_token : 0;
+  // Dims::mlp_floats: the dense MLP's N*I when some layer has it, the experts' N*k*Im when some has them.
+  bool dense = !s.moe;
+  for (int64_t l = 0; s.moe && l < c.num_layers; ++l) dense = dense || !c.is_moe_layer(l);
+  s.mlp = std::max(dense ? s.N * s.I : 0, s.moe ? s.N * s.k * c.moe_intermediate_size : 0);
   return s;
 }
+
+// int32 cells in floats, as the CPU backend keeps routing indices among its activations.
+int64_t int_cells(int64_t n) { return n; }
 
 // The CUDA backend's carver: every buffer rounded up to 256 bytes.
 struct Sizer {
@@ -49,10 +62,18 @@ ActivationLayout cpu_layout(const ModelSpec& model, int64_t micro_batch, int64_t
   ActivationLayout a;
   a.backend = BackendKind::kCpu;
   a.hidden_floats = d.N * d.H;
-  // x, rstd1, xn1, q, k, v, probs, attn, h, rstd2, xn2, gate, up, act
-  a.layer_act_floats = d.N * (d.H + 1 + d.H + d.q + 2 * d.kv + d.q + d.H + 1 + d.H + 3 * d.I) + probs;
-  // da, dgate, dup [N,I]; dxn, dh [N,H]; dattn, dq [N,q]; dk, dv [N,kv]; attention ds [probs]; one more [N,H]
-  a.layer_workspace_floats = 3 * d.N * d.I + 2 * d.N * d.H + 2 * d.N * d.q + 2 * d.N * d.kv + probs + d.N * d.H;
+  // x, rstd1, xn1, q, k, v, probs, attn, h, rstd2, xn2, gate, up, act; Qwen3's q/k before their
+  // norms and the norms' rstd; MoE: logits, probs [N,E], weight [N*k], xp, yp [N*k,H], expert,
+  // perm, row_of_slot [N*k] and offsets [E+1] (int32)
+  a.layer_act_floats = d.N * (d.H + 1 + d.H + d.q + 2 * d.kv + d.q + d.H + 1 + d.H) + 3 * d.mlp + probs;
+  if (d.qk_norm) a.layer_act_floats += d.N * (d.q + d.kv + d.nh + d.nkv);
+  const int64_t slots = d.N * d.k;
+  if (d.moe) a.layer_act_floats += 2 * d.N * d.E + slots + 2 * slots * d.H + 3 * int_cells(slots) + int_cells(d.E + 1);
+  // da, dgate, dup [MLP]; dxn, dh [N,H]; dattn, dq [N,q]; dk, dv [N,kv]; attention ds [probs]; one
+  // more [N,H]; then the larger of the MoE block's dxp, dyp, d weight, d logits and the q/k norms'
+  // input gradients
+  a.layer_workspace_floats = 3 * d.mlp + 2 * d.N * d.H + 2 * d.N * d.q + 2 * d.N * d.kv + probs + d.N * d.H +
+                             std::max(d.moe ? 2 * slots * d.H + slots + d.N * d.E : 0, d.qk_norm ? d.N * (d.q + d.kv) : 0);
   a.head_workspace_floats = d.N * d.V + 2 * d.N + 2 * d.N * d.H;
   a.private_bytes = 0;
   a.eager_attention = true;
@@ -82,23 +103,48 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
     c.take(d.N * d.H, 4);
     c.take(d.N, 4);
     c.take(d.N * d.H, t);
-    c.take(d.N * d.I, t);
-    c.take(d.N * d.I, t);
-    c.take(d.N * d.I, t);
+    c.take(d.mlp, t);
+    c.take(d.mlp, t);
+    c.take(d.mlp, t);
+    // Not carved yet: the CUDA backend refuses Qwen3 and MoE models until their kernels land
+    // (issue 18). These are the buffers they need, so that plans for such models are sized now:
+    // q/k before their norms and the rstd; router logits and probabilities, weights, routing
+    // indices, gathered inputs and expert outputs.
+    if (d.qk_norm) {
+      c.take(d.N * d.q, t);
+      c.take(d.N * d.kv, t);
+      c.take(d.N * (d.nh + d.nkv), 4);
+    }
+    if (d.moe) {
+      const int64_t slots = d.N * d.k;
+      c.take(d.N * d.E, 4);
+      c.take(d.N * d.E, 4);
+      c.take(slots, 4);
+      for (int k = 0; k < 3; ++k) c.take(slots, 4);
+      c.take(d.E + 1, 4);
+      c.take(slots * d.H, t);
+      c.take(slots * d.H, t);
+    }
     a.layer_act_floats = c.floats();
   }
   {
     Sizer c;  // dout_t, dact, dgate, dup, dh_t, dattn, dq_t, dk_t, dv_t, dxn, tmp, dh, dq, dk, dv
     c.take(cast ? d.N * d.H : 0, t);
-    c.take(d.N * d.I, t);
-    c.take(d.N * d.I, t);
-    c.take(d.N * d.I, t);
+    c.take(d.mlp, t);
+    c.take(d.mlp, t);
+    c.take(d.mlp, t);
     c.take(cast ? d.N * d.H : 0, t);
     c.take(d.N * d.q, t);
     c.take(cast ? d.N * d.q : 0, t);
     c.take(cast ? d.N * d.kv : 0, t);
     c.take(cast ? d.N * d.kv : 0, t);
     for (int64_t n : {d.N * d.H, d.N * d.H, d.N * d.H, d.N * d.q, d.N * d.kv, d.N * d.kv}) c.take(n, 4);
+    if (d.moe) {  // (planned, as above) d xp, d yp, d weight, d logits
+      c.take(d.N * d.k * d.H, 4);
+      c.take(d.N * d.k * d.H, 4);
+      c.take(d.N * d.k, 4);
+      c.take(d.N * d.E, 4);
+    }
     a.layer_workspace_floats = c.floats();
   }
   {

@@ -603,7 +603,9 @@ bool have_cuda_backend() { return true; }
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options,
                                                    std::vector<float> inv_freq) {
-  (void)model;
+  if (dims.moe || dims.qk_norm)
+    return unsupported("--backend cuda: " + model.config().architecture +
+                       " (q/k norms or Mixture-of-Experts) is trained by the CPU backend only so far; accepted here: --backend cpu");
   MT_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
   if (devices.empty()) return unavailable("--backend cuda: no CUDA device is visible; accepted here: --backend cpu");
   if (devices[0].compute_major < 8)

@@ -59,6 +59,11 @@ Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& 
 // The formats recorded in the optimizer file's __metadata__; a file without them predates the
 // storage formats and holds fp32 moments.
 Result<MomentFormats> formats_in(const SafetensorsFile& f);
+// Per-expert AdamW step counts (UnitState::expert_steps) as the optimizer file's __metadata__
+// "expert_steps" holds them ("<unit>:<count>,...;..."), "" for a model without per-expert tensors;
+// and reading them back into `state` (corrupt when missing for such a model or not matching it).
+std::string expert_steps_text(const HostState& state);
+Status read_expert_steps(const SafetensorsFile& f, HostState& state);
 
 // Reads the moments of one unit's tensors from a verified optimizer file into the unit's stores.
 // `opt` and `us` must outlive the reader.

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -52,6 +53,9 @@ struct TraceStep {
   double loss = 0;
   int64_t tokens = 0;
   double time_s = 0;
+  // Mixture-of-Experts: the router's load-balancing loss (StepResult::aux_loss); NaN (NULL in the
+  // table) for dense models and in traces written before the column existed.
+  double aux_loss = std::numeric_limits<double>::quiet_NaN();
 };
 
 class TraceWriter {

@@ -33,6 +33,7 @@ struct TensorSlot {
   int64_t offset = 0;  // elements from the start of the unit
   int64_t numel = 0;
   bool decay = true;   // AdamW weight decay applies (not to norms and biases, as HF Trainer does)
+  int64_t expert = -1; // the expert of a per-expert tensor (TensorInfo::expert)
 };
 
 struct UnitState {
@@ -41,6 +42,11 @@ struct UnitState {
   AlignedArray<float> master, grad;
   MomentStore m, v;  // Adam's moments in the plan's state formats (moments.h)
   AlignedArray<uint16_t> stream_bf16;  // the copy streamed to the device when transfer is bf16
+  // Per-expert tensors (Mixtral, Qwen3-MoE): how many AdamW updates each expert has had. An expert
+  // that no token of a step chose has no gradient in that step, and torch.optim.AdamW skips such a
+  // parameter (no decay, no moment update, its step count unchanged); the optimizer does the same
+  // and corrects each expert's bias with its own count. Empty for units without such tensors.
+  std::vector<int64_t> expert_steps;
   const TensorSlot* find(TensorRole role) const;
 };
 

@@ -22,6 +22,19 @@ struct Dims {
   int64_t q = 0, kv = 0;        // nh*hd, nkv*hd
   double eps = 1e-6;
   bool tied = false;
+  // Qwen3: per-head RMSNorm of q and k before RoPE.
+  bool qk_norm = false;
+  // Mixture-of-Experts (ModelConfig::moe): E experts, k per token, Im an expert's intermediate size.
+  // A model's layers may mix MoE and dense MLPs (Qwen3-MoE mlp_only_layers): a layer is MoE when
+  // its unit has a router. `dense_mlp` says whether any layer has the dense MLP.
+  bool moe = false;
+  bool renorm = false;           // top-k weights divided by their sum (Mixtral; Qwen3-MoE norm_topk_prob)
+  bool dense_mlp = true;
+  int64_t E = 0, k = 0, Im = 0;
+  int64_t moe_layers = 0;        // layers with the MoE block (the load-balancing loss averages over them)
+  // Elements of each MLP intermediate (gate, up, act): N*I for the dense MLP, N*k*Im for the
+  // experts; the activations hold the larger.
+  int64_t mlp_floats() const;
 };
 Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
 
@@ -31,14 +44,20 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
 // ones the pipeline uses.
 
 // Pointers to one unit's tensors inside a contiguous block laid out as UnitState::tensors.
+// Expert tensors: p[role] points at expert 0's tensor and stride[role] is the distance in elements
+// from one expert's tensor to the next (per-expert tensors of Mixtral and Qwen3-MoE: the size of
+// one expert's tensors; gpt-oss's stacked tensors: numel / E).
 template <typename T>
 struct UnitViewT {
   const T* p[kTensorRoleCount] = {};  // indexed by TensorRole
+  int64_t stride[kTensorRoleCount] = {};
   const T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
+  int64_t stride_of(TensorRole r) const { return stride[static_cast<int>(r)]; }
 };
 template <typename T>
 struct UnitGradT {
   T* p[kTensorRoleCount] = {};
+  int64_t stride[kTensorRoleCount] = {};
   T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
 };
 using UnitView = UnitViewT<float>;
@@ -55,6 +74,19 @@ struct LayerActsT {
   // The log-sum-exp of each attention row [B, n_heads, T], kept instead of probs by a backend whose
   // attention recomputes the probabilities (CUDA); null on the CPU backend.
   T* lse = nullptr;
+  // Qwen3 q/k norm: the projections before the norm and the norms' reciprocal RMS (per head).
+  T *q_pre = nullptr, *k_pre = nullptr, *rstd_q = nullptr, *rstd_k = nullptr;
+  // MoE: router logits and probabilities [N, E]; per slot (token t, choice j at t*k+j) the expert
+  // and its combine weight; the slots sorted by expert (perm, offsets[E+1], row_of_slot, int32
+  // stored in T-sized cells); the gathered inputs xp and expert outputs yp [N*k, H].
+  T *logits = nullptr, *rprobs = nullptr, *rweight = nullptr, *xp = nullptr, *yp = nullptr;
+  int32_t *rexpert = nullptr, *perm = nullptr, *row_of_slot = nullptr, *offsets = nullptr;
+  // Set by the trainer, not by bind: the forward adds the layer's load-balancing statistics (slots
+  // per expert, summed router probabilities, in double) when non-null (a recompute passes null);
+  // the backward adds aux_grad[e] (the loss's gradient with respect to every token's probability
+  // of expert e) to the router's gradient when non-null.
+  double *aux_count = nullptr, *aux_prob = nullptr;
+  const double* aux_grad = nullptr;
 };
 using LayerActs = LayerActsT<float>;
 // Elements (of T) of one layer's activations for one micro-batch.
@@ -92,6 +124,9 @@ class LayerMathT {
   const Dims& dims() const { return d_; }
 
  private:
+  Status moe_forward(const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a);
+  void moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, const UnitGradT<T>& g, T* dxn, T* da,
+                    T* dgate, T* dup, T* more);
   cpu::CpuContext& ctx_;
   Dims d_;
   std::vector<T> inv_freq_;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -27,6 +28,13 @@ struct StepResult {
   double time_s = 0;
   double stall_s = 0;     // time the compute thread waited for weights or the optimizer
   double grad_norm = 0;   // global norm before clipping (0 when clipping is off)
+  // Mixture-of-Experts: the load-balancing loss as HF's load_balancing_loss_func computes it for
+  // one micro-batch (over every MoE layer), averaged over the step's micro-batches; NaN for dense
+  // models. The training objective adds router_aux_loss_coef times it only when the config's
+  // output_router_logits is true (aux_in_loss), as HF does; `loss` stays the cross-entropy.
+  double aux_loss = std::numeric_limits<double>::quiet_NaN();
+  bool aux_in_loss = false;
+  int64_t unused_experts = 0;  // (layer, expert) pairs no token of the step chose: AdamW skipped them
 };
 
 struct TrainerOptions {
