@@ -49,6 +49,7 @@ bool torch_available() {
 // (decoupled weight decay on the tensors HostState marks, bias-corrected moments) in double.
 struct Float64Run {
   std::vector<double> losses;
+  std::vector<double> aux_losses;  // MoE: the load-balancing loss of each step (mean over micro-batches)
   std::vector<std::vector<double>> w;  // per unit, laid out as UnitState::tensors
 };
 
@@ -77,31 +78,66 @@ Result<Float64Run> train_float64(const Plan& plan, const ModelSpec& model, const
   std::vector<int32_t> inputs(static_cast<size_t>(d.N)), targets(static_cast<size_t>(d.N));
   const UnitState& hu = units[static_cast<size_t>(L + 1)];
   const int64_t fn_off = hu.find(TensorRole::kFinalNorm)->offset;
+  // MoE (as the Trainer does it, trainer.cpp): routing statistics per micro-batch and layer, HF's
+  // load-balancing loss over the MoE layers, its gradient when output_router_logits, and per
+  // expert the AdamW count of the experts some token chose.
+  const ModelConfig& mc = model.config();
+  const int64_t E = d.E;
+  auto is_moe = [&](int64_t l) { return d.moe && units[static_cast<size_t>(l)].find(TensorRole::kRouter) != nullptr; };
+  std::vector<std::vector<int64_t>> expert_steps(units.size());
+  for (size_t u = 0; u < units.size(); ++u) expert_steps[u] = units[u].expert_steps;
   for (int64_t step = 0; step < tc.steps; ++step) {
+    std::vector<double> count(static_cast<size_t>(A * L * E), 0.0), prob(count.size(), 0.0), agrad(static_cast<size_t>(E));
+    double aux_sum = 0;
     for (auto& gu : g) std::fill(gu.begin(), gu.end(), 0.0);
     std::fill(dtied.begin(), dtied.end(), 0.0);
     const double* lm = d.tied ? run.w[0].data() : run.w[static_cast<size_t>(L + 1)].data() + hu.find(TensorRole::kHead)->offset;
     double* dlm = d.tied ? dtied.data() : g[static_cast<size_t>(L + 1)].data() + hu.find(TensorRole::kHead)->offset;
     double loss_sum = 0;
-    int64_t count = 0;
+    int64_t tokens = 0;
     for (int64_t j = 0; j < A; ++j) {
       MT_RETURN_IF_ERROR(data.fill(step, j, inputs.data(), targets.data()));
       MT_RETURN_IF_ERROR(math.embed(run.w[0].data(), inputs.data(), x[0].data()));
-      for (int64_t l = 1; l <= L; ++l)
+      for (int64_t l = 1; l <= L; ++l) {
+        LayerActsT<double> a = bind_layer_acts(d, acts[static_cast<size_t>(l - 1)].data());
+        if (is_moe(l)) {
+          a.aux_count = count.data() + (j * L + l - 1) * E;
+          a.aux_prob = prob.data() + (j * L + l - 1) * E;
+        }
         MT_RETURN_IF_ERROR(math.forward(view_unit(units[static_cast<size_t>(l)], run.w[static_cast<size_t>(l)].data()),
-                                        x[static_cast<size_t>(l - 1)].data(), x[static_cast<size_t>(l)].data(),
-                                        bind_layer_acts(d, acts[static_cast<size_t>(l - 1)].data())));
+                                        x[static_cast<size_t>(l - 1)].data(), x[static_cast<size_t>(l)].data(), a));
+      }
+      if (d.moe) {
+        std::vector<double> c(static_cast<size_t>(E), 0.0), p(static_cast<size_t>(E), 0.0);
+        for (int64_t l = 1; l <= L; ++l)
+          if (is_moe(l))
+            for (int64_t e = 0; e < E; ++e) {
+              c[static_cast<size_t>(e)] += count[static_cast<size_t>((j * L + l - 1) * E + e)];
+              p[static_cast<size_t>(e)] += prob[static_cast<size_t>((j * L + l - 1) * E + e)];
+            }
+        const double R = static_cast<double>(d.moe_layers * d.N);
+        double aux = 0;
+        for (int64_t e = 0; e < E; ++e) aux += (c[static_cast<size_t>(e)] / R) * (p[static_cast<size_t>(e)] / R);
+        aux_sum += static_cast<double>(E) * aux;
+        const double coef = mc.output_router_logits ? mc.router_aux_loss_coef : 0.0;
+        for (int64_t e = 0; e < E; ++e)
+          agrad[static_cast<size_t>(e)] = coef / static_cast<double>(A) * static_cast<double>(E) * c[static_cast<size_t>(e)] / (R * R);
+      }
       MT_RETURN_IF_ERROR(math.head(run.w[static_cast<size_t>(L + 1)].data() + fn_off, lm, x[static_cast<size_t>(L)].data(),
                                    targets.data(), 1.0 / static_cast<double>(d.N * A), dx.data(),
-                                   g[static_cast<size_t>(L + 1)].data() + fn_off, dlm, &loss_sum, &count, ws.data()));
-      for (int64_t l = L; l >= 1; --l)
-        MT_RETURN_IF_ERROR(math.backward(view_unit(units[static_cast<size_t>(l)], run.w[static_cast<size_t>(l)].data()),
-                                         bind_layer_acts(d, acts[static_cast<size_t>(l - 1)].data()), dx.data(), dx.data(),
+                                   g[static_cast<size_t>(L + 1)].data() + fn_off, dlm, &loss_sum, &tokens, ws.data()));
+      for (int64_t l = L; l >= 1; --l) {
+        LayerActsT<double> a = bind_layer_acts(d, acts[static_cast<size_t>(l - 1)].data());
+        if (is_moe(l) && mc.output_router_logits && mc.router_aux_loss_coef != 0) a.aux_grad = agrad.data();
+        MT_RETURN_IF_ERROR(math.backward(view_unit(units[static_cast<size_t>(l)], run.w[static_cast<size_t>(l)].data()), a,
+                                         dx.data(), dx.data(),
                                          grad_unit(units[static_cast<size_t>(l)], g[static_cast<size_t>(l)].data()), ws.data()));
+      }
       MT_RETURN_IF_ERROR(math.embed_backward(inputs.data(), dx.data(), g[0].data()));
     }
     if (d.tied) cpu::accumulate<double>(ctx, dtied.data(), d.V * d.H, g[0].data());
-    run.losses.push_back(loss_sum / static_cast<double>(count));
+    run.losses.push_back(loss_sum / static_cast<double>(tokens));
+    if (d.moe) run.aux_losses.push_back(aux_sum / static_cast<double>(A));
     double scale = 1.0;
     if (tc.clip_grad_norm > 0) {
       double sq = 0;
@@ -111,10 +147,20 @@ Result<Float64Run> train_float64(const Plan& plan, const ModelSpec& model, const
       if (s < 1.0) scale = s;
     }
     const double lr = learning_rate(tc, step);
-    const double t = static_cast<double>(step + 1);
-    const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
-    for (int64_t u = 0; u < U; ++u)
+    for (int64_t u = 0; u < U; ++u) {
+      // An expert no token of the step chose has no gradient: torch's AdamW skips it.
+      std::vector<char> chosen(static_cast<size_t>(E), 1);
+      if (is_moe(u) && u >= 1 && u <= L && !expert_steps[static_cast<size_t>(u)].empty())
+        for (int64_t e = 0; e < E; ++e) {
+          double c = 0;
+          for (int64_t j = 0; j < A; ++j) c += count[static_cast<size_t>((j * L + u - 1) * E + e)];
+          chosen[static_cast<size_t>(e)] = c > 0;
+        }
       for (const TensorSlot& ts : units[static_cast<size_t>(u)].tensors) {
+        const bool per_expert = ts.expert >= 0 && !expert_steps[static_cast<size_t>(u)].empty();
+        if (per_expert && !chosen[static_cast<size_t>(ts.expert)]) continue;
+        const double t = static_cast<double>(per_expert ? expert_steps[static_cast<size_t>(u)][static_cast<size_t>(ts.expert)] + 1 : step + 1);
+        const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
         const double wd = ts.decay ? o.weight_decay : 0.0;
         for (int64_t i = ts.offset; i < ts.offset + ts.numel; ++i) {
           double& p = run.w[static_cast<size_t>(u)][static_cast<size_t>(i)];
@@ -127,6 +173,9 @@ Result<Float64Run> train_float64(const Plan& plan, const ModelSpec& model, const
           p -= lr / bc1 * mi / (std::sqrt(vi) / std::sqrt(bc2) + o.eps);
         }
       }
+      for (size_t e = 0; e < expert_steps[static_cast<size_t>(u)].size(); ++e)
+        if (chosen[e]) ++expert_steps[static_cast<size_t>(u)][e];
+    }
   }
   return run;
 }
@@ -154,10 +203,16 @@ std::string run_command(const std::string& cmd, int* rc) {
 
 // Trains `model_name` on both sides and returns the reference script's command line without the
 // mutation argument (the files stay in `dir` until the caller removes it).
-std::string train_ours(const std::string& model_name, double clip, const fs::path& dir) {
+// The batch shape: 32 x 2 x 2 by default; a smaller one leaves some experts unchosen in a step.
+struct Shape {
+  int64_t seq = 32, micro_batch = 2, grad_accum = 2;
+};
+
+std::string train_ours(const std::string& model_name, double clip, const fs::path& dir, Shape shape = {}) {
   fs::create_directories(dir);
   Json pj = {{"schema", "megatrain.plan/1"}, {"model", model_name}, {"rig", "cpu-dev-2core"},
-             {"training", {{"seq_len", 32}, {"micro_batch", 2}, {"grad_accum", 2}, {"steps", 10}, {"lr", 2e-3},
+             {"training", {{"seq_len", shape.seq}, {"micro_batch", shape.micro_batch}, {"grad_accum", shape.grad_accum},
+                           {"steps", 10}, {"lr", 2e-3},
                            {"warmup_steps", 2}, {"min_lr", 2e-4}, {"clip_grad_norm", clip}, {"data_order", "sequential"}}},
              {"precision", {{"compute", "fp32"}, {"transfer", "fp32"}}},
              {"schedule", {{"prefetch_depth", 2}, {"device_layer_buffers", 3}, {"checkpoint_every", 1},
@@ -187,7 +242,8 @@ std::string train_ours(const std::string& model_name, double clip, const fs::pat
     f.write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(toks.size() * 4));
   }
   auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks));
-  auto loader = DataLoader::create(file, 32, 2, 2, DataOrder::kSequential, 1, model->config().vocab_size);
+  auto loader = DataLoader::create(file, shape.seq, shape.micro_batch, shape.grad_accum, DataOrder::kSequential, 1,
+                                   model->config().vocab_size);
   EXPECT_TRUE(loader.ok()) << loader.status().to_string();
   if (!loader.ok()) return "";
 
@@ -202,11 +258,14 @@ std::string train_ours(const std::string& model_name, double clip, const fs::pat
   EXPECT_TRUE(trainer.ok()) << trainer.status().to_string();
   if (!trainer.ok()) return "";
   Json ours = {{"losses", Json::array()}, {"losses64", f64->losses}};
+  const bool moe = model->config().is_moe();
+  if (moe) ours["aux_losses"] = Json::array(), ours["aux_losses64"] = f64->aux_losses, ours["unused_experts"] = Json::array();
   for (int s = 0; s < 10; ++s) {
     auto r = (*trainer)->run_step(s);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     if (!r.ok()) return "";
     ours["losses"].push_back(r->loss);
+    if (moe) ours["aux_losses"].push_back(r->aux_loss), ours["unused_experts"].push_back(r->unused_experts);
   }
   (*trainer)->wait_for_updates();
   EXPECT_TRUE(save_weights(hs, dir / "final.safetensors").ok());
@@ -217,7 +276,10 @@ std::string train_ours(const std::string& model_name, double clip, const fs::pat
   fs::copy_file(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / (model_name + ".json"), dir / "config.json",
                 fs::copy_options::overwrite_existing);
   // tests/data may not exist in a fresh checkout, so the script's path is built, not resolved.
-  const fs::path script = fs::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "python" / "torch_train_ref.py";
+  // Qwen3 and the MoE architectures have their own reference (torch_moe_ref.py).
+  const bool own = model->config().is_moe() || model->config().qk_norm;
+  const fs::path script =
+      fs::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "python" / (own ? "torch_moe_ref.py" : "torch_train_ref.py");
   return "/usr/bin/python3 " + script.string() + " " + dir.string();
 }
 
@@ -225,11 +287,11 @@ fs::path scratch_dir(const std::string& name) {
   return fs::temp_directory_path() / ("mt_torch_" + name + "_" + std::to_string(::getpid()));
 }
 
-void run_against_torch(const std::string& model_name, double clip) {
+void run_against_torch(const std::string& model_name, double clip, Shape shape = {}) {
   if (!fs::exists("/usr/bin/python3") || !torch_available())
     GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
   const fs::path dir = scratch_dir(model_name);
-  const std::string cmd = train_ours(model_name, clip, dir);
+  const std::string cmd = train_ours(model_name, clip, dir, shape);
   if (cmd.empty()) return;
   int rc = 0;
   const std::string out = run_command(cmd + " 2>&1", &rc);
@@ -240,6 +302,12 @@ void run_against_torch(const std::string& model_name, double clip) {
 
 TEST(TorchReference, LlamaWithGqaTrainsLikePyTorch) { run_against_torch("tiny-llama-gqa", 0.0); }
 TEST(TorchReference, Qwen2WithBiasesTiedHeadAndClippingTrainsLikePyTorch) { run_against_torch("tiny-qwen2", 0.5); }
+TEST(TorchReference, Qwen3WithQkNormsTrainsLikePyTorch) { run_against_torch("tiny-qwen3", 0.0); }
+TEST(TorchReference, Qwen3MoeWithADenseLayerAndTheAuxLossTrainsLikePyTorch) { run_against_torch("tiny-qwen3-moe", 0.5); }
+TEST(TorchReference, MixtralTrainsLikePyTorch) { run_against_torch("tiny-mixtral", 0.0); }
+// 4 tokens a step choose k of 8 experts: most steps leave experts unchosen, which AdamW must skip.
+TEST(TorchReference, MixtralWithUnchosenExpertsTrainsLikePyTorch) { run_against_torch("tiny-mixtral", 0.0, Shape{4, 1, 1}); }
+TEST(TorchReference, Qwen3MoeWithUnchosenExpertsTrainsLikePyTorch) { run_against_torch("tiny-qwen3-moe", 0.5, Shape{4, 1, 1}); }
 
 // The comparison can fail. Each semantic slip that a port of these models gets wrong
 // (torch_train_ref.py documents each) is put in twice: into both PyTorch runs, which the float64
