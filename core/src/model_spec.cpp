@@ -20,7 +20,16 @@ constexpr ArchInfo kArchs[] = {
     {"LlamaForCausalLM", "llama"},
     {"MistralForCausalLM", "mistral"},
     {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+    {"Qwen3MoeForCausalLM", "qwen3_moe"},
+    {"MixtralForCausalLM", "mixtral"},
+    {"GptOssForCausalLM", "gpt_oss"},
 };
+// Mixture-of-Experts architectures whose blocks change the math beyond these (shared experts,
+// multi-head latent attention): refused by name until they are built.
+constexpr const char* kLaterArchs[] = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM",
+                                       "Qwen2MoeForCausalLM", "OlmoeForCausalLM", "DbrxForCausalLM",
+                                       "JambaForCausalLM", "Llama4ForCausalLM", "PhimoeForCausalLM"};
 
 std::string supported_list() {
   std::string s;
@@ -131,6 +140,11 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
   const ArchInfo* arch = nullptr;
   for (const auto& a : kArchs)
     if (c.architecture == a.architecture) arch = &a;
+  for (const char* later : kLaterArchs)
+    if (c.architecture == later)
+      return unsupported(what + ": architectures: '" + c.architecture +
+                         "' is a Mixture-of-Experts design (shared experts or latent attention) that MegaTrain does not "
+                         "build yet; it is a later step. Supported: " + supported_list());
   if (!arch)
     return unsupported(what + ": architectures: '" + c.architecture + "' is not supported; supported: " + supported_list());
   c.model_type = arch->model_type;
@@ -162,9 +176,68 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
 
   if (c.hidden_act != "silu")
     return unsupported(what + ": hidden_act: '" + c.hidden_act + "' is not supported; accepted: silu (SwiGLU MLP)");
-  for (const char* moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
-    if (auto it = j.find(moe_key); it != j.end() && it->is_number() && it->get<double>() > 0)
-      return unsupported(what + ": " + moe_key + ": mixture-of-experts models are not supported; dense models only");
+  const bool moe_arch = c.model_type == "qwen3_moe" || c.model_type == "mixtral" || c.model_type == "gpt_oss";
+  if (!moe_arch) {
+    for (const char* moe_key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+      if (auto it = j.find(moe_key); it != j.end() && it->is_number() && it->get<double>() > 0)
+        return unsupported(what + ": " + moe_key + ": " + c.architecture +
+                           " is dense; mixture-of-experts configs are accepted for Qwen3MoeForCausalLM, MixtralForCausalLM "
+                           "and GptOssForCausalLM");
+    }
+  }
+  // Keys that would change the math in ways none of these architectures define.
+  for (const char* k : {"n_shared_experts", "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank",
+                        "first_k_dense_replace", "moe_layer_freq", "n_group", "topk_group"}) {
+    if (auto it = j.find(k); it != j.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0))
+      return unsupported(what + ": " + k + ": shared experts and latent attention (DeepSeek-V3, GLM-4.5) are a later step; "
+                         "accepted: Mixtral, Qwen3-MoE and gpt-oss blocks without it");
+  }
+  if (moe_arch) {
+    c.moe = c.model_type;
+    c.norm_topk_prob = c.model_type == "mixtral";
+    detail::FieldReader m(j, "");
+    if (c.model_type == "qwen3_moe") {
+      m.integer("num_experts", c.num_experts, detail::Need::kRequired, 1, 1 << 16);
+      m.integer("moe_intermediate_size", c.moe_intermediate_size, detail::Need::kRequired, 1, kBig);
+      c.norm_topk_prob = false;  // Qwen3MoeConfig's default
+      m.boolean("norm_topk_prob", c.norm_topk_prob, detail::Need::kOptional);
+      m.integer("decoder_sparse_step", c.decoder_sparse_step, detail::Need::kOptional, 1, 100000);
+      c.router_aux_loss_coef = 0.001;
+    } else {
+      m.integer("num_local_experts", c.num_experts, detail::Need::kRequired, 1, 1 << 16);
+      c.moe_intermediate_size = c.intermediate_size;  // Mixtral and gpt-oss: intermediate_size is one expert's
+      c.router_aux_loss_coef = c.model_type == "mixtral" ? 0.001 : 0.9;
+    }
+    c.experts_per_token = c.model_type == "gpt_oss" ? 4 : 2;
+    if (j.contains("experts_per_token")) m.integer("experts_per_token", c.experts_per_token, detail::Need::kOptional, 1, 1 << 16);
+    m.integer("num_experts_per_tok", c.experts_per_token, detail::Need::kOptional, 1, 1 << 16);
+    m.number("router_aux_loss_coef", c.router_aux_loss_coef, detail::Need::kOptional, 0, 1e6);
+    m.boolean("output_router_logits", c.output_router_logits, detail::Need::kOptional);
+    if (!m.ok()) return m.finish().with_context(what);
+    if (c.experts_per_token > c.num_experts)
+      return invalid_argument(what + ": num_experts_per_tok " + std::to_string(c.experts_per_token) + " exceeds the " +
+                              std::to_string(c.num_experts) + " experts");
+    if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+      if (!it->is_array()) return invalid_argument(what + ": mlp_only_layers: expected a list of layer indices");
+      for (const auto& v : *it) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.num_layers)
+          return invalid_argument(what + ": mlp_only_layers: " + v.dump() + " is not a layer index in [0, " +
+                                  std::to_string(c.num_layers) + ")");
+        c.mlp_only_layers.push_back(v.get<int64_t>());
+      }
+      if (!c.mlp_only_layers.empty() && c.model_type != "qwen3_moe")
+        return unsupported(what + ": mlp_only_layers: only Qwen3-MoE has dense layers among its MoE layers");
+    }
+    if (auto it = j.find("router_jitter_noise"); it != j.end() && it->is_number() && it->get<double>() != 0)
+      return unsupported(what + ": router_jitter_noise: " + it->dump() + " makes routing random; accepted: 0");
+  }
+  if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") c.qk_norm = true;
+  if (c.model_type == "gpt_oss") {
+    c.attention_sinks = true;
+    c.swiglu_limit = 7.0;
+    detail::FieldReader g(j, "");
+    g.number("swiglu_limit", c.swiglu_limit, detail::Need::kOptional, 0, 1e9);
+    if (!g.ok()) return g.finish().with_context(what);
   }
 
   // head_dim: explicit in newer configs (Mistral Large 2 uses it); otherwise hidden / heads.
@@ -203,7 +276,18 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
     }
     c.qkv_bias = c.o_bias = attention_bias;
     c.mlp_bias = mlp_bias;
-  } else {  // mistral: no biases at all
+  } else if (c.model_type == "qwen3" || c.model_type == "qwen3_moe" || c.model_type == "gpt_oss") {
+    // Qwen3Attention and GptOssAttention: attention_bias puts a bias on q, k, v and o alike
+    // (gpt-oss publishes true); no MLP bias (gpt-oss' expert biases are their own tensors).
+    bool attention_bias = c.model_type == "gpt_oss";
+    if (auto it = j.find("attention_bias"); it != j.end()) {
+      if (!it->is_boolean()) return invalid_argument(what + ": attention_bias: expected true or false, got " + it->dump());
+      attention_bias = it->get<bool>();
+    }
+    c.qkv_bias = c.o_bias = attention_bias;
+    if (c.model_type == "qwen3_moe" && c.o_bias)
+      return unsupported(what + ": attention_bias: true is not supported for Qwen3-MoE yet; accepted: false");
+  } else {  // mistral, mixtral: no biases at all
     for (const char* k : {"attention_bias", "mlp_bias"}) {
       if (auto it = j.find(k); it != j.end() && it->is_boolean() && it->get<bool>())
         return invalid_argument(what + ": " + k + ": MistralForCausalLM has no biases; true contradicts the architecture");
@@ -230,17 +314,37 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
   }
   MT_RETURN_IF_ERROR(read_nullable_int(j, "sliding_window", c.sliding_window, what));
   if (auto us = j.find("use_sliding_window"); us != j.end() && us->is_boolean() && !us->get<bool>())
-    c.sliding_window = 0;  // Qwen2 publishes a window but turns it off
+    c.sliding_window = 0;  // Qwen2 and Qwen3 publish a window but turn it off
+  else if (us != j.end() && us->is_boolean() && us->get<bool>() && (c.model_type == "qwen3" || c.model_type == "qwen3_moe"))
+    return unsupported(what + ": use_sliding_window: true (Qwen3 with max_window_layers) is not supported; accepted: false");
+  if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.num_layers)
+      return invalid_argument(what + ": layer_types: expected a list of " + std::to_string(c.num_layers) +
+                              " entries, sliding_attention or full_attention");
+    for (const auto& v : *lt) {
+      const std::string t = v.is_string() ? v.get<std::string>() : v.dump();
+      if (t != "sliding_attention" && t != "full_attention")
+        return invalid_argument(what + ": layer_types: '" + t + "'; accepted: sliding_attention, full_attention");
+      c.layer_sliding.push_back(t == "sliding_attention");
+    }
+  }
+  if (c.rope_scaling_type == "yarn") {
+    if (auto rs = j.find("rope_scaling"); rs != j.end() && rs->is_object()) {
+      if (auto f = rs->find("beta_fast"); f != rs->end() && f->is_number()) c.rope_beta_fast = f->get<double>();
+      if (auto f = rs->find("beta_slow"); f != rs->end() && f->is_number()) c.rope_beta_slow = f->get<double>();
+      if (auto f = rs->find("truncate"); f != rs->end() && f->is_boolean()) c.rope_truncate = f->get<bool>();
+    }
+  }
 
   ModelSpec spec;
   spec.config_ = c;
   spec.config_json_ = j.dump(2);
 
   // The tensors in HF state-dict order.
-  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t layer, TensorRole role) {
+  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t layer, TensorRole role, int64_t expert = -1) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    spec.tensors_.push_back(TensorInfo{std::move(name), std::move(shape), n, layer, role});
+    spec.tensors_.push_back(TensorInfo{std::move(name), std::move(shape), n, layer, role, expert});
   };
   const int64_t H = c.hidden_size, I = c.intermediate_size, q_out = c.num_heads * c.head_dim,
                 kv_out = c.num_kv_heads * c.head_dim;
@@ -255,12 +359,44 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
     if (c.qkv_bias) add(p + "self_attn.v_proj.bias", {kv_out}, l, TensorRole::kVBias);
     add(p + "self_attn.o_proj.weight", {H, q_out}, l, TensorRole::kO);
     if (c.o_bias) add(p + "self_attn.o_proj.bias", {H}, l, TensorRole::kOBias);
-    add(p + "mlp.gate_proj.weight", {I, H}, l, TensorRole::kGate);
-    if (c.mlp_bias) add(p + "mlp.gate_proj.bias", {I}, l, TensorRole::kGateBias);
-    add(p + "mlp.up_proj.weight", {I, H}, l, TensorRole::kUp);
-    if (c.mlp_bias) add(p + "mlp.up_proj.bias", {I}, l, TensorRole::kUpBias);
-    add(p + "mlp.down_proj.weight", {H, I}, l, TensorRole::kDown);
-    if (c.mlp_bias) add(p + "mlp.down_proj.bias", {H}, l, TensorRole::kDownBias);
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {c.head_dim}, l, TensorRole::kQNorm);
+      add(p + "self_attn.k_norm.weight", {c.head_dim}, l, TensorRole::kKNorm);
+    }
+    if (c.attention_sinks) add(p + "self_attn.sinks", {c.num_heads}, l, TensorRole::kSinks);
+    const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
+    if (c.is_moe_layer(l) && c.moe == "mixtral") {
+      add(p + "block_sparse_moe.gate.weight", {E, H}, l, TensorRole::kRouter);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        add(x + "w1.weight", {Im, H}, l, TensorRole::kExpertGate, e);
+        add(x + "w2.weight", {H, Im}, l, TensorRole::kExpertDown, e);
+        add(x + "w3.weight", {Im, H}, l, TensorRole::kExpertUp, e);
+      }
+    } else if (c.is_moe_layer(l) && c.moe == "qwen3_moe") {
+      add(p + "mlp.gate.weight", {E, H}, l, TensorRole::kRouter);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "gate_proj.weight", {Im, H}, l, TensorRole::kExpertGate, e);
+        add(x + "up_proj.weight", {Im, H}, l, TensorRole::kExpertUp, e);
+        add(x + "down_proj.weight", {H, Im}, l, TensorRole::kExpertDown, e);
+      }
+    } else if (c.is_moe_layer(l) && c.moe == "gpt_oss") {
+      // GptOssMLP: router (Linear with bias) and GptOssExperts with stacked parameters.
+      add(p + "mlp.router.weight", {E, H}, l, TensorRole::kRouter);
+      add(p + "mlp.router.bias", {E}, l, TensorRole::kRouterBias);
+      add(p + "mlp.experts.gate_up_proj", {E, H, 2 * Im}, l, TensorRole::kExpertGateUp);
+      add(p + "mlp.experts.gate_up_proj_bias", {E, 2 * Im}, l, TensorRole::kExpertGateUpBias);
+      add(p + "mlp.experts.down_proj", {E, Im, H}, l, TensorRole::kExpertDown);
+      add(p + "mlp.experts.down_proj_bias", {E, H}, l, TensorRole::kExpertDownBias);
+    } else {
+      add(p + "mlp.gate_proj.weight", {I, H}, l, TensorRole::kGate);
+      if (c.mlp_bias) add(p + "mlp.gate_proj.bias", {I}, l, TensorRole::kGateBias);
+      add(p + "mlp.up_proj.weight", {I, H}, l, TensorRole::kUp);
+      if (c.mlp_bias) add(p + "mlp.up_proj.bias", {I}, l, TensorRole::kUpBias);
+      add(p + "mlp.down_proj.weight", {H, I}, l, TensorRole::kDown);
+      if (c.mlp_bias) add(p + "mlp.down_proj.bias", {H}, l, TensorRole::kDownBias);
+    }
     add(p + "input_layernorm.weight", {H}, l, TensorRole::kAttnNorm);
     add(p + "post_attention_layernorm.weight", {H}, l, TensorRole::kMlpNorm);
   }
@@ -288,15 +424,36 @@ std::vector<TensorInfo> ModelSpec::layer_tensors(int64_t layer) const {
   return out;
 }
 
+namespace {
+bool is_expert_role(TensorRole r) {
+  return r == TensorRole::kExpertGate || r == TensorRole::kExpertUp || r == TensorRole::kExpertDown ||
+         r == TensorRole::kExpertGateUp || r == TensorRole::kExpertGateUpBias || r == TensorRole::kExpertDownBias;
+}
+}  // namespace
+
 ParameterCounts ModelSpec::parameter_counts() const {
+  const ModelConfig& c = config_;
   ParameterCounts pc;
+  pc.layer.assign(static_cast<size_t>(c.num_layers), 0);
   for (const auto& t : tensors_) {
     if (t.role == TensorRole::kEmbedding) pc.embedding += t.numel;
     else if (t.role == TensorRole::kHead) pc.head += t.numel;
     else if (t.role == TensorRole::kFinalNorm) pc.final_norm += t.numel;
     else if (t.layer == 0) pc.per_layer += t.numel;
-    if (t.layer >= 0) pc.layers += t.numel;
+    if (t.layer >= 0) {
+      pc.layers += t.numel;
+      pc.layer[static_cast<size_t>(t.layer)] += t.numel;
+    }
+    if (is_expert_role(t.role)) pc.experts += t.numel;
+    if (t.role == TensorRole::kRouter || t.role == TensorRole::kRouterBias) pc.router += t.numel;
     pc.total += t.numel;
+  }
+  pc.active = pc.total;
+  if (c.is_moe()) {
+    for (int64_t l = 0; l < c.num_layers; ++l) pc.moe_layers += c.is_moe_layer(l) ? 1 : 0;
+    if (pc.moe_layers > 0) pc.per_expert = pc.experts / (pc.moe_layers * c.num_experts);
+    // One token runs k of the E experts of every MoE layer.
+    pc.active = pc.total - pc.moe_layers * (c.num_experts - c.experts_per_token) * pc.per_expert;
   }
   return pc;
 }
@@ -312,11 +469,22 @@ FlopsPerToken ModelSpec::flops_per_token(int64_t seq_len) const {
   const double projections = 2 * H * q_out + 2 * 2 * H * kv_out + 2 * q_out * H;  // q, k, v, o
   const double mlp = 3 * 2 * H * I;                                                // gate, up, down
   f.attention_forward = 2 * 2 * s * q_out;  // QK^T and softmax(QK^T) V, every query against s keys
-  f.layer_forward = projections + mlp + f.attention_forward;
+  if (c.is_moe()) {
+    const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
+    f.router_forward = 2 * H * E;
+    f.experts_forward = k * 3 * 2 * H * static_cast<double>(c.moe_intermediate_size);  // the k chosen experts
+  }
+  double layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const double lf = projections + f.attention_forward + (c.is_moe_layer(l) ? f.router_forward + f.experts_forward : mlp);
+    f.layer_forwards.push_back(lf);
+    layers += lf;
+  }
+  f.layer_forward = c.num_layers > 0 ? layers / static_cast<double>(c.num_layers) : 0;
   f.head_forward = 2 * H * static_cast<double>(c.vocab_size);
-  f.forward = static_cast<double>(c.num_layers) * f.layer_forward + f.head_forward;
+  f.forward = layers + f.head_forward;
   f.backward = 2 * f.forward;
-  f.recompute = static_cast<double>(c.num_layers) * f.layer_forward;
+  f.recompute = layers;
   return f;
 }
 
@@ -344,7 +512,13 @@ ActivationBytes ModelSpec::activation_bytes_per_token_per_layer(int64_t seq_len,
   //   q, k after RoPE and v (q_out + 2 kv_out), the attention output entering o_proj (q_out),
   //   gate and up outputs (2 I) and the SwiGLU product entering down_proj (I),
   //   plus one fp32 reciprocal-RMS per norm.
-  const double common = b * (4 * H + q_out + 2 * kv_out + q_out + 3 * I) + 2 * 4.0;
+  // MoE: the k chosen experts' gate, up and product (k * 3 * I_moe) replace the dense MLP's, plus
+  // the router's logits and probabilities (2 E) and the gathered inputs and expert outputs (2 k H).
+  const double mlp = c.is_moe() ? static_cast<double>(c.experts_per_token) * (3 * static_cast<double>(c.moe_intermediate_size) + 2 * H) +
+                                      2 * static_cast<double>(c.num_experts)
+                                : 3 * I;
+  const double norms = c.qk_norm ? q_out + kv_out : 0;  // q and k before their per-head norms
+  const double common = b * (4 * H + q_out + 2 * kv_out + q_out + mlp + norms) + 2 * 4.0;
   ActivationBytes a;
   a.checkpoint = b * H;
   a.full_eager = common + b * heads * s;  // softmax probabilities: one row of s per head

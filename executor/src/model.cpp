@@ -278,22 +278,20 @@ template <typename T>
 Status LayerMathT<T>::moe_forward(const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a) {
   const Dims& d = d_;
   const int64_t slots = d.N * d.k;
-  const auto kind = cpu::RouterKind::kSoftmaxTopK;
   cpu::linear_forward<T>(ctx_, a.xn2, w[TensorRole::kRouter], w[TensorRole::kRouterBias], d.N, d.H, d.E, a.logits);
-  cpu::moe_route_forward<T>(ctx_, kind, a.logits, d.N, d.E, d.k, d.renorm, a.rexpert, a.rweight, a.rprobs);
+  cpu::moe_route_forward<T>(ctx_, a.logits, d.N, d.E, d.k, d.renorm, a.rexpert, a.rweight, a.rprobs);
   cpu::moe_permute(a.rexpert, d.N, d.k, d.E, a.offsets, a.perm);
   for (int64_t r = 0; r < slots; ++r) a.row_of_slot[a.perm[r]] = static_cast<int32_t>(r);
   cpu::moe_gather<T>(ctx_, a.xn2, a.perm, slots, d.k, d.H, a.xp);
   const int64_t ws = w.stride_of(TensorRole::kExpertGate);
-  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertGate], ws, false, nullptr, 0, a.offsets, d.E, d.H, d.Im, a.gate);
-  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp), false, nullptr, 0,
+  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertGate], ws, nullptr, 0, a.offsets, d.E, d.H, d.Im, a.gate);
+  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp), nullptr, 0,
                                  a.offsets, d.E, d.H, d.Im, a.up);
   cpu::swiglu_forward<T>(ctx_, a.gate, a.up, slots * d.Im, a.act);
-  cpu::grouped_linear_forward<T>(ctx_, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown), false, nullptr,
-                                 0, a.offsets, d.E, d.Im, d.H, a.yp);
+  cpu::grouped_linear_forward<T>(ctx_, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown), nullptr, 0, a.offsets, d.E, d.Im, d.H, a.yp);
   cpu::moe_combine_forward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, d.N, d.k, d.H, x_out);
   cpu::add<T>(ctx_, a.h, x_out, d.N * d.H, x_out);
-  if (a.aux_count != nullptr) cpu::moe_aux_stats<T>(ctx_, kind, a.rprobs, a.rexpert, d.N, d.E, d.k, a.aux_count, a.aux_prob);
+  if (a.aux_count != nullptr) cpu::moe_aux_stats<T>(a.rprobs, a.rexpert, d.N, d.E, d.k, a.aux_count, a.aux_prob);
   return {};
 }
 
@@ -305,24 +303,23 @@ void LayerMathT<T>::moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, 
                                  T* dxn, T* da, T* dgate, T* dup, T* more) {
   const Dims& d = d_;
   const int64_t slots = d.N * d.k;
-  const auto kind = cpu::RouterKind::kSoftmaxTopK;
   T* dxp = more;
   T* dyp = dxp + slots * d.H;
   T* dweight = dyp + slots * d.H;
   T* dlogits = dweight + slots;
   cpu::moe_combine_backward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, dout, d.N, d.k, d.H, dyp, dweight);
-  cpu::grouped_linear_backward<T>(ctx_, dyp, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown), false,
+  cpu::grouped_linear_backward<T>(ctx_, dyp, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown),
                                   a.offsets, d.E, d.Im, d.H, da, g[TensorRole::kExpertDown], nullptr, 0);
   cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, slots * d.Im, dgate, dup);
-  cpu::grouped_linear_backward<T>(ctx_, dgate, a.xp, w[TensorRole::kExpertGate], w.stride_of(TensorRole::kExpertGate), false,
+  cpu::grouped_linear_backward<T>(ctx_, dgate, a.xp, w[TensorRole::kExpertGate], w.stride_of(TensorRole::kExpertGate),
                                   a.offsets, d.E, d.H, d.Im, dxp, g[TensorRole::kExpertGate], nullptr, 0);
-  cpu::grouped_linear_backward<T>(ctx_, dup, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp), false,
+  cpu::grouped_linear_backward<T>(ctx_, dup, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp),
                                   a.offsets, d.E, d.H, d.Im, dyp, g[TensorRole::kExpertUp], nullptr, 0);
   cpu::add<T>(ctx_, dxp, dyp, slots * d.H, dxp);
   cpu::moe_scatter_add<T>(ctx_, dxp, a.row_of_slot, d.N, d.k, d.H, dxn);
   std::vector<T> aux;
   if (a.aux_grad != nullptr) aux.assign(a.aux_grad, a.aux_grad + d.E);
-  cpu::moe_route_backward<T>(ctx_, kind, a.logits, a.rprobs, a.rexpert, a.rweight, dweight, aux.empty() ? nullptr : aux.data(),
+  cpu::moe_route_backward<T>(ctx_, a.rprobs, a.rexpert, a.rweight, dweight, aux.empty() ? nullptr : aux.data(),
                              d.N, d.E, d.k, d.renorm, dlogits);
   cpu::linear_backward<T>(ctx_, dlogits, a.xn2, w[TensorRole::kRouter], d.N, d.H, d.E, dxn, true, g[TensorRole::kRouter],
                           g[TensorRole::kRouterBias]);

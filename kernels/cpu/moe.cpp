@@ -1,0 +1,198 @@
+// The Mixture-of-Experts ops: routing, the sort by expert, gather, grouped GEMMs, combine, and
+// their backward (moe.h).
+#include "megatrain/kernels/cpu/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "detail.h"
+#include "megatrain/kernels/cpu/linear.h"
+
+namespace megatrain::cpu {
+namespace {
+constexpr int64_t kRowChunk = 64;  // tokens per thread at least
+}
+
+template <typename T>
+void moe_route_forward(CpuContext& ctx, const T* logits, int64_t n, int64_t e, int64_t k, bool renorm, int32_t* expert,
+                       T* weight, T* probs) {
+  MT_CHECK(n >= 0 && e >= 1 && k >= 1 && k <= e, "moe_route_forward: bad sizes");
+  detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* z = logits + t * e;
+      T* p = probs + t * e;
+      T mx = z[0];
+      for (int64_t x = 1; x < e; ++x) mx = std::max(mx, z[x]);
+      T sum = 0;
+      for (int64_t x = 0; x < e; ++x) sum += (p[x] = std::exp(z[x] - mx));
+      for (int64_t x = 0; x < e; ++x) p[x] /= sum;
+      // Top-k by repeated selection: the largest remaining p, the lower index on a tie.
+      int32_t* ex = expert + t * k;
+      T* w = weight + t * k;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t x = 0; x < e; ++x) {
+          bool taken = false;
+          for (int64_t i = 0; i < j; ++i) taken = taken || ex[i] == x;
+          if (!taken && (best < 0 || p[x] > p[best])) best = x;
+        }
+        ex[j] = static_cast<int32_t>(best);
+        w[j] = p[best];
+      }
+      if (renorm) {
+        T s = 0;
+        for (int64_t j = 0; j < k; ++j) s += w[j];
+        for (int64_t j = 0; j < k; ++j) w[j] /= s;
+      }
+    }
+  });
+}
+
+template <typename T>
+void moe_route_backward(CpuContext& ctx, const T* probs, const int32_t* expert, const T* weight, const T* d_weight,
+                        const T* d_probs_const, int64_t n, int64_t e, int64_t k, bool renorm, T* dlogits) {
+  detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> dp(static_cast<size_t>(e));
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* p = probs + t * e;
+      const int32_t* ex = expert + t * k;
+      const T* w = weight + t * k;
+      const T* dw = d_weight + t * k;
+      for (int64_t x = 0; x < e; ++x) dp[static_cast<size_t>(x)] = d_probs_const ? d_probs_const[x] : T(0);
+      if (renorm) {
+        // w_j = p_j / S with S the sum of the chosen p: d p_j = (dw_j - sum_i dw_i w_i) / S.
+        T S = 0, dot = 0;
+        for (int64_t j = 0; j < k; ++j) S += p[ex[j]];
+        for (int64_t j = 0; j < k; ++j) dot += dw[j] * w[j];
+        for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(ex[j])] += (dw[j] - dot) / S;
+      } else {
+        for (int64_t j = 0; j < k; ++j) dp[static_cast<size_t>(ex[j])] += dw[j];
+      }
+      T s = 0;
+      for (int64_t x = 0; x < e; ++x) s += p[x] * dp[static_cast<size_t>(x)];
+      T* dz = dlogits + t * e;
+      for (int64_t x = 0; x < e; ++x) dz[x] = p[x] * (dp[static_cast<size_t>(x)] - s);
+    }
+  });
+}
+
+void moe_permute(const int32_t* expert, int64_t n, int64_t k, int64_t e, int32_t* offsets, int32_t* perm) {
+  const int64_t slots = n * k;
+  std::fill(offsets, offsets + e + 1, 0);
+  for (int64_t s = 0; s < slots; ++s) {
+    MT_CHECK(expert[s] >= 0 && expert[s] < e, "moe_permute: expert index out of range");
+    ++offsets[expert[s] + 1];
+  }
+  for (int64_t x = 0; x < e; ++x) offsets[x + 1] += offsets[x];
+  std::vector<int32_t> next(offsets, offsets + e);
+  for (int64_t s = 0; s < slots; ++s) perm[next[static_cast<size_t>(expert[s])]++] = static_cast<int32_t>(s);
+}
+
+template <typename T>
+void moe_gather(CpuContext& ctx, const T* x, const int32_t* perm, int64_t rows, int64_t k, int64_t h, T* xp) {
+  detail::parallel_for(ctx, rows, kRowChunk, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      std::memcpy(xp + r * h, x + static_cast<int64_t>(perm[r] / k) * h, sizeof(T) * static_cast<size_t>(h));
+  });
+}
+
+template <typename T>
+void grouped_linear_forward(CpuContext& ctx, const T* x, const T* w, int64_t w_stride, const T* bias, int64_t b_stride,
+                            const int32_t* offsets, int64_t e, int64_t in, int64_t out, T* y) {
+  for (int64_t g = 0; g < e; ++g) {
+    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+    if (rows == 0) continue;
+    linear_forward<T>(ctx, x + r0 * in, w + g * w_stride, bias ? bias + g * b_stride : nullptr, rows, in, out, y + r0 * out);
+  }
+}
+
+template <typename T>
+void grouped_linear_backward(CpuContext& ctx, const T* dy, const T* x, const T* w, int64_t w_stride, const int32_t* offsets,
+                             int64_t e, int64_t in, int64_t out, T* dx, T* dw, T* db, int64_t b_stride) {
+  for (int64_t g = 0; g < e; ++g) {
+    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+    if (rows == 0) continue;
+    linear_backward<T>(ctx, dy + r0 * out, x + r0 * in, w + g * w_stride, rows, in, out, dx ? dx + r0 * in : nullptr, false,
+                       dw ? dw + g * w_stride : nullptr, db ? db + g * b_stride : nullptr);
+  }
+}
+
+template <typename T>
+void moe_combine_forward(CpuContext& ctx, const T* yp, const T* weight, const int32_t* row_of_slot, int64_t n, int64_t k,
+                         int64_t h, T* out) {
+  detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      T* o = out + t * h;
+      for (int64_t c = 0; c < h; ++c) o[c] = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const T wj = weight[t * k + j];
+        const T* y = yp + static_cast<int64_t>(row_of_slot[t * k + j]) * h;
+        for (int64_t c = 0; c < h; ++c) o[c] += wj * y[c];
+      }
+    }
+  });
+}
+
+template <typename T>
+void moe_combine_backward(CpuContext& ctx, const T* yp, const T* weight, const int32_t* row_of_slot, const T* dout,
+                          int64_t n, int64_t k, int64_t h, T* dyp, T* d_weight) {
+  detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* d = dout + t * h;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t s = t * k + j, r = row_of_slot[s];
+        const T* y = yp + r * h;
+        T* dy = dyp + r * h;
+        T dot = 0;
+        for (int64_t c = 0; c < h; ++c) {
+          dy[c] = weight[s] * d[c];
+          dot += d[c] * y[c];
+        }
+        d_weight[s] = dot;
+      }
+    }
+  });
+}
+
+template <typename T>
+void moe_scatter_add(CpuContext& ctx, const T* dxp, const int32_t* row_of_slot, int64_t n, int64_t k, int64_t h, T* dx) {
+  detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      T* o = dx + t * h;
+      std::memcpy(o, dxp + static_cast<int64_t>(row_of_slot[t * k]) * h, sizeof(T) * static_cast<size_t>(h));
+      for (int64_t j = 1; j < k; ++j) {
+        const T* src = dxp + static_cast<int64_t>(row_of_slot[t * k + j]) * h;
+        for (int64_t c = 0; c < h; ++c) o[c] += src[c];
+      }
+    }
+  });
+}
+
+template <typename T>
+void moe_aux_stats(const T* probs, const int32_t* expert, int64_t n, int64_t e, int64_t k, double* count, double* prob_sum) {
+  for (int64_t s = 0; s < n * k; ++s) count[expert[s]] += 1.0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t x = 0; x < e; ++x) prob_sum[x] += static_cast<double>(probs[t * e + x]);
+}
+
+#define MT_INSTANTIATE(T)                                                                                              \
+  template void moe_route_forward<T>(CpuContext&, const T*, int64_t, int64_t, int64_t, bool, int32_t*, T*, T*);       \
+  template void moe_route_backward<T>(CpuContext&, const T*, const int32_t*, const T*, const T*, const T*, int64_t,    \
+                                      int64_t, int64_t, bool, T*);                                                     \
+  template void moe_gather<T>(CpuContext&, const T*, const int32_t*, int64_t, int64_t, int64_t, T*);                   \
+  template void grouped_linear_forward<T>(CpuContext&, const T*, const T*, int64_t, const T*, int64_t, const int32_t*, \
+                                          int64_t, int64_t, int64_t, T*);                                              \
+  template void grouped_linear_backward<T>(CpuContext&, const T*, const T*, const T*, int64_t, const int32_t*, int64_t, \
+                                           int64_t, int64_t, T*, T*, T*, int64_t);                                     \
+  template void moe_combine_forward<T>(CpuContext&, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, T*); \
+  template void moe_combine_backward<T>(CpuContext&, const T*, const T*, const int32_t*, const T*, int64_t, int64_t,   \
+                                        int64_t, T*, T*);                                                              \
+  template void moe_scatter_add<T>(CpuContext&, const T*, const int32_t*, int64_t, int64_t, int64_t, T*);              \
+  template void moe_aux_stats<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, double*, double*);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(double)
+#undef MT_INSTANTIATE
+
+}  // namespace megatrain::cpu
