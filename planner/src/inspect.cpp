@@ -41,12 +41,22 @@ std::string inspect_json(const ModelSpec& spec, const InspectOptions& opt) {
   j["model"] = spec.name();
   j["architecture"] = c.architecture;
   j["parameters"] = pc.total;
+  // Parameters one token uses: all of a dense model; for MoE, total less the unchosen experts.
+  j["active_parameters"] = c.is_moe() ? pc.active : pc.total;
   j["embedding"] = pc.embedding;
   j["per_layer"] = pc.per_layer;
   j["head"] = pc.head;
   j["layers"] = c.num_layers;
   j["final_norm"] = pc.final_norm;
   j["tied_embeddings"] = c.tie_word_embeddings;
+  if (c.is_moe())
+    j["experts"] = {{"kind", c.moe}, {"num_experts", c.num_experts}, {"experts_per_token", c.experts_per_token},
+                    {"per_expert", pc.per_expert}, {"all_experts", pc.experts}, {"router", pc.router},
+                    {"moe_layers", pc.moe_layers}, {"expert_intermediate_size", c.moe_intermediate_size},
+                    {"router_forward_flops", whole(f.router_forward)},
+                    {"experts_forward_flops", whole(f.experts_forward)}};
+  else
+    j["experts"] = nullptr;
   j["seq_len"] = seq;
   j["flops_per_token"] = whole(f.training());
   j["flops"] = {{"forward", whole(f.forward)}, {"backward", whole(f.backward)}, {"recompute", whole(f.recompute)},
@@ -69,7 +79,8 @@ std::string inspect_json(const ModelSpec& spec, const InspectOptions& opt) {
                  {"head_dim", c.head_dim}, {"vocab_size", c.vocab_size},
                  {"max_position_embeddings", c.max_position_embeddings}, {"rms_norm_eps", c.rms_norm_eps},
                  {"rope_theta", c.rope_theta}, {"qkv_bias", c.qkv_bias}, {"o_bias", c.o_bias},
-                 {"mlp_bias", c.mlp_bias}};
+                 {"mlp_bias", c.mlp_bias}, {"qk_norm", c.qk_norm}, {"attention_sinks", c.attention_sinks},
+                 {"sliding_window", c.sliding_window}};
   if (opt.list_tensors) {
     Json ts = Json::array();
     for (const auto& t : spec.tensors()) ts.push_back({{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}});
@@ -85,10 +96,24 @@ std::string inspect_table(const ModelSpec& spec, const InspectOptions& opt) {
   const FlopsPerToken f = spec.flops_per_token(seq);
   std::ostringstream o;
   o << spec.name() << " (" << c.architecture << ")\n";
-  o << "  " << c.num_layers << " layers, hidden " << c.hidden_size << ", MLP " << c.intermediate_size << ", "
-    << c.num_heads << " heads (" << c.num_kv_heads << " KV, head_dim " << c.head_dim << "), vocab "
+  o << "  " << c.num_layers << " layers, hidden " << c.hidden_size << ", ";
+  if (c.is_moe()) {
+    o << c.num_experts << " experts of " << c.moe_intermediate_size << " (top " << c.experts_per_token << ")";
+    if (pc.moe_layers < c.num_layers) o << " on " << pc.moe_layers << " layers, dense MLP " << c.intermediate_size;
+  } else {
+    o << "MLP " << c.intermediate_size;
+  }
+  o << ", " << c.num_heads << " heads (" << c.num_kv_heads << " KV, head_dim " << c.head_dim << "), vocab "
     << c.vocab_size << (c.tie_word_embeddings ? ", tied head" : ", untied head")
-    << (c.qkv_bias ? ", q/k/v bias" : "") << "\n\n";
+    << (c.qkv_bias ? (c.o_bias ? ", q/k/v/o bias" : ", q/k/v bias") : "") << (c.qk_norm ? ", q/k norm" : "")
+    << (c.attention_sinks ? ", attention sinks" : "");
+  if (c.sliding_window > 0) {
+    int64_t sliding = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) sliding += c.is_sliding_layer(l) ? 1 : 0;
+    o << ", window " << c.sliding_window
+      << (sliding == c.num_layers ? std::string(" on every layer") : " on " + std::to_string(sliding) + " layers");
+  }
+  o << "\n\n";
 
   o << "Parameters\n";
   auto row = [&](const std::string& name, int64_t n) {
@@ -96,11 +121,23 @@ std::string inspect_table(const ModelSpec& spec, const InspectOptions& opt) {
       << rpad(format_count(static_cast<double>(n)), 8) << "\n";
   };
   row("embedding", pc.embedding);
-  row("per layer", pc.per_layer);
+  row(c.is_moe() ? "layer 0" : "per layer", pc.per_layer);
   row("layers (x" + std::to_string(c.num_layers) + ")", pc.layers);
   row("final norm", pc.final_norm);
   row(c.tie_word_embeddings ? "head (tied)" : "head", pc.head);
   row("total", pc.total);
+  row("active per token", c.is_moe() ? pc.active : pc.total);
+  if (c.is_moe()) {
+    o << "\nExperts (" << c.experts_per_token << " of " << c.num_experts << " per token, " << c.moe << " routing)\n";
+    row("per expert", pc.per_expert);
+    row("experts (x" + std::to_string(c.num_experts) + " x" + std::to_string(pc.moe_layers) + ")", pc.experts);
+    row("router", pc.router);
+    o << "  " << pad("moe layers", 22) << rpad(std::to_string(pc.moe_layers) + " of " + std::to_string(c.num_layers), 18)
+      << "\n";
+    row("active experts", static_cast<int64_t>(c.experts_per_token) * pc.per_expert * pc.moe_layers);
+    row("rest (non-expert)", pc.total - pc.experts);
+    row("active less embedding", pc.active - pc.embedding);  // the way gpt-oss' model card counts active
+  }
 
   o << "\nFLOPs per token at seq " << seq << " (matmuls, 2mnk)\n";
   auto frow = [&](const std::string& name, double v) {
@@ -111,6 +148,10 @@ std::string inspect_table(const ModelSpec& spec, const InspectOptions& opt) {
   frow("recompute", f.recompute);
   frow("training (fwd+bwd)", f.training());
   frow("with recompute", f.training_with_recompute());
+  if (c.is_moe()) {
+    frow("router, one layer", f.router_forward);
+    frow("k experts, one layer", f.experts_forward);
+  }
   char buf[128];
   std::snprintf(buf, sizeof buf, "  attention share of forward: %.1f%%\n",
                 100.0 * f.attention_forward * static_cast<double>(c.num_layers) / f.forward);
