@@ -58,3 +58,9 @@ echo "== megatrain-exec out/tiny-planned.json --data /usr/share/common-licenses/
 echo
 echo "== megatrain-plan plan --model mistral-large-2 --rig h200-1.5tb"
 "$plan" plan --model mistral-large-2 --rig h200-1.5tb
+echo
+echo "== megatrain-plan inspect --model gpt-oss-120b (the MegaTrain paper's headline model: 116.83B parameters, 128 experts, 4 per token)"
+"$plan" inspect --model gpt-oss-120b --seq 4096
+echo
+echo "== megatrain-plan plan --model gpt-oss-120b --rig h200-1.5tb"
+"$plan" plan --model gpt-oss-120b --rig h200-1.5tb

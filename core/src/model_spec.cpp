@@ -351,6 +351,8 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
   add("model.embed_tokens.weight", {c.vocab_size, H}, -1, TensorRole::kEmbedding);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    // GptOssAttention's own parameter comes before its submodules' in the state dict.
+    if (c.attention_sinks) add(p + "self_attn.sinks", {c.num_heads}, l, TensorRole::kSinks);
     add(p + "self_attn.q_proj.weight", {q_out, H}, l, TensorRole::kQ);
     if (c.qkv_bias) add(p + "self_attn.q_proj.bias", {q_out}, l, TensorRole::kQBias);
     add(p + "self_attn.k_proj.weight", {kv_out, H}, l, TensorRole::kK);
@@ -363,7 +365,6 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
       add(p + "self_attn.q_norm.weight", {c.head_dim}, l, TensorRole::kQNorm);
       add(p + "self_attn.k_norm.weight", {c.head_dim}, l, TensorRole::kKNorm);
     }
-    if (c.attention_sinks) add(p + "self_attn.sinks", {c.num_heads}, l, TensorRole::kSinks);
     const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
     if (c.is_moe_layer(l) && c.moe == "mixtral") {
       add(p + "block_sparse_moe.gate.weight", {E, H}, l, TensorRole::kRouter);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -294,6 +295,156 @@ TEST(ModelSpec, LoadsFromAFolderHoldingConfigJson) {
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_EQ(s->name(), "my-model");
   fs::remove_all(dir.parent_path());
+}
+
+}  // namespace
+}  // namespace megatrain
+
+namespace megatrain {
+namespace {
+
+// Mixture-of-Experts and Qwen3 (issue 18). Our exact counts, and the published figures they round
+// to. Sources:
+//   Mixtral-8x7B-v0.1: 46,702,792,704 = the Hub's model.safetensors.index.json total_size
+//     (93,405,585,408 bytes of bf16) / 2; "46.7B total, 12.9B active" (Mistral AI's announcement).
+//   Mixtral-8x22B-v0.1: "141B total, 39B active" (Mistral AI's announcement).
+//   Qwen3-235B-A22B: "235B in total and 22B activated"; Qwen3-30B-A3B: "30.5B in total and 3.3B
+//   activated"; Qwen3-32B: "32.8B" (the Qwen3 model cards).
+//   gpt-oss-120b: 116.83B total, 5.13B active; gpt-oss-20b: 20.91B total, 3.61B active (the
+//   gpt-oss model card, arXiv 2508.10925, table 1). Its active figure leaves out the embedding
+//   table (a lookup, not a matmul) and counts the unembedding: ours, total less the unchosen
+//   experts, counts both, so the test subtracts the embedding for it.
+struct Published {
+  const char* name;
+  int64_t total, active;                 // ours, exact
+  double total_pub, active_pub, unit;   // the published figures and their last digit
+  bool active_without_embedding;
+};
+
+TEST(ModelSpecMoe, CountsEqualThePublishedFigures) {
+  const Published cases[] = {
+      {"mixtral-8x7b", 46702792704, 12879925248, 46.7e9, 12.9e9, 0.1e9, false},
+      {"mixtral-8x22b", 140620634112, 39152031744, 141e9, 39e9, 1e9, false},
+      {"qwen3-235b-a22b", 235093634560, 22190763520, 235e9, 22e9, 1e9, false},
+      {"qwen3-30b-a3b", 30532122624, 3353032704, 30.5e9, 3.3e9, 0.1e9, false},
+      {"qwen3-32b", 32762123264, 32762123264, 32.8e9, 32.8e9, 0.1e9, false},
+      {"gpt-oss-120b", 116829156672, 5711982912, 116.83e9, 5.13e9, 0.01e9, true},
+      {"gpt-oss-20b", 20914757184, 4187440704, 20.91e9, 3.61e9, 0.01e9, true},
+  };
+  for (const Published& p : cases) {
+    SCOPED_TRACE(p.name);
+    auto spec = ModelSpec::load(p.name);
+    ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+    const ParameterCounts pc = spec->parameter_counts();
+    EXPECT_EQ(pc.total, p.total);
+    EXPECT_EQ(pc.active, p.active);
+    auto rounded = [&](double v) { return std::round(v / p.unit) * p.unit; };
+    EXPECT_DOUBLE_EQ(rounded(static_cast<double>(pc.total)), p.total_pub);
+    const double active = static_cast<double>(pc.active - (p.active_without_embedding ? pc.embedding : 0));
+    EXPECT_DOUBLE_EQ(rounded(active), p.active_pub);
+    // The parts add up.
+    int64_t layers = 0;
+    for (int64_t n : pc.layer) layers += n;
+    EXPECT_EQ(layers, pc.layers);
+    EXPECT_EQ(pc.embedding + pc.layers + pc.final_norm + pc.head, pc.total);
+    if (spec->config().is_moe()) {
+      EXPECT_EQ(pc.experts, pc.moe_layers * spec->config().num_experts * pc.per_expert);
+      // FLOPs count the k chosen experts: forward is about 2 x active parameters less the
+      // embedding (plus attention).
+      const FlopsPerToken f = spec->flops_per_token(128);
+      const double matmul_params = static_cast<double>(pc.active - pc.embedding) - 0.0;
+      EXPECT_GT(f.forward, 2 * matmul_params * 0.99);
+      EXPECT_LT(f.forward, 2 * matmul_params * 1.10);
+    }
+  }
+}
+
+TEST(ModelSpecMoe, TensorsHaveTheHubNamesAndShapes) {
+  {
+    auto m = ModelSpec::load("mixtral-8x7b");
+    ASSERT_TRUE(m.ok());
+    const auto t = m->layer_tensors(3);
+    // q, k, v, o, the router, 8 experts x (w1, w2, w3), two norms
+    ASSERT_EQ(t.size(), 4u + 1u + 24u + 2u);
+    EXPECT_EQ(t[4].name, "model.layers.3.block_sparse_moe.gate.weight");
+    EXPECT_EQ(t[4].shape, (std::vector<int64_t>{8, 4096}));
+    EXPECT_EQ(t[5].name, "model.layers.3.block_sparse_moe.experts.0.w1.weight");
+    EXPECT_EQ(t[5].shape, (std::vector<int64_t>{14336, 4096}));
+    EXPECT_EQ(t[6].name, "model.layers.3.block_sparse_moe.experts.0.w2.weight");
+    EXPECT_EQ(t[6].shape, (std::vector<int64_t>{4096, 14336}));
+    EXPECT_EQ(t[28].name, "model.layers.3.block_sparse_moe.experts.7.w3.weight");
+    EXPECT_EQ(t[28].expert, 7);
+  }
+  {
+    auto m = ModelSpec::load("qwen3-30b-a3b");
+    ASSERT_TRUE(m.ok());
+    const auto t = m->layer_tensors(0);
+    EXPECT_EQ(t[4].name, "model.layers.0.self_attn.q_norm.weight");
+    EXPECT_EQ(t[4].shape, (std::vector<int64_t>{128}));
+    EXPECT_EQ(t[6].name, "model.layers.0.mlp.gate.weight");
+    EXPECT_EQ(t[7].name, "model.layers.0.mlp.experts.0.gate_proj.weight");
+    EXPECT_EQ(t[7].shape, (std::vector<int64_t>{768, 2048}));
+  }
+  {
+    auto m = ModelSpec::load("gpt-oss-120b");
+    ASSERT_TRUE(m.ok());
+    std::vector<std::string> names;
+    for (const auto& t : m->layer_tensors(0)) names.push_back(t.name);
+    const std::vector<std::string> want = {
+        "model.layers.0.self_attn.sinks",         "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.k_proj.bias",
+        "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.v_proj.bias",
+        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.self_attn.o_proj.bias",
+        "model.layers.0.mlp.router.weight",
+        "model.layers.0.mlp.router.bias",         "model.layers.0.mlp.experts.gate_up_proj",
+        "model.layers.0.mlp.experts.gate_up_proj_bias", "model.layers.0.mlp.experts.down_proj",
+        "model.layers.0.mlp.experts.down_proj_bias", "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight"};
+    EXPECT_EQ(names, want);
+    EXPECT_EQ(m->layer_tensors(0)[11].shape, (std::vector<int64_t>{128, 2880, 5760}));
+    EXPECT_TRUE(m->config().is_sliding_layer(0));
+    EXPECT_FALSE(m->config().is_sliding_layer(1));
+    EXPECT_EQ(m->config().rope_scaling_type, "yarn");
+  }
+}
+
+TEST(ModelSpecMoe, DenseLayersAmongMoeLayers) {
+  auto m = ModelSpec::load("tiny-qwen3-moe");  // mlp_only_layers [1]
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(m->config().is_moe_layer(0));
+  EXPECT_FALSE(m->config().is_moe_layer(1));
+  EXPECT_TRUE(m->config().is_moe_layer(2));
+  const ParameterCounts pc = m->parameter_counts();
+  EXPECT_EQ(pc.moe_layers, 2);
+  EXPECT_NE(pc.layer[0], pc.layer[1]);
+  EXPECT_EQ(pc.layer[0], pc.layer[2]);
+  const FlopsPerToken f = m->flops_per_token(16);
+  ASSERT_EQ(f.layer_forwards.size(), 3u);
+  EXPECT_NE(f.layer_forwards[0], f.layer_forwards[1]);
+}
+
+TEST(ModelSpecMoe, WhatChangesTheMathIsRefusedByName) {
+  auto cfg = [](const std::string& extra) {
+    std::string base = R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "intermediate_size": 32,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+      "num_local_experts": 4, "num_experts_per_tok": 2)";
+    return base + extra + "}";
+  };
+  ASSERT_TRUE(ModelSpec::from_config_json(cfg("")).ok());
+  for (const std::string& extra : {std::string(R"(, "n_shared_experts": 2)"), std::string(R"(, "kv_lora_rank": 512)"),
+                                   std::string(R"(, "router_jitter_noise": 0.1)")}) {
+    auto s = ModelSpec::from_config_json(cfg(extra));
+    ASSERT_FALSE(s.ok()) << extra;
+    EXPECT_EQ(s.status().code(), StatusCode::kUnsupported) << s.status().to_string();
+    const std::string key = extra.substr(3, extra.find('"', 3) - 3);
+    EXPECT_NE(s.status().message().find(key), std::string::npos) << s.status().to_string();
+  }
+  auto k_too_big = ModelSpec::from_config_json(cfg("").replace(cfg("").find("\"num_experts_per_tok\": 2"), 24,
+                                                               "\"num_experts_per_tok\": 5"));
+  EXPECT_FALSE(k_too_big.ok());
+  auto ds = ModelSpec::from_config_json(R"({"architectures": ["DeepseekV3ForCausalLM"]})");
+  ASSERT_FALSE(ds.ok());
+  EXPECT_NE(ds.status().message().find("later step"), std::string::npos) << ds.status().to_string();
 }
 
 }  // namespace

@@ -262,7 +262,7 @@ TEST_F(TraceStoreTest, FileHasTheDocumentedSchemaAndIndexes) {
             "lane INTEGER, name TEXT, kind TEXT, step INTEGER, layer INTEGER, micro_batch INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER, flops REAL");
   EXPECT_EQ(columns["counters"], "name TEXT, t_ns INTEGER, value REAL");
-  EXPECT_EQ(columns["steps"], "step INTEGER, loss REAL, tokens INTEGER, time_s REAL");
+  EXPECT_EQ(columns["steps"], "step INTEGER, loss REAL, tokens INTEGER, time_s REAL, aux_loss REAL");
 
   sqlite3_stmt* st = nullptr;
   ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL",
