@@ -119,7 +119,7 @@ struct ParameterCounts {
   int64_t embedding = 0;        // model.embed_tokens
   int64_t per_layer = 0;        // decoder layer 0 (layers differ only with Qwen3-MoE mlp_only_layers)
   int64_t layers = 0;           // all decoder layers
-  // Mixture-of-Experts (0 for dense models, except active = total):
+  // Mixture-of-Experts (all 0 for dense models but active, which equals total there):
   int64_t active = 0;           // parameters one token uses: total less the (E - k) unchosen experts of every MoE layer
   int64_t experts = 0;          // every expert of every layer
   int64_t per_expert = 0;       // one expert of one MoE layer (with its biases)
