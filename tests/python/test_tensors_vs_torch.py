@@ -40,6 +40,12 @@ class Attention(nn.Module):
         self.k_proj = linear(h, kv * hd, qkv_bias)
         self.v_proj = linear(h, kv * hd, qkv_bias)
         self.o_proj = linear(c["num_attention_heads"] * hd, h, o_bias)
+        arch = c["architectures"][0]
+        if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):  # Qwen3Attention: per-head norms
+            self.q_norm = RMSNorm(hd)
+            self.k_norm = RMSNorm(hd)
+        if arch == "GptOssForCausalLM":  # GptOssAttention: a learned sink logit per head
+            self.sinks = nn.Parameter(torch.empty(c["num_attention_heads"], device="meta"))
 
 
 class MLP(nn.Module):
@@ -51,11 +57,57 @@ class MLP(nn.Module):
         self.down_proj = linear(i, h, bias)
 
 
+class Expert(nn.Module):
+    """One expert of Mixtral (w1 gate, w2 down, w3 up) or Qwen3-MoE (gate/up/down_proj)."""
+    def __init__(self, h, i, mixtral):
+        super().__init__()
+        if mixtral:
+            self.w1, self.w2, self.w3 = linear(h, i, False), linear(i, h, False), linear(h, i, False)
+        else:
+            self.gate_proj, self.up_proj, self.down_proj = linear(h, i, False), linear(h, i, False), linear(i, h, False)
+
+
+class SparseMoe(nn.Module):
+    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock: a router `gate` and a list of experts."""
+    def __init__(self, c, mixtral):
+        super().__init__()
+        e = c["num_local_experts"] if mixtral else c["num_experts"]
+        i = c["intermediate_size"] if mixtral else c["moe_intermediate_size"]
+        self.gate = linear(c["hidden_size"], e, False)
+        self.experts = nn.ModuleList([Expert(c["hidden_size"], i, mixtral) for _ in range(e)])
+
+
+class GptOssExperts(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        e, h, i = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]
+        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i, device="meta"))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i, device="meta"))
+        self.down_proj = nn.Parameter(torch.empty(e, i, h, device="meta"))
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h, device="meta"))
+
+
+class GptOssMLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.router = linear(c["hidden_size"], c["num_local_experts"], True)
+        self.experts = GptOssExperts(c)
+
+
 class Layer(nn.Module):
-    def __init__(self, c, qkv_bias, o_bias, mlp_bias):
+    def __init__(self, c, qkv_bias, o_bias, mlp_bias, index):
         super().__init__()
         self.self_attn = Attention(c, qkv_bias, o_bias)
-        self.mlp = MLP(c, mlp_bias)
+        arch = c["architectures"][0]
+        step = c.get("decoder_sparse_step", 1)
+        if arch == "MixtralForCausalLM":
+            self.block_sparse_moe = SparseMoe(c, True)
+        elif arch == "GptOssForCausalLM":
+            self.mlp = GptOssMLP(c)
+        elif arch == "Qwen3MoeForCausalLM" and index not in c.get("mlp_only_layers", []) and (step <= 1 or (index + 1) % step == 0):
+            self.mlp = SparseMoe(c, False)
+        else:
+            self.mlp = MLP(c, mlp_bias)
         self.input_layernorm = RMSNorm(c["hidden_size"])
         self.post_attention_layernorm = RMSNorm(c["hidden_size"])
 
@@ -64,7 +116,7 @@ class Inner(nn.Module):
     def __init__(self, c, biases):
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"], device="meta")
-        self.layers = nn.ModuleList([Layer(c, *biases) for _ in range(c["num_hidden_layers"])])
+        self.layers = nn.ModuleList([Layer(c, *biases, l) for l in range(c["num_hidden_layers"])])
         self.norm = RMSNorm(c["hidden_size"])
 
 
@@ -77,6 +129,9 @@ class CausalLM(nn.Module):
         elif arch == "LlamaForCausalLM":
             ab = c.get("attention_bias", False)
             biases = (ab, ab, c.get("mlp_bias", False))
+        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"):
+            ab = c.get("attention_bias", arch == "GptOssForCausalLM")
+            biases = (ab, ab, False)
         else:
             biases = (False, False, False)
         self.model = Inner(c, biases)
