@@ -333,6 +333,14 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
       if (auto f = rs->find("beta_fast"); f != rs->end() && f->is_number()) c.rope_beta_fast = f->get<double>();
       if (auto f = rs->find("beta_slow"); f != rs->end() && f->is_number()) c.rope_beta_slow = f->get<double>();
       if (auto f = rs->find("truncate"); f != rs->end() && f->is_boolean()) c.rope_truncate = f->get<bool>();
+      if (auto f = rs->find("attention_factor"); f != rs->end() && f->is_number()) c.rope_attention_factor = f->get<double>();
+      for (const char* k : {"mscale", "mscale_all_dim"})
+        if (auto f = rs->find(k); f != rs->end() && !f->is_null())
+          return unsupported(what + ": rope_scaling." + k + " (DeepSeek's YaRN attention factor) is not supported; accepted: "
+                             "yarn with factor, beta_fast, beta_slow, truncate, attention_factor and original_max_position_embeddings");
+      // HF takes the context the model was trained at from the config when rope_scaling leaves it out.
+      if (rs->find("original_max_position_embeddings") == rs->end())
+        c.rope_original_max_position = static_cast<double>(c.max_position_embeddings);
     }
   }
 

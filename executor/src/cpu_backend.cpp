@@ -197,6 +197,17 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& name, const Mod
     return invalid_argument("backend '" + name + "' is unknown; accepted: auto, cpu, cuda");
   }
   if (!use_cuda) return make_cpu_backend(model, dims, options);
+  // What the CUDA kernels do not have yet (the CPU backend has all of it).
+  std::string missing;
+  if (dims.sinks) missing = "attention sinks";
+  else if (dims.gpt_oss) missing = "gpt-oss's stacked, biased experts";
+  else if (dims.rope_scale != 1) missing = "yarn RoPE";
+  for (int64_t l = 0; missing.empty() && l < dims.L; ++l)
+    if (dims.window_of(l) > 0 && dims.window_of(l) < dims.T)
+      missing = "a sliding window (" + std::to_string(dims.window_of(l)) + ") shorter than the sequence (" + std::to_string(dims.T) + ")";
+  if (!missing.empty())
+    return unsupported("--backend cuda: " + model.config().architecture + " needs " + missing +
+                       ", which the CUDA backend does not have yet; accepted: --backend cpu");
   MT_ASSIGN_OR_RETURN(std::vector<float> inv_freq, rope_inv_freq_for<float>(model));
   return make_cuda_backend(model, dims, options, std::move(inv_freq));
 }

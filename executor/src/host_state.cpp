@@ -254,7 +254,7 @@ void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateF
     else if (t.role == TensorRole::kEmbedding) u = 0;
     else u = static_cast<size_t>(L + 1);
     UnitState& us = units_[u];
-    us.tensors.push_back(TensorSlot{t.name, t.shape, t.role, us.numel, t.numel, !is_norm_or_bias(t.role), t.expert});
+    us.tensors.push_back(TensorSlot{t.name, t.shape, t.role, us.numel, t.numel, !is_norm_or_bias(t.role), t.expert, t.layer});
     us.numel += t.numel;
   }
   for (UnitState& us : units_) {

@@ -10,6 +10,24 @@
 
 namespace megatrain::exec {
 
+namespace {
+Result<cpu::RopeConfig> rope_config_of(const ModelConfig& mc) {
+  cpu::RopeConfig rc;
+  rc.head_dim = mc.head_dim;
+  rc.theta = mc.rope_theta;
+  MT_ASSIGN_OR_RETURN(rc.scaling, cpu::parse_rope_scaling_type(mc.rope_scaling_type));
+  rc.factor = mc.rope_scaling_factor;
+  rc.low_freq_factor = mc.rope_low_freq_factor;
+  rc.high_freq_factor = mc.rope_high_freq_factor;
+  rc.original_max_position_embeddings = mc.rope_original_max_position;
+  rc.beta_fast = mc.rope_beta_fast;
+  rc.beta_slow = mc.rope_beta_slow;
+  rc.truncate = mc.rope_truncate;
+  rc.attention_factor = mc.rope_attention_factor;
+  return rc;
+}
+}  // namespace
+
 Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
   const ModelConfig& c = model.config();
   Dims d;
@@ -27,21 +45,32 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
   d.kv = d.nkv * d.hd;
   d.eps = c.rms_norm_eps;
   d.tied = c.tie_word_embeddings;
-  if (c.o_bias || c.mlp_bias)
-    return unsupported("attention_bias/mlp_bias: o_proj and MLP biases are not supported by the CPU backend yet; accepted: false for both (q/k/v biases, as in Qwen2, are supported)");
-  if (c.moe == "gpt_oss" || c.attention_sinks)
-    return unsupported(c.architecture + ": the executor does not train gpt-oss yet (attention sinks, per-layer sliding "
-                       "windows, stacked biased experts); inspect, simulate, plan and size support it. Trainable: Llama, "
-                       "Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral");
+  if (c.mlp_bias)
+    return unsupported("mlp_bias: biases on the dense MLP's gate/up/down are not supported by the CPU backend yet; accepted: "
+                       "false (q/k/v/o biases, as in Qwen2 and gpt-oss, and gpt-oss's expert biases are supported)");
   d.qk_norm = c.qk_norm;
+  d.sinks = c.attention_sinks;
+  d.window.assign(static_cast<size_t>(d.L), 0);
+  for (int64_t l = 0; l < d.L; ++l)
+    if (c.is_sliding_layer(l)) d.window[static_cast<size_t>(l)] = c.sliding_window;
+  if (c.rope_scaling_type == "yarn") {
+    MT_ASSIGN_OR_RETURN(cpu::RopeConfig rc, rope_config_of(c));
+    d.rope_scale = cpu::rope_attention_scaling(rc);
+  }
   if (c.is_moe()) {
-    if (c.moe != "mixtral" && c.moe != "qwen3_moe")
-      return unsupported("moe '" + c.moe + "': the executor trains the mixtral and qwen3_moe blocks");
+    if (c.moe != "mixtral" && c.moe != "qwen3_moe" && c.moe != "gpt_oss")
+      return unsupported("moe '" + c.moe + "': the executor trains the mixtral, qwen3_moe and gpt_oss blocks");
     d.moe = true;
     d.E = c.num_experts;
     d.k = c.experts_per_token;
     d.Im = c.moe_intermediate_size;
-    d.renorm = c.moe == "mixtral" || c.norm_topk_prob;
+    // gpt-oss takes the softmax over the k largest logits, which equals the softmax over all
+    // experts renormalised over the k chosen (exp(z_i) / sum_chosen exp(z_j)): the same block as
+    // Mixtral's, differing by rounding (docs/moe.md).
+    d.renorm = c.moe == "mixtral" || c.moe == "gpt_oss" || c.norm_topk_prob;
+    d.gpt_oss = c.moe == "gpt_oss";
+    d.swiglu_alpha = c.swiglu_alpha;
+    d.swiglu_limit = c.swiglu_limit;
     d.dense_mlp = false;
     for (int64_t l = 0; l < c.num_layers; ++l) {
       if (c.is_moe_layer(l)) ++d.moe_layers;
@@ -63,19 +92,15 @@ int64_t Dims::mlp_floats() const {
 
 template <typename T>
 Result<std::vector<T>> rope_inv_freq_for(const ModelSpec& model) {
-  const ModelConfig& mc = model.config();
-  cpu::RopeConfig rc;
-  rc.head_dim = mc.head_dim;
-  rc.theta = mc.rope_theta;
-  MT_ASSIGN_OR_RETURN(rc.scaling, cpu::parse_rope_scaling_type(mc.rope_scaling_type));
-  rc.factor = mc.rope_scaling_factor;
-  rc.low_freq_factor = mc.rope_low_freq_factor;
-  rc.high_freq_factor = mc.rope_high_freq_factor;
-  rc.original_max_position_embeddings = mc.rope_original_max_position;
+  MT_ASSIGN_OR_RETURN(cpu::RopeConfig rc, rope_config_of(model.config()));
   return cpu::rope_inv_freq<T>(rc);
 }
 
 namespace {
+bool is_stacked_expert(TensorRole r) {
+  return r == TensorRole::kExpertGateUp || r == TensorRole::kExpertGateUpBias || r == TensorRole::kExpertDown ||
+         r == TensorRole::kExpertDownBias;
+}
 // Pointers and expert strides of a unit's tensors in a block laid out as layout.tensors: a
 // per-expert tensor (expert >= 0) is addressed through expert 0's, with the distance to expert 1's
 // as its stride.
@@ -84,9 +109,12 @@ void bind_unit(const UnitState& layout, P block, V& v) {
   int64_t first[kTensorRoleCount];
   for (const auto& t : layout.tensors) {
     const int r = static_cast<int>(t.role);
+    v.layer = t.layer;
     if (t.expert <= 0) {
       v.p[r] = block + t.offset;
       first[r] = t.offset;
+      if (t.expert < 0 && is_stacked_expert(t.role) && !t.shape.empty() && t.shape[0] > 0)
+        v.stride[r] = t.numel / t.shape[0];  // gpt-oss: [E, ...], one expert after the other
     } else if (t.expert == 1) {
       v.stride[r] = t.offset - first[r];
     }
@@ -105,6 +133,7 @@ int64_t moe_act_floats(const Dims& d) {
          3 * int_cells<float>(slots) /*expert, perm, row_of_slot*/ + int_cells<float>(d.E + 1) /*offsets*/;
 }
 int64_t qk_norm_act_floats(const Dims& d) { return d.qk_norm ? d.N * (d.q + d.kv + d.nh + d.nkv) : 0; }
+int64_t sink_act_floats(const Dims& d) { return d.sinks ? d.B * d.nh * d.T : 0; }
 }  // namespace
 
 template <typename T>
@@ -124,7 +153,7 @@ UnitGradT<T> grad_unit(const UnitState& layout, T* block) {
 int64_t layer_act_floats(const Dims& d) {
   const int64_t probs = d.B * d.nh * d.T * d.T;
   return d.N * (d.H /*x*/ + 1 + d.H /*xn1*/ + d.q + 2 * d.kv + d.q /*attn*/ + d.H /*h*/ + 1 + d.H) + 3 * d.mlp_floats() +
-         probs + qk_norm_act_floats(d) + moe_act_floats(d);
+         probs + qk_norm_act_floats(d) + moe_act_floats(d) + sink_act_floats(d);
 }
 
 template <typename T>
@@ -156,6 +185,7 @@ LayerActsT<T> bind_layer_acts(const Dims& d, T* base) {
     a.rstd_q = take(d.N * d.nh);
     a.rstd_k = take(d.N * d.nkv);
   }
+  if (d.sinks) a.sink_probs = take(d.B * d.nh * d.T);
   if (d.moe) {
     const int64_t slots = d.N * d.k;
     a.logits = take(d.N * d.E);
@@ -175,10 +205,11 @@ int64_t layer_workspace_floats(const Dims& d) {
   // da, dgate, dup [MLP]; dxn, dh [N,H]; dattn, dq [N,q]; dk, dv [N,kv]; attention ds [probs]; tmp [N,H]
   int64_t n = 3 * d.mlp_floats() + 2 * d.N * d.H + 2 * d.N * d.q + 2 * d.N * d.kv + d.B * d.nh * d.T * d.T + d.N * d.H;
   // After tmp, used one after the other: the MoE block's dxp, dyp [N*k, H], d weight [N*k] and
-  // d logits [N, E]; then the q/k norms' input gradients [N, q + kv].
+  // d logits [N, E]; then the attention sinks' per-row gradients [B, nh, T]; then the q/k norms'
+  // input gradients [N, q + kv].
   const int64_t moe = d.moe ? 2 * d.N * d.k * d.H + d.N * d.k + d.N * d.E : 0;
   const int64_t qk = d.qk_norm ? d.N * (d.q + d.kv) : 0;
-  return n + std::max(moe, qk);
+  return n + std::max({moe, qk, sink_act_floats(d)});
 }
 
 int64_t head_workspace_floats(const Dims& d) { return d.N * d.V + 2 * d.N + 2 * d.N * d.H; }
@@ -205,12 +236,13 @@ Status LayerMathT<T>::forward(const UnitViewT<T>& w, const T* x_in, T* x_out, co
     cpu::rmsnorm_forward<T>(ctx_, a.q_pre, w[TensorRole::kQNorm], d.N * d.nh, d.hd, d.eps, a.q, a.rstd_q);
     cpu::rmsnorm_forward<T>(ctx_, a.k_pre, w[TensorRole::kKNorm], d.N * d.nkv, d.hd, d.eps, a.k, a.rstd_k);
   }
-  cpu::rope_forward<T>(ctx_, a.q, a.q, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data());
-  cpu::rope_forward<T>(ctx_, a.k, a.k, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data());
-  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd};
-  MT_RETURN_IF_ERROR(cpu::attention_forward<T>(ctx_, s, a.q, a.k, a.v, a.attn, a.probs));
+  const T rs = static_cast<T>(d.rope_scale);
+  cpu::rope_forward<T>(ctx_, a.q, a.q, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data(), rs);
+  cpu::rope_forward<T>(ctx_, a.k, a.k, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data(), rs);
+  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer)};
+  MT_RETURN_IF_ERROR(cpu::attention_forward<T>(ctx_, s, a.q, a.k, a.v, a.attn, a.probs, w[TensorRole::kSinks], a.sink_probs));
   // h = x + o_proj(attn); x_out = h + down(silu(gate) * up)
-  cpu::linear_forward<T>(ctx_, a.attn, w[TensorRole::kO], nullptr, d.N, d.q, d.H, a.h);
+  cpu::linear_forward<T>(ctx_, a.attn, w[TensorRole::kO], w[TensorRole::kOBias], d.N, d.q, d.H, a.h);
   cpu::add<T>(ctx_, a.x, a.h, d.N * d.H, a.h);
   cpu::rmsnorm_forward<T>(ctx_, a.h, w[TensorRole::kMlpNorm], d.N, d.H, d.eps, a.xn2, a.rstd2);
   if (w[TensorRole::kRouter] != nullptr) return moe_forward(w, x_out, a);
@@ -249,11 +281,16 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
   cpu::rmsnorm_backward<T>(ctx_, dxn, a.h, w[TensorRole::kMlpNorm], a.rstd2, d.N, d.H, tmp, g[TensorRole::kMlpNorm]);
   cpu::add<T>(ctx_, dout, tmp, d.N * d.H, dh);  // residual
   // Attention: h = x + o_proj(attn)
-  cpu::linear_backward<T>(ctx_, dh, a.attn, w[TensorRole::kO], d.N, d.q, d.H, dattn, false, g[TensorRole::kO], nullptr);
-  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd};
-  MT_RETURN_IF_ERROR(cpu::attention_backward<T>(ctx_, s, a.q, a.k, a.v, a.probs, dattn, dq, dk, dv, dsw));
-  cpu::rope_backward<T>(ctx_, dq, dq, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data());
-  cpu::rope_backward<T>(ctx_, dk, dk, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data());
+  cpu::linear_backward<T>(ctx_, dh, a.attn, w[TensorRole::kO], d.N, d.q, d.H, dattn, false, g[TensorRole::kO],
+                          g[TensorRole::kOBias]);
+  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer)};
+  const bool sinks = w[TensorRole::kSinks] != nullptr;
+  MT_RETURN_IF_ERROR(cpu::attention_backward<T>(ctx_, s, a.q, a.k, a.v, a.probs, dattn, dq, dk, dv, dsw,
+                                                sinks ? a.sink_probs : nullptr, g[TensorRole::kSinks],
+                                                sinks ? tmp + d.N * d.H : nullptr));
+  const T rs = static_cast<T>(d.rope_scale);
+  cpu::rope_backward<T>(ctx_, dq, dq, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data(), rs);
+  cpu::rope_backward<T>(ctx_, dk, dk, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data(), rs);
   if (d.qk_norm) {  // through the per-head norms to the projections' outputs
     T* dq_pre = tmp + d.N * d.H;
     T* dk_pre = dq_pre + d.N * d.q;
@@ -283,12 +320,25 @@ Status LayerMathT<T>::moe_forward(const UnitViewT<T>& w, T* x_out, const LayerAc
   cpu::moe_permute(a.rexpert, d.N, d.k, d.E, a.offsets, a.perm);
   for (int64_t r = 0; r < slots; ++r) a.row_of_slot[a.perm[r]] = static_cast<int32_t>(r);
   cpu::moe_gather<T>(ctx_, a.xn2, a.perm, slots, d.k, d.H, a.xp);
+  if (d.gpt_oss) {
+    // gate_up [rows, 2 Im] (interleaved) = xp @ W_gu + b_gu, held in gate and up (adjacent, each
+    // slots * Im); act = the clamped SwiGLU; yp = act @ W_down + b_down.
+    cpu::grouped_matmul_forward<T>(ctx_, a.xp, w[TensorRole::kExpertGateUp], w.stride_of(TensorRole::kExpertGateUp),
+                                   w[TensorRole::kExpertGateUpBias], w.stride_of(TensorRole::kExpertGateUpBias), a.offsets,
+                                   d.E, d.H, 2 * d.Im, a.gate);
+    cpu::clamped_swiglu_forward<T>(ctx_, a.gate, slots, d.Im, static_cast<T>(d.swiglu_alpha), static_cast<T>(d.swiglu_limit),
+                                   a.act);
+    cpu::grouped_matmul_forward<T>(ctx_, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown),
+                                   w[TensorRole::kExpertDownBias], w.stride_of(TensorRole::kExpertDownBias), a.offsets, d.E,
+                                   d.Im, d.H, a.yp);
+  } else {
   const int64_t ws = w.stride_of(TensorRole::kExpertGate);
   cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertGate], ws, nullptr, 0, a.offsets, d.E, d.H, d.Im, a.gate);
   cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp), nullptr, 0,
                                  a.offsets, d.E, d.H, d.Im, a.up);
   cpu::swiglu_forward<T>(ctx_, a.gate, a.up, slots * d.Im, a.act);
   cpu::grouped_linear_forward<T>(ctx_, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown), nullptr, 0, a.offsets, d.E, d.Im, d.H, a.yp);
+  }
   cpu::moe_combine_forward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, d.N, d.k, d.H, x_out);
   cpu::add<T>(ctx_, a.h, x_out, d.N * d.H, x_out);
   if (a.aux_count != nullptr) cpu::moe_aux_stats<T>(a.rprobs, a.rexpert, d.N, d.E, d.k, a.aux_count, a.aux_prob);
@@ -308,6 +358,17 @@ void LayerMathT<T>::moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, 
   T* dweight = dyp + slots * d.H;
   T* dlogits = dweight + slots;
   cpu::moe_combine_backward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, dout, d.N, d.k, d.H, dyp, dweight);
+  if (d.gpt_oss) {
+    // dgate and dup are adjacent: together the interleaved d gate_up [rows, 2 Im].
+    cpu::grouped_matmul_backward<T>(ctx_, dyp, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown),
+                                    a.offsets, d.E, d.Im, d.H, da, g[TensorRole::kExpertDown], g[TensorRole::kExpertDownBias],
+                                    w.stride_of(TensorRole::kExpertDownBias));
+    cpu::clamped_swiglu_backward<T>(ctx_, a.gate, da, slots, d.Im, static_cast<T>(d.swiglu_alpha),
+                                    static_cast<T>(d.swiglu_limit), dgate);
+    cpu::grouped_matmul_backward<T>(ctx_, dgate, a.xp, w[TensorRole::kExpertGateUp], w.stride_of(TensorRole::kExpertGateUp),
+                                    a.offsets, d.E, d.H, 2 * d.Im, dxp, g[TensorRole::kExpertGateUp],
+                                    g[TensorRole::kExpertGateUpBias], w.stride_of(TensorRole::kExpertGateUpBias));
+  } else {
   cpu::grouped_linear_backward<T>(ctx_, dyp, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown),
                                   a.offsets, d.E, d.Im, d.H, da, g[TensorRole::kExpertDown], nullptr, 0);
   cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, slots * d.Im, dgate, dup);
@@ -316,6 +377,7 @@ void LayerMathT<T>::moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, 
   cpu::grouped_linear_backward<T>(ctx_, dup, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp),
                                   a.offsets, d.E, d.H, d.Im, dyp, g[TensorRole::kExpertUp], nullptr, 0);
   cpu::add<T>(ctx_, dxp, dyp, slots * d.H, dxp);
+  }
   cpu::moe_scatter_add<T>(ctx_, dxp, a.row_of_slot, d.N, d.k, d.H, dxn);
   std::vector<T> aux;
   if (a.aux_grad != nullptr) aux.assign(a.aux_grad, a.aux_grad + d.E);

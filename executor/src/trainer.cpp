@@ -179,12 +179,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.c = plan.schedule.checkpoint_every;
   I.clip = plan.training.clip_grad_norm > 0;
   I.host_ckpt = plan.schedule.checkpoint_location == CheckpointLocation::kHost && I.c > 0;
-  const ModelConfig& mc = model.config();
-  // The CPU attention is full causal; a sliding window changes nothing while the sequence fits it.
-  if (mc.sliding_window > 0 && plan.training.seq_len > mc.sliding_window)
-    return unsupported("training.seq_len " + std::to_string(plan.training.seq_len) + " exceeds the model's sliding_window " +
-                       std::to_string(mc.sliding_window) + ", and the CPU attention has no window; accepted: seq_len <= " +
-                       std::to_string(mc.sliding_window));
   if (I.d.moe) {
     I.moe_count.assign(static_cast<size_t>(I.A * I.L * I.d.E), 0.0);
     I.moe_prob.assign(I.moe_count.size(), 0.0);

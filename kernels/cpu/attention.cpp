@@ -1,5 +1,6 @@
-// Causal GQA attention: forward keeps the softmax probabilities, backward works row by row for dq
-// and key row by key row for dk/dv, so no two threads ever add into the same element.
+// Causal GQA attention (with gpt-oss's sinks and sliding windows): forward keeps the softmax
+// probabilities, backward works row by row for dq and key row by key row for dk/dv, so no two
+// threads ever add into the same element.
 #include "megatrain/kernels/cpu/attention.h"
 
 #include <algorithm>
@@ -26,6 +27,10 @@ int64_t attention_probs_elems(const AttentionShape& s) { return s.batch * s.n_he
 
 namespace {
 
+// The first key query row i sees: 0, or i - window + 1 within a sliding window (HF's mask keeps
+// key j when j > i - window).
+int64_t first_key(const AttentionShape& s, int64_t i) { return s.window > 0 ? std::max<int64_t>(0, i - s.window + 1) : 0; }
+
 // HF: self.scaling = head_dim ** -0.5 (a Python double), rounded to T when it meets the tensor.
 template <typename T>
 T attention_scale(int64_t head_dim) {
@@ -36,8 +41,10 @@ T attention_scale(int64_t head_dim) {
 
 template <typename T>
 Status attention_forward(CpuContext& ctx, const AttentionShape& s, const T* q, const T* k, const T* v, T* out,
-                         T* probs) {
+                         T* probs, const T* sinks, T* sink_probs) {
   MT_RETURN_IF_ERROR(check_attention_shape(s));
+  if ((sinks == nullptr) != (sink_probs == nullptr))
+    return invalid_argument("attention: sinks and sink_probs go together (both null or both set)");
   const int64_t seq = s.seq, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim, rep = nh / nkv;
   const T scale = attention_scale<T>(hd);
   // One item = one query row (b, h, i), numbered in that order.
@@ -45,22 +52,30 @@ Status attention_forward(CpuContext& ctx, const AttentionShape& s, const T* q, c
     std::vector<T> acc(static_cast<size_t>(hd));
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t i = r % seq, h = (r / seq) % nh, b = r / (seq * nh), g = h / rep;
+      const int64_t j0 = first_key(s, i);
       const T* qi = q + ((b * seq + i) * nh + h) * hd;
       T* p = probs + r * seq;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j <= i; ++j) {
+      std::fill(p, p + j0, T(0));
+      T mx = sinks ? sinks[h] : -std::numeric_limits<T>::infinity();
+      for (int64_t j = j0; j <= i; ++j) {
         p[j] = detail::dot(qi, k + ((b * seq + j) * nkv + g) * hd, hd) * scale;
         mx = std::max(mx, p[j]);
       }
       T sum = 0;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = j0; j <= i; ++j) {
         p[j] = std::exp(p[j] - mx);
         sum += p[j];
       }
-      for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+      T sink_e = 0;
+      if (sinks) {  // the sink's logit joins the softmax's denominator, after the keys (HF: cat([s, sink]))
+        sink_e = std::exp(sinks[h] - mx);
+        sum += sink_e;
+        sink_probs[r] = sink_e / sum;
+      }
+      for (int64_t j = j0; j <= i; ++j) p[j] /= sum;
       std::fill(p + i + 1, p + seq, T(0));
       std::fill(acc.begin(), acc.end(), T(0));
-      for (int64_t j = 0; j <= i; ++j) detail::axpy(p[j], v + ((b * seq + j) * nkv + g) * hd, acc.data(), hd);
+      for (int64_t j = j0; j <= i; ++j) detail::axpy(p[j], v + ((b * seq + j) * nkv + g) * hd, acc.data(), hd);
       std::copy(acc.begin(), acc.end(), out + ((b * seq + i) * nh + h) * hd);
     }
   });
@@ -69,8 +84,11 @@ Status attention_forward(CpuContext& ctx, const AttentionShape& s, const T* q, c
 
 template <typename T>
 Status attention_backward(CpuContext& ctx, const AttentionShape& s, const T* q, const T* k, const T* v,
-                          const T* probs, const T* dout, T* dq, T* dk, T* dv, T* workspace) {
+                          const T* probs, const T* dout, T* dq, T* dk, T* dv, T* workspace, const T* sink_probs,
+                          T* d_sinks, T* sink_rows) {
   MT_RETURN_IF_ERROR(check_attention_shape(s));
+  if (sink_probs != nullptr && (d_sinks == nullptr || sink_rows == nullptr))
+    return invalid_argument("attention_backward: sink_probs needs d_sinks and the sink_rows workspace");
   const int64_t seq = s.seq, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim, rep = nh / nkv;
   const T scale = attention_scale<T>(hd);
   // Pass 1, per query row (b, h, i): ds into the workspace, and dq.
@@ -81,15 +99,19 @@ Status attention_backward(CpuContext& ctx, const AttentionShape& s, const T* q, 
       const T* doi = dout + ((b * seq + i) * nh + h) * hd;
       const T* p = probs + r * seq;
       T* ds = workspace + r * seq;
+      const int64_t j0 = first_key(s, i);
       T dsum = 0;
-      for (int64_t j = 0; j <= i; ++j) {
+      std::fill(ds, ds + j0, T(0));
+      for (int64_t j = j0; j <= i; ++j) {
         ds[j] = detail::dot(doi, v + ((b * seq + j) * nkv + g) * hd, hd);  // dp[j]
         dsum += p[j] * ds[j];
       }
-      for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - dsum) * scale;
+      // The sink has no value row (dp = 0): its logit's gradient is p_sink * (0 - D).
+      if (sink_probs) sink_rows[r] = -sink_probs[r] * dsum;
+      for (int64_t j = j0; j <= i; ++j) ds[j] = p[j] * (ds[j] - dsum) * scale;
       std::fill(ds + i + 1, ds + seq, T(0));
       std::fill(acc.begin(), acc.end(), T(0));
-      for (int64_t j = 0; j <= i; ++j) detail::axpy(ds[j], k + ((b * seq + j) * nkv + g) * hd, acc.data(), hd);
+      for (int64_t j = j0; j <= i; ++j) detail::axpy(ds[j], k + ((b * seq + j) * nkv + g) * hd, acc.data(), hd);
       std::copy(acc.begin(), acc.end(), dq + ((b * seq + i) * nh + h) * hd);
     }
   });
@@ -102,7 +124,8 @@ Status attention_backward(CpuContext& ctx, const AttentionShape& s, const T* q, 
       std::fill(acc_v.begin(), acc_v.end(), T(0));
       for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
         const int64_t row0 = (b * nh + h) * seq;  // row (b, h, 0) of probs / workspace
-        for (int64_t i = j; i < seq; ++i) {
+        const int64_t i1 = s.window > 0 ? std::min(seq, j + s.window) : seq;  // the last query that sees key j, + 1
+        for (int64_t i = j; i < i1; ++i) {
           const int64_t qoff = ((b * seq + i) * nh + h) * hd;
           detail::axpy(probs[(row0 + i) * seq + j], dout + qoff, acc_v.data(), hd);
           detail::axpy(workspace[(row0 + i) * seq + j], q + qoff, acc_k.data(), hd);
@@ -113,13 +136,23 @@ Status attention_backward(CpuContext& ctx, const AttentionShape& s, const T* q, 
       std::copy(acc_v.begin(), acc_v.end(), dv + kv);
     }
   });
+  // The sinks' gradients: per head, the rows (b, i) in order; accumulated into d_sinks.
+  if (sink_probs) {
+    for (int64_t h = 0; h < nh; ++h) {
+      T acc = 0;
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t i = 0; i < seq; ++i) acc += sink_rows[(b * nh + h) * seq + i];
+      d_sinks[h] += acc;
+    }
+  }
   return {};
 }
 
 #define MT_INSTANTIATE(T)                                                                                         \
-  template Status attention_forward<T>(CpuContext&, const AttentionShape&, const T*, const T*, const T*, T*, T*); \
+  template Status attention_forward<T>(CpuContext&, const AttentionShape&, const T*, const T*, const T*, T*, T*, \
+                                       const T*, T*);                                                          \
   template Status attention_backward<T>(CpuContext&, const AttentionShape&, const T*, const T*, const T*,        \
-                                        const T*, const T*, T*, T*, T*, T*);
+                                        const T*, const T*, T*, T*, T*, T*, const T*, T*, T*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
 #undef MT_INSTANTIATE

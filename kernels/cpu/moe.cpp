@@ -120,6 +120,44 @@ void grouped_linear_backward(CpuContext& ctx, const T* dy, const T* x, const T* 
 }
 
 template <typename T>
+void grouped_matmul_forward(CpuContext& ctx, const T* x, const T* w, int64_t w_stride, const T* bias, int64_t b_stride,
+                            const int32_t* offsets, int64_t e, int64_t in, int64_t out, T* y) {
+  for (int64_t g = 0; g < e; ++g) {
+    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+    if (rows == 0) continue;
+    T* yg = y + r0 * out;
+    T beta = 0;
+    if (bias) {  // the bias is the GEMM's initial C, as torch's addmm has it
+      for (int64_t r = 0; r < rows; ++r) std::copy(bias + g * b_stride, bias + g * b_stride + out, yg + r * out);
+      beta = 1;
+    }
+    gemm<T>(ctx, false, false, rows, out, in, T(1), x + r0 * in, in, w + g * w_stride, out, beta, yg, out);
+  }
+}
+
+template <typename T>
+void grouped_matmul_backward(CpuContext& ctx, const T* dy, const T* x, const T* w, int64_t w_stride, const int32_t* offsets,
+                             int64_t e, int64_t in, int64_t out, T* dx, T* dw, T* db, int64_t b_stride) {
+  for (int64_t g = 0; g < e; ++g) {
+    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+    if (rows == 0) continue;
+    const T* dyg = dy + r0 * out;
+    if (dx) gemm<T>(ctx, false, true, rows, in, out, T(1), dyg, out, w + g * w_stride, out, T(0), dx + r0 * in, in);
+    if (dw) gemm<T>(ctx, true, false, in, out, rows, T(1), x + r0 * in, in, dyg, out, T(1), dw + g * w_stride, out);
+    if (db) {
+      T* b = db + g * b_stride;
+      detail::parallel_for(ctx, out, 256, 16, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          T acc = 0;
+          for (int64_t r = 0; r < rows; ++r) acc += dyg[r * out + c];
+          b[c] += acc;
+        }
+      });
+    }
+  }
+}
+
+template <typename T>
 void moe_combine_forward(CpuContext& ctx, const T* yp, const T* weight, const int32_t* row_of_slot, int64_t n, int64_t k,
                          int64_t h, T* out) {
   detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
@@ -185,6 +223,10 @@ void moe_aux_stats(const T* probs, const int32_t* expert, int64_t n, int64_t e, 
   template void grouped_linear_forward<T>(CpuContext&, const T*, const T*, int64_t, const T*, int64_t, const int32_t*, \
                                           int64_t, int64_t, int64_t, T*);                                              \
   template void grouped_linear_backward<T>(CpuContext&, const T*, const T*, const T*, int64_t, const int32_t*, int64_t, \
+                                           int64_t, int64_t, T*, T*, T*, int64_t);                                     \
+  template void grouped_matmul_forward<T>(CpuContext&, const T*, const T*, int64_t, const T*, int64_t, const int32_t*, \
+                                          int64_t, int64_t, int64_t, T*);                                              \
+  template void grouped_matmul_backward<T>(CpuContext&, const T*, const T*, const T*, int64_t, const int32_t*, int64_t, \
                                            int64_t, int64_t, T*, T*, T*, int64_t);                                     \
   template void moe_combine_forward<T>(CpuContext&, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, T*); \
   template void moe_combine_backward<T>(CpuContext&, const T*, const T*, const int32_t*, const T*, int64_t, int64_t,   \

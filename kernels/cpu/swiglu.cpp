@@ -1,6 +1,7 @@
 // SwiGLU forward and backward, elementwise.
 #include "megatrain/kernels/cpu/swiglu.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "detail.h"
@@ -37,9 +38,45 @@ void swiglu_backward(CpuContext& ctx, const T* gate, const T* up, const T* dout,
   });
 }
 
+template <typename T>
+void clamped_swiglu_forward(CpuContext& ctx, const T* gu, int64_t rows, int64_t m, T alpha, T limit, T* out) {
+  MT_CHECK(rows >= 0 && m >= 0, "clamped_swiglu_forward: bad size");
+  detail::parallel_for(ctx, rows * m, kChunk, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T g = gu[2 * i], u = gu[2 * i + 1];
+      if (limit > 0) {
+        g = std::min(g, limit);
+        u = std::clamp(u, -limit, limit);
+      }
+      const T sig = T(1) / (T(1) + std::exp(-(g * alpha)));
+      out[i] = (u + T(1)) * (g * sig);
+    }
+  });
+}
+
+template <typename T>
+void clamped_swiglu_backward(CpuContext& ctx, const T* gu, const T* dout, int64_t rows, int64_t m, T alpha, T limit, T* dgu) {
+  MT_CHECK(rows >= 0 && m >= 0, "clamped_swiglu_backward: bad size");
+  detail::parallel_for(ctx, rows * m, kChunk, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const T graw = gu[2 * i], uraw = gu[2 * i + 1];
+      const bool pass_g = !(limit > 0) || graw <= limit;
+      const bool pass_u = !(limit > 0) || (uraw >= -limit && uraw <= limit);
+      const T g = pass_g ? graw : limit;
+      const T u = limit > 0 ? std::clamp(uraw, -limit, limit) : uraw;
+      const T sig = T(1) / (T(1) + std::exp(-(g * alpha)));
+      const T d = dout[i];
+      dgu[2 * i] = pass_g ? d * (u + T(1)) * (sig + g * alpha * sig * (T(1) - sig)) : T(0);
+      dgu[2 * i + 1] = pass_u ? d * (g * sig) : T(0);
+    }
+  });
+}
+
 #define MT_INSTANTIATE(T)                                                             \
   template void swiglu_forward<T>(CpuContext&, const T*, const T*, int64_t, T*); \
-  template void swiglu_backward<T>(CpuContext&, const T*, const T*, const T*, int64_t, T*, T*);
+  template void swiglu_backward<T>(CpuContext&, const T*, const T*, const T*, int64_t, T*, T*); \
+  template void clamped_swiglu_forward<T>(CpuContext&, const T*, int64_t, int64_t, T, T, T*); \
+  template void clamped_swiglu_backward<T>(CpuContext&, const T*, const T*, int64_t, int64_t, T, T, T*);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(double)
 #undef MT_INSTANTIATE

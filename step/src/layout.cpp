@@ -12,7 +12,7 @@ namespace {
 
 struct Shape {
   int64_t B, T, N, H, I, nh, nkv, hd, q, kv, V;
-  bool qk_norm, moe;
+  bool qk_norm, moe, sinks;
   int64_t E, k, mlp;  // experts, chosen per token, elements of each MLP intermediate (gate, up, act)
 };
 Shape shape_of(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
@@ -30,6 +30,7 @@ Shape shape_of(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
   s.kv = s.nkv * s.hd;
   s.V = c.vocab_size;
   s.qk_norm = c.qk_norm;
+  s.sinks = c.attention_sinks;
   s.moe = c.is_moe();
   s.E = s.moe ? c.num_experts : 0;
   s.k = s.moe ? c.experts_per_token : 0;
@@ -69,11 +70,14 @@ ActivationLayout cpu_layout(const ModelSpec& model, int64_t micro_batch, int64_t
   if (d.qk_norm) a.layer_act_floats += d.N * (d.q + d.kv + d.nh + d.nkv);
   const int64_t slots = d.N * d.k;
   if (d.moe) a.layer_act_floats += 2 * d.N * d.E + slots + 2 * slots * d.H + 3 * int_cells(slots) + int_cells(d.E + 1);
+  const int64_t sink_rows = d.sinks ? d.B * d.nh * d.T : 0;  // gpt-oss: each attention row's sink probability
+  a.layer_act_floats += sink_rows;
   // da, dgate, dup [MLP]; dxn, dh [N,H]; dattn, dq [N,q]; dk, dv [N,kv]; attention ds [probs]; one
   // more [N,H]; then the larger of the MoE block's dxp, dyp, d weight, d logits and the q/k norms'
-  // input gradients
+  // input gradients and the attention sinks' per-row gradients
   a.layer_workspace_floats = 3 * d.mlp + 2 * d.N * d.H + 2 * d.N * d.q + 2 * d.N * d.kv + probs + d.N * d.H +
-                             std::max(d.moe ? 2 * slots * d.H + slots + d.N * d.E : 0, d.qk_norm ? d.N * (d.q + d.kv) : 0);
+                             std::max({d.moe ? 2 * slots * d.H + slots + d.N * d.E : 0, d.qk_norm ? d.N * (d.q + d.kv) : 0,
+                                       sink_rows});
   a.head_workspace_floats = d.N * d.V + 2 * d.N + 2 * d.N * d.H;
   a.private_bytes = 0;
   a.eager_attention = true;

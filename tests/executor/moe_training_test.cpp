@@ -1,5 +1,5 @@
 // Qwen3 (q/k norms) and the Mixture-of-Experts models (Qwen3-MoE with a dense mlp_only layer,
-// Mixtral) through the streamed pipeline against the plain in-memory loop: the same losses, the
+// Mixtral, gpt-oss with its sinks, sliding layer, yarn RoPE and stacked biased experts) through the streamed pipeline against the plain in-memory loop: the same losses, the
 // same load-balancing losses and the same final weights and moments, bit for bit, for prefetch
 // depths 1 and 2, every checkpoint interval and place, clipping, a bf16 streaming copy and
 // quantised moments; microbatch-major within rounding (bit for bit with one micro-batch). And the
@@ -24,13 +24,14 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-const char* const kModels[] = {"tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral"};
+const char* const kModels[] = {"tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"};
 
 Json base_plan(const std::string& model) {
   return Json{{"schema", "megatrain.plan/1"},
               {"model", model},
               {"rig", "cpu-dev-2core"},
-              {"training", {{"seq_len", 16}, {"micro_batch", 2}, {"grad_accum", 3}, {"steps", 4}, {"lr", 3e-3},
+              // tiny-gpt-oss: longer than its sliding window (16), so that its sliding layer's window bites
+              {"training", {{"seq_len", model == "tiny-gpt-oss" ? 24 : 16}, {"micro_batch", 2}, {"grad_accum", 3}, {"steps", 4}, {"lr", 3e-3},
                             {"warmup_steps", 1}, {"min_lr", 3e-4}, {"clip_grad_norm", 0.0}, {"data_order", "sequential"}}},
               {"precision", {{"compute", "fp32"}, {"transfer", "fp32"}}},
               {"schedule", {{"prefetch_depth", 1}, {"device_layer_buffers", 2}, {"checkpoint_every", 1},

@@ -305,6 +305,10 @@ TEST(TorchReference, Qwen2WithBiasesTiedHeadAndClippingTrainsLikePyTorch) { run_
 TEST(TorchReference, Qwen3WithQkNormsTrainsLikePyTorch) { run_against_torch("tiny-qwen3", 0.0); }
 TEST(TorchReference, Qwen3MoeWithADenseLayerAndTheAuxLossTrainsLikePyTorch) { run_against_torch("tiny-qwen3-moe", 0.5); }
 TEST(TorchReference, MixtralTrainsLikePyTorch) { run_against_torch("tiny-mixtral", 0.0); }
+// Sinks, a sliding layer (window 16 < seq 32), yarn RoPE, q/k/v/o biases, the biased router and the
+// stacked, biased experts with the clamped SwiGLU, and the aux loss in the objective.
+TEST(TorchReference, GptOssTrainsLikePyTorch) { run_against_torch("tiny-gpt-oss", 0.5); }
+TEST(TorchReference, GptOssWithUnchosenExpertsTrainsLikePyTorch) { run_against_torch("tiny-gpt-oss", 0.0, Shape{4, 1, 1}); }
 // 4 tokens a step choose k of 8 experts: most steps leave experts unchosen, which AdamW must skip.
 TEST(TorchReference, MixtralWithUnchosenExpertsTrainsLikePyTorch) { run_against_torch("tiny-mixtral", 0.0, Shape{4, 1, 1}); }
 TEST(TorchReference, Qwen3MoeWithUnchosenExpertsTrainsLikePyTorch) { run_against_torch("tiny-qwen3-moe", 0.5, Shape{4, 1, 1}); }
@@ -338,6 +342,30 @@ TEST(TorchReference, EverySemanticSlipIsCaught) {
       std::printf("slip %-18s in %-9s: %s\n", slip, side.c_str(),
                   worst == std::string::npos ? "?" : out.substr(worst, out.find('\n', worst) - worst).c_str());
     }
+  }
+  fs::remove_all(dir);
+}
+
+// The same for gpt-oss's own semantics (and the router's renormalisation): each slip of
+// torch_moe_ref.py --mutate trains the float64 reference wrong, and the float64 check must report it.
+TEST(TorchReference, EveryGptOssSlipIsCaught) {
+  if (!fs::exists("/usr/bin/python3") || !torch_available())
+    GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
+  const fs::path dir = scratch_dir("gpt_oss_mutations");
+  const std::string cmd = train_ours("tiny-gpt-oss", 0.5, dir);
+  if (cmd.empty()) return;
+  int rc = 0;
+  const std::string clean = run_command(cmd + " 2>&1", &rc);
+  EXPECT_EQ(rc, 0) << "the unmutated reference must agree:\n" << clean;
+  for (const char* slip : {"no_sinks", "no_window", "window_off_by_one", "yarn_no_scale", "yarn_no_ramp", "no_clamp",
+                           "gate_up_halves", "no_expert_bias", "no_o_bias", "no_renorm", "sinks_no_decay", "aux_on_weights"}) {
+    SCOPED_TRACE(slip);
+    const std::string out = run_command(cmd + " --mutate " + slip + " 2>&1", &rc);
+    EXPECT_NE(out.find("mutation: " + std::string(slip)), std::string::npos) << out;
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << "not caught:\n" << out;
+    EXPECT_NE(out.find("float64 mismatch: "), std::string::npos) << "the float64 check did not report it:\n" << out;
+    const size_t worst = out.find("float64: worst");
+    std::printf("slip %-18s: %s\n", slip, worst == std::string::npos ? "?" : out.substr(worst, out.find('\n', worst) - worst).c_str());
   }
   fs::remove_all(dir);
 }

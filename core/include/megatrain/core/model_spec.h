@@ -67,6 +67,9 @@ struct ModelConfig {
   std::vector<bool> layer_sliding;
   double rope_beta_fast = 32, rope_beta_slow = 1;  // yarn
   bool rope_truncate = true;                       // yarn: HF's `truncate` (round the correction range)
+  // yarn: rope_scaling.attention_factor, the factor on cos and sin; 0 when the config leaves it out
+  // (HF then takes 0.1 * ln(factor) + 1 for factor > 1, else 1).
+  double rope_attention_factor = 0;
 
   // ---- Mixture-of-Experts ("" for dense models)
   // The router and expert semantics, as HF's modeling code for the architecture defines them:

@@ -34,6 +34,7 @@ struct TensorSlot {
   int64_t numel = 0;
   bool decay = true;   // AdamW weight decay applies (not to norms and biases, as HF Trainer does)
   int64_t expert = -1; // the expert of a per-expert tensor (TensorInfo::expert)
+  int64_t layer = -1;  // the decoder layer (TensorInfo::layer); -1 for the embedding, final norm and head
 };
 
 struct UnitState {

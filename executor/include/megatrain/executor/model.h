@@ -32,6 +32,18 @@ struct Dims {
   bool dense_mlp = true;
   int64_t E = 0, k = 0, Im = 0;
   int64_t moe_layers = 0;        // layers with the MoE block (the load-balancing loss averages over them)
+  // gpt-oss: the experts stacked [E, in, out] (x @ W) with biases, gate and up interleaved in
+  // gate_up_proj's output columns, the clamped SwiGLU (swiglu_alpha, swiglu_limit; 0: no clamp).
+  bool gpt_oss = false;
+  double swiglu_alpha = 1.702, swiglu_limit = 0;
+  bool sinks = false;            // gpt-oss: learned per-head attention sinks (self_attn.sinks)
+  double rope_scale = 1;         // RoPE's factor on cos and sin (yarn's attention scaling)
+  // The attention window of decoder layer l (0-based) at window[l]: 0 for the whole causal prefix
+  // (HF sliding_window on the layers layer_types marks sliding, or on every layer for Mistral).
+  std::vector<int64_t> window;
+  int64_t window_of(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(window.size()) ? window[static_cast<size_t>(layer)] : 0;
+  }
   // Elements of each MLP intermediate (gate, up, act): N*I for the dense MLP, N*k*Im for the
   // experts; the activations hold the larger.
   int64_t mlp_floats() const;
@@ -46,11 +58,12 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
 // Pointers to one unit's tensors inside a contiguous block laid out as UnitState::tensors.
 // Expert tensors: p[role] points at expert 0's tensor and stride[role] is the distance in elements
 // from one expert's tensor to the next (per-expert tensors of Mixtral and Qwen3-MoE: the size of
-// one expert's tensors; gpt-oss's stacked tensors: numel / E).
+// one expert's tensors; gpt-oss's stacked tensors: numel / E, their first dimension).
 template <typename T>
 struct UnitViewT {
   const T* p[kTensorRoleCount] = {};  // indexed by TensorRole
   int64_t stride[kTensorRoleCount] = {};
+  int64_t layer = -1;  // the decoder layer (0-based) of the unit; -1 for the embedding and the head
   const T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
   int64_t stride_of(TensorRole r) const { return stride[static_cast<int>(r)]; }
 };
@@ -58,6 +71,7 @@ template <typename T>
 struct UnitGradT {
   T* p[kTensorRoleCount] = {};
   int64_t stride[kTensorRoleCount] = {};
+  int64_t layer = -1;
   T* operator[](TensorRole r) const { return p[static_cast<int>(r)]; }
 };
 using UnitView = UnitViewT<float>;
@@ -76,6 +90,8 @@ struct LayerActsT {
   T* lse = nullptr;
   // Qwen3 q/k norm: the projections before the norm and the norms' reciprocal RMS (per head).
   T *q_pre = nullptr, *k_pre = nullptr, *rstd_q = nullptr, *rstd_k = nullptr;
+  // gpt-oss attention sinks: each attention row's sink probability [B, n_heads, T].
+  T* sink_probs = nullptr;
   // MoE: router logits and probabilities [N, E]; per slot (token t, choice j at t*k+j) the expert
   // and its combine weight; the slots sorted by expert (perm, offsets[E+1], row_of_slot, int32
   // stored in T-sized cells); the gathered inputs xp and expert outputs yp [N*k, H].

@@ -12,6 +12,14 @@
 //   dk[b,j,g,:] = sum_{h in group g} sum_{i>=j} ds_h[i][j] * q[b,i,h,:]
 //   dv[b,j,g,:] = sum_{h in group g} sum_{i>=j} p_h[i][j] * dout[b,i,h,:]
 //
+// Sliding window (AttentionShape::window > 0; Mistral, Mixtral, gpt-oss's sliding layers): key j
+// is seen by query i when i - window < j <= i, as HF's sliding_window_overlay masks it.
+// Attention sinks (gpt-oss): one learned logit per query head joins each row's softmax as an extra
+// column with no value, HF's cat([scores, sink]) - max, softmax, drop the last column:
+//   p[j] = exp(s[j] - m) / (sum_j exp(s[j] - m) + exp(sink_h - m)),  m = max(max_j s[j], sink_h)
+//   p_sink = exp(sink_h - m) / (the same sum)          (saved per row in sink_probs [B, n_heads, T])
+//   d sink_h = sum over rows (b, i) of -p_sink * D     (D as below; the rows in order, per head)
+//
 // What forward saves: the softmax probabilities P [B, n_heads, T, T] (row i holds p[0..i], zeros
 // above the diagonal), so that backward uses exactly the P that produced the output (no recompute,
 // no rounding difference between passes) at a cost of 4 B * n_heads * T^2 per sequence in fp32.
@@ -37,6 +45,7 @@ struct AttentionShape {
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
+  int64_t window = 0;  // sliding window (HF sliding_window); 0: the whole causal prefix
 };
 
 // ok when every size is positive and n_kv_heads divides n_heads; otherwise invalid_argument.
@@ -44,12 +53,16 @@ Status check_attention_shape(const AttentionShape& s);
 // B * n_heads * T * T: the size of the saved probabilities and of the backward workspace.
 int64_t attention_probs_elems(const AttentionShape& s);
 
+// sinks [n_heads] (null: none) with sink_probs [B * n_heads * T] to receive each row's p_sink.
 template <typename T>
 Status attention_forward(CpuContext& ctx, const AttentionShape& s, const T* q, const T* k, const T* v, T* out,
-                         T* probs);
+                         T* probs, const T* sinks = nullptr, T* sink_probs = nullptr);
 
+// With sinks: sink_probs from the forward, d_sinks [n_heads] accumulated, sink_rows a workspace of
+// B * n_heads * T elements.
 template <typename T>
 Status attention_backward(CpuContext& ctx, const AttentionShape& s, const T* q, const T* k, const T* v,
-                          const T* probs, const T* dout, T* dq, T* dk, T* dv, T* workspace);
+                          const T* probs, const T* dout, T* dq, T* dk, T* dv, T* workspace,
+                          const T* sink_probs = nullptr, T* d_sinks = nullptr, T* sink_rows = nullptr);
 
 }  // namespace megatrain::cpu

@@ -45,6 +45,16 @@ void grouped_linear_forward(CpuContext& ctx, const T* x, const T* w, int64_t w_s
 template <typename T>
 void grouped_linear_backward(CpuContext& ctx, const T* dy, const T* x, const T* w, int64_t w_stride, const int32_t* offsets,
                              int64_t e, int64_t in, int64_t out, T* dx, T* dw, T* db, int64_t b_stride);
+// gpt-oss's stacked experts, weights laid out [in, out] (x @ W, not nn.Linear's x W^T): for every
+// expert x with rows, y[rows_x, out] = b_x + x[rows_x, in] W_x, W_x = w + x*w_stride [in, out].
+template <typename T>
+void grouped_matmul_forward(CpuContext& ctx, const T* x, const T* w, int64_t w_stride, const T* bias, int64_t b_stride,
+                            const int32_t* offsets, int64_t e, int64_t in, int64_t out, T* y);
+// dx = dy W_x^T (overwritten; null: skipped), dW_x += x^T dy, db_x += the column sums of dy (rows
+// in order); an expert with no rows is not touched.
+template <typename T>
+void grouped_matmul_backward(CpuContext& ctx, const T* dy, const T* x, const T* w, int64_t w_stride, const int32_t* offsets,
+                             int64_t e, int64_t in, int64_t out, T* dx, T* dw, T* db, int64_t b_stride);
 // out[t, :] (overwritten) = sum over j = 0..k-1, in order, of weight[t*k+j] * yp[row_of_slot[t*k+j], :].
 template <typename T>
 void moe_combine_forward(CpuContext& ctx, const T* yp, const T* weight, const int32_t* row_of_slot, int64_t n, int64_t k,
