@@ -131,6 +131,32 @@ std::vector<Candidate> alternatives_of(const std::vector<Candidate>& simulated, 
   return out;
 }
 
+std::string order_text(const Candidate& best, const Candidate& other, double link_bytes_per_s, double peak_flops_per_s) {
+  const sim::SimResult& b = best.result;
+  const sim::SimResult& o = other.result;
+  const std::string win = name(best.plan.schedule.order), lose = name(other.plan.schedule.order);
+  char line[512];
+  const double ratio = b.tokens_per_s / o.tokens_per_s;
+  if (ratio >= 1.995) std::snprintf(line, sizeof line, "%.1fx", ratio);
+  else std::snprintf(line, sizeof line, "%s", fmt_pct(ratio - 1).c_str());
+  std::ostringstream t;
+  t << win << " wins: " << static_cast<int64_t>(std::llround(b.tokens_per_s)) << " tokens/s against "
+    << static_cast<int64_t>(std::llround(o.tokens_per_s)) << " for the best " << lose << " plan (" << diff_text(other.plan, best.plan, false)
+    << "), " << (ratio >= 1.995 ? std::string(line) + " as fast" : std::string(line) + " faster") << ". ";
+  // Weight bytes per FLOP of each, and what the link can feed per FLOP of the GPU's peak.
+  auto per_kflop = [](double bytes, double flops) { return flops > 0 ? 1e3 * bytes / flops : 0.0; };
+  std::snprintf(line, sizeof line, "Weights streamed per step: %s (%.3g bytes per kFLOP) against %s (%.3g bytes per kFLOP); ",
+                format_bytes(b.weight_bytes_per_step).c_str(), per_kflop(b.weight_bytes_per_step, b.flops_per_step),
+                format_bytes(o.weight_bytes_per_step).c_str(), per_kflop(o.weight_bytes_per_step, o.flops_per_step));
+  t << line;
+  std::snprintf(line, sizeof line, "the link carries %.3g bytes per kFLOP of the GPU's peak. ",
+                per_kflop(link_bytes_per_s, peak_flops_per_s));
+  t << line;
+  t << "The " << lose << " plan is " << upper_label(o.bottleneck) << "-bound, the " << win << " plan "
+    << upper_label(b.bottleneck) << "-bound.";
+  return t.str();
+}
+
 std::string bottleneck_text(const sim::SimResult& r) {
   const double busy = r.busy.count(r.bottleneck) ? r.busy.at(r.bottleneck) : 0;
   const double cp = r.critical_path.count(r.bottleneck) ? r.critical_path.at(r.bottleneck) : 0;

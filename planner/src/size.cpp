@@ -89,6 +89,7 @@ Verdict try_rig(const ModelSpec& model, const HardwareProfile& rig, const SizeOp
   req.rig_ref = ProfileRef{false, rig.name};
   SearchOptions so;
   so.relief = false;
+  so.compare_orders = false;  // sizing reads only whether a plan trains and how fast
   so.feasibility_only = !full && opt.target_tokens_per_s <= 0;
   so.stop_at_tokens_per_s = full ? 0 : opt.target_tokens_per_s;
   ++searches;

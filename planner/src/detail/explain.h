@@ -31,6 +31,10 @@ std::string why_lost(const Candidate& alt, const Candidate& best);
 std::vector<Candidate> alternatives_of(const std::vector<Candidate>& simulated, const std::vector<size_t>& group,
                                        size_t best_i, int top);
 
+// Which schedule order won and why: both orders' tokens/s, the ratio, and their weight traffic
+// per FLOP against what the link delivers per FLOP of the GPU's peak (`link_bytes_per_s`).
+std::string order_text(const Candidate& best, const Candidate& other, double link_bytes_per_s, double peak_flops_per_s);
+
 // "H2D-bound: H2D transfers hold 1.2 s of the 1.3 s step's critical path (busy 97.0%); ...".
 std::string bottleneck_text(const sim::SimResult& r);
 
