@@ -1,0 +1,178 @@
+// The plan search and rig sizing for Mixture-of-Experts models: the shipped MoE profiles plan on the
+// paper's rig and size, the order (layer-major against microbatch-major) is decided by simulating
+// both and reported with its margin, the pruned search keeps the brute-force best of a tiny MoE
+// model, and the other order's best equals a fresh simulation of it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "megatrain/core/plan.h"
+#include "megatrain/planner/search.h"
+#include "megatrain/planner/size.h"
+#include "megatrain/simulator/step_model.h"
+
+namespace megatrain::planner {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+ModelSpec model(const std::string& name) {
+  auto m = ModelSpec::load(name);
+  EXPECT_TRUE(m.ok()) << name << ": " << m.status().to_string();
+  return m.ok() ? *m : ModelSpec{};
+}
+
+HardwareProfile rig(const std::string& name) {
+  auto r = HardwareProfile::load(name);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : HardwareProfile{};
+}
+
+SearchRequest request(const ProfileRef& m, const std::string& r, int64_t seq = 0, int64_t tokens = 0) {
+  SearchRequest q;
+  q.model_ref = m;
+  q.rig_ref = ProfileRef{false, r};
+  q.seq_len = seq;
+  q.tokens_per_step = tokens;
+  return q;
+}
+
+// A Mixtral-shaped model small enough to search exhaustively: 2 layers, H 64, 4 experts of 128, top 2.
+ModelSpec tiny_moe(Json& config) {
+  config = {{"architectures", {"MixtralForCausalLM"}},
+            {"model_type", "mixtral"},
+            {"hidden_size", 64},
+            {"intermediate_size", 128},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},
+            {"num_local_experts", 4},
+            {"num_experts_per_tok", 2},
+            {"vocab_size", 256},
+            {"max_position_embeddings", 256},
+            {"sliding_window", nullptr},
+            {"tie_word_embeddings", false}};
+  auto m = ModelSpec::from_config_json(config.dump(), "tiny MoE");
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? *m : ModelSpec{};
+}
+
+// Checks a feasible search of a MoE model: the plan simulates as predicted, both orders were
+// weighed, and the report names them.
+void expect_moe_plan(const SearchResult& r, const ModelSpec& m) {
+  ASSERT_TRUE(r.feasible) << r.infeasible_reason;
+  auto again = sim::simulate(r.best.plan, m, rig(r.rig_name));
+  ASSERT_TRUE(again.ok() && again->feasible);
+  EXPECT_DOUBLE_EQ(again->tokens_per_s, r.best.result.tokens_per_s);
+  // MFU counts active parameters: the model FLOPs per step are the active FLOPs per token.
+  EXPECT_DOUBLE_EQ(r.best.result.flops_per_step,
+                   m.flops_per_token(r.seq_len).training() * static_cast<double>(r.tokens_per_step));
+  ASSERT_TRUE(r.order.compared);
+  const std::string best_order = name(r.best.plan.schedule.order);
+  EXPECT_EQ(r.order.text.rfind(best_order, 0), 0u) << r.order.text;
+  if (r.order.other_fits) {
+    EXPECT_NE(r.order.other.plan.schedule.order, r.best.plan.schedule.order);
+    EXPECT_GE(r.order.speedup, 1.0);
+    EXPECT_DOUBLE_EQ(r.order.speedup, r.best.result.tokens_per_s / r.order.other.result.tokens_per_s);
+    // Its figures are a simulation of the plan it names.
+    auto other = sim::simulate(r.order.other.plan, m, rig(r.rig_name));
+    ASSERT_TRUE(other.ok() && other->feasible);
+    EXPECT_DOUBLE_EQ(other->tokens_per_s, r.order.other.result.tokens_per_s);
+    EXPECT_NE(r.order.text.find("bytes per kFLOP"), std::string::npos) << r.order.text;
+  }
+  const std::string table = search_table(r);
+  EXPECT_NE(table.find("\norder\n  " + best_order + " wins"), std::string::npos) << table;
+  const Json j = Json::parse(search_json(r));
+  EXPECT_EQ(j["order"]["winner"], best_order);
+  EXPECT_EQ(j["order"]["text"], r.order.text);
+}
+
+TEST(MoeSearch, GptOss120bPlansOnThePapersRigAndLayerMajorWinsByWeightTraffic) {
+  const ModelSpec m = model("gpt-oss-120b");
+  auto r = search_plan(m, rig("h200-1.5tb"), request(ProfileRef{false, "gpt-oss-120b"}, "h200-1.5tb"));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_moe_plan(*r, m);
+  // 64 sequences per step: microbatch-major streams the experts once per micro-batch, layer-major
+  // once per step, on a link far slower than the GPU.
+  EXPECT_EQ(r->best.plan.schedule.order, ScheduleOrder::kLayerMajor);
+  ASSERT_TRUE(r->order.other_fits);
+  EXPECT_GT(r->order.speedup, 2.0);
+  EXPECT_GT(r->order.other.result.weight_bytes_per_step, 2 * r->best.result.weight_bytes_per_step);
+  // Every expert streams: a step's weight bytes are at least twice the bf16 layers (forward and
+  // backward), all 128 experts of each.
+  const ParameterCounts pc = m.parameter_counts();
+  EXPECT_GE(r->best.result.weight_bytes_per_step, 2.0 * 2.0 * static_cast<double>(pc.layers));
+}
+
+TEST(MoeSearch, Qwen3MoeModelsPlan) {
+  for (const auto& [name, rig_name] : {std::pair<std::string, std::string>{"qwen3-235b-a22b", "h200-1.5tb"},
+                                       {"qwen3-30b-a3b", "rtx4090-256gb"}}) {
+    SCOPED_TRACE(name + " on " + rig_name);
+    const ModelSpec m = model(name);
+    auto r = search_plan(m, rig(rig_name), request(ProfileRef{false, name}, rig_name));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_moe_plan(*r, m);
+  }
+}
+
+TEST(MoeSearch, TheOrderIsComparedForDenseModelsToo) {
+  const ModelSpec m = model("llama-2-7b");
+  auto r = search_plan(m, rig("rtx4090-256gb"), request(ProfileRef{false, "llama-2-7b"}, "rtx4090-256gb"));
+  ASSERT_TRUE(r.ok() && r->feasible);
+  ASSERT_TRUE(r->order.compared);
+  EXPECT_FALSE(r->order.text.empty());
+  if (r->order.other_fits) EXPECT_GE(r->best.result.tokens_per_s, r->order.other.result.tokens_per_s * (1 - 1e-12));
+}
+
+// For MoE models the order dominance rule is off: the pruned search must still find what
+// simulating every candidate finds, on a rig where both orders fit.
+TEST(MoeSearch, PruningKeepsTheBruteForceBestOfATinyMoeModel) {
+  Json config;
+  const ModelSpec m = tiny_moe(config);
+  HardwareProfile h = rig("rtx4090-256gb");
+  const double n = static_cast<double>(m.parameter_counts().total);
+  for (double bytes_per_param : {22.0, 40.0}) {
+    h.host.ram_bytes.value = bytes_per_param * n + 4e6;
+    h.host.pinnable_bytes.value = h.host.ram_bytes.value;
+    SearchRequest q = request(ProfileRef{true, config.dump()}, "rtx4090-256gb", 128, 128 * 8);
+    SearchOptions brute;
+    brute.exhaustive = true;
+    brute.relief = false;
+    brute.max_prefetch_depth = 3;
+    SearchOptions pruned;
+    pruned.max_prefetch_depth = 3;
+    auto a = search_plan(m, h, q, brute);
+    auto b = search_plan(m, h, q, pruned);
+    ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.status().to_string() : a.status().to_string());
+    ASSERT_EQ(a->feasible, b->feasible);
+    if (!a->feasible) continue;
+    EXPECT_GE(b->best.result.tokens_per_s, a->best.result.tokens_per_s * (1 - 1e-12))
+        << "pruned " << describe_knobs(b->best.plan) << " vs brute " << describe_knobs(a->best.plan);
+    // Both orders' bests agree between the two searches.
+    ASSERT_TRUE(a->order.other_fits && b->order.other_fits);
+    EXPECT_GE(b->order.other.result.tokens_per_s, a->order.other.result.tokens_per_s * (1 - 1e-12));
+  }
+}
+
+TEST(MoeSize, GptOssAndQwen3MoeGetTheSmallestH200Host) {
+  for (const std::string name : {"gpt-oss-120b", "qwen3-235b-a22b"}) {
+    SCOPED_TRACE(name);
+    auto r = size_rigs(model(name), "h200", SizeOptions{});
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->rigs.size(), 1u);
+    const RigOption& o = r->rigs.front();
+    EXPECT_TRUE(o.trains) << o.why_not;
+    EXPECT_GT(o.tokens_per_s, 0);
+    // Without drives the host holds the fp32 master weights and both fp32 moments of every expert
+    // (12 bytes per parameter) at least; with drives, at least the bf16 copy that streams.
+    const double n = static_cast<double>(model(name).parameter_counts().total);
+    EXPECT_GE(o.ram_bytes, (o.drives == 0 ? 12.0 : 2.0) * n) << o.drives << " drives";
+  }
+}
+
+}  // namespace
+}  // namespace megatrain::planner
