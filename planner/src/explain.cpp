@@ -81,8 +81,7 @@ std::string upper_label(const std::string& r) {
   return it == names.end() ? r : it->second;
 }
 
-std::string why_lost(const Candidate& alt, const Candidate& best) {
-  const double slower = 1 - alt.result.tokens_per_s / best.result.tokens_per_s;
+std::string loss_cause(const Candidate& alt, const Candidate& best) {
   std::string cause;
   if (alt.result.bottleneck != best.result.bottleneck) {
     cause = upper_label(alt.result.bottleneck) + "-bound";
@@ -103,7 +102,12 @@ std::string why_lost(const Candidate& alt, const Candidate& best) {
       cause = "+" + format_duration(alt.result.step_time_s - best.result.step_time_s) + " per step, " +
               upper_label(alt.result.bottleneck) + "-bound like the best";
   }
-  return fmt_pct(std::max(0.0, slower)) + " slower: " + cause + "; " + diff_text(alt.plan, best.plan);
+  return cause;
+}
+
+std::string why_lost(const Candidate& alt, const Candidate& best) {
+  const double slower = 1 - alt.result.tokens_per_s / best.result.tokens_per_s;
+  return fmt_pct(std::max(0.0, slower)) + " slower: " + loss_cause(alt, best) + "; " + diff_text(alt.plan, best.plan);
 }
 
 std::vector<Candidate> alternatives_of(const std::vector<Candidate>& simulated, const std::vector<size_t>& group,
@@ -152,8 +156,15 @@ std::string order_text(const Candidate& best, const Candidate& other, double lin
   std::snprintf(line, sizeof line, "the link carries %.3g bytes per kFLOP of the GPU's peak. ",
                 per_kflop(link_bytes_per_s, peak_flops_per_s));
   t << line;
-  t << "The " << lose << " plan is " << upper_label(o.bottleneck) << "-bound, the " << win << " plan "
-    << upper_label(b.bottleneck) << "-bound.";
+  // What decides it: the link when the loser waits on it with the heavier weight traffic, else
+  // whatever grew (the placement and checkpoints the order forces on the tiers).
+  const bool traffic = o.bottleneck == "h2d" && o.weight_bytes_per_step * b.flops_per_step > b.weight_bytes_per_step * o.flops_per_step;
+  if (traffic)
+    t << "The " << lose << " plan is H2D-bound: its weight traffic per FLOP is what loses (the " << win << " plan is "
+      << upper_label(b.bottleneck) << "-bound).";
+  else
+    t << "Weight traffic does not decide it: the " << lose << " plan is " << upper_label(o.bottleneck) << "-bound, the " << win
+      << " plan " << upper_label(b.bottleneck) << "-bound, and the " << lose << " plan loses by " << loss_cause(other, best) << ".";
   return t.str();
 }
 

@@ -25,6 +25,9 @@ std::string upper_label(const std::string& r);     // "H2D"
 
 // "3.1% slower: +12 ms GPU waiting for weights; micro-batch 2 x 32 instead of 4 x 16".
 std::string why_lost(const Candidate& alt, const Candidate& best);
+// The cause alone: "H2D-bound" when the bottlenecks differ, else the stall that grew most, else the
+// extra time per step.
+std::string loss_cause(const Candidate& alt, const Candidate& best);
 
 // The best of each structure other than the best's, fastest first, at most `top`, each with why it
 // lost. `group[i]` is the structure of simulated[i].
