@@ -141,29 +141,36 @@ std::string order_text(const Candidate& best, const Candidate& other, double lin
   const std::string win = name(best.plan.schedule.order), lose = name(other.plan.schedule.order);
   char line[512];
   const double ratio = b.tokens_per_s / o.tokens_per_s;
-  if (ratio >= 1.995) std::snprintf(line, sizeof line, "%.1fx", ratio);
-  else std::snprintf(line, sizeof line, "%s", fmt_pct(ratio - 1).c_str());
+  if (ratio >= 1.995) std::snprintf(line, sizeof line, "%.1fx as fast", ratio);
+  else std::snprintf(line, sizeof line, "%s faster", fmt_pct(ratio - 1).c_str());
   std::ostringstream t;
   t << win << " wins: " << static_cast<int64_t>(std::llround(b.tokens_per_s)) << " tokens/s against "
-    << static_cast<int64_t>(std::llround(o.tokens_per_s)) << " for the best " << lose << " plan (" << diff_text(other.plan, best.plan, false)
-    << "), " << (ratio >= 1.995 ? std::string(line) + " as fast" : std::string(line) + " faster") << ". ";
-  // Weight bytes per FLOP of each, and what the link can feed per FLOP of the GPU's peak.
+    << static_cast<int64_t>(std::llround(o.tokens_per_s)) << " for the best " << lose << " plan ("
+    << diff_text(other.plan, best.plan, false) << "), " << line << ". ";
+  // Link traffic per FLOP of model work: the weights down (every expert) and the gradients up, each
+  // once per step in layer-major order and once per micro-batch in microbatch-major; against what
+  // one direction of the link carries per FLOP of the GPU's peak.
   auto per_kflop = [](double bytes, double flops) { return flops > 0 ? 1e3 * bytes / flops : 0.0; };
-  std::snprintf(line, sizeof line, "Weights streamed per step: %s (%.3g bytes per kFLOP) against %s (%.3g bytes per kFLOP); ",
-                format_bytes(b.weight_bytes_per_step).c_str(), per_kflop(b.weight_bytes_per_step, b.flops_per_step),
-                format_bytes(o.weight_bytes_per_step).c_str(), per_kflop(o.weight_bytes_per_step, o.flops_per_step));
+  std::snprintf(line, sizeof line,
+                "Per step, weights down %s and gradients up %s (%.3g and %.3g bytes per kFLOP) against %s and %s (%.3g and %.3g); ",
+                format_bytes(b.weight_bytes_per_step).c_str(), format_bytes(b.gradient_bytes_per_step).c_str(),
+                per_kflop(b.weight_bytes_per_step, b.flops_per_step), per_kflop(b.gradient_bytes_per_step, b.flops_per_step),
+                format_bytes(o.weight_bytes_per_step).c_str(), format_bytes(o.gradient_bytes_per_step).c_str(),
+                per_kflop(o.weight_bytes_per_step, o.flops_per_step), per_kflop(o.gradient_bytes_per_step, o.flops_per_step));
   t << line;
-  std::snprintf(line, sizeof line, "the link carries %.3g bytes per kFLOP of the GPU's peak. ",
+  std::snprintf(line, sizeof line, "the link carries %.3g bytes per kFLOP of the GPU's peak each way. ",
                 per_kflop(link_bytes_per_s, peak_flops_per_s));
   t << line;
-  // What decides it: the link when the loser waits on it with the heavier weight traffic, else
-  // whatever grew (the placement and checkpoints the order forces on the tiers).
-  const bool traffic = o.bottleneck == "h2d" && o.weight_bytes_per_step * b.flops_per_step > b.weight_bytes_per_step * o.flops_per_step;
-  if (traffic)
-    t << "The " << lose << " plan is H2D-bound: its weight traffic per FLOP is what loses (the " << win << " plan is "
-      << upper_label(b.bottleneck) << "-bound).";
+  // What decides it: the link when the loser waits on it with the heavier traffic per FLOP, else
+  // whatever grew (the placement and checkpoints each order can afford on the tiers).
+  const double traffic_b = (b.weight_bytes_per_step + b.gradient_bytes_per_step) / b.flops_per_step;
+  const double traffic_o = (o.weight_bytes_per_step + o.gradient_bytes_per_step) / o.flops_per_step;
+  const bool link_bound = o.bottleneck == "h2d" || o.bottleneck == "d2h";
+  if (link_bound && traffic_o > traffic_b)
+    t << "The " << lose << " plan is " << upper_label(o.bottleneck) << "-bound: its link traffic per FLOP is what loses (the "
+      << win << " plan is " << upper_label(b.bottleneck) << "-bound).";
   else
-    t << "Weight traffic does not decide it: the " << lose << " plan is " << upper_label(o.bottleneck) << "-bound, the " << win
+    t << "Link traffic does not decide it: the " << lose << " plan is " << upper_label(o.bottleneck) << "-bound, the " << win
       << " plan " << upper_label(b.bottleneck) << "-bound, and the " << lose << " plan loses by " << loss_cause(other, best) << ".";
   return t.str();
 }

@@ -82,12 +82,14 @@ std::string search_json(const SearchResult& r) {
       Json o = {{"winner", name(r.best.plan.schedule.order)},
                 {"tokens_per_s", r.best.result.tokens_per_s},
                 {"weight_bytes_per_step", r.best.result.weight_bytes_per_step},
+                {"gradient_bytes_per_step", r.best.result.gradient_bytes_per_step},
                 {"flops_per_step", r.best.result.flops_per_step}};
       if (r.order.other_fits) {
         const Candidate& c = r.order.other;
         o["other"] = {{"order", name(c.plan.schedule.order)}, {"tokens_per_s", c.result.tokens_per_s},
                       {"step_time_s", c.result.step_time_s}, {"bottleneck", c.result.bottleneck},
-                      {"weight_bytes_per_step", c.result.weight_bytes_per_step}, {"flops_per_step", c.result.flops_per_step},
+                      {"weight_bytes_per_step", c.result.weight_bytes_per_step},
+                      {"gradient_bytes_per_step", c.result.gradient_bytes_per_step}, {"flops_per_step", c.result.flops_per_step},
                       {"knobs", knobs_json(c.plan)}};
         o["speedup"] = r.order.speedup;
       } else {

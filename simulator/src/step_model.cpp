@@ -378,6 +378,10 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
     double per_round = 0;
     for (int32_t u : sched.round.loads) per_round += static_cast<double>(sched.unit_numel[static_cast<size_t>(u)]);
     res.weight_bytes_per_step = per_round * sched.rounds * (sched.transfer_bf16 ? 2 : 4);
+    double grads = 0;
+    for (const step::Op& op : sched.round.compute)
+      if (op.kind == step::OpKind::kGradFinal) grads += 4.0 * static_cast<double>(sched.unit_numel[static_cast<size_t>(op.layer)]);
+    res.gradient_bytes_per_step = grads * sched.rounds;
   }
   if (res.step_time_s > 0) {
     res.tokens_per_s = res.tokens_per_step / res.step_time_s;

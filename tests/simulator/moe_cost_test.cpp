@@ -269,6 +269,8 @@ TEST(MoeStep, AStepStreamsEveryExpertOfEveryLayer) {
     ASSERT_TRUE(r.ok() && r->feasible);
     EXPECT_DOUBLE_EQ(h2d_weight_bytes(*r, 1), once);
     EXPECT_DOUBLE_EQ(r->weight_bytes_per_step, once);
+    // Every parameter's fp32 gradient goes back once.
+    EXPECT_DOUBLE_EQ(r->gradient_bytes_per_step, 4 * (kEmbedParams + 2 * kLayerParams + kHeadParams));
   }
   {
     // Microbatch-major with two micro-batches streams it all twice.
@@ -280,6 +282,14 @@ TEST(MoeStep, AStepStreamsEveryExpertOfEveryLayer) {
     ASSERT_TRUE(r.ok() && r->feasible);
     EXPECT_DOUBLE_EQ(h2d_weight_bytes(*r, 1), 2 * once);
     EXPECT_DOUBLE_EQ(r->weight_bytes_per_step, 2 * once);
+    EXPECT_DOUBLE_EQ(r->gradient_bytes_per_step, 2 * 4 * (kEmbedParams + 2 * kLayerParams + kHeadParams));
+    double d2h = 0;
+    const Engine& e = *r->engine;
+    for (size_t t = 0; t < e.task_count(); ++t) {
+      const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+      if (ts.step == 1 && span_kind_of(ts) == SpanKind::kD2H) d2h += static_cast<double>(ts.bytes);
+    }
+    EXPECT_DOUBLE_EQ(d2h, r->gradient_bytes_per_step);
   }
 }
 

@@ -115,6 +115,9 @@ struct SimResult {
   // layer included), in the transfer dtype. Over flops_per_step it is the step's weight traffic per
   // FLOP, which decides layer-major against microbatch-major (weights streamed once or per micro-batch).
   double weight_bytes_per_step = 0;
+  // Gradients copied to the host in one step (fp32, each unit once per round: once per step in
+  // layer-major order, once per micro-batch in microbatch-major).
+  double gradient_bytes_per_step = 0;
   std::string bottleneck;    // gpu | h2d | d2h | cpu | host_memory | nvme_read | nvme_write | none
   std::map<std::string, double> busy;           // resource lane -> busy fraction of the step
   std::map<std::string, double> stalls;         // reason -> seconds waited in the step: GPU idle by
