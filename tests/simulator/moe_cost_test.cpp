@@ -242,6 +242,47 @@ TEST(MoeCost, QwenMoeDenseLayersAndMoeLayersHaveTheirOwnTimes) {
   }
 }
 
+TEST(MoeCost, ALayerProbeAppliesOnlyToTheLayersOfTheKindItTimed) {
+  const Loaded l = load(qwen3_moe_json(), rig_json(flat_curve(0.5)));
+  const CostModel none(l.plan, l.model, l.rig);
+  const ModelConfig& c = l.model.config();
+  HardwareProfile rig = l.rig;
+  // A probe of a dense layer (the profiler times layer 0, which mlp_only_layers makes dense here).
+  rig.gpu.layer_times = LayerTimes{"tiny", c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, kSeq,
+                                   {{1, 0.010, 0.030}}, Provenance{}};
+  const CostModel dense_probe(l.plan, l.model, rig);
+  for (int64_t layer : {0, 2}) {
+    EXPECT_DOUBLE_EQ(dense_probe.layer_forward_time(layer), 0.010) << layer;
+    EXPECT_DOUBLE_EQ(dense_probe.layer_backward_time(layer), 0.030) << layer;
+  }
+  for (int64_t layer : {1, 3}) EXPECT_DOUBLE_EQ(dense_probe.layer_forward_time(layer), none.layer_forward_time(layer)) << layer;
+  // A probe of an MoE layer of this shape: the MoE layers only.
+  rig.gpu.layer_times->experts = kQE;
+  rig.gpu.layer_times->experts_per_token = kQK;
+  rig.gpu.layer_times->moe_intermediate = kQIe;
+  const CostModel moe_probe(l.plan, l.model, rig);
+  for (int64_t layer : {1, 3}) EXPECT_DOUBLE_EQ(moe_probe.layer_forward_time(layer), 0.010) << layer;
+  for (int64_t layer : {0, 2}) EXPECT_DOUBLE_EQ(moe_probe.layer_forward_time(layer), none.layer_forward_time(layer)) << layer;
+  // Another expert count is another layer: no probe applies.
+  rig.gpu.layer_times->experts = 2 * kQE;
+  const CostModel other(l.plan, l.model, rig);
+  for (int64_t layer = 0; layer < 4; ++layer) EXPECT_DOUBLE_EQ(other.layer_forward_time(layer), none.layer_forward_time(layer));
+}
+
+TEST(MoeCost, SlidingLayersCostTheBandTheyAttendTo) {
+  // Mistral-shaped attention with a window of 32 keys at seq 128: a query sees min(i, 32) keys,
+  // 128 x 32 - 32^2 / 2 = 3584 pairs a sequence against 128^2 / 2 = 8192 for the full prefix.
+  Json windowed = mixtral_json(2);
+  windowed["sliding_window"] = 32;
+  const Loaded full = load(mixtral_json(2), rig_json(flat_curve(0.5)));
+  const Loaded band = load(windowed, rig_json(flat_curve(0.5)));
+  const CostModel a(full.plan, full.model, full.rig), b(band.plan, band.model, band.rig);
+  EXPECT_EQ(b.layer_cost(0).window, 32);
+  EXPECT_LT(rel(a.layer_cost(0).attention, kAttentionFlops / 1e12), 1e-12);
+  EXPECT_LT(rel(b.layer_cost(0).attention, kAttentionFlops / 1e12 * 3584.0 / 8192.0), 1e-12);
+  EXPECT_DOUBLE_EQ(b.layer_cost(0).experts, a.layer_cost(0).experts);
+}
+
 // ---- bytes streamed: every expert ---------------------------------------------------------------
 
 // Parameters of the Mixtral-shaped decoder layer, from the shapes: q, k, v, o 4 H^2, two norms 2 H,
