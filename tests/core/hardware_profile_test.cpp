@@ -152,7 +152,7 @@ TEST(HardwareProfile, OldProfilesWithoutTheGroupedCurveStillLoad) {
   HardwareProfile now = load_ok("h200-1.5tb");
   now.gpu.grouped_gemm_efficiency.reset();
   EXPECT_TRUE(now == *old);
-  for (const std::string& name : {"a100-80gb-pcie", "h100-sxm-80gb", "rtx4090-256gb", "cpu-dev-2core"}) {
+  for (const char* name : {"a100-80gb-pcie", "h100-sxm-80gb", "rtx4090-256gb", "cpu-dev-2core"}) {
     auto r = HardwareProfile::load(name);
     ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
     EXPECT_FALSE(r->gpu.grouped_gemm_efficiency.has_value()) << name;

@@ -132,7 +132,9 @@ TEST(MoeSearch, TheOrderIsComparedForDenseModelsToo) {
   ASSERT_TRUE(r.ok() && r->feasible);
   ASSERT_TRUE(r->order.compared);
   EXPECT_FALSE(r->order.text.empty());
-  if (r->order.other_fits) EXPECT_GE(r->best.result.tokens_per_s, r->order.other.result.tokens_per_s * (1 - 1e-12));
+  if (r->order.other_fits) {
+    EXPECT_GE(r->best.result.tokens_per_s, r->order.other.result.tokens_per_s * (1 - 1e-12));
+  }
 }
 
 // For MoE models the order dominance rule is off: the pruned search must still find what
