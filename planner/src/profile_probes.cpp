@@ -20,6 +20,7 @@
 #include "megatrain/executor/optimizer.h"
 #include "megatrain/kernels/cpu/context.h"
 #include "megatrain/kernels/cpu/linear.h"
+#include "megatrain/kernels/cpu/moe.h"
 
 namespace megatrain::planner::detail {
 namespace {
@@ -298,11 +299,13 @@ std::vector<GroupedGemmSample> measure_grouped_gemm(std::vector<GroupedGemmSampl
         progress("pass " + std::to_string(pass + 1) + "/2, shape " + std::to_string(i + 1) + "/" + std::to_string(shapes.size()) +
                  ": " + std::to_string(s.experts) + " experts x " + std::to_string(s.rows) + "x" + std::to_string(s.k) + " -> " +
                  std::to_string(s.n));
+      // Every expert gets the same rows (uniform routing); the executor's offsets after its sort.
+      std::vector<int32_t> offsets(static_cast<size_t>(s.experts + 1));
+      for (int64_t e = 0; e <= s.experts; ++e) offsets[static_cast<size_t>(e)] = static_cast<int32_t>(e * s.rows);
       const double t = best_per_call(
           [&] {
-            for (int64_t e = 0; e < s.experts; ++e)
-              cpu::linear_forward<float>(ctx, x.p + e * s.rows * s.k, w.p + e * s.n * s.k, nullptr, s.rows, s.k, s.n,
-                                         y.p + e * s.rows * s.n);
+            cpu::grouped_linear_forward<float>(ctx, x.p, w.p, s.n * s.k, nullptr, 0, offsets.data(), s.experts, s.k, s.n,
+                                               y.p);
           },
           min_time_s / 2);
       s.seconds = pass == 0 ? t : std::min(s.seconds, t);

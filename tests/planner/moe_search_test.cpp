@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "detail/explain.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/planner/search.h"
 #include "megatrain/planner/size.h"
@@ -124,6 +126,49 @@ TEST(MoeSearch, Qwen3MoeModelsPlan) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     expect_moe_plan(*r, m);
   }
+}
+
+// The order comparison's last sentence, from hand-made results: the link decides when the loser
+// moves more bytes per FLOP and its critical path's H2D + D2H time grew by at least half of what it
+// loses (even when another lane is the bottleneck by a hair), else the stall that grew most.
+TEST(MoeSearch, TheOrderTextSaysWhetherTheLinkDecides) {
+  auto cand = [](ScheduleOrder order, double step, const std::string& bound, std::map<std::string, double> cp,
+                 std::map<std::string, double> stalls, double bytes) {
+    Candidate c;
+    c.plan.schedule.order = order;
+    c.result.feasible = true;
+    c.result.step_time_s = step;
+    c.result.tokens_per_s = 1000 / step;
+    c.result.bottleneck = bound;
+    c.result.critical_path = std::move(cp);
+    c.result.stalls = std::move(stalls);
+    c.result.weight_bytes_per_step = c.result.gradient_bytes_per_step = bytes;
+    c.result.flops_per_step = 1e12;
+    return c;
+  };
+  const Candidate best = cand(ScheduleOrder::kLayerMajor, 10, "gpu", {{"gpu", 9.0}, {"h2d", 0.5}}, {{"optimizer", 0.5}}, 1e8);
+  // CPU-bound by a hair over D2H: the link lanes grew 6.5 s of the 4 s lost.
+  const Candidate link = cand(ScheduleOrder::kMicrobatchMajor, 14, "cpu", {{"cpu", 6.0}, {"d2h", 5.0}, {"h2d", 2.0}},
+                              {{"optimizer", 0.5}, {"buffer", 3.0}}, 2e8);
+  std::string t = detail::order_text(best, link, 5e10, 1e15);
+  EXPECT_EQ(t.rfind("layer-major wins: 100 tokens/s against 71 ", 0), 0u) << t;
+  EXPECT_NE(t.find("Link traffic per FLOP decides it: the microbatch-major plan is CPU-optimizer-bound, the layer-major "
+                   "plan GPU-bound"), std::string::npos) << t;
+  // The same loss with the link off the critical path: the optimizer stall that grew is named.
+  const Candidate cpu = cand(ScheduleOrder::kMicrobatchMajor, 14, "cpu", {{"cpu", 13.0}, {"d2h", 0.5}},
+                             {{"optimizer", 3.0}, {"buffer", 0.2}}, 2e8);
+  t = detail::order_text(best, cpu, 5e10, 1e15);
+  EXPECT_NE(t.find("Link traffic does not decide it: the microbatch-major plan is CPU-optimizer-bound, the layer-major "
+                   "plan GPU-bound; the stall that grew most is +"), std::string::npos) << t;
+  EXPECT_NE(t.find("GPU waiting for the optimizer."), std::string::npos) << t;
+  // More link time but no more traffic per FLOP than the winner: not the link.
+  const Candidate light = cand(ScheduleOrder::kMicrobatchMajor, 14, "d2h", {{"d2h", 12.0}}, {}, 1e8);
+  t = detail::order_text(best, light, 5e10, 1e15);
+  EXPECT_NE(t.find("Link traffic does not decide it"), std::string::npos) << t;
+  // Both bound by the same lane: the loss cause as the runner-up table gives it.
+  const Candidate same = cand(ScheduleOrder::kMicrobatchMajor, 14, "gpu", {{"gpu", 13.0}}, {{"optimizer", 2.5}}, 2e8);
+  t = detail::order_text(best, same, 5e10, 1e15);
+  EXPECT_NE(t.find("and the microbatch-major plan loses by +"), std::string::npos) << t;
 }
 
 TEST(MoeSearch, TheOrderIsComparedForDenseModelsToo) {

@@ -107,9 +107,9 @@ std::vector<GroupedGemmSample> grouped_gemm_shapes(const std::vector<int64_t>& r
 std::pair<int64_t, int64_t> scaled_expert_shape(int64_t hidden, int64_t intermediate, int64_t experts, int64_t max_rows,
                                                 double max_flops);
 
-// The CPU backend's MoE expert GEMMs: cpu::linear_forward<float> once per expert, each expert with
-// its own weights and its own rows (as the executor's CPU MoE block runs them), with `threads`
-// threads; fills `seconds` per call (all experts), best batch of at least min_time_s in all.
+// The CPU backend's MoE expert GEMMs: one cpu::grouped_linear_forward<float> call (the executor's
+// CPU MoE block's, one GEMM per expert, each expert with its own weights and its own rows), with
+// `threads` threads; fills `seconds` per call (all experts), best batch of at least min_time_s in all.
 std::vector<GroupedGemmSample> measure_grouped_gemm(std::vector<GroupedGemmSample> shapes, int threads, double min_time_s,
                                                     const Progress& progress);
 
