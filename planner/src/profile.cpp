@@ -420,15 +420,15 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
                                                       (gh != h0 || gi != i0 ? ", scaled to the probe's FLOP limit)" : ")")
                                                 : std::string(" (generic)"));
       const auto gshapes = detail::grouped_gemm_shapes(sz.grouped_rows, experts, gh, gi, sz.gemm_max_flops);
-      progress("grouped GEMM (MoE experts): cpu::linear_forward<float> once per expert, " + shape_text + ", rows " +
+      progress("grouped GEMM (MoE experts): cpu::grouped_linear_forward<float> (one GEMM per expert), " + shape_text + ", rows " +
                std::to_string(sz.grouped_rows.front()) + ".." + std::to_string(max_rows));
       detail::OtherLoad gload;
       const auto gsamples = detail::measure_grouped_gemm(gshapes, static_cast<int>(host.cores), sz.gemm_min_time_s, detail_cb);
       auto gf = fit_grouped_gemm_efficiency(gsamples, ef.peak_flops_per_s);
       if (gf.ok()) {
         rig.gpu.grouped_gemm_efficiency = Curve{
-            gf->points, st.measured("cpu::linear_forward<float> once per expert, each with its own weights and rows (the CPU "
-                                    "MoE block's loop), " + shape_text + ", gate/up and down, " + std::to_string(gsamples.size()) +
+            gf->points, st.measured("cpu::grouped_linear_forward<float> (the CPU MoE block's expert GEMMs: one GEMM per "
+                                    "expert, each with its own weights and rows), " + shape_text + ", gate/up and down, " + std::to_string(gsamples.size()) +
                                     " shapes, " + std::to_string(host.cores) + " threads, best batch of >= " +
                                     format_duration(sz.gemm_min_time_s) + "; rate / the dense GEMM peak, made monotone in rows "
                                     "(isotonic least squares); curve vs samples RMS residual " + pct(gf->curve_rms_rel) +
