@@ -6,7 +6,7 @@
 # the winner with its order flipped at the same knobs, and the same search on the rig with 3 TiB
 # of RAM (an estimate: h200-1.5tb with RAM x 2), where nothing has to go to NVMe and the weight
 # traffic alone separates the orders. Everything here is simulated from the shipped profiles
-# (datasheet figures and estimates); no GPU is used. About 5 s on the 2-core dev VM.
+# (datasheet figures and estimates); no GPU is used. About 1 s on the 2-core dev VM.
 #
 # usage: bench/gpt-oss-120b-h200.sh [DIR]   (plans and JSON in DIR, default a temp dir)
 set -euo pipefail
