@@ -133,6 +133,8 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     // Element-wise: two RMSNorms, RoPE on q and k, residual adds (the 10 H + 2 q + 2 kv), and the
     // block's own traffic.
     L.elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv);
+    // Qwen3's per-head RMSNorm of q and k before RoPE reads and writes both once more.
+    if (c.qk_norm) L.elementwise_bytes += cb * T * 2 * (q + kv);
     double block_gemms = 0;
     if (!moe) {
       L.mlp_gemms = 2 * gemm_time(T, I, H) + gemm_time(T, H, I);

@@ -242,6 +242,23 @@ TEST(MoeCost, QwenMoeDenseLayersAndMoeLayersHaveTheirOwnTimes) {
   }
 }
 
+TEST(MoeCost, Qwen3QkNormsAddTheirTrafficToDenseAndMoeLayers) {
+  // Qwen3-MoE (q_norm and k_norm): bf16, T = 128, q = 256, kv = 128. Norms, RoPE and adds
+  // 2 T (10 H + 2 q + 2 kv) = 851,968; the q/k norms read and write q and k, 2 T 2 (q + kv) =
+  // 196,608. Dense layers add SwiGLU 2 T 3 I = 589,824: 1,638,400 in all. MoE layers add the router
+  // logits 8 T E = 4,096 and 2 T (2 k H + 3 k I_e + (k + 1) H) = 655,360: 1,708,032 in all.
+  const Loaded l = load(qwen3_moe_json(), rig_json(flat_curve(0.5), 1e9));
+  ASSERT_TRUE(l.model.config().qk_norm);
+  const CostModel cost(l.plan, l.model, l.rig);
+  EXPECT_DOUBLE_EQ(cost.layer_cost(0).elementwise_bytes, 1638400.0);
+  EXPECT_DOUBLE_EQ(cost.layer_cost(1).elementwise_bytes, 1708032.0);
+  // At 1e9 B/s the bytes are the forward's extra time over the same layer with free element-wise work.
+  const Loaded free_bw = load(qwen3_moe_json(), rig_json(flat_curve(0.5)));
+  const CostModel fast(free_bw.plan, free_bw.model, free_bw.rig);
+  EXPECT_LT(rel(cost.layer_forward_time(0) - fast.layer_forward_time(0), 1638400.0 / 1e9), 1e-9);
+  EXPECT_LT(rel(cost.layer_forward_time(1) - fast.layer_forward_time(1), 1708032.0 / 1e9), 1e-9);
+}
+
 TEST(MoeCost, ALayerProbeAppliesOnlyToTheLayersOfTheKindItTimed) {
   const Loaded l = load(qwen3_moe_json(), rig_json(flat_curve(0.5)));
   const CostModel none(l.plan, l.model, l.rig);
