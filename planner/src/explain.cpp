@@ -189,12 +189,14 @@ std::string order_text(const Candidate& best, const Candidate& other, double lin
   const double lost = o.step_time_s - b.step_time_s;
   const double link_grew = on_link(o) - on_link(b);
   const bool link_bound = o.bottleneck == "h2d" || o.bottleneck == "d2h";
-  const std::string bounds = "the " + lose + " plan is " + upper_label(o.bottleneck) + "-bound, the " + win + " plan " +
-                             upper_label(b.bottleneck) + "-bound";
+  const std::string bounds = o.bottleneck == b.bottleneck
+                                 ? "both plans are " + upper_label(o.bottleneck) + "-bound"
+                                 : "the " + lose + " plan is " + upper_label(o.bottleneck) + "-bound, the " + win + " plan " +
+                                       upper_label(b.bottleneck) + "-bound";
   if (traffic_o > traffic_b && (link_bound || (lost > 0 && link_grew >= 0.5 * lost)))
     t << "Link traffic per FLOP decides it: " << bounds << ", and the " << lose << " plan's critical path holds "
-      << format_duration(on_link(o)) << " on the link (H2D and D2H) against " << format_duration(on_link(b)) << ", of the "
-      << format_duration(lost) << " per step it loses.";
+      << format_duration(on_link(o)) << " on the link (H2D and D2H) against " << format_duration(on_link(b))
+      << "; it loses " << format_duration(lost) << " per step.";
   else if (o.bottleneck != b.bottleneck)
     t << "Link traffic does not decide it: " << bounds << "; " << stall_growth_text(other, best) << ".";
   else
