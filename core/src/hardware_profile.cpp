@@ -188,7 +188,7 @@ Status read_curve(FieldReader& parent, const std::string& key, Curve& out, const
 Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
   MT_RETURN_IF_ERROR(check_keys(j, path, {"name", "memory_bytes", "memory_bandwidth", "matmul_fp32", "matmul_tf32",
                                           "matmul_bf16", "gemm_efficiency", "attention_efficiency",
-                                          "attention_backward_ratio", "layer_times"}));
+                                          "attention_backward_ratio", "layer_times", "grouped_gemm_efficiency"}));
   FieldReader r(j, path);
   r.string("name", g.name, Need::kRequired);
   MT_RETURN_IF_ERROR(first_error(r));
@@ -209,7 +209,8 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     if (!lt) return first_error(r);
     const std::string lt_path = r.path_of("layer_times");
     MT_RETURN_IF_ERROR(check_keys(*lt, lt_path, {"model", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "seq",
-                                              "points", "provenance"}));
+                                              "points", "provenance", "experts", "experts_per_token",
+                                              "moe_intermediate", "window"}));
     FieldReader lr(*lt, lt_path);
     LayerTimes t;
     lr.string("model", t.model, Need::kRequired);
@@ -219,6 +220,17 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     lr.integer("kv_heads", t.kv_heads, Need::kRequired, 1, 1 << 16);
     lr.integer("head_dim", t.head_dim, Need::kRequired, 1, 1 << 16);
     lr.integer("seq", t.seq, Need::kRequired, 1, int64_t{1} << 24);
+    lr.integer("experts", t.experts, Need::kOptional, 0, 1 << 20);
+    lr.integer("experts_per_token", t.experts_per_token, Need::kOptional, 0, 1 << 20);
+    lr.integer("moe_intermediate", t.moe_intermediate, Need::kOptional, 0, int64_t{1} << 26);
+    lr.integer("window", t.window, Need::kOptional, 0, int64_t{1} << 24);
+    MT_RETURN_IF_ERROR(first_error(lr));
+    if ((t.experts > 0) != (t.experts_per_token > 0) || (t.experts > 0) != (t.moe_intermediate > 0) ||
+        t.experts_per_token > t.experts)
+      return invalid_argument(lt_path + ": experts " + std::to_string(t.experts) + ", experts_per_token " +
+                              std::to_string(t.experts_per_token) + ", moe_intermediate " + std::to_string(t.moe_intermediate) +
+                              " do not describe one layer; accepted: all three 0 (a dense layer), or all > 0 with "
+                              "experts_per_token <= experts (an MoE layer)");
     const Json* pts = lr.array("points", Need::kRequired);
     MT_RETURN_IF_ERROR(first_error(lr));
     const std::string pts_path = lr.path_of("points");
@@ -240,6 +252,11 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     MT_RETURN_IF_ERROR(read_provenance_member(lr, "provenance", t.provenance));
     MT_RETURN_IF_ERROR(lr.finish());
     g.layer_times = std::move(t);
+  }
+  if (j.contains("grouped_gemm_efficiency")) {
+    Curve c;
+    MT_RETURN_IF_ERROR(read_curve(r, "grouped_gemm_efficiency", c, kFraction));
+    g.grouped_gemm_efficiency = std::move(c);
   }
   if (j.contains("attention_backward_ratio")) {
     Figure f;
@@ -493,8 +510,16 @@ Json to_json(const HardwareProfile& hw) {
     for (const auto& p : t.points) pts.push_back(Json::array({p.micro_batch, p.forward_s, p.backward_s}));
     lt["points"] = std::move(pts);
     lt["provenance"] = provenance_json(t.provenance);
+    // Written only when set, so that a dense probe's entry reads as it did before these keys.
+    if (t.experts > 0) {
+      lt["experts"] = t.experts;
+      lt["experts_per_token"] = t.experts_per_token;
+      lt["moe_intermediate"] = t.moe_intermediate;
+    }
+    if (t.window > 0) lt["window"] = t.window;
     gpu["layer_times"] = std::move(lt);
   }
+  if (hw.gpu.grouped_gemm_efficiency) gpu["grouped_gemm_efficiency"] = curve_json(*hw.gpu.grouped_gemm_efficiency);
   root["gpu"] = std::move(gpu);
 
   Json links;

@@ -130,26 +130,40 @@ const std::vector<std::string>& plan_bottleneck_names() {
   return names;
 }
 
-int64_t nvme_unit_transfer_bytes(const ModelSpec& model, bool master_on_nvme, bool states_on_nvme,
-                                 StateFormat m_format, StateFormat v_format, int64_t block_size) {
-  if (!master_on_nvme && !states_on_nvme) return 0;
-  // Units as the executor groups the tensors: 0 the embedding, l + 1 layer l, L + 1 the rest.
+std::vector<std::vector<int64_t>> unit_tensor_numels(const ModelSpec& model) {
   const int64_t L = model.config().num_layers;
-  std::vector<std::vector<int64_t>> unit_tensors(static_cast<size_t>(L + 2));
+  std::vector<std::vector<int64_t>> units(static_cast<size_t>(L + 2));
   for (const TensorInfo& t : model.tensors()) {
-    int64_t u = t.layer >= 0 ? t.layer + 1 : t.role == TensorRole::kEmbedding ? 0 : L + 1;
-    unit_tensors[static_cast<size_t>(u)].push_back(t.numel);
+    const int64_t u = t.layer >= 0 ? t.layer + 1 : t.role == TensorRole::kEmbedding ? 0 : L + 1;
+    units[static_cast<size_t>(u)].push_back(t.numel);
   }
+  return units;
+}
+
+int64_t nvme_unit_transfer_bytes(const std::vector<std::vector<int64_t>>& unit_tensor_numels, bool master_on_nvme,
+                                 bool states_on_nvme, StateFormat m_format, StateFormat v_format, int64_t block_size) {
+  if (!master_on_nvme && !states_on_nvme) return 0;
+  // fp32 and bf16 moments need no per-tensor blocks: only the unit's total.
+  auto moment = [&](StateFormat f, const std::vector<int64_t>& numels, int64_t numel) {
+    if (f == StateFormat::kFp32) return 4 * numel;
+    if (f == StateFormat::kBf16) return 2 * numel;
+    return state_format_bytes(f, numels, block_size);
+  };
   int64_t largest = 0;
-  for (const auto& numels : unit_tensors) {
+  for (const auto& numels : unit_tensor_numels) {
     int64_t numel = 0;
     for (int64_t n : numels) numel += n;
     int64_t bytes = master_on_nvme ? 4 * numel : 0;
-    if (states_on_nvme)
-      bytes += state_format_bytes(m_format, numels, block_size) + state_format_bytes(v_format, numels, block_size);
+    if (states_on_nvme) bytes += moment(m_format, numels, numel) + moment(v_format, numels, numel);
     largest = std::max(largest, bytes);
   }
   return largest;
+}
+
+int64_t nvme_unit_transfer_bytes(const ModelSpec& model, bool master_on_nvme, bool states_on_nvme,
+                                 StateFormat m_format, StateFormat v_format, int64_t block_size) {
+  if (!master_on_nvme && !states_on_nvme) return 0;
+  return nvme_unit_transfer_bytes(unit_tensor_numels(model), master_on_nvme, states_on_nvme, m_format, v_format, block_size);
 }
 
 Status check_pinned_staging(int64_t pinned_staging_bytes, int64_t unit_transfer_bytes) {
@@ -162,6 +176,11 @@ Status check_pinned_staging(int64_t pinned_staging_bytes, int64_t unit_transfer_
 }
 
 Status check_plan_for_model(const Plan& p, const ModelSpec& model) {
+  const bool nvme = p.placement.master_weights == Tier::kNvme || p.placement.optimizer_states == Tier::kNvme;
+  return check_plan_for_model(p, model, nvme ? unit_tensor_numels(model) : std::vector<std::vector<int64_t>>{});
+}
+
+Status check_plan_for_model(const Plan& p, const ModelSpec& model, const std::vector<std::vector<int64_t>>& unit_tensor_numels) {
   const ModelConfig& mc = model.config();
   if (p.training.seq_len > mc.max_position_embeddings)
     return invalid_argument("training.seq_len: " + std::to_string(p.training.seq_len) +
@@ -186,7 +205,7 @@ Status check_plan_for_model(const Plan& p, const ModelSpec& model) {
                             ": the weights streamed to the device are a bf16 copy kept in RAM while the fp32 master "
                             "weights are on NVMe; accepted: precision.transfer bf16, or master_weights ram");
   return check_pinned_staging(pc.pinned_staging_bytes,
-                              nvme_unit_transfer_bytes(model, master_nvme, states_nvme, p.optimizer.m_format,
+                              nvme_unit_transfer_bytes(unit_tensor_numels, master_nvme, states_nvme, p.optimizer.m_format,
                                                        p.optimizer.v_format, p.optimizer.block_size));
 }
 

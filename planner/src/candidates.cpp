@@ -34,7 +34,8 @@ int64_t best_threads(Plan plan, const ModelSpec& model, const HardwareProfile& r
 
 // The largest single NVMe transfer of one unit (0 when nothing is on NVMe): the plan rules' minimum.
 int64_t staging_unit(const Space& s, const Knobs& k) {
-  return nvme_unit_transfer_bytes(s.model, k.master_nvme, k.states_nvme, k.m_format, k.v_format, OptimizerConfig{}.block_size);
+  return nvme_unit_transfer_bytes(s.units.tensor_numels, k.master_nvme, k.states_nvme, k.m_format, k.v_format,
+                                  OptimizerConfig{}.block_size);
 }
 
 // Staging: the smallest that holds one transfer, then the largest multiple that fits (every
@@ -149,6 +150,7 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
   }
   if (s.compute == DType::kFp16) return invalid_argument("compute fp16 is not a plan precision; accepted: bf16, fp32");
 
+  s.units = step::unit_table(model);
   s.caps = step::capacity_of(make_plan(Knobs{}, s), rig);
   s.has_nvme = !rig.storage.empty();
   s.kmax_all = std::max(1, opt.max_prefetch_depth);

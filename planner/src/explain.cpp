@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "megatrain/core/units.h"
 
@@ -81,29 +82,45 @@ std::string upper_label(const std::string& r) {
   return it == names.end() ? r : it->second;
 }
 
+namespace {
+
+// The stall that grew most from `best` to `alt` and by how much; empty when none grew by more than
+// 0.1% of the best step.
+std::pair<std::string, double> grown_stall(const Candidate& alt, const Candidate& best) {
+  std::string worst;
+  double grow = 0;
+  for (const auto& [k, v] : alt.result.stalls) {
+    auto it = best.result.stalls.find(k);
+    const double d = v - (it == best.result.stalls.end() ? 0 : it->second);
+    if (d > grow) {
+      grow = d;
+      worst = k;
+    }
+  }
+  if (grow <= 1e-3 * best.result.step_time_s) return {"", 0.0};
+  return {worst, grow};
+}
+
+// What the order comparison says when the two bests are bound by different resources.
+std::string stall_growth_text(const Candidate& alt, const Candidate& best) {
+  const auto [worst, grow] = grown_stall(alt, best);
+  if (!worst.empty()) return "the stall that grew most is +" + format_duration(grow) + " " + stall_label(worst);
+  return "no stall grew; the step is " + format_duration(alt.result.step_time_s - best.result.step_time_s) + " longer";
+}
+
+}  // namespace
+
+std::string loss_cause(const Candidate& alt, const Candidate& best) {
+  if (alt.result.bottleneck != best.result.bottleneck) return upper_label(alt.result.bottleneck) + "-bound";
+  const auto [worst, grow] = grown_stall(alt, best);
+  if (!worst.empty()) return "+" + format_duration(grow) + " " + stall_label(worst);
+  return "+" + format_duration(alt.result.step_time_s - best.result.step_time_s) + " per step, " +
+         upper_label(alt.result.bottleneck) + "-bound like the best";
+}
+
 std::string why_lost(const Candidate& alt, const Candidate& best) {
   const double slower = 1 - alt.result.tokens_per_s / best.result.tokens_per_s;
-  std::string cause;
-  if (alt.result.bottleneck != best.result.bottleneck) {
-    cause = upper_label(alt.result.bottleneck) + "-bound";
-  } else {
-    std::string worst;
-    double grow = 0;
-    for (const auto& [k, v] : alt.result.stalls) {
-      auto it = best.result.stalls.find(k);
-      const double d = v - (it == best.result.stalls.end() ? 0 : it->second);
-      if (d > grow) {
-        grow = d;
-        worst = k;
-      }
-    }
-    if (!worst.empty() && grow > 1e-3 * best.result.step_time_s)
-      cause = "+" + format_duration(grow) + " " + stall_label(worst);
-    else
-      cause = "+" + format_duration(alt.result.step_time_s - best.result.step_time_s) + " per step, " +
-              upper_label(alt.result.bottleneck) + "-bound like the best";
-  }
-  return fmt_pct(std::max(0.0, slower)) + " slower: " + cause + "; " + diff_text(alt.plan, best.plan);
+  return fmt_pct(std::max(0.0, slower)) + " slower: " + loss_cause(alt, best) + "; " + diff_text(alt.plan, best.plan);
 }
 
 std::vector<Candidate> alternatives_of(const std::vector<Candidate>& simulated, const std::vector<size_t>& group,
@@ -129,6 +146,63 @@ std::vector<Candidate> alternatives_of(const std::vector<Candidate>& simulated, 
     out.push_back(std::move(c));
   }
   return out;
+}
+
+std::string order_text(const Candidate& best, const Candidate& other, double link_bytes_per_s, double peak_flops_per_s) {
+  const sim::SimResult& b = best.result;
+  const sim::SimResult& o = other.result;
+  const std::string win = name(best.plan.schedule.order), lose = name(other.plan.schedule.order);
+  char line[512];
+  const double ratio = b.tokens_per_s / o.tokens_per_s;
+  if (ratio >= 1.995) std::snprintf(line, sizeof line, "%.1fx as fast", ratio);
+  else std::snprintf(line, sizeof line, "%s faster", fmt_pct(ratio - 1).c_str());
+  std::ostringstream t;
+  t << win << " wins: " << static_cast<int64_t>(std::llround(b.tokens_per_s)) << " tokens/s against "
+    << static_cast<int64_t>(std::llround(o.tokens_per_s)) << " for the best " << lose << " plan ("
+    << diff_text(other.plan, best.plan, false) << "), " << line << ". ";
+  // Link traffic per FLOP of model work: the weights down (every expert) and the gradients up, each
+  // once per step in layer-major order and once per micro-batch in microbatch-major; against what
+  // one direction of the link carries per FLOP of the GPU's peak.
+  auto per_kflop = [](double bytes, double flops) { return flops > 0 ? 1e3 * bytes / flops : 0.0; };
+  std::snprintf(line, sizeof line,
+                "Per step, weights down %s and gradients up %s (%.3g and %.3g bytes per kFLOP) against %s and %s (%.3g and %.3g); ",
+                format_bytes(b.weight_bytes_per_step).c_str(), format_bytes(b.gradient_bytes_per_step).c_str(),
+                per_kflop(b.weight_bytes_per_step, b.flops_per_step), per_kflop(b.gradient_bytes_per_step, b.flops_per_step),
+                format_bytes(o.weight_bytes_per_step).c_str(), format_bytes(o.gradient_bytes_per_step).c_str(),
+                per_kflop(o.weight_bytes_per_step, o.flops_per_step), per_kflop(o.gradient_bytes_per_step, o.flops_per_step));
+  t << line;
+  std::snprintf(line, sizeof line, "the link carries %.3g bytes per kFLOP of the GPU's peak each way. ",
+                per_kflop(link_bytes_per_s, peak_flops_per_s));
+  t << line;
+  // What decides it: the link when the loser carries more traffic per FLOP and either is bound by
+  // the link or holds at least half of the time it loses on the link's lanes of its critical path
+  // (a step can be labelled CPU-bound with D2H a close second); else whatever grew (the placement
+  // and checkpoints each order can afford on the tiers).
+  const double traffic_b = (b.weight_bytes_per_step + b.gradient_bytes_per_step) / b.flops_per_step;
+  const double traffic_o = (o.weight_bytes_per_step + o.gradient_bytes_per_step) / o.flops_per_step;
+  auto on_link = [](const sim::SimResult& r) {
+    double x = 0;
+    for (const char* lane : {"h2d", "d2h"})
+      if (auto it = r.critical_path.find(lane); it != r.critical_path.end()) x += it->second;
+    return x;
+  };
+  const double lost = o.step_time_s - b.step_time_s;
+  const double link_grew = on_link(o) - on_link(b);
+  const bool link_bound = o.bottleneck == "h2d" || o.bottleneck == "d2h";
+  const std::string bounds = o.bottleneck == b.bottleneck
+                                 ? "both plans are " + upper_label(o.bottleneck) + "-bound"
+                                 : "the " + lose + " plan is " + upper_label(o.bottleneck) + "-bound, the " + win + " plan " +
+                                       upper_label(b.bottleneck) + "-bound";
+  if (traffic_o > traffic_b && (link_bound || (lost > 0 && link_grew >= 0.5 * lost)))
+    t << "Link traffic per FLOP decides it: " << bounds << ", and the " << lose << " plan's critical path holds "
+      << format_duration(on_link(o)) << " on the link (H2D and D2H) against " << format_duration(on_link(b))
+      << "; it loses " << format_duration(lost) << " per step.";
+  else if (o.bottleneck != b.bottleneck)
+    t << "Link traffic does not decide it: " << bounds << "; " << stall_growth_text(other, best) << ".";
+  else
+    t << "Link traffic does not decide it: " << bounds << ", and the " << lose << " plan loses by " << loss_cause(other, best)
+      << ".";
+  return t.str();
 }
 
 std::string bottleneck_text(const sim::SimResult& r) {

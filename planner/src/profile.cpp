@@ -24,7 +24,8 @@ namespace megatrain::planner {
 #ifndef MEGATRAIN_PROFILE_CUDA
 namespace detail {
 Result<std::string> gpu_present() { return unavailable("this megatrain-plan was built without CUDA (MEGATRAIN_CUDA=OFF)"); }
-Result<GpuProbe> probe_gpu(const ProfileSizes&, const std::vector<GemmSample>&, const Progress&) {
+Result<GpuProbe> probe_gpu(const ProfileSizes&, const std::vector<GemmSample>&, const std::vector<GroupedGemmSample>&,
+                           const Progress&) {
   return unavailable("this megatrain-plan was built without CUDA (MEGATRAIN_CUDA=OFF)");
 }
 }  // namespace detail
@@ -40,6 +41,7 @@ ProfileSizes ProfileSizes::quick() {
   s.gemm_hidden = {128, 512, 2048};
   s.gemm_max_flops = 2e10;
   s.gemm_min_time_s = 0.04;
+  s.grouped_rows = {16, 64, 256, 1024};
   s.copy_bytes = {64ll << 10, 256ll << 10, 1ll << 20, 4ll << 20, 16ll << 20, 64ll << 20};
   s.copy_min_time_s = 0.04;
   s.storage_file_bytes = 256ll << 20;
@@ -60,6 +62,7 @@ ProfileSizes ProfileSizes::full() {
   s.gemm_hidden = {128, 256, 512, 1024, 2048, 4096};
   s.gemm_max_flops = 1.5e11;
   s.gemm_min_time_s = 0.15;
+  s.grouped_rows = {16, 32, 64, 128, 256, 512, 1024, 2048};
   s.copy_bytes = {4ll << 10, 16ll << 10, 64ll << 10, 256ll << 10, 1ll << 20, 4ll << 20, 16ll << 20, 64ll << 20, 256ll << 20};
   s.copy_min_time_s = 0.1;
   s.storage_file_bytes = 1ll << 30;
@@ -164,7 +167,8 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
   const bool have_gpu = gpu_name.ok();
   const std::string gpu_why = have_gpu ? "" : gpu_name.status().message();
 
-  const int steps = 4 + (have_gpu ? 0 : 3) + (!have_gpu && options.model_spec ? 1 : 0) +
+  const bool grouped_probe = !sz.grouped_rows.empty();
+  const int steps = 4 + (have_gpu ? 0 : 3 + (grouped_probe ? 1 : 0)) + (!have_gpu && options.model_spec ? 1 : 0) +
                     static_cast<int>(options.storage_dirs.size());
   const ModelConfig* model = options.model ? &*options.model : nullptr;
   const int64_t model_seq =
@@ -260,7 +264,13 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
     // ---- GPU ---------------------------------------------------------------------------------------
     progress("GPU: " + *gpu_name + ": transfers, device bandwidth, cuBLAS GEMMs");
     const std::vector<GemmSample> gpu_shapes = detail::gemm_shapes({256, 1024, 4096, 16384}, {1024, 4096, 8192}, 1e13);
-    MT_ASSIGN_OR_RETURN(const detail::GpuProbe g, detail::probe_gpu(sz, gpu_shapes, detail_cb));
+    // MoE expert shapes: gpt-oss (hidden 2880, expert intermediate 2880) and Qwen3-235B-A22B
+    // (4096, 1536), 32 experts per call, 16 to 4096 rows per expert.
+    std::vector<GroupedGemmSample> grouped_shapes;
+    for (const auto& [h, i] : {std::pair<int64_t, int64_t>{2880, 2880}, {4096, 1536}})
+      for (const GroupedGemmSample& g : detail::grouped_gemm_shapes({16, 32, 64, 128, 256, 512, 1024, 2048, 4096}, 32, h, i, 1e13))
+        grouped_shapes.push_back(g);
+    MT_ASSIGN_OR_RETURN(const detail::GpuProbe g, detail::probe_gpu(sz, gpu_shapes, grouped_shapes, detail_cb));
     rig.gpu.name = g.name;
     rig.gpu.memory_bytes = {g.free_memory_bytes, st.measured("cudaMemGetInfo free bytes at profile time")};
     rig.gpu.memory_bandwidth = {g.memory_bandwidth, st.measured("cudaMemcpy device to device, 2 x bytes / time")};
@@ -281,6 +291,21 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
     for (const auto& s : g.bf16_samples)
       gt.rows.push_back({double(s.m), double(s.n), double(s.k), s.flops(), s.seconds, s.flops() / s.seconds});
     rep.measurements.push_back(gt);
+    if (!g.grouped_bf16.empty()) {
+      MT_ASSIGN_OR_RETURN(GroupedGemmFit gf, fit_grouped_gemm_efficiency(g.grouped_bf16, ef.peak_flops_per_s));
+      rig.gpu.grouped_gemm_efficiency = Curve{
+          gf.points, st.measured("cublasGemmStridedBatchedEx bf16 with fp32 accumulate, one call per projection over 32 "
+                                 "experts, gate/up and down of hidden 2880 x expert intermediate 2880 and 4096 x 1536, " +
+                                 std::to_string(g.grouped_bf16.size()) + " shapes; rate / the dense bf16 peak, made monotone "
+                                 "in rows (isotonic least squares); curve vs samples RMS residual " + pct(gf.curve_rms_rel))};
+      rep.fits.push_back({"grouped_gemm_curve", "rate(rows) = dense peak x curve(rows per expert), monotone in rows",
+                          {{"curve_points", static_cast<double>(gf.points.size())}}, gf.curve_rms_rel, gf.curve_max_rel,
+                          static_cast<int64_t>(g.grouped_bf16.size())});
+      MeasurementTable ggt{"grouped_gemm", {"experts", "rows", "n", "k", "flops", "seconds", "flops_per_s"}, {}};
+      for (const auto& s : g.grouped_bf16)
+        ggt.rows.push_back({double(s.experts), double(s.rows), double(s.n), double(s.k), s.flops(), s.seconds, s.flops() / s.seconds});
+      rep.measurements.push_back(ggt);
+    }
 
     rig.links.kind = "measured host-device link";
     rig.links.full_duplex = g.duplex_ratio >= 0.9;
@@ -379,6 +404,47 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
       gt.rows.push_back({double(s.m), double(s.n), double(s.k), s.flops(), s.seconds, s.flops() / s.seconds});
     rep.measurements.push_back(gt);
 
+    // ---- CPU backend grouped GEMMs (MoE experts) -------------------------------------------------------
+    if (grouped_probe) {
+      // The model's expert shape when it has one, else the generic one; scaled so that the largest
+      // call stays within the GEMM probe's FLOP limit.
+      const bool moe_model = model != nullptr && model->is_moe() && model->moe_intermediate_size > 0;
+      const int64_t experts = moe_model ? std::min(model->num_experts, sz.grouped_experts) : sz.grouped_experts;
+      const int64_t h0 = moe_model ? model->hidden_size : sz.grouped_hidden;
+      const int64_t i0 = moe_model ? model->moe_intermediate_size : sz.grouped_intermediate;
+      const int64_t max_rows = *std::max_element(sz.grouped_rows.begin(), sz.grouped_rows.end());
+      const auto [gh, gi] = detail::scaled_expert_shape(h0, i0, experts, max_rows, sz.gemm_max_flops);
+      const std::string shape_text = std::to_string(experts) + " experts of hidden " + std::to_string(gh) +
+                                     " x intermediate " + std::to_string(gi) +
+                                     (moe_model ? " (the model's " + std::to_string(h0) + " x " + std::to_string(i0) +
+                                                      (gh != h0 || gi != i0 ? ", scaled to the probe's FLOP limit)" : ")")
+                                                : std::string(" (generic)"));
+      const auto gshapes = detail::grouped_gemm_shapes(sz.grouped_rows, experts, gh, gi, sz.gemm_max_flops);
+      progress("grouped GEMM (MoE experts): cpu::grouped_linear_forward<float> (one GEMM per expert), " + shape_text + ", rows " +
+               std::to_string(sz.grouped_rows.front()) + ".." + std::to_string(max_rows));
+      detail::OtherLoad gload;
+      const auto gsamples = detail::measure_grouped_gemm(gshapes, static_cast<int>(host.cores), sz.gemm_min_time_s, detail_cb);
+      auto gf = fit_grouped_gemm_efficiency(gsamples, ef.peak_flops_per_s);
+      if (gf.ok()) {
+        rig.gpu.grouped_gemm_efficiency = Curve{
+            gf->points, st.measured("cpu::grouped_linear_forward<float> (the CPU MoE block's expert GEMMs: one GEMM per "
+                                    "expert, each with its own weights and rows), " + shape_text + ", gate/up and down, " + std::to_string(gsamples.size()) +
+                                    " shapes, " + std::to_string(host.cores) + " threads, best batch of >= " +
+                                    format_duration(sz.gemm_min_time_s) + "; rate / the dense GEMM peak, made monotone in rows "
+                                    "(isotonic least squares); curve vs samples RMS residual " + pct(gf->curve_rms_rel) +
+                                    load_note(gload.share()))};
+        rep.fits.push_back({"grouped_gemm_curve", "rate(rows) = dense peak x curve(rows per expert), monotone in rows",
+                            {{"curve_points", static_cast<double>(gf->points.size())}}, gf->curve_rms_rel, gf->curve_max_rel,
+                            static_cast<int64_t>(gsamples.size())});
+      } else {
+        rep.notes.push_back("grouped GEMM curve not written: " + gf.status().message());
+      }
+      MeasurementTable ggt{"grouped_gemm", {"experts", "rows", "n", "k", "flops", "seconds", "flops_per_s"}, {}};
+      for (const auto& s : gsamples)
+        ggt.rows.push_back({double(s.experts), double(s.rows), double(s.n), double(s.k), s.flops(), s.seconds, s.flops() / s.seconds});
+      rep.measurements.push_back(ggt);
+    }
+
     // ---- CPU backend attention and element-wise work --------------------------------------------------
     {
       const bool quick = sz.gemm_min_time_s < 0.1;
@@ -466,6 +532,12 @@ Result<ProfileReport> run_profile(const ProfileOptions& options) {
         lt.kv_heads = mc.num_kv_heads;
         lt.head_dim = mc.head_dim;
         lt.seq = model_seq;
+        if (mc.is_moe_layer(0)) {  // the probe times decoder layer 0
+          lt.experts = mc.num_experts;
+          lt.experts_per_token = mc.experts_per_token;
+          lt.moe_intermediate = mc.moe_intermediate_size;
+        }
+        if (mc.is_sliding_layer(0) && mc.sliding_window < model_seq) lt.window = mc.sliding_window;
         MeasurementTable lt_table{"layer", {"micro_batch", "forward_s", "backward_s"}, {}};
         for (const auto& p : *layer) {
           lt.points.push_back({p.micro_batch, p.forward_s, p.backward_s});
@@ -620,6 +692,10 @@ std::string profile_table(const ProfileReport& r) {
     << " (" << provenance_kind_name(g.gpu.matmul_bf16.provenance.kind) << ")\n";
   o << "  gemm efficiency by FLOPs:";
   for (const auto& [x, y] : g.gpu.gemm_efficiency.points) o << " " << format_flops(x) << " " << fmt(y, 2) << ";";
+  if (g.gpu.grouped_gemm_efficiency) {
+    o << "\n  grouped gemm efficiency by rows per expert:";
+    for (const auto& [x, y] : g.gpu.grouped_gemm_efficiency->points) o << " " << fmt(x, 5) << " " << fmt(y, 2) << ";";
+  }
   o << "\nlinks       " << g.links.kind << (g.links.full_duplex ? ", full duplex" : ", half duplex") << "\n";
   auto link = [&](const char* n, const LinkSpec& l) {
     o << "  " << n << "       latency " << format_duration(l.latency_s.value) << ";";

@@ -1,6 +1,6 @@
 // The profiler's GPU probe (built with MEGATRAIN_CUDA): H2D/D2H by transfer size from pinned and
-// pageable memory, both directions at once, device memory bandwidth, and cuBLAS fp32/TF32/bf16 GEMMs
-// at the layer shapes. Times come from CUDA events on one stream; every call is checked.
+// pageable memory, both directions at once, device memory bandwidth, cuBLAS fp32/TF32/bf16 GEMMs
+// at the layer shapes, and the MoE experts' grouped GEMMs (one strided-batched call per projection). Times come from CUDA events on one stream; every call is checked.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -80,7 +80,8 @@ Result<std::string> gpu_present() {
   return devices.front().name;
 }
 
-Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSample>& shapes, const Progress& progress) {
+Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSample>& shapes,
+                           const std::vector<GroupedGemmSample>& grouped, const Progress& progress) {
   MT_ASSIGN_OR_RETURN(auto devices, cuda::list_devices());
   const cuda::DeviceInfo& dev = devices.front();
   MT_PROBE_CUDA(cudaSetDevice(dev.index));
@@ -209,6 +210,53 @@ Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSamp
   MT_ASSIGN_OR_RETURN(double ttf, time_gemm(*biggest, Mode::kTf32));
   out.matmul_fp32 = biggest->flops() / t32;
   out.matmul_tf32 = biggest->flops() / ttf;
+
+  // Grouped GEMMs: every expert's projection in one cublasGemmStridedBatchedEx call, expert e's
+  // rows contiguous after expert e-1's (the permuted tokens), its weights [n, k] at e * n * k; row
+  // major C_e[rows, n] = A_e[rows, k] B_e[n, k]^T, seen by cuBLAS as C_e^T = B_e A_e^T (as above).
+  if (!grouped.empty()) {
+    int64_t ga = 1, gb = 1, gc = 1;
+    for (const GroupedGemmSample& g : grouped) {
+      ga = std::max(ga, g.experts * g.rows * g.k);
+      gb = std::max(gb, g.experts * g.n * g.k);
+      gc = std::max(gc, g.experts * g.rows * g.n);
+    }
+    cudaFree(r.d_a);
+    cudaFree(r.d_b);
+    cudaFree(r.d_c);
+    r.d_a = r.d_b = r.d_c = nullptr;
+    MT_PROBE_CUDA(cudaMalloc(&r.d_a, static_cast<size_t>(ga) * 2));
+    MT_PROBE_CUDA(cudaMalloc(&r.d_b, static_cast<size_t>(gb) * 2));
+    MT_PROBE_CUDA(cudaMalloc(&r.d_c, static_cast<size_t>(gc) * 2));
+    MT_PROBE_CUDA(cudaMemset(r.d_a, 0, static_cast<size_t>(ga) * 2));
+    MT_PROBE_CUDA(cudaMemset(r.d_b, 0, static_cast<size_t>(gb) * 2));
+    if (progress) progress("cuBLAS strided-batched bf16 GEMMs (MoE experts), " + std::to_string(grouped.size()) + " shapes");
+    for (GroupedGemmSample g : grouped) {
+      const float one = 1.0f, zero = 0.0f;
+      auto call = [&]() -> cublasStatus_t {
+        return cublasGemmStridedBatchedEx(r.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.n), static_cast<int>(g.rows),
+                                          static_cast<int>(g.k), &one, r.d_b, CUDA_R_16BF, static_cast<int>(g.k),
+                                          static_cast<long long>(g.n * g.k), r.d_a, CUDA_R_16BF, static_cast<int>(g.k),
+                                          static_cast<long long>(g.rows * g.k), &zero, r.d_c, CUDA_R_16BF,
+                                          static_cast<int>(g.n), static_cast<long long>(g.rows * g.n),
+                                          static_cast<int>(g.experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      };
+      MT_PROBE_CUBLAS(call());  // warm-up
+      const int batch = static_cast<int>(std::clamp(2e9 / std::max(g.flops(), 1.0), 1.0, 200.0));
+      double best = 1e300;
+      for (int rep = 0; rep < 3; ++rep) {
+        MT_PROBE_CUDA(cudaEventRecord(r.e[0], r.s1));
+        for (int i = 0; i < batch; ++i) MT_PROBE_CUBLAS(call());
+        MT_PROBE_CUDA(cudaEventRecord(r.e[1], r.s1));
+        MT_PROBE_CUDA(cudaEventSynchronize(r.e[1]));
+        float ms = 0;
+        MT_PROBE_CUDA(cudaEventElapsedTime(&ms, r.e[0], r.e[1]));
+        best = std::min(best, 1e-3 * ms / batch);
+      }
+      g.seconds = best;
+      out.grouped_bf16.push_back(g);
+    }
+  }
   return out;
 }
 

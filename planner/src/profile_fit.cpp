@@ -149,4 +149,62 @@ Result<GemmEfficiencyFit> fit_gemm_efficiency(const std::vector<GemmSample>& sam
   return out;
 }
 
+Result<GroupedGemmFit> fit_grouped_gemm_efficiency(const std::vector<GroupedGemmSample>& samples, double peak) {
+  if (!(peak > 0) || !std::isfinite(peak))
+    return invalid_argument("fit_grouped_gemm_efficiency: the dense peak must be a positive FLOP rate, got " + std::to_string(peak));
+  std::map<int64_t, std::pair<double, int>> by_rows;  // rows -> (sum of rates clamped to the peak, count)
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const GroupedGemmSample& s = samples[i];
+    if (s.experts <= 0 || s.rows <= 0 || s.n <= 0 || s.k <= 0 || !(s.seconds > 0) || !std::isfinite(s.seconds))
+      return invalid_argument("fit_grouped_gemm_efficiency: sample " + std::to_string(i) + " (" + std::to_string(s.experts) +
+                              " experts x " + std::to_string(s.rows) + "x" + std::to_string(s.k) + " -> " + std::to_string(s.n) +
+                              ", " + std::to_string(s.seconds) + " s) needs positive sizes and a positive time");
+    auto& e = by_rows[s.rows];
+    e.first += std::min(s.flops() / s.seconds, peak);
+    e.second += 1;
+  }
+  if (by_rows.size() < 2)
+    return invalid_argument("fit_grouped_gemm_efficiency: needs samples of at least 2 distinct row counts, got " +
+                            std::to_string(by_rows.size()));
+  // Pool adjacent violators, weighted by sample counts: the least-squares non-decreasing fit.
+  struct Block {
+    double mean, weight;
+    size_t first, last;
+  };
+  std::vector<double> xs;
+  std::vector<Block> blocks;
+  for (const auto& [rows, e] : by_rows) {
+    xs.push_back(static_cast<double>(rows));
+    blocks.push_back({e.first / e.second, static_cast<double>(e.second), xs.size() - 1, xs.size() - 1});
+    while (blocks.size() >= 2 && blocks[blocks.size() - 2].mean > blocks.back().mean) {
+      const Block top = blocks.back();
+      blocks.pop_back();
+      Block& prev = blocks.back();
+      prev.mean = (prev.mean * prev.weight + top.mean * top.weight) / (prev.weight + top.weight);
+      prev.weight += top.weight;
+      prev.last = top.last;
+    }
+  }
+  std::vector<double> ys(xs.size());
+  for (const Block& b : blocks)
+    for (size_t i = b.first; i <= b.last; ++i) ys[i] = b.mean;
+  GroupedGemmFit out;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const bool interior = i > 0 && i + 1 < xs.size() && ys[i - 1] == ys[i] && ys[i + 1] == ys[i];
+    if (!interior) out.points.emplace_back(xs[i], std::clamp(ys[i] / peak, 1e-12, 1.0));
+  }
+  Curve c;
+  c.points = out.points;
+  double sum = 0, worst = 0;
+  for (const GroupedGemmSample& s : samples) {
+    const double measured = s.flops() / s.seconds;
+    const double rel = std::abs(peak * c.at(static_cast<double>(s.rows)) - measured) / measured;
+    sum += rel * rel;
+    worst = std::max(worst, rel);
+  }
+  out.curve_rms_rel = std::sqrt(sum / static_cast<double>(samples.size()));
+  out.curve_max_rel = worst;
+  return out;
+}
+
 }  // namespace megatrain::planner

@@ -20,6 +20,7 @@
 #include "megatrain/executor/optimizer.h"
 #include "megatrain/kernels/cpu/context.h"
 #include "megatrain/kernels/cpu/linear.h"
+#include "megatrain/kernels/cpu/moe.h"
 
 namespace megatrain::planner::detail {
 namespace {
@@ -250,6 +251,63 @@ std::vector<GemmSample> measure_gemm(std::vector<GemmSample> shapes, int threads
                  std::to_string(s.n));
       const double t =
           best_per_call([&] { cpu::linear_forward<float>(ctx, x.p, w.p, nullptr, s.m, s.k, s.n, y.p); }, min_time_s / 2);
+      s.seconds = pass == 0 ? t : std::min(s.seconds, t);
+    }
+  }
+  return shapes;
+}
+
+std::vector<GroupedGemmSample> grouped_gemm_shapes(const std::vector<int64_t>& rows, int64_t experts, int64_t hidden,
+                                                   int64_t intermediate, double max_flops) {
+  std::vector<GroupedGemmSample> out;
+  for (int64_t r : rows)
+    for (const auto& [n, k] : {std::pair{intermediate, hidden}, std::pair{hidden, intermediate}}) {
+      GroupedGemmSample g{experts, r, n, k, 0};
+      if (g.flops() <= max_flops) out.push_back(g);
+    }
+  return out;
+}
+
+std::pair<int64_t, int64_t> scaled_expert_shape(int64_t hidden, int64_t intermediate, int64_t experts, int64_t max_rows,
+                                                double max_flops) {
+  const double call = 2.0 * static_cast<double>(experts) * static_cast<double>(max_rows) * static_cast<double>(hidden) *
+                      static_cast<double>(intermediate);
+  if (call <= max_flops) return {hidden, intermediate};
+  const double f = std::sqrt(max_flops / call);
+  auto down = [f](int64_t v) { return std::max<int64_t>(64, static_cast<int64_t>(static_cast<double>(v) * f) / 64 * 64); };
+  return {down(hidden), down(intermediate)};
+}
+
+std::vector<GroupedGemmSample> measure_grouped_gemm(std::vector<GroupedGemmSample> shapes, int threads, double min_time_s,
+                                                    const Progress& progress) {
+  int64_t xs = 1, ws = 1, ys = 1;
+  for (const GroupedGemmSample& s : shapes) {
+    xs = std::max(xs, s.experts * s.rows * s.k);
+    ws = std::max(ws, s.experts * s.n * s.k);
+    ys = std::max(ys, s.experts * s.rows * s.n);
+  }
+  RawArray<float> x(xs), w(ws), y(ys);
+  for (int64_t i = 0; i < xs; ++i) x[i] = 1e-3f * static_cast<float>(i % 113);
+  for (int64_t i = 0; i < ws; ++i) w[i] = 1e-3f * static_cast<float>(i % 127) - 0.06f;
+  std::memset(y.p, 0, sizeof(float) * static_cast<size_t>(ys));
+  cpu::CpuContext ctx(threads);
+  // As measure_gemm: two passes, half the time each, the better kept.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      GroupedGemmSample& s = shapes[i];
+      if (progress && (i % 4 == 0 || i + 1 == shapes.size()))
+        progress("pass " + std::to_string(pass + 1) + "/2, shape " + std::to_string(i + 1) + "/" + std::to_string(shapes.size()) +
+                 ": " + std::to_string(s.experts) + " experts x " + std::to_string(s.rows) + "x" + std::to_string(s.k) + " -> " +
+                 std::to_string(s.n));
+      // Every expert gets the same rows (uniform routing); the executor's offsets after its sort.
+      std::vector<int32_t> offsets(static_cast<size_t>(s.experts + 1));
+      for (int64_t e = 0; e <= s.experts; ++e) offsets[static_cast<size_t>(e)] = static_cast<int32_t>(e * s.rows);
+      const double t = best_per_call(
+          [&] {
+            cpu::grouped_linear_forward<float>(ctx, x.p, w.p, s.n * s.k, nullptr, 0, offsets.data(), s.experts, s.k, s.n,
+                                               y.p);
+          },
+          min_time_s / 2);
       s.seconds = pass == 0 ? t : std::min(s.seconds, t);
     }
   }

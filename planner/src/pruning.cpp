@@ -35,7 +35,7 @@ int64_t drop_dominated_pairs(Space& s) {
   return dropped;
 }
 
-void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, int64_t& dominated) {
+void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, bool order_rule, int64_t& dominated) {
   auto key_of = [](const Knobs& k) {
     return std::make_tuple(k.micro_batch, k.layer_major, k.ckpt_every, k.ckpt_host, k.master_nvme, k.states_nvme,
                            static_cast<int>(k.transfer), static_cast<int>(k.m_format), static_cast<int>(k.v_format));
@@ -65,7 +65,7 @@ void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, int6
       is_dominated = is_dominated || twin_fits(t);
     }
     // D3: microbatch-major does the same GPU work and streams the weights grad_accum times.
-    if (!k.layer_major) {
+    if (order_rule && !k.layer_major) {
       Knobs t = k;
       t.layer_major = true;
       is_dominated = is_dominated || twin_fits(t);
@@ -86,17 +86,22 @@ double lower_bound(const Plan& plan, const ModelSpec& model, const HardwareProfi
   const sim::CostModel cost(plan, model, rig);
   const ModelConfig& mc = model.config();
   const ParameterCounts pc = model.parameter_counts();
-  const double L = static_cast<double>(mc.num_layers);
   const double A = static_cast<double>(plan.training.grad_accum);
   const int64_t c = plan.schedule.checkpoint_every;
-  const double recompute = c > 0 ? cost.layer_forward_time() : 0;
-  const double gpu = A * (L * (cost.layer_forward_time() + cost.layer_backward_time() + recompute) + cost.head_time() +
+  // Every layer's own time: MoE and dense layers (and windowed attention) differ.
+  const double recompute = c > 0 ? cost.layers_forward_time() : 0;
+  const double gpu = A * (cost.layers_forward_time() + cost.layers_backward_time() + recompute + cost.head_time() +
                           cost.embed_forward_time() + cost.embed_backward_time());
   const double tb = static_cast<double>(dtype_bytes(plan.precision.transfer));
-  const double layer = static_cast<double>(pc.per_layer) * tb;
   const double head = static_cast<double>(mc.vocab_size * mc.hidden_size + pc.final_norm) * tb;
   const double embed = static_cast<double>(pc.embedding) * tb;
-  const double weights = cost.h2d_time(embed) + cost.h2d_time(head) + 2 * L * cost.h2d_time(layer);
+  // Each layer is streamed twice (forward, backward), every expert of it.
+  double layers = 0;
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    const int64_t n = static_cast<size_t>(l) < pc.layer.size() ? pc.layer[static_cast<size_t>(l)] : pc.per_layer;
+    layers += 2 * cost.h2d_time(static_cast<double>(n) * tb);
+  }
+  const double weights = cost.h2d_time(embed) + cost.h2d_time(head) + layers;
   const bool layer_major = plan.schedule.order == ScheduleOrder::kLayerMajor;
   double h2d = layer_major ? weights : A * weights;
   if (c > 0 && plan.schedule.checkpoint_location == CheckpointLocation::kHost) {

@@ -30,7 +30,7 @@ Json tiers_json(const std::vector<TierNeed>& v) {
 Json stats_json(const SearchStats& s) {
   return {{"candidates", s.candidates}, {"infeasible", s.infeasible}, {"dominated", s.dominated}, {"bounded", s.bounded},
           {"simulated", s.simulated}, {"refused", s.refused}, {"table_simulations", s.table_simulations},
-          {"relief_simulations", s.relief_simulations},
+          {"relief_simulations", s.relief_simulations}, {"order_simulations", s.order_simulations},
           {"seconds", s.seconds}};
 }
 
@@ -78,6 +78,26 @@ std::string search_json(const SearchResult& r) {
       relief.push_back({{"change", x.change}, {"tokens_per_s", x.tokens_per_s}, {"gain", x.gain}, {"needs", x.needs},
                         {"tier", x.tier}, {"more_bytes", static_cast<int64_t>(std::ceil(x.more_bytes))}});
     j["bottleneck"] = {{"resource", r.bottleneck}, {"text", r.bottleneck_text}, {"relief", relief}};
+    if (r.order.compared) {
+      Json o = {{"winner", name(r.best.plan.schedule.order)},
+                {"tokens_per_s", r.best.result.tokens_per_s},
+                {"weight_bytes_per_step", r.best.result.weight_bytes_per_step},
+                {"gradient_bytes_per_step", r.best.result.gradient_bytes_per_step},
+                {"flops_per_step", r.best.result.flops_per_step}};
+      if (r.order.other_fits) {
+        const Candidate& c = r.order.other;
+        o["other"] = {{"order", name(c.plan.schedule.order)}, {"tokens_per_s", c.result.tokens_per_s},
+                      {"step_time_s", c.result.step_time_s}, {"bottleneck", c.result.bottleneck},
+                      {"weight_bytes_per_step", c.result.weight_bytes_per_step},
+                      {"gradient_bytes_per_step", c.result.gradient_bytes_per_step}, {"flops_per_step", c.result.flops_per_step},
+                      {"knobs", knobs_json(c.plan)}};
+        o["speedup"] = r.order.speedup;
+      } else {
+        o["other"] = nullptr;
+      }
+      o["text"] = r.order.text;
+      j["order"] = o;
+    }
   }
   if (!r.state_format_note.empty()) j["state_formats"] = r.state_format_note;
   if (!r.placement_note.empty()) j["placement_note"] = r.placement_note;
@@ -128,6 +148,7 @@ std::string search_table(const SearchResult& r) {
       << format_bytes(static_cast<double>(b.capacity_bytes.nvme)) << "\n";
     if (!r.state_format_note.empty()) o << "\noptimizer states\n  " << r.state_format_note << "\n";
     if (!r.placement_note.empty()) o << "\nplacement\n  " << r.placement_note << "\n";
+    if (r.order.compared) o << "\norder\n  " << r.order.text << "\n";
     o << "\nbottleneck\n  " << r.bottleneck_text << "\n";
     if (r.relief.empty()) o << "  no single change within reach relieves it by " << fmt_pct(kReliefMinGain) << " or more\n";
     for (const Relief& x : r.relief) {
@@ -149,10 +170,11 @@ std::string search_table(const SearchResult& r) {
   const SearchStats& s = r.stats;
   std::snprintf(line, sizeof line,
                 "\nsearch: %lld candidates: %lld over a tier, %lld dominated, %lld bounded, %lld simulated (%lld refused); "
-                "%lld more simulations for the table and %lld for the relief; %.3f s\n",
+                "%lld more simulations for the table, %lld for the relief and %lld for the other order; %.3f s\n",
                 static_cast<long long>(s.candidates), static_cast<long long>(s.infeasible), static_cast<long long>(s.dominated),
                 static_cast<long long>(s.bounded), static_cast<long long>(s.simulated), static_cast<long long>(s.refused),
-                static_cast<long long>(s.table_simulations), static_cast<long long>(s.relief_simulations), s.seconds);
+                static_cast<long long>(s.table_simulations), static_cast<long long>(s.relief_simulations),
+                static_cast<long long>(s.order_simulations), s.seconds);
   o << line;
   for (const std::string& a : r.assumptions) o << "assumption: " << a << "\n";
   return o.str();

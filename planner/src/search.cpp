@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "detail/candidates.h"
@@ -127,10 +129,12 @@ Status simulate_best_first(const Space& s, const std::vector<Structural>& feasib
 // the prefetch depth that serves it best (they cannot win; the table says by how much).
 void fill_table(const Space& s, const std::vector<Structural>& feasible, SearchResult& res, Simulated& sim) {
   const int top = s.req.top;
+  // Group ids at or past feasible.size() are structures the order comparison simulated.
   std::vector<bool> seen(feasible.size(), false);
-  for (size_t si : sim.group) seen[si] = true;
-  size_t have = 0;
-  for (bool b : seen) have += b ? 1 : 0;
+  const std::set<size_t> groups(sim.group.begin(), sim.group.end());
+  for (size_t si : groups)
+    if (si < seen.size()) seen[si] = true;
+  size_t have = groups.size();
   int64_t extra = 0;
   for (size_t si = 0; si < feasible.size() && have < static_cast<size_t>(top) + 1 && extra < 4 * top + 8; ++si) {
     if (seen[si]) continue;
@@ -150,6 +154,70 @@ void fill_table(const Space& s, const std::vector<Structural>& feasible, SearchR
     }
     if (any) ++have;
   }
+}
+
+// Layer-major against microbatch-major. The search above finds the best plan; the order it did not
+// pick gets its own exact best-first search among its candidates (every structure of that order
+// that fits, with the RAM-placement and bf16-transfer dominance only), whose plans join the
+// simulated set. Then the best of each order is compared. `pre` is every fitting structure before
+// dominance. With `exhaustive` every candidate was simulated already.
+Status compare_orders(const Space& s, const std::vector<Structural>& pre, const std::vector<Structural>& feasible,
+                      SearchResult& res, Simulated& sim) {
+  const bool best_layer_major = sim.cands[sim.best_i].plan.schedule.order == ScheduleOrder::kLayerMajor;
+  size_t other_structures = 0;
+  if (!s.opt.exhaustive) {
+    std::vector<Structural> other;
+    for (const Structural& st : pre)
+      if (st.k.layer_major != best_layer_major) other.push_back(st);
+    other_structures = other.size();
+    int64_t dropped = 0;
+    drop_dominated_twins(other, s.compute, false, dropped);
+    order_by_bound(other, s);
+    SearchResult scratch;
+    Simulated sub;
+    MT_RETURN_IF_ERROR(simulate_best_first(s, other, scratch, sub));
+    res.stats.order_simulations += scratch.stats.simulated;
+    res.stats.refused += scratch.stats.refused;
+    // Merge, a structure keeping one group id whichever search simulated it.
+    std::map<size_t, size_t> group_of;  // enumeration index -> group id
+    for (size_t i = 0; i < feasible.size(); ++i) group_of[feasible[i].index] = i;
+    for (size_t i = 0; i < sub.cands.size(); ++i) {
+      const size_t index = other[sub.group[i]].index;
+      auto it = group_of.find(index);
+      const size_t g = it != group_of.end() ? it->second : feasible.size() + index;
+      sim.cands.push_back(std::move(sub.cands[i]));
+      sim.group.push_back(g);
+      if (sim.cands.back().result.step_time_s < sim.cands[sim.best_i].result.step_time_s) sim.best_i = sim.cands.size() - 1;
+    }
+  } else {
+    for (const Structural& st : pre) other_structures += st.k.layer_major != best_layer_major ? 1 : 0;
+  }
+  // The best of each order among everything simulated.
+  const bool winner_layer_major = sim.cands[sim.best_i].plan.schedule.order == ScheduleOrder::kLayerMajor;
+  const Candidate* other = nullptr;
+  for (const Candidate& c : sim.cands)
+    if ((c.plan.schedule.order == ScheduleOrder::kLayerMajor) != winner_layer_major &&
+        (!other || c.result.step_time_s < other->result.step_time_s))
+      other = &c;
+  OrderComparison& o = res.order;
+  o.compared = true;
+  const Candidate& best = sim.cands[sim.best_i];
+  const std::string win = name(best.plan.schedule.order);
+  const std::string lose = winner_layer_major ? "microbatch-major" : "layer-major";
+  if (!other) {
+    o.text = win + " is the only order that runs: " +
+             (other_structures == 0 ? "no " + lose + " plan fits the rig's tiers"
+                                    : "the simulator refused every " + lose + " plan that fitted statically");
+    return {};
+  }
+  o.other_fits = true;
+  o.other = *other;
+  o.speedup = best.result.tokens_per_s / other->result.tokens_per_s;
+  // The link's plateau rate (a whole layer's transfer) against the GPU's peak.
+  const auto& link = s.rig.links.h2d.pinned_bandwidth.points;
+  const double link_rate = link.empty() ? 0 : link.back().second;
+  o.text = order_text(best, *other, link_rate, sim::CostModel(best.plan, s.model, s.rig).matmul_peak());
+  return {};
 }
 
 void add_request_assumptions(const Space& s, SearchResult& res) {
@@ -199,7 +267,11 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
   Sizer sizer(s);
   MT_ASSIGN_OR_RETURN(Enumeration e, enumerate_candidates(s, sizer, res.stats));
   std::vector<Structural>& feasible = e.feasible;
-  if (!opt.exhaustive) drop_dominated_twins(feasible, s.compute, res.stats.dominated);
+  const bool compare = opt.compare_orders && !opt.feasibility_only && opt.stop_at_tokens_per_s <= 0;
+  const std::vector<Structural> pre = compare ? feasible : std::vector<Structural>{};
+  // D3 (layer-major dominates its microbatch-major twin) is not applied to MoE models: their order
+  // is decided by simulating both (docs/planner.md).
+  if (!opt.exhaustive) drop_dominated_twins(feasible, s.compute, !model.config().is_moe(), res.stats.dominated);
   order_by_bound(feasible, s);
 
   Simulated sim;
@@ -215,6 +287,7 @@ Result<SearchResult> search_plan_once(const ModelSpec& model, const HardwareProf
     return finish();
   }
 
+  if (compare) MT_RETURN_IF_ERROR(compare_orders(s, pre, feasible, res, sim));
   fill_table(s, feasible, res, sim);
   res.feasible = true;
   res.best = sim.cands[sim.best_i];
@@ -277,7 +350,9 @@ Result<SearchResult> search_plan(const ModelSpec& model, const HardwareProfile& 
   SearchRequest fp32 = req;
   fp32.policy.state_formats = {StateFormat::kFp32};
   const std::string fmt = std::string(state_format_name(p.optimizer.m_format)) + "/" + state_format_name(p.optimizer.v_format);
-  auto alt = search_plan_once(model, rig, fp32, opt);
+  SearchOptions fp32_opt = opt;
+  fp32_opt.compare_orders = false;  // only its best plan is read
+  auto alt = search_plan_once(model, rig, fp32, fp32_opt);
   if (alt.ok() && !alt->feasible) {
     res.state_format_note = "the lossy optimizer states (m/v " + fmt + ") are what make this plan fit: with fp32 states nothing fits (" +
                             alt->infeasible_reason + ")";

@@ -89,6 +89,7 @@ Verdict try_rig(const ModelSpec& model, const HardwareProfile& rig, const SizeOp
   req.rig_ref = ProfileRef{false, rig.name};
   SearchOptions so;
   so.relief = false;
+  so.compare_orders = false;  // sizing reads only whether a plan trains and how fast
   so.feasibility_only = !full && opt.target_tokens_per_s <= 0;
   so.stop_at_tokens_per_s = full ? 0 : opt.target_tokens_per_s;
   ++searches;
@@ -330,7 +331,11 @@ std::vector<std::string> model_families() {
   std::map<std::string, int> count;
   for (const std::string& name : list_profiles("models")) {
     std::smatch m;
-    if (std::regex_match(name, m, pattern)) ++count[m[1].str()];
+    if (!std::regex_match(name, m, pattern)) continue;
+    // Mixture-of-Experts sizes are not scaled (largest_model says why).
+    auto spec = ModelSpec::load(name);
+    if (spec.ok() && spec->config().is_moe()) continue;
+    ++count[m[1].str()];
   }
   std::vector<std::string> out;
   for (const auto& [f, n] : count)
@@ -341,6 +346,11 @@ std::vector<std::string> model_families() {
 Result<FamilyResult> largest_model(const std::string& family, const HardwareProfile& rig, const SizeOptions& opt) {
   const auto t0 = Clock::now();
   MT_ASSIGN_OR_RETURN(std::vector<Member> ms, family_members(family));
+  for (const Member& m : ms)
+    if (m.spec.config().is_moe())
+      return unsupported("--family '" + family + "': " + m.name + " is a Mixture-of-Experts model, and MoE sizes are not "
+                         "scaled: published sizes differ in expert count, expert width and experts per token as well as in "
+                         "hidden size and depth, with no rule to interpolate them; size each with `size --model " + m.name + "`");
   if (ms.size() < 2) {
     std::string list;
     for (const std::string& f : model_families()) list += (list.empty() ? "" : ", ") + f;

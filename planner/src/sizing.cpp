@@ -13,7 +13,7 @@ Result<step::Footprint> Sizer::compiled(const Knobs& k) {
   auto it = layouts_.find(k.micro_batch);
   if (it == layouts_.end())
     it = layouts_.emplace(k.micro_batch, step::layout_for(step::backend_of_rig(space_.rig), space_.model, plan)).first;
-  MT_ASSIGN_OR_RETURN(step::StepSchedule s, step::compile(plan, space_.model, it->second, {.ops = false}));
+  MT_ASSIGN_OR_RETURN(step::StepSchedule s, step::compile(plan, space_.model, it->second, {.ops = false, .units = &space_.units}));
   ++compiles_;
   return step::footprint(s, it->second);
 }

@@ -84,49 +84,121 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   }
   adam_rate_ = std::min(rate, memory_bound);
 
-  // Per micro-batch GPU work of one layer (T tokens).
+  // Per micro-batch GPU work of each decoder layer (T tokens). Layers differ in their block (MoE or
+  // dense MLP) and their attention (a sliding window or the whole prefix); each distinct kind is
+  // costed once.
   const double T = static_cast<double>(plan.training.micro_batch * plan.training.seq_len);
   const double s = static_cast<double>(plan.training.seq_len);
   const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
   const double q = static_cast<double>(c.num_heads * c.head_dim), kv = static_cast<double>(c.num_kv_heads * c.head_dim);
   const double V = static_cast<double>(c.vocab_size);
-  const double gemms = gemm_time(T, q, H) + 2 * gemm_time(T, kv, H) + gemm_time(T, H, q) + 2 * gemm_time(T, I, H) +
-                       gemm_time(T, H, I);
-  // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V. A profile
-  // may give the attention kernel's own rate (the CPU backend's is not GEMM-like) and its backward
-  // / forward time ratio.
-  double attention = 0.5 * 2 * gemm_time(T, s, q);
-  if (rig.gpu.attention_efficiency) {
-    const double f = 2 * T * s * q;  // 2 GEMMs of 2*T*s*q FLOPs, each half computed
-    attention = f / (peak_ * rig.gpu.attention_efficiency->at(f));
-  }
+  const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
+  const double I_moe = static_cast<double>(c.moe_intermediate_size);
   const double attention_bwd_ratio = rig.gpu.attention_backward_ratio ? rig.gpu.attention_backward_ratio->value : 2.5;
-  const double elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv + 3 * I);
-  layer_fwd_ = gemms + attention + elementwise_time(elementwise_bytes);
-  layer_bwd_ = 2 * gemms + attention_bwd_ratio * attention + elementwise_time(2 * elementwise_bytes);
-  // A profile made for this model (megatrain-plan profile --model) may hold the measured time of
-  // the whole layer by micro-batch: it replaces the sum of op-level terms, which misses how the
-  // layer's ops share threads and caches. Between points time is linear in the micro-batch; beyond
-  // the last it scales in proportion; below the first, linearly to zero.
-  if (const auto& lt = rig.gpu.layer_times;
-      lt && lt->hidden == c.hidden_size && lt->intermediate == c.intermediate_size && lt->heads == c.num_heads &&
-      lt->kv_heads == c.num_kv_heads && lt->head_dim == c.head_dim && lt->seq == plan.training.seq_len) {
-    const double mb = static_cast<double>(plan.training.micro_batch);
-    auto at = [&](auto field) {
-      const auto& p = lt->points;
-      if (mb <= static_cast<double>(p.front().micro_batch)) return field(p.front()) * mb / static_cast<double>(p.front().micro_batch);
-      for (size_t i = 1; i < p.size(); ++i)
-        if (mb <= static_cast<double>(p[i].micro_batch)) {
-          const double x0 = static_cast<double>(p[i - 1].micro_batch), x1 = static_cast<double>(p[i].micro_batch);
-          return field(p[i - 1]) + (field(p[i]) - field(p[i - 1])) * (mb - x0) / (x1 - x0);
-        }
-      return field(p.back()) * mb / static_cast<double>(p.back().micro_batch);
-    };
-    layer_fwd_ = at([](const LayerTimes::Point& pt) { return pt.forward_s; });
-    layer_bwd_ = at([](const LayerTimes::Point& pt) { return pt.backward_s; });
-    assumptions_.push_back("layer forward and backward times are the profile's layer probe of " + lt->model + " at seq " +
-                           std::to_string(lt->seq) + " (" + std::to_string(lt->points.size()) + " micro-batch sizes)");
+  const auto& lt = rig.gpu.layer_times;
+  const bool probe_shape = lt && lt->hidden == c.hidden_size && lt->intermediate == c.intermediate_size &&
+                           lt->heads == c.num_heads && lt->kv_heads == c.num_kv_heads && lt->head_dim == c.head_dim &&
+                           lt->seq == plan.training.seq_len;
+  // The probe's figures by micro-batch: linear between points; beyond the last in proportion;
+  // below the first, linearly to zero.
+  const double mb = static_cast<double>(plan.training.micro_batch);
+  auto probed_at = [&](auto field) {
+    const auto& p = lt->points;
+    if (mb <= static_cast<double>(p.front().micro_batch)) return field(p.front()) * mb / static_cast<double>(p.front().micro_batch);
+    for (size_t i = 1; i < p.size(); ++i)
+      if (mb <= static_cast<double>(p[i].micro_batch)) {
+        const double x0 = static_cast<double>(p[i - 1].micro_batch), x1 = static_cast<double>(p[i].micro_batch);
+        return field(p[i - 1]) + (field(p[i]) - field(p[i - 1])) * (mb - x0) / (x1 - x0);
+      }
+    return field(p.back()) * mb / static_cast<double>(p.back().micro_batch);
+  };
+  bool used_probe = false, fallback_grouped = false;
+  auto cost_of = [&](bool moe, int64_t window) {
+    LayerCost L;
+    L.moe = moe;
+    L.window = window > 0 && window < plan.training.seq_len ? window : 0;
+    L.attention_gemms = gemm_time(T, q, H) + 2 * gemm_time(T, kv, H) + gemm_time(T, H, q);
+    // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V. Within a
+    // window of w < s keys a query sees min(i, w) keys: s w - w^2 / 2 pairs a sequence instead of
+    // s^2 / 2, so the kernel (which skips the blocks outside the band) does (2 s w - w^2) / s^2 of
+    // the work. A profile may give the attention kernel's own rate (the CPU backend's is not
+    // GEMM-like) and its backward / forward time ratio.
+    const double w = static_cast<double>(L.window);
+    const double keys = L.window > 0 ? (2 * s * w - w * w) / s : s;  // keys per query, as if unmasked
+    L.attention = 0.5 * 2 * gemm_time(T, keys, q);
+    if (rig.gpu.attention_efficiency) {
+      const double f = 2 * T * keys * q;  // 2 GEMMs of 2*T*keys*q FLOPs, each half computed
+      L.attention = f / (peak_ * rig.gpu.attention_efficiency->at(f));
+    }
+    // Element-wise: two RMSNorms, RoPE on q and k, residual adds (the 10 H + 2 q + 2 kv), and the
+    // block's own traffic.
+    L.elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv);
+    // Qwen3's per-head RMSNorm of q and k before RoPE reads and writes both once more.
+    if (c.qk_norm) L.elementwise_bytes += cb * T * 2 * (q + kv);
+    double block_gemms = 0;
+    if (!moe) {
+      L.mlp_gemms = 2 * gemm_time(T, I, H) + gemm_time(T, H, I);
+      L.elementwise_bytes += cb * T * 3 * I;  // SwiGLU reads gate and up, writes the product
+      block_gemms = L.mlp_gemms;
+    } else {
+      // Router [T, H] x [H, E]; uniform routing sends T k / E rows to each expert, whose gate, up
+      // and down are three grouped calls of E GEMMs each.
+      L.router = gemm_time(T, E, H);
+      L.rows_per_expert = T * k / E;
+      L.experts = 2 * grouped_gemm_time(E, L.rows_per_expert, I_moe, H) + grouped_gemm_time(E, L.rows_per_expert, H, I_moe);
+      fallback_grouped = fallback_grouped || !rig.gpu.grouped_gemm_efficiency;
+      // Router logits in fp32 (written, then read by softmax and top-k), the permutation (T k rows
+      // of H gathered: read and written), SwiGLU on T k rows of I_moe, and the weighted combine
+      // (read T k rows, write T).
+      L.elementwise_bytes += 2 * 4 * T * E + cb * T * (2 * k * H + 3 * k * I_moe + (k + 1) * H);
+      block_gemms = L.router + L.experts;
+    }
+    L.forward = L.attention_gemms + block_gemms + L.attention + elementwise_time(L.elementwise_bytes);
+    L.backward = 2 * (L.attention_gemms + block_gemms) + attention_bwd_ratio * L.attention +
+                 elementwise_time(2 * L.elementwise_bytes);
+    // A profile made for this model (megatrain-plan profile --model) may hold the measured time of
+    // a whole layer by micro-batch: it replaces the sum of op-level terms, which misses how the
+    // layer's ops share threads and caches, for the layers of the kind it probed.
+    const bool probe_kind = moe ? lt && lt->experts == c.num_experts && lt->experts_per_token == c.experts_per_token &&
+                                      lt->moe_intermediate == c.moe_intermediate_size
+                                : lt && lt->experts == 0;
+    if (probe_shape && probe_kind && (lt->window > 0 && lt->window < plan.training.seq_len ? lt->window : 0) == L.window) {
+      L.forward = probed_at([](const LayerTimes::Point& pt) { return pt.forward_s; });
+      L.backward = probed_at([](const LayerTimes::Point& pt) { return pt.backward_s; });
+      L.probed = true;
+      used_probe = true;
+    }
+    return L;
+  };
+  const int64_t layers = std::max<int64_t>(0, c.num_layers);
+  kind_of_layer_.assign(static_cast<size_t>(layers), 0);
+  for (int64_t l = 0; l < layers; ++l) {
+    const bool moe = c.is_moe_layer(l);
+    const int64_t window = c.is_sliding_layer(l) ? c.sliding_window : 0;
+    const int64_t w = window > 0 && window < plan.training.seq_len ? window : 0;
+    size_t i = 0;
+    while (i < kinds_.size() && !(kinds_[i].moe == moe && kinds_[i].window == w)) ++i;
+    if (i == kinds_.size()) kinds_.push_back(cost_of(moe, window));
+    kind_of_layer_[static_cast<size_t>(l)] = static_cast<uint8_t>(i);
+    layers_fwd_ += kinds_[i].forward;
+    layers_bwd_ += kinds_[i].backward;
   }
+  if (kinds_.empty()) kinds_.push_back(cost_of(false, 0));  // a model without layers still answers layer_cost(0)
+  if (used_probe)
+    assumptions_.push_back("layer forward and backward times are the profile's layer probe of " + lt->model + " at seq " +
+                           std::to_string(lt->seq) + " (" + std::to_string(lt->points.size()) + " micro-batch sizes)" +
+                           (kinds_.size() > 1 ? ", for the layers of the probed kind" : ""));
+  if (fallback_grouped) {
+    std::ostringstream a;
+    a << "the profile has no grouped-GEMM rate (gpu.grouped_gemm_efficiency): the experts' grouped GEMMs are costed at "
+      << kGroupedGemmFallback << " x the dense GEMM rate of one GEMM of the same FLOPs";
+    assumptions_.push_back(a.str());
+  }
+  if (c.is_moe())
+    assumptions_.push_back("MoE layers: uniform routing, " + std::to_string(c.experts_per_token) + " of " +
+                           std::to_string(c.num_experts) + " experts per token, so each expert's grouped GEMM has T x " +
+                           std::to_string(c.experts_per_token) + " / " + std::to_string(c.num_experts) +
+                           " rows; every expert's weights are streamed");
   // Head: logits, cross-entropy in fp32 (write logits, softmax, gradient), dX and dW.
   head_ = 3 * gemm_time(T, V, H) + elementwise_time(3 * 4 * T * V + 4 * cb * T * H);
   embed_fwd_ = elementwise_time(2 * cb * T * H);
@@ -137,6 +209,24 @@ double CostModel::gemm_time(double m, double n, double k) const {
   const double f = 2 * m * n * k;
   if (f <= 0) return 0;
   return f / (peak_ * rig_.gpu.gemm_efficiency.at(f));
+}
+
+double CostModel::grouped_gemm_efficiency(double experts, double rows, double n, double k) const {
+  if (rig_.gpu.grouped_gemm_efficiency) return rig_.gpu.grouped_gemm_efficiency->at(rows);
+  return kGroupedGemmFallback * rig_.gpu.gemm_efficiency.at(2 * experts * rows * n * k);
+}
+
+double CostModel::grouped_gemm_time(double experts, double rows, double n, double k) const {
+  const double f = 2 * experts * rows * n * k;
+  if (f <= 0) return 0;
+  return f / (peak_ * grouped_gemm_efficiency(experts, rows, n, k));
+}
+
+const CostModel::LayerCost& CostModel::layer_cost(int64_t layer) const {
+  if (kind_of_layer_.empty()) return kinds_.front();
+  MT_CHECK(layer >= 0 && layer < static_cast<int64_t>(kind_of_layer_.size()),
+           "CostModel::layer_cost: decoder layer " + std::to_string(layer) + " of " + std::to_string(kind_of_layer_.size()));
+  return kinds_[kind_of_layer_[static_cast<size_t>(layer)]];
 }
 
 double CostModel::elementwise_time(double bytes) const { return bytes / rig_.gpu.memory_bandwidth.value; }

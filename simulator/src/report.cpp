@@ -44,6 +44,8 @@ std::string result_json(const SimResult& r) {
   j["critical_path"] = cp;
   j["tokens_per_step"] = r.tokens_per_step;
   j["flops_per_step"] = r.flops_per_step;
+  j["weight_bytes_per_step"] = r.weight_bytes_per_step;
+  j["gradient_bytes_per_step"] = r.gradient_bytes_per_step;
   j["tasks"] = r.tasks;
   j["assumptions"] = r.assumptions;
   return j.dump(2) + "\n";

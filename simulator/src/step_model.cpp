@@ -36,7 +36,9 @@ class Builder {
     nvme_write_prev_.assign(U, -1);
     const FlopsPerToken f = model.flops_per_token(plan.training.seq_len);
     const double T = static_cast<double>(s_.tokens_per_mb);
-    layer_flops_ = T * f.layer_forward;
+    // Each layer's own FLOPs (MoE and dense layers differ; MoE counts the k experts a token uses).
+    layer_flops_.assign(static_cast<size_t>(s_.L), T * f.layer_forward);
+    for (size_t l = 0; l < layer_flops_.size() && l < f.layer_forwards.size(); ++l) layer_flops_[l] = T * f.layer_forwards[l];
     head_flops_ = T * 3 * f.head_forward;
     tb_ = s_.transfer_bf16 ? 2 : 4;
     state_pp_ = state_format_bytes_per_element(s_.m_format, s_.block_size) + state_format_bytes_per_element(s_.v_format, s_.block_size);
@@ -99,19 +101,21 @@ class Builder {
   }
   double numel(int32_t u) const { return static_cast<double>(s_.unit_numel[static_cast<size_t>(u)]); }
 
-  double compute_time(SpanKind k) const {
+  // `unit` is the op's unit: 1..L are the decoder layers 0..L-1.
+  double compute_time(SpanKind k, int32_t unit) const {
     switch (k) {
       case SpanKind::kEmbedForward: return cost_.embed_forward_time();
       case SpanKind::kEmbedBackward: return cost_.embed_backward_time();
       case SpanKind::kHead: return cost_.head_time();
-      case SpanKind::kBackward: return cost_.layer_backward_time();
-      default: return cost_.layer_forward_time();
+      case SpanKind::kBackward: return cost_.layer_backward_time(unit - 1);
+      default: return cost_.layer_forward_time(unit - 1);  // forward and recompute
     }
   }
-  double compute_flops(SpanKind k) const {
+  double compute_flops(SpanKind k, int32_t unit) const {
+    const auto l = static_cast<size_t>(std::max(0, unit - 1));
     switch (k) {
-      case SpanKind::kForward: case SpanKind::kRecompute: return layer_flops_;
-      case SpanKind::kBackward: return 2 * layer_flops_;
+      case SpanKind::kForward: case SpanKind::kRecompute: return layer_flops_[l];
+      case SpanKind::kBackward: return 2 * layer_flops_[l];
       case SpanKind::kHead: return head_flops_;
       default: return 0;
     }
@@ -144,7 +148,8 @@ class Builder {
         case step::OpKind::kAcquire: begun[static_cast<size_t>(op.load)] = last_gpu_; break;
         case step::OpKind::kRelease: slot_free[static_cast<size_t>(op.load)] = last_gpu_; break;
         case step::OpKind::kCompute: {
-          TaskId g = task(Lane::kCompute, compute_time(op.span), op.span, op.layer, mb_of(op.mb), 0, compute_flops(op.span));
+          TaskId g = task(Lane::kCompute, compute_time(op.span, op.layer), op.span, op.layer, mb_of(op.mb), 0,
+                        compute_flops(op.span, op.layer));
           after(last_gpu_, g);  // the compute stream is in order; explicit for the critical path
           for (TaskId d : pending_deps) after(d, g);
           pending_deps.clear();
@@ -281,7 +286,8 @@ class Builder {
   const Ids& id_;
   int32_t step_ = 0;
   TaskId last_gpu_ = -1, last_h2d_ = -1, last_d2h_ = -1;
-  double layer_flops_ = 0, head_flops_ = 0, tb_ = 2, state_pp_ = 8;
+  std::vector<double> layer_flops_;  // per decoder layer, one micro-batch's forward
+  double head_flops_ = 0, tb_ = 2, state_pp_ = 8;
   std::vector<TaskId> adam_prev_, prev_update_, nvme_write_prev_, grad_ready_, nvme_read_;
 };
 
@@ -368,6 +374,15 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   res.tasks = static_cast<int64_t>(e.task_count());
   res.tokens_per_step = static_cast<double>(sched.tokens_per_mb) * sched.A;
   res.flops_per_step = model.flops_per_token(plan.training.seq_len).training() * res.tokens_per_step;
+  {
+    double per_round = 0;
+    for (int32_t u : sched.round.loads) per_round += static_cast<double>(sched.unit_numel[static_cast<size_t>(u)]);
+    res.weight_bytes_per_step = per_round * sched.rounds * (sched.transfer_bf16 ? 2 : 4);
+    double grads = 0;
+    for (const step::Op& op : sched.round.compute)
+      if (op.kind == step::OpKind::kGradFinal) grads += 4.0 * static_cast<double>(sched.unit_numel[static_cast<size_t>(op.layer)]);
+    res.gradient_bytes_per_step = grads * sched.rounds;
+  }
   if (res.step_time_s > 0) {
     res.tokens_per_s = res.tokens_per_step / res.step_time_s;
     res.tflops = res.flops_per_step / res.step_time_s / 1e12;

@@ -13,16 +13,16 @@ constexpr int64_t kNvmeAlignment = 4096;  // every array of an NVMe region start
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 // One moment array as MomentStore keeps it: fp32, bf16, or codes plus one fp32 scale per block.
-std::vector<int64_t> moment_arrays(StateFormat f, const std::vector<int64_t>& numels, int64_t block) {
-  int64_t n = 0, blocks = 0;
-  for (int64_t x : numels) {
-    n += x;
-    blocks += (x + block - 1) / block;
-  }
+// `n` is the unit's numel (the sum of `numels`); only quantised formats need the per-tensor blocks.
+std::vector<int64_t> moment_arrays(StateFormat f, const std::vector<int64_t>& numels, int64_t n, int64_t block) {
   switch (f) {
     case StateFormat::kFp32: return {4 * n};
     case StateFormat::kBf16: return {2 * n};
-    default: return {blocks * block * state_format_bits(f) / 8, 4 * blocks};
+    default: {
+      int64_t blocks = 0;
+      for (int64_t x : numels) blocks += (x + block - 1) / block;
+      return {blocks * block * state_format_bits(f) / 8, 4 * blocks};
+    }
   }
 }
 
@@ -61,8 +61,8 @@ Footprint footprint(const StepSchedule& s, const ActivationLayout& layout) {
   for (size_t u = 0; u < s.unit_numel.size(); ++u) {
     const int64_t n = s.unit_numel[u];
     max_unit = std::max(max_unit, n);
-    const auto m = moment_arrays(s.m_format, s.unit_tensor_numels[u], s.block_size);
-    const auto v = moment_arrays(s.v_format, s.unit_tensor_numels[u], s.block_size);
+    const auto m = moment_arrays(s.m_format, s.unit_tensor_numels[u], n, s.block_size);
+    const auto v = moment_arrays(s.v_format, s.unit_tensor_numels[u], n, s.block_size);
     int64_t mv = 0;
     for (int64_t x : m) mv += x;
     for (int64_t x : v) mv += x;

@@ -18,17 +18,6 @@ bool lends_gradients(const Plan& plan, bool streamed) {
 
 namespace {
 
-// Units as HostState groups the tensors: 0 the embedding, l + 1 decoder layer l, L + 1 the rest.
-std::vector<std::vector<int64_t>> unit_tensors(const ModelSpec& model) {
-  const int64_t L = model.config().num_layers;
-  std::vector<std::vector<int64_t>> units(static_cast<size_t>(L + 2));
-  for (const TensorInfo& t : model.tensors()) {
-    const int64_t u = t.layer >= 0 ? t.layer + 1 : t.role == TensorRole::kEmbedding ? 0 : L + 1;
-    units[static_cast<size_t>(u)].push_back(t.numel);
-  }
-  return units;
-}
-
 void build_round(StepSchedule& s) {
   Round& r = s.round;
   const int32_t L = s.L, U = s.U, c = s.c, R = s.resident_mbs;
@@ -124,9 +113,14 @@ void build_round(StepSchedule& s) {
 
 }  // namespace
 
+UnitTable unit_table(const ModelSpec& model) { return UnitTable{unit_tensor_numels(model)}; }
+
 Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const ActivationLayout& layout,
                              const CompileOptions& options) {
-  MT_RETURN_IF_ERROR(check_plan_for_model(plan, model));
+  // Units as HostState groups the tensors: 0 the embedding, l + 1 decoder layer l, L + 1 the rest.
+  const UnitTable own = options.units ? UnitTable{} : unit_table(model);
+  const UnitTable& units = options.units ? *options.units : own;
+  MT_RETURN_IF_ERROR(check_plan_for_model(plan, model, units.tensor_numels));
   const ModelConfig& mc = model.config();
   StepSchedule s;
   s.L = static_cast<int32_t>(mc.num_layers);
@@ -151,14 +145,14 @@ Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const Act
   s.nvme_block_bytes = plan.placement.nvme_block_bytes;
   s.lent_gradients = options.lent_gradients && lends_gradients(plan) ? kLentGradientBuffers : 0;
   s.tokens_per_mb = plan.training.micro_batch * plan.training.seq_len;
-  s.unit_tensor_numels = unit_tensors(model);
+  s.unit_tensor_numels = units.tensor_numels;
   for (const auto& t : s.unit_tensor_numels) {
     int64_t n = 0;
     for (int64_t x : t) n += x;
     s.unit_numel.push_back(n);
   }
   if (s.master_nvme || s.states_nvme) {
-    const int64_t unit = nvme_unit_transfer_bytes(model, s.master_nvme, s.states_nvme, plan.optimizer.m_format,
+    const int64_t unit = nvme_unit_transfer_bytes(units.tensor_numels, s.master_nvme, s.states_nvme, plan.optimizer.m_format,
                                                   plan.optimizer.v_format, plan.optimizer.block_size);
     s.staging_buffers = static_cast<int32_t>(plan.placement.pinned_staging_bytes / std::max<int64_t>(unit, 1));
   }

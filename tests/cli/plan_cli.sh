@@ -71,5 +71,34 @@ assert d['trains_any'] and 6e9 < d['largest']['parameters'] < 7e10\""
 "$plan" size --model llama-2-7b --gpu voodoo >"$tmp/out" 2>"$tmp/err"
 check "size with an unknown GPU fails listing the known ones" "[ $? -eq 1 ] && grep -q 'h200-1.5tb' $tmp/err"
 
+# Mixture-of-Experts: the paper's gpt-oss-120b plans on its rig, both orders weighed; MoE models size.
+"$plan" plan --model gpt-oss-120b --rig h200-1.5tb --json >"$tmp/moe.json" 2>"$tmp/err"
+check "plan gpt-oss-120b on h200-1.5tb exits 0 with a plan" "[ $? -eq 0 ] && [ ! -s $tmp/err ]"
+check "its JSON weighs both orders and counts every expert's bytes" "/usr/bin/python3 - $tmp/moe.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['feasible'] is True
+p = d['plan']
+assert 0 < p['predicted']['mfu'] < 1 and p['predicted']['tokens_per_s'] > 0
+o = d['order']
+assert o['winner'] == p['schedule']['order'], o
+assert o['other'] is not None and o['other']['order'] != o['winner'], o
+assert o['speedup'] >= 1 and abs(o['speedup'] - o['tokens_per_s'] / o['other']['tokens_per_s']) < 1e-9
+# 36 layers of 128 experts of 3 x 2880 x 2880 in bf16, twice a step at least: over 2 x 2 x 36 x 128 x 3 x 2880^2 bytes
+assert o['weight_bytes_per_step'] > 2 * 2 * 36 * 128 * 3 * 2880 ** 2
+assert o['text'].startswith(o['winner'] + ' wins') and 'bytes per kFLOP' in o['text']
+assert d['search']['order_simulations'] > 0
+PY"
+"$plan" plan --model gpt-oss-120b --rig h200-1.5tb >"$tmp/moe.txt" 2>"$tmp/err"
+check "the table has the order section" "grep -q '^order' $tmp/moe.txt && grep -q ' wins: ' $tmp/moe.txt"
+for m in gpt-oss-120b qwen3-235b-a22b; do
+  "$plan" size --model $m --gpu h200-1.5tb --json >"$tmp/size-$m.json" 2>"$tmp/err"
+  check "size --model $m finds an H200 host that trains it" "[ $? -eq 0 ] && /usr/bin/python3 -c \"
+import json; d = json.load(open('$tmp/size-$m.json'))
+r = d['rigs'][0]; assert r['trains'] and r['tokens_per_s'] > 0, r\""
+done
+"$plan" size --family gpt-oss --rig h200-1.5tb >"$tmp/out" 2>"$tmp/err"
+check "size --family of MoE models is refused by name" "[ $? -eq 1 ] && grep -q 'Mixture-of-Experts' $tmp/err && grep -q 'size --model' $tmp/err"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

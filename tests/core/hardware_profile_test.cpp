@@ -116,6 +116,66 @@ TEST(HardwareProfile, RoundTripKeepsAwkwardValuesAndMeasuredProvenance) {
   EXPECT_EQ(back->gpu.memory_bytes.provenance.machine, "lab-box \"7\" \xc3\xa9");
 }
 
+TEST(HardwareProfile, TheGroupedGemmCurveAndAnMoeLayerProbeRoundTrip) {
+  HardwareProfile hw = load_ok("rtx3090-256gb");
+  ASSERT_FALSE(hw.gpu.grouped_gemm_efficiency.has_value()) << "a rig written before the field still loads, without it";
+  hw.gpu.grouped_gemm_efficiency =
+      Curve{{{16, 0.0653}, {128, 1.0 / 3.0}, {4096, 0.7}}, {Provenance::Kind::kMeasured, "grouped probe", "2026-12-03", "vm"}};
+  hw.gpu.layer_times = LayerTimes{"tiny-moe", 64, 128, 4, 2, 16, 32, {{1, 1e-3, 2e-3}}, {Provenance::Kind::kMeasured, "layer probe", "2026-12-03", "vm"},
+                                  8, 2, 96, 16};
+  const std::string text = hw.to_json_text();
+  auto back = HardwareProfile::from_json_text(text);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(hw == *back);
+  ASSERT_TRUE(back->gpu.grouped_gemm_efficiency.has_value());
+  EXPECT_EQ(back->gpu.grouped_gemm_efficiency->points[1].second, 1.0 / 3.0);
+  EXPECT_EQ(back->gpu.layer_times->experts, 8);
+  EXPECT_EQ(back->gpu.layer_times->experts_per_token, 2);
+  EXPECT_EQ(back->gpu.layer_times->moe_intermediate, 96);
+  EXPECT_EQ(back->gpu.layer_times->window, 16);
+  // A dense probe writes none of the MoE keys, so its entry reads as before they existed.
+  hw.gpu.layer_times->experts = hw.gpu.layer_times->experts_per_token = hw.gpu.layer_times->moe_intermediate = 0;
+  hw.gpu.layer_times->window = 0;
+  const Json dense = Json::parse(hw.to_json_text());
+  for (const char* key : {"experts", "experts_per_token", "moe_intermediate", "window"})
+    EXPECT_FALSE(dense["gpu"]["layer_times"].contains(key)) << key;
+}
+
+TEST(HardwareProfile, OldProfilesWithoutTheGroupedCurveStillLoad) {
+  // The H200 profile as it was before the field: every other figure the same.
+  Json j = Json::parse(read_text(rig_file("h200-1.5tb")));
+  ASSERT_TRUE(j["gpu"].contains("grouped_gemm_efficiency"));
+  j["gpu"].erase("grouped_gemm_efficiency");
+  auto old = HardwareProfile::from_json_text(j.dump(2), "h200 without grouped_gemm_efficiency");
+  ASSERT_TRUE(old.ok()) << old.status().to_string();
+  EXPECT_FALSE(old->gpu.grouped_gemm_efficiency.has_value());
+  HardwareProfile now = load_ok("h200-1.5tb");
+  now.gpu.grouped_gemm_efficiency.reset();
+  EXPECT_TRUE(now == *old);
+  for (const char* name : {"a100-80gb-pcie", "h100-sxm-80gb", "rtx4090-256gb", "cpu-dev-2core"}) {
+    auto r = HardwareProfile::load(name);
+    ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
+    EXPECT_FALSE(r->gpu.grouped_gemm_efficiency.has_value()) << name;
+  }
+}
+
+TEST(HardwareProfile, TheH200GroupedCurveIsTheRooflineItsSourceStates) {
+  const HardwareProfile hw = load_ok("h200-1.5tb");
+  ASSERT_TRUE(hw.gpu.grouped_gemm_efficiency.has_value());
+  const Curve& g = *hw.gpu.grouped_gemm_efficiency;
+  EXPECT_EQ(g.provenance.kind, Provenance::Kind::kEstimate);
+  EXPECT_NE(g.provenance.source.find("min(0.70 x 989 TFLOP/s, 0.85 x 4.8 TB/s x I(r))"), std::string::npos);
+  // Recompute every point from the stated formula at n = k = 2880.
+  const double n = 2880, k = 2880;
+  for (const auto& [r, y] : g.points) {
+    const double intensity = r * n * k / (n * k + r * k + r * n);
+    const double want = std::min(0.70 * 989e12, 0.85 * 4.8e12 * intensity) / 989e12;
+    EXPECT_NEAR(y, want, 5e-4) << "rows " << r;
+  }
+  // Never above what large dense GEMMs reach on the same profile.
+  for (const auto& [r, y] : g.points) EXPECT_LE(y, hw.gpu.gemm_efficiency.points.back().second) << r;
+}
+
 TEST(HardwareProfile, H200MatchesThePaperAndTheDatasheet) {
   HardwareProfile hw = load_ok("h200-1.5tb");
   EXPECT_EQ(hw.gpu.memory_bytes.value, 141e9);
@@ -404,6 +464,29 @@ TEST(RigErrors, TheOptionalAttentionFiguresAreCheckedLikeTheOthers) {
                  j["gpu"]["layer_times"]["points"] = {{1, 0, 2e-3}};
                }),
                StatusCode::kInvalidArgument, "gpu.layer_times.points[0]", "forward_s > 0");
+  EXPECT_ERROR(parse_edited([](Json& j) {
+                 j["gpu"]["grouped_gemm_efficiency"] = {{"points", {{16, 0.1}, {128, 1.5}}},
+                                                        {"provenance", {{"kind", "estimate"}, {"source", "x"}}}};
+               }),
+               StatusCode::kInvalidArgument, "gpu.grouped_gemm_efficiency.points[1]", "out of range", "(0, 1]");
+  EXPECT_ERROR(parse_edited([](Json& j) {
+                 j["gpu"]["grouped_gemm_efficiency"] = {{"points", {{0, 0.1}}}, {"provenance", {{"kind", "estimate"}, {"source", "x"}}}};
+               }),
+               StatusCode::kInvalidArgument, "gpu.grouped_gemm_efficiency.points[0]", "x = 0");
+  EXPECT_ERROR(parse_edited([&](Json& j) {
+                 j["gpu"]["layer_times"] = layer;
+                 j["gpu"]["layer_times"]["points"] = {{1, 1e-3, 2e-3}};
+                 j["gpu"]["layer_times"]["experts"] = 8;  // without experts_per_token and moe_intermediate
+               }),
+               StatusCode::kInvalidArgument, "gpu.layer_times", "do not describe one layer");
+  EXPECT_ERROR(parse_edited([&](Json& j) {
+                 j["gpu"]["layer_times"] = layer;
+                 j["gpu"]["layer_times"]["points"] = {{1, 1e-3, 2e-3}};
+                 j["gpu"]["layer_times"]["experts"] = 2;
+                 j["gpu"]["layer_times"]["experts_per_token"] = 4;
+                 j["gpu"]["layer_times"]["moe_intermediate"] = 32;
+               }),
+               StatusCode::kInvalidArgument, "experts_per_token <= experts");
   auto absent = HardwareProfile::from_json_text(read_text(rig_file("h200-1.5tb")));
   ASSERT_TRUE(absent.ok());
   EXPECT_FALSE(absent->gpu.attention_efficiency.has_value());

@@ -379,3 +379,49 @@ TEST(Plan, NvmeQueueDepthAndBlockSizeAreCheckedAndKept) {
 
 }  // namespace
 }  // namespace megatrain
+
+namespace megatrain {
+namespace {
+
+// The staging rule's unit transfer from tensors grouped once (the planner's path) equals the
+// model's, and both equal the executor's layout computed here from each tensor's numel: fp32 and
+// bf16 moments are 4 and 2 bytes per element, quantised ones whole blocks of 128 per tensor plus
+// one fp32 scale per block.
+TEST(PlanRules, UnitTransferBytesFromGroupedTensorsEqualTheModelsInEveryFormat) {
+  for (const char* name : {"tiny-mixtral", "tiny-qwen3-moe", "tiny-llama-gqa"}) {
+    SCOPED_TRACE(name);
+    auto m = ModelSpec::load(name);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const auto units = unit_tensor_numels(*m);
+    const ParameterCounts pc = m->parameter_counts();
+    const int64_t L = m->config().num_layers;
+    ASSERT_EQ(units.size(), static_cast<size_t>(L + 2));
+    auto sum = [](const std::vector<int64_t>& v) {
+      int64_t n = 0;
+      for (int64_t x : v) n += x;
+      return n;
+    };
+    EXPECT_EQ(sum(units[0]), pc.embedding);
+    for (int64_t l = 0; l < L; ++l) EXPECT_EQ(sum(units[static_cast<size_t>(l + 1)]), pc.layer[static_cast<size_t>(l)]) << l;
+    EXPECT_EQ(sum(units.back()), pc.final_norm + pc.head);
+    auto moment = [](StateFormat f, const std::vector<int64_t>& numels) {
+      int64_t bytes = 0;
+      for (int64_t n : numels) {
+        const int64_t blocks = (n + 127) / 128;
+        bytes += f == StateFormat::kFp32 ? 4 * n : f == StateFormat::kBf16 ? 2 * n : blocks * 128 * state_format_bits(f) / 8 + 4 * blocks;
+      }
+      return bytes;
+    };
+    for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kQ8, StateFormat::kQ4, StateFormat::kQ3})
+      for (const auto& [master, states] : {std::pair{true, false}, {false, true}, {true, true}}) {
+        int64_t want = 0;
+        for (const auto& u : units) want = std::max(want, (master ? 4 * sum(u) : 0) + (states ? 2 * moment(f, u) : 0));
+        EXPECT_EQ(nvme_unit_transfer_bytes(units, master, states, f, f, 128), want) << state_format_name(f) << master << states;
+        EXPECT_EQ(nvme_unit_transfer_bytes(*m, master, states, f, f, 128), want) << state_format_name(f) << master << states;
+      }
+    EXPECT_EQ(nvme_unit_transfer_bytes(units, false, false, StateFormat::kQ4, StateFormat::kQ4, 128), 0);
+  }
+}
+
+}  // namespace
+}  // namespace megatrain

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "detail/profile_probes.h"
 #include "megatrain/planner/profile.h"
 
 namespace megatrain::planner {
@@ -149,6 +150,74 @@ TEST(ProfileFit, GemmEfficiencyRejectsTooFewShapes) {
   EXPECT_FALSE(fit_gemm_efficiency({{64, 64, 64, 1e-6}, {0, 64, 64, 2e-6}}).ok());
 }
 
+// Grouped GEMMs whose time is the sum of per-expert GEMMs of `t0 + F_e / R` (a loop over experts,
+// each paying a fixed cost): the rate rises with rows per expert towards R.
+std::vector<GroupedGemmSample> synthetic_grouped(double t0, double rate) {
+  std::vector<GroupedGemmSample> out;
+  for (int64_t rows : {16, 64, 256, 1024})
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{512, 256}, {256, 512}}) {
+      GroupedGemmSample g{8, rows, n, k, 0};
+      g.seconds = 8 * (t0 + 2.0 * static_cast<double>(rows * n * k) / rate);
+      out.push_back(g);
+    }
+  return out;
+}
+
+TEST(ProfileFit, GroupedGemmCurveIsTheRateByRowsOverTheDensePeak) {
+  const double t0 = 20e-6, rate = 100e9, peak = 120e9;
+  const auto samples = synthetic_grouped(t0, rate);
+  auto f = fit_grouped_gemm_efficiency(samples, peak);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  expect_valid_curve(f->points);
+  ASSERT_EQ(f->points.size(), 4u);  // one point per row count
+  for (const auto& [rows, y] : f->points) {
+    // Both shapes of a row count have the same FLOPs, hence the same modelled rate.
+    const double fl = 2.0 * 8 * rows * 512 * 256;
+    EXPECT_NEAR(y, fl / (8 * t0 + fl / rate) / peak, 1e-12) << rows;
+  }
+  EXPECT_LT(f->curve_rms_rel, 1e-9);
+  // A rate above the dense peak (a cache-resident call at 16 rows) counts as the peak, and the
+  // larger row counts, all slower, are pooled with it: the least-squares monotone fit is flat at
+  // the mean of the clamped rates.
+  auto noisy = samples;
+  noisy[0].seconds = noisy[0].flops() / (2 * peak);
+  noisy[1].seconds = noisy[1].flops() / (2 * peak);
+  auto g = fit_grouped_gemm_efficiency(noisy, peak);
+  ASSERT_TRUE(g.ok());
+  expect_valid_curve(g->points);
+  double mean = 2.0;
+  for (size_t i = 2; i < noisy.size(); ++i) mean += noisy[i].flops() / noisy[i].seconds / peak;
+  mean /= static_cast<double>(noisy.size());
+  ASSERT_EQ(g->points.size(), 2u);  // a flat run keeps only its ends
+  for (const auto& [rows, y] : g->points) EXPECT_NEAR(y, mean, 1e-12) << rows;
+  EXPECT_GT(g->curve_rms_rel, 0.1);
+}
+
+TEST(ProfileFit, GroupedGemmFitRejectsUnusableData) {
+  EXPECT_FALSE(fit_grouped_gemm_efficiency({}, 1e9).ok());
+  EXPECT_FALSE(fit_grouped_gemm_efficiency({{8, 16, 64, 64, 1e-6}, {8, 16, 64, 64, 2e-6}}, 1e9).ok());  // one row count
+  EXPECT_FALSE(fit_grouped_gemm_efficiency({{8, 16, 64, 64, 1e-6}, {0, 32, 64, 64, 2e-6}}, 1e9).ok());
+  EXPECT_FALSE(fit_grouped_gemm_efficiency(synthetic_grouped(1e-6, 1e9), 0).ok());
+}
+
+TEST(ProfileProbes, GroupedShapesAreGateUpAndDownWithinTheFlopLimit) {
+  const auto shapes = detail::grouped_gemm_shapes({16, 1024}, 8, 512, 256, 2.0 * 8 * 1024 * 512 * 256 - 1);
+  // 16 rows: both projections; 1024 rows: over the limit by one FLOP, skipped.
+  ASSERT_EQ(shapes.size(), 2u);
+  EXPECT_EQ(shapes[0].n, 256);  // gate/up: n = intermediate, k = hidden
+  EXPECT_EQ(shapes[0].k, 512);
+  EXPECT_EQ(shapes[1].n, 512);  // down
+  EXPECT_EQ(shapes[1].k, 256);
+  // gpt-oss's expert (2880 x 2880), 8 experts x 1024 rows, within 2e10 FLOPs: both scaled by one
+  // factor, rounded down to 64.
+  const auto [h, i] = detail::scaled_expert_shape(2880, 2880, 8, 1024, 2e10);
+  EXPECT_EQ(h, 1088);
+  EXPECT_EQ(i, 1088);
+  EXPECT_LE(2.0 * 8 * 1024 * h * i, 2e10);
+  const std::pair<int64_t, int64_t> unchanged(256, 512);
+  EXPECT_EQ(detail::scaled_expert_shape(256, 512, 8, 64, 1e12), unchanged);
+}
+
 // A temp directory on the same file system as the build (ext4 here; /tmp may be tmpfs elsewhere).
 struct TempDir {
   fs::path path;
@@ -173,6 +242,10 @@ ProfileSizes tiny_sizes() {
   s.gemm_hidden = {64, 256};
   s.gemm_max_flops = 1e9;
   s.gemm_min_time_s = 0.003;
+  s.grouped_rows = {16, 64};
+  s.grouped_experts = 4;
+  s.grouped_hidden = 128;
+  s.grouped_intermediate = 64;
   s.copy_bytes = {64 << 10, 1 << 20, 4 << 20};
   s.copy_min_time_s = 0.003;
   s.storage_file_bytes = 16 << 20;
@@ -268,7 +341,15 @@ TEST(Profile, SmallRunGivesAValidMeasuredRigThatRoundTrips) {
     EXPECT_GE(f.rms_rel, 0);
     EXPECT_GE(f.max_rel, f.rms_rel);
   }
-  for (const char* n : {"h2d", "d2h", "gemm_overhead", "gemm_efficiency_curve"}) EXPECT_TRUE(fit_names.count(n)) << n;
+  for (const char* n : {"h2d", "d2h", "gemm_overhead", "gemm_efficiency_curve", "grouped_gemm_curve"})
+    EXPECT_TRUE(fit_names.count(n)) << n;
+  // The grouped-GEMM probe: one point per row count, measured.
+  ASSERT_TRUE(rig.gpu.grouped_gemm_efficiency.has_value());
+  expect_valid_curve(rig.gpu.grouped_gemm_efficiency->points);
+  EXPECT_EQ(rig.gpu.grouped_gemm_efficiency->points.front().first, 16);
+  EXPECT_EQ(rig.gpu.grouped_gemm_efficiency->provenance.kind, Provenance::Kind::kMeasured);
+  EXPECT_NE(rig.gpu.grouped_gemm_efficiency->provenance.source.find("4 experts of hidden 128 x intermediate 64"), std::string::npos)
+      << rig.gpu.grouped_gemm_efficiency->provenance.source;
   const auto j = nlohmann::json::parse(profile_json(*r));
   ASSERT_TRUE(j.contains("rig") && j.contains("fits"));
   EXPECT_EQ(j["rig"]["schema"], "megatrain.rig/1");

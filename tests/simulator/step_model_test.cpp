@@ -172,8 +172,8 @@ TEST(StepModelCosts, SyntheticFiguresGiveHandComputedCosts) {
   EXPECT_DOUBLE_EQ(cost.adam_time(kLayerParams), kLayerParams / 2e9);
   // Efficiency 1: the seven projection GEMMs plus half the attention square, over the peak;
   // element-wise work at 1e24 B/s adds ~1e-18 s.
-  EXPECT_LT(rel(cost.layer_forward_time(), (kLayerGemmFlops + kAttentionFlops) / 1e12), 1e-9);
-  EXPECT_LT(rel(cost.layer_backward_time(), (2 * kLayerGemmFlops + 2.5 * kAttentionFlops) / 1e12), 1e-9);
+  EXPECT_LT(rel(cost.layer_forward_time(0), (kLayerGemmFlops + kAttentionFlops) / 1e12), 1e-9);
+  EXPECT_LT(rel(cost.layer_backward_time(0), (2 * kLayerGemmFlops + 2.5 * kAttentionFlops) / 1e12), 1e-9);
   EXPECT_LT(rel(cost.head_time(), 3 * 2.0 * kT * kV * kH / 1e12), 1e-9);
   EXPECT_LT(cost.embed_forward_time() + cost.embed_backward_time(), 1e-15);
 }
@@ -198,9 +198,9 @@ TEST(StepModelCosts, AnAttentionCurveAndBackwardRatioReplaceTheGemmRuleForAttent
   rig.gpu.attention_backward_ratio = Figure{3.0, Provenance{}};
   const CostModel own(s.plan, s.model, rig);
   const double attention = kAttentionFlops / (1e12 * 0.25);
-  EXPECT_LT(rel(own.layer_forward_time(), kLayerGemmFlops / 1e12 + attention), 1e-9);
-  EXPECT_LT(rel(own.layer_backward_time(), 2 * kLayerGemmFlops / 1e12 + 3 * attention), 1e-9);
-  EXPECT_GT(own.layer_forward_time(), gemm_rule.layer_forward_time());
+  EXPECT_LT(rel(own.layer_forward_time(0), kLayerGemmFlops / 1e12 + attention), 1e-9);
+  EXPECT_LT(rel(own.layer_backward_time(0), 2 * kLayerGemmFlops / 1e12 + 3 * attention), 1e-9);
+  EXPECT_GT(own.layer_forward_time(0), gemm_rule.layer_forward_time(0));
   // The head and the GEMMs are untouched.
   EXPECT_DOUBLE_EQ(own.head_time(), gemm_rule.head_time());
 }
@@ -214,21 +214,21 @@ TEST(StepModelCosts, AMatchingLayerProbeGivesTheLayerTimesInterpolatedByMicroBat
                 s.plan.training.seq_len, {{1, 0.010, 0.030}, {4, 0.025, 0.070}}, Provenance{}};
   rig.gpu.layer_times = lt;
   const CostModel at_one(s.plan, s.model, rig);
-  EXPECT_DOUBLE_EQ(at_one.layer_forward_time(), 0.010);
-  EXPECT_DOUBLE_EQ(at_one.layer_backward_time(), 0.030);
+  EXPECT_DOUBLE_EQ(at_one.layer_forward_time(0), 0.010);
+  EXPECT_DOUBLE_EQ(at_one.layer_backward_time(0), 0.030);
   Plan two = s.plan;
   two.training.micro_batch = 2;  // a third of the way from 1 to 4
   const CostModel at_two(two, s.model, rig);
-  EXPECT_NEAR(at_two.layer_forward_time(), 0.015, 1e-15);
-  EXPECT_NEAR(at_two.layer_backward_time(), 0.030 + 0.040 / 3, 1e-15);
+  EXPECT_NEAR(at_two.layer_forward_time(0), 0.015, 1e-15);
+  EXPECT_NEAR(at_two.layer_backward_time(0), 0.030 + 0.040 / 3, 1e-15);
   Plan eight = s.plan;
   eight.training.micro_batch = 8;  // beyond the last point: in proportion
-  EXPECT_NEAR(CostModel(eight, s.model, rig).layer_forward_time(), 0.050, 1e-15);
+  EXPECT_NEAR(CostModel(eight, s.model, rig).layer_forward_time(0), 0.050, 1e-15);
   // Another sequence length (or shape) is not this probe: the op-level terms apply.
   rig.gpu.layer_times->seq += 1;
   const CostModel other(s.plan, s.model, rig);
   const CostModel none(s.plan, s.model, s.rig);
-  EXPECT_DOUBLE_EQ(other.layer_forward_time(), none.layer_forward_time());
+  EXPECT_DOUBLE_EQ(other.layer_forward_time(0), none.layer_forward_time(0));
 }
 
 // ---- hand-computed schedules -------------------------------------------------------------------

@@ -25,11 +25,21 @@ std::string upper_label(const std::string& r);     // "H2D"
 
 // "3.1% slower: +12 ms GPU waiting for weights; micro-batch 2 x 32 instead of 4 x 16".
 std::string why_lost(const Candidate& alt, const Candidate& best);
+// The cause alone: "H2D-bound" when the bottlenecks differ, else the stall that grew most, else the
+// extra time per step.
+std::string loss_cause(const Candidate& alt, const Candidate& best);
 
 // The best of each structure other than the best's, fastest first, at most `top`, each with why it
 // lost. `group[i]` is the structure of simulated[i].
 std::vector<Candidate> alternatives_of(const std::vector<Candidate>& simulated, const std::vector<size_t>& group,
                                        size_t best_i, int top);
+
+// Which schedule order won and why: both orders' tokens/s, the ratio, and their weight traffic
+// per FLOP against what the link delivers per FLOP of the GPU's peak (`link_bytes_per_s`). Then
+// what decides it: "Link traffic per FLOP decides it" when `other` moves more bytes per FLOP and
+// is link-bound, or its critical path's H2D and D2H time grew by at least half of the step time it
+// loses; else "Link traffic does not decide it" with the stall that grew most.
+std::string order_text(const Candidate& best, const Candidate& other, double link_bytes_per_s, double peak_flops_per_s);
 
 // "H2D-bound: H2D transfers hold 1.2 s of the 1.3 s step's critical path (busy 97.0%); ...".
 std::string bottleneck_text(const sim::SimResult& r);

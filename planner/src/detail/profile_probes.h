@@ -95,6 +95,24 @@ std::vector<GemmSample> gemm_shapes(const std::vector<int64_t>& rows, const std:
 // fills `seconds` per call with the best batch of at least min_time_s in all.
 std::vector<GemmSample> measure_gemm(std::vector<GemmSample> shapes, int threads, double min_time_s, const Progress& progress);
 
+// The grouped-GEMM probe's shapes: for each rows r, the gate/up projection (experts, r, n =
+// intermediate, k = hidden) and the down projection (experts, r, n = hidden, k = intermediate),
+// skipping those above `max_flops`.
+std::vector<GroupedGemmSample> grouped_gemm_shapes(const std::vector<int64_t>& rows, int64_t experts, int64_t hidden,
+                                                   int64_t intermediate, double max_flops);
+
+// An expert shape (hidden, intermediate) scaled down, both by one factor and rounded down to a
+// multiple of 64 (at least 64), until a grouped call of `experts` experts x `max_rows` rows is at
+// most `max_flops`; unchanged when it already is.
+std::pair<int64_t, int64_t> scaled_expert_shape(int64_t hidden, int64_t intermediate, int64_t experts, int64_t max_rows,
+                                                double max_flops);
+
+// The CPU backend's MoE expert GEMMs: one cpu::grouped_linear_forward<float> call (the executor's
+// CPU MoE block's, one GEMM per expert, each expert with its own weights and its own rows), with
+// `threads` threads; fills `seconds` per call (all experts), best batch of at least min_time_s in all.
+std::vector<GroupedGemmSample> measure_grouped_gemm(std::vector<GroupedGemmSample> shapes, int threads, double min_time_s,
+                                                    const Progress& progress);
+
 // The CPU backend's transfer copies on one thread: kind "memcpy" (fp32 H2D and D2H: std::memcpy) or
 // "bf16" (H2D of a bf16 transfer: bf16 -> fp32 expansion, exec::bf16_to_fp32; x = bf16 bytes).
 // Sources and destinations rotate through buffers larger than the caches. (bytes, seconds per copy).
@@ -121,12 +139,15 @@ struct GpuProbe {
   double memory_bandwidth = 0;  // device-to-device copy, 2 x bytes / time
   double matmul_fp32 = 0, matmul_tf32 = 0, matmul_bf16 = 0;
   std::vector<GemmSample> bf16_samples;  // cuBLAS bf16 GEMMs (fp32 accumulate) at the layer shapes
+  // cuBLAS strided-batched bf16 GEMMs (one call per projection over every expert) at MoE shapes.
+  std::vector<GroupedGemmSample> grouped_bf16;
   // (bytes, seconds per transfer)
   std::vector<std::pair<double, double>> h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable;
   double duplex_ratio = 0;      // each direction's pinned rate with both running / alone
 };
 // The first CUDA device's name, or kUnavailable with the reason (no driver, no device, no CUDA build).
 Result<std::string> gpu_present();
-Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSample>& shapes, const Progress& progress);
+Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSample>& shapes,
+                           const std::vector<GroupedGemmSample>& grouped, const Progress& progress);
 
 }  // namespace megatrain::planner::detail

@@ -15,8 +15,9 @@ namespace megatrain::planner::detail {
 int64_t drop_dominated_pairs(Space& s);
 
 // Drops every candidate whose fitting twin is at least as fast (D1: RAM placement, D2: bf16
-// transfer, D3: layer-major order); adds the dropped candidates' depths to `dominated`.
-void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, int64_t& dominated);
+// transfer, D3: layer-major order, only with `order_rule`: MoE models leave the order to the
+// simulation); adds the dropped candidates' depths to `dominated`.
+void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, bool order_rule, int64_t& dominated);
 
 // A lower bound on the simulated step time of a plan (docs/planner.md, "Lower bound").
 double lower_bound(const Plan& plan, const ModelSpec& model, const HardwareProfile& rig);

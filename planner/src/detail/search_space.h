@@ -60,6 +60,7 @@ struct Space {
   step::TierCapacity caps;             // step::capacity_of a plan for this rig
   bool has_nvme = false;
   int64_t kmax_all = 1;                // the deepest prefetch searched
+  step::UnitTable units;               // the model's tensors grouped by unit, once (step::unit_table)
 };
 
 // The plan a candidate writes, for `on` (the rig, or an enlarged copy of it for a what-if): the

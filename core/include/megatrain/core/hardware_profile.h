@@ -46,6 +46,8 @@ struct Curve {
 // Measured time of one decoder layer of one model shape on this device, by micro-batch (the
 // profiler's layer probe, `megatrain-plan profile --model`). Used by the cost model instead of the
 // sum of its op-level terms when a plan's model and sequence length match exactly.
+// The probe times decoder layer 0; what kind of layer that was is recorded too (the MoE block and
+// the attention window), so that the figures apply only to layers of the same kind.
 struct LayerTimes {
   std::string model;  // the model's name, for the reader
   int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, seq = 0;
@@ -56,6 +58,9 @@ struct LayerTimes {
   };
   std::vector<Point> points;  // micro_batch strictly increasing
   Provenance provenance;
+  // The probed layer's MoE block (all 0: a dense MLP of `intermediate`) and attention window (0:
+  // the whole causal prefix). Optional in JSON; absent means 0.
+  int64_t experts = 0, experts_per_token = 0, moe_intermediate = 0, window = 0;
   bool operator==(const LayerTimes&) const = default;
 };
 
@@ -73,6 +78,12 @@ struct GpuSpec {
   // absent, attention costs what GEMMs of the same FLOPs cost.
   std::optional<Curve> attention_efficiency;
   std::optional<Figure> attention_backward_ratio;  // backward time / forward time (absent: 2.5)
+  // Optional: the experts' grouped GEMMs of a Mixture-of-Experts layer (one call per projection
+  // over every expert, each expert with its own rows). x: rows per expert (tokens routed to one
+  // expert), y: the call's FLOP rate as a fraction of the compute dtype's peak, in (0, 1]. When
+  // absent, the cost model takes the dense curve at the FLOPs of the whole call scaled by a
+  // small-GEMM efficiency (docs/cost-model.md).
+  std::optional<Curve> grouped_gemm_efficiency;
   std::optional<LayerTimes> layer_times;           // optional, model-specific
   bool operator==(const GpuSpec&) const = default;
 };

@@ -137,6 +137,14 @@ const std::vector<std::string>& plan_bottleneck_names();
 // whole blocks per tensor, one fp32 scale per block). 0 when nothing is on nvme.
 int64_t nvme_unit_transfer_bytes(const ModelSpec& model, bool master_on_nvme, bool states_on_nvme,
                                  StateFormat m_format, StateFormat v_format, int64_t block_size);
+// The same from each unit's tensor sizes (unit_tensor_numels[u]: the numels of unit u's tensors), for
+// callers that group the tensors once and ask many times (a Mixture-of-Experts model has tens of
+// thousands of tensors).
+int64_t nvme_unit_transfer_bytes(const std::vector<std::vector<int64_t>>& unit_tensor_numels, bool master_on_nvme,
+                                 bool states_on_nvme, StateFormat m_format, StateFormat v_format, int64_t block_size);
+// Each unit's tensor sizes as the executor groups the tensors: 0 the embedding, l + 1 decoder layer
+// l, L + 1 the rest (final norm and head), in the model's tensor order.
+std::vector<std::vector<int64_t>> unit_tensor_numels(const ModelSpec& model);
 // The staging rule: with state on nvme, placement.pinned_staging_bytes must hold at least one unit's
 // transfer (nvme_unit_transfer_bytes); the error names the key, the value and the minimum in bytes.
 Status check_pinned_staging(int64_t pinned_staging_bytes, int64_t unit_transfer_bytes);
@@ -146,6 +154,9 @@ struct Plan;
 // executor all call it, so that none of them accepts a plan another refuses (docs/plan-format.md,
 // "Cross-checks"). Capacity verdicts (does it fit the rig's memory) are not part of it.
 Status check_plan_for_model(const Plan& plan, const ModelSpec& model);
+// The same with the model's unit_tensor_numels() already grouped (the planner checks thousands of
+// plans of one model).
+Status check_plan_for_model(const Plan& plan, const ModelSpec& model, const std::vector<std::vector<int64_t>>& unit_tensor_numels);
 
 struct Plan {
   ProfileRef model;

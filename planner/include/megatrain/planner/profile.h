@@ -64,6 +64,30 @@ struct GemmEfficiencyFit {
 // At least two samples with distinct FLOPs, all with seconds > 0.
 Result<GemmEfficiencyFit> fit_gemm_efficiency(const std::vector<GemmSample>& samples);
 
+// One timed grouped GEMM (a Mixture-of-Experts projection): `experts` GEMMs in one call, expert e
+// computing C_e[rows, n] = A_e[rows, k] * B_e[n, k]^T with its own weights and rows; `seconds` per
+// call (all experts).
+struct GroupedGemmSample {
+  int64_t experts = 0, rows = 0, n = 0, k = 0;
+  double seconds = 0;
+  double flops() const {
+    return 2.0 * static_cast<double>(experts) * static_cast<double>(rows) * static_cast<double>(n) * static_cast<double>(k);
+  }
+};
+
+// The rig's grouped_gemm_efficiency curve: x = rows per expert, y = the call's rate / `peak` (the
+// dense GEMM peak of the same dtype). Samples of equal rows are averaged (each rate clamped to the
+// peak), the rates made non-decreasing in rows by pooling adjacent violators (least squares), and
+// divided by the peak. curve_rms_rel / curve_max_rel compare peak x curve(rows) with every sample's
+// measured rate (what the curve misses because it knows only rows, not n and k).
+struct GroupedGemmFit {
+  std::vector<std::pair<double, double>> points;  // (rows per expert, fraction of peak)
+  double curve_rms_rel = 0;
+  double curve_max_rel = 0;
+};
+// At least two samples with distinct rows, all with positive sizes and seconds; peak > 0.
+Result<GroupedGemmFit> fit_grouped_gemm_efficiency(const std::vector<GroupedGemmSample>& samples, double peak_flops_per_s);
+
 // ---- the profile ---------------------------------------------------------------------------------
 
 // Sizes of every probe. quick() and full() are the CLI's modes; tests pass smaller ones.
@@ -77,6 +101,12 @@ struct ProfileSizes {
   std::vector<int64_t> gemm_hidden;      // hidden sizes H; per H the layer's shapes H->H, H->H/4, H->8H/3
   double gemm_max_flops = 0;             // shapes above this many FLOPs are skipped
   double gemm_min_time_s = 0;            // each shape is timed for at least this long (best batch)
+  // The grouped-GEMM probe (MoE experts, CPU backend): rows per expert, experts per call, and the
+  // generic expert shape (hidden, intermediate), replaced by the model's MoE shape with --model;
+  // either is scaled down until the largest call fits gemm_max_flops. No rows: the probe is skipped.
+  std::vector<int64_t> grouped_rows;
+  int64_t grouped_experts = 8;
+  int64_t grouped_hidden = 1024, grouped_intermediate = 1024;
   std::vector<int64_t> copy_bytes;       // transfer sizes of the link probe
   double copy_min_time_s = 0;            // each size is timed for at least this long
   int64_t storage_file_bytes = 0;        // temp file per --storage directory

@@ -56,6 +56,9 @@ struct SearchOptions {
   bool relief = true;
   // Only decide whether anything fits statically; simulate nothing (rig sizing without a target).
   bool feasibility_only = false;
+  // After the search, find the best plan of the other schedule order too (its own best-first
+  // search among that order's candidates), so the report says which order won and by how much.
+  bool compare_orders = true;
 };
 
 // Bytes one candidate needs per tier (step::footprint), against what the rig has
@@ -93,7 +96,17 @@ struct SearchStats {
   int64_t refused = 0;           // simulated and refused by the simulator
   int64_t table_simulations = 0;  // runners-up the bound skipped, simulated to fill the table
   int64_t relief_simulations = 0;
+  int64_t order_simulations = 0;  // the other order's search (SearchOptions::compare_orders)
   double seconds = 0;
+};
+
+// Layer-major against microbatch-major: the best plan of each (SearchOptions::compare_orders).
+struct OrderComparison {
+  bool compared = false;      // the comparison ran
+  bool other_fits = false;    // some plan of the other order fits and was simulated
+  Candidate other;            // its best plan, when other_fits
+  double speedup = 0;         // best tokens/s over the other order's best
+  std::string text;           // which order won, by how much, and why (weight traffic per FLOP)
 };
 
 struct SearchResult {
@@ -125,6 +138,7 @@ struct SearchResult {
   // When the best plan puts state on NVMe: why (RAM too small, with the simulator's numbers, or
   // faster); empty otherwise.
   std::string placement_note;
+  OrderComparison order;
   SearchStats stats;
 };
 

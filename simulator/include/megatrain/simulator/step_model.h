@@ -26,13 +26,22 @@ namespace megatrain::sim {
 inline SpanKind span_kind_of(const TaskSpec& t) { return static_cast<SpanKind>(t.kind); }
 
 // Per-unit costs in seconds, from the profile (docs/cost-model.md). Units: 0 = embedding,
-// 1..L = decoder layers, L+1 = head (final norm + lm_head).
+// 1..L = decoder layers, L+1 = head (final norm + lm_head). Decoder layers may differ: a
+// Mixture-of-Experts model can mix MoE and dense layers (Qwen3-MoE mlp_only_layers,
+// decoder_sparse_step), and layers may attend within a sliding window (gpt-oss layer_types), so
+// every layer time is asked for by layer.
 class CostModel {
  public:
   CostModel(const Plan& plan, const ModelSpec& model, const HardwareProfile& rig);
 
   double matmul_peak() const { return peak_; }  // FLOP/s for the compute dtype
   double gemm_time(double m, double n, double k) const;
+  // `experts` GEMMs of one projection in one grouped call, each [rows, k] x [k, n] (rows per
+  // expert may be fractional: the mean under uniform routing): from gpu.grouped_gemm_efficiency at
+  // `rows`, else the dense curve at the call's FLOPs times kGroupedGemmFallback.
+  double grouped_gemm_time(double experts, double rows, double n, double k) const;
+  // The fraction of the peak such a call reaches.
+  double grouped_gemm_efficiency(double experts, double rows, double n, double k) const;
   double elementwise_time(double bytes) const;
   double h2d_time(double bytes) const;
   double d2h_time(double bytes) const;
@@ -41,8 +50,26 @@ class CostModel {
   double adam_time(double params) const;
   double host_pass_time(double bytes) const;  // one CPU streaming pass over host memory
 
-  double layer_forward_time() const { return layer_fwd_; }   // one micro-batch
-  double layer_backward_time() const { return layer_bwd_; }
+  // The terms of one decoder layer's GPU work for one micro-batch (docs/cost-model.md).
+  struct LayerCost {
+    bool moe = false;            // the MoE block (router and experts) instead of the dense MLP
+    int64_t window = 0;          // keys per query are limited to this (0: the whole causal prefix)
+    double attention_gemms = 0;  // q, k, v, o projections
+    double attention = 0;        // the causal attention kernel (Q.K^T and P.V), forward
+    double mlp_gemms = 0;        // dense layers: gate, up, down
+    double router = 0;           // MoE layers: the router GEMM [T, H] x [H, E]
+    double experts = 0;          // MoE layers: the grouped gate, up and down GEMMs of every expert
+    double rows_per_expert = 0;  // MoE layers: T k / E (uniform routing)
+    double elementwise_bytes = 0;  // forward bytes of the memory-bound work (norms, RoPE, SwiGLU,
+                                   // adds; MoE: router softmax/top-k, permutation, combine)
+    double forward = 0, backward = 0;
+    bool probed = false;         // forward/backward are the profile's layer probe
+  };
+  const LayerCost& layer_cost(int64_t layer) const;   // decoder layer 0 .. L-1
+  double layer_forward_time(int64_t layer) const { return layer_cost(layer).forward; }   // one micro-batch
+  double layer_backward_time(int64_t layer) const { return layer_cost(layer).backward; }
+  double layers_forward_time() const { return layers_fwd_; }   // every decoder layer, one micro-batch
+  double layers_backward_time() const { return layers_bwd_; }
   double head_time() const { return head_; }                 // forward + loss + backward
   double embed_forward_time() const { return embed_fwd_; }
   double embed_backward_time() const { return embed_bwd_; }
@@ -55,10 +82,17 @@ class CostModel {
   // state format it does not list).
   const std::vector<std::string>& assumptions() const { return assumptions_; }
 
+  // Without gpu.grouped_gemm_efficiency: the grouped call runs at this fraction of the dense
+  // curve's rate for one GEMM of the same FLOPs (docs/cost-model.md).
+  static constexpr double kGroupedGemmFallback = 0.7;
+
  private:
   const HardwareProfile& rig_;
   double peak_ = 0, host_bw_ = 0, adam_rate_ = 0, nvme_read_bw_ = 0, nvme_write_bw_ = 0;
-  double layer_fwd_ = 0, layer_bwd_ = 0, head_ = 0, embed_fwd_ = 0, embed_bwd_ = 0;
+  std::vector<LayerCost> kinds_;        // the distinct layer kinds (at most 4: dense/MoE x full/window)
+  std::vector<uint8_t> kind_of_layer_;  // index into kinds_ per decoder layer
+  double layers_fwd_ = 0, layers_bwd_ = 0;
+  double head_ = 0, embed_fwd_ = 0, embed_bwd_ = 0;
   std::vector<std::string> assumptions_;
 };
 
@@ -77,6 +111,13 @@ struct SimResult {
   double flops_per_step = 0; // model FLOPs (forward + backward, no recompute), as MFU counts them
   double tflops = 0;         // achieved model TFLOP/s
   double mfu = 0;
+  // Weights copied to the device in one step: every load of every round (each expert of a MoE
+  // layer included), in the transfer dtype. Over flops_per_step it is the step's weight traffic per
+  // FLOP, which decides layer-major against microbatch-major (weights streamed once or per micro-batch).
+  double weight_bytes_per_step = 0;
+  // Gradients copied to the host in one step (fp32, each unit once per round: once per step in
+  // layer-major order, once per micro-batch in microbatch-major).
+  double gradient_bytes_per_step = 0;
   std::string bottleneck;    // gpu | h2d | d2h | cpu | host_memory | nvme_read | nvme_write | none
   std::map<std::string, double> busy;           // resource lane -> busy fraction of the step
   std::map<std::string, double> stalls;         // reason -> seconds waited in the step: GPU idle by

@@ -141,9 +141,19 @@ struct StepSchedule {
 bool lends_gradients(const Plan& plan, bool streamed = true);
 inline constexpr int32_t kLentGradientBuffers = 3;
 
+// Each unit's tensor sizes (megatrain::unit_tensor_numels of the model). compile() groups the
+// model's tensors itself; a caller that compiles one model many times (the planner sizes thousands
+// of candidates, and a Mixture-of-Experts model has tens of thousands of tensors) groups them once
+// and passes them in.
+struct UnitTable {
+  std::vector<std::vector<int64_t>> tensor_numels;
+};
+UnitTable unit_table(const ModelSpec& model);
+
 struct CompileOptions {
   bool ops = true;  // false: only the shape, buffers and layout (what footprint() needs), cheaply
   bool lent_gradients = true;  // follow lends_gradients(plan) (the executor's choice)
+  const UnitTable* units = nullptr;  // the model's unit_table(), or null to group the tensors here
 };
 Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const ActivationLayout& layout,
                              const CompileOptions& options = {});
