@@ -195,6 +195,21 @@ TEST(Mxfp4Init, RefusedForATensorHfNeverQuantises) {
   EXPECT_NE(s.message().find("MXFP4"), std::string::npos) << s.message();
 }
 
+TEST(Mxfp4Init, PublishedConfigWithQuantizationConfigParses) {
+  // The Hub's config.json of gpt-oss carries quantization_config (quant_method mxfp4); it describes
+  // the storage of the weights, which --init dequantises, not the model's math.
+  std::ifstream in(std::string(MEGATRAIN_PROFILES_DIR) + "/models/gpt-oss-20b.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json c = nlohmann::json::parse(ss.str());
+  c["quantization_config"] = {{"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                          "model.embed_tokens", "lm_head"}},
+                              {"quant_method", "mxfp4"}};
+  auto spec = ModelSpec::from_config_json(c.dump(), "gpt-oss-20b config.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->config().num_experts, 32);
+}
+
 // ---- a whole tiny gpt-oss folder, against the independent Python dequantiser -------------------------
 
 TEST(Mxfp4Init, TinyGptOssFolderSingleAndShardedBitExact) {
