@@ -1,7 +1,8 @@
 // Central finite differences, in double, of a whole MoE decoder layer as the executor computes it
 // (LayerMathT<double>::forward/backward, executor/src/model.cpp): attention, the MoE block, both
-// residuals, and the load-balancing term, for tiny-mixtral (top-k renormalised) and tiny-qwen3-moe
-// with norm_topk_prob false (not renormalised, q/k norms). The kernels' own block test is
+// residuals, and the load-balancing term, for tiny-mixtral (top-k renormalised), tiny-qwen3-moe
+// with norm_topk_prob false (not renormalised, q/k norms) and tiny-gpt-oss (sinks, a sliding window
+// shorter than the sequence, biases everywhere, stacked experts, the clamped SwiGLU). The kernels' own block test is
 // tests/kernels_cpu/moe_fd_test.cpp; this one checks the composition that trains.
 //
 // loss = <layer(x), g> + coef * aux, aux = E * sum_e (c_e / N) * (P_e / N) from the statistics the
@@ -11,7 +12,8 @@
 // Tolerance from a measured error, as in moe_fd_test.cpp: D(h) and D(h/2) at h = 1e-5, accepted
 // |analytic - D(h/2)| <= 10 max|D(h) - D(h/2)| + 1e-13 max|D| over the sampled elements of each
 // tensor; every perturbed forward must choose the experts of the unperturbed one, and the routing
-// margin (the gap between the k-th and (k+1)-th probability) is asserted above 1e-3.
+// margin (the gap between the k-th and (k+1)-th probability) is asserted above 1e-3; for gpt-oss
+// also which gate/up values are clamped, and their distance to a clamp limit above 1e-4.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,7 +55,24 @@ struct LayerCase {
   cpu::CpuContext ctx{1};
   std::vector<double> acts, ws, out, count, prob;
 
-  // One forward; returns the loss and the experts chosen.
+  // gpt-oss: which interleaved gate/up values the clamped SwiGLU clamps, and the smallest distance
+  // of any to a limit.
+  std::vector<char> clamp_pattern(const LayerActsT<double>& a, double* margin = nullptr) const {
+    std::vector<char> m;
+    if (!d.gpt_oss || d.swiglu_limit <= 0) return m;
+    const double lim = d.swiglu_limit;
+    double mg = 1e30;
+    for (int64_t j = 0; j < 2 * d.N * d.k * d.Im; j += 2) {
+      const double gate = a.gate[j], up = a.gate[j + 1];
+      m.push_back(static_cast<char>((gate > lim) | ((std::abs(up) > lim) << 1)));
+      mg = std::min({mg, std::abs(gate - lim), std::abs(up - lim), std::abs(up + lim)});
+    }
+    if (margin) *margin = mg;
+    return m;
+  }
+
+  // One forward; returns the loss and the experts chosen (and, for gpt-oss, the clamp pattern
+  // appended as -1-separated values).
   double forward(std::vector<int32_t>* chosen = nullptr, LayerActsT<double>* keep = nullptr) {
     LayerActsT<double> a = bind_layer_acts(d, acts.data());
     std::fill(count.begin(), count.end(), 0.0);
@@ -65,15 +84,19 @@ struct LayerCase {
     for (size_t i = 0; i < out.size(); ++i) loss += out[i] * g[i];
     const double n = static_cast<double>(d.N);
     for (int64_t e = 0; e < d.E; ++e) aux += (count[static_cast<size_t>(e)] / n) * (prob[static_cast<size_t>(e)] / n);
-    if (chosen) chosen->assign(a.rexpert, a.rexpert + d.N * d.k);
+    if (chosen) {
+      chosen->assign(a.rexpert, a.rexpert + d.N * d.k);
+      chosen->push_back(-1);
+      for (char m : clamp_pattern(a)) chosen->push_back(m);
+    }
     if (keep) *keep = a;
     return loss + kCoef * static_cast<double>(d.E) * aux;
   }
 };
 
-std::unique_ptr<LayerCase> make_case(const ModelSpec& spec, uint64_t seed) {
+std::unique_ptr<LayerCase> make_case(const ModelSpec& spec, uint64_t seed, int64_t seq) {
   auto c = std::make_unique<LayerCase>();
-  auto dims = make_dims(spec, 1, 6);
+  auto dims = make_dims(spec, 1, seq);
   EXPECT_TRUE(dims.ok()) << dims.status().to_string();
   c->d = *dims;
   HostState hs = HostState::create(spec, DType::kFp32);
@@ -119,22 +142,31 @@ double routing_margin(const LayerActsT<double>& a, const Dims& d) {
   return m;
 }
 
-void check_layer(const std::string& what, const ModelSpec& spec) {
-  // The first seed whose routing has a margin above 1e-3 (deterministic).
+void check_layer(const std::string& what, const ModelSpec& spec, int64_t seq = 6) {
+  // The first seed whose routing has a margin above 1e-3 and whose clamped values (gpt-oss) lie
+  // 1e-4 or more from a limit (deterministic).
   std::unique_ptr<LayerCase> c;
   LayerActsT<double> a{};
   for (uint64_t seed = 1; seed < 50; ++seed) {
-    c = make_case(spec, seed);
+    c = make_case(spec, seed, seq);
     c->forward(nullptr, &a);
-    if (routing_margin(a, c->d) > 1e-3) break;
+    double clamp_margin = 1e30;
+    c->clamp_pattern(a, &clamp_margin);
+    if (routing_margin(a, c->d) > 1e-3 && clamp_margin > 1e-4) break;
     c.reset();
   }
-  ASSERT_TRUE(c) << what << ": no seed below 50 gives a routing margin above 1e-3";
+  ASSERT_TRUE(c) << what << ": no seed below 50 gives a routing margin above 1e-3 (and clamp margin above 1e-4)";
   const Dims& d = c->d;
   std::vector<int32_t> ref_chosen;
   c->forward(&ref_chosen, &a);
+  if (d.gpt_oss) {
+    int gates = 0, ups = 0;
+    for (char m : c->clamp_pattern(a)) gates += m & 1, ups += (m >> 1) & 1;
+    EXPECT_GT(gates, 0) << what << ": the gate clamp is not exercised";
+    EXPECT_GT(ups, 0) << what << ": the up clamp is not exercised";
+  }
   std::vector<int64_t> rows(static_cast<size_t>(d.E), 0);
-  for (int32_t e : ref_chosen) ++rows[static_cast<size_t>(e)];
+  for (int64_t s = 0; s < d.N * d.k; ++s) ++rows[static_cast<size_t>(ref_chosen[static_cast<size_t>(s)])];
   int used = 0;
   for (int64_t r : rows) used += r > 0;
   EXPECT_GE(used, 4) << what << ": the routing should spread over several experts";
@@ -200,6 +232,15 @@ void check_layer(const std::string& what, const ModelSpec& spec) {
         ASSERT_EQ(grad[static_cast<size_t>(t.offset + i)], 0.0) << t.name << ": an expert no token chose has a gradient";
       continue;
     }
+    const bool stacked = t.role == TensorRole::kExpertGateUp || t.role == TensorRole::kExpertGateUpBias ||
+                         t.role == TensorRole::kExpertDown || t.role == TensorRole::kExpertDownBias;
+    if (d.gpt_oss && stacked) {  // gpt-oss's stacked tensors: an unchosen expert's slice stays exactly 0
+      const int64_t per = t.numel / d.E;
+      for (int64_t e = 0; e < d.E; ++e)
+        if (rows[static_cast<size_t>(e)] == 0)
+          for (int64_t i = 0; i < per; ++i)
+            ASSERT_EQ(grad[static_cast<size_t>(t.offset + e * per + i)], 0.0) << t.name << " expert " << e;
+    }
     std::vector<int64_t> idx;
     const int64_t step = std::max<int64_t>(1, t.numel / 24);
     for (int64_t i = 0; i < t.numel; i += step) idx.push_back(t.offset + (i * 7919 + 13) % t.numel);
@@ -208,6 +249,11 @@ void check_layer(const std::string& what, const ModelSpec& spec) {
 }
 
 TEST(MoeLayerFd, MixtralRenormalised) { check_layer("tiny-mixtral", load_spec("tiny-mixtral", false, true)); }
+
+TEST(MoeLayerFd, GptOssSinksWindowClampedExperts) {
+  // 20 tokens: past layer 0's sliding window of 16.
+  check_layer("tiny-gpt-oss", load_spec("tiny-gpt-oss", false, true), 20);
+}
 
 TEST(MoeLayerFd, Qwen3MoeNotRenormalised) {
   check_layer("tiny-qwen3-moe (norm_topk_prob false)", load_spec("tiny-qwen3-moe", true, false));

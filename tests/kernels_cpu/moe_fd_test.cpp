@@ -1,6 +1,7 @@
 // Central finite differences, in double, of the whole Mixture-of-Experts block's backward (main's
 // cpu::moe_* ops composed as LayerMathT::moe_forward/moe_backward compose them; moe_block.h): dx, the
-// router (and a router bias), and every expert's gate/up/down, with top-k renormalised and not, with
+// router (and a router bias), and every expert's gate/up/down (Mixtral/Qwen3-MoE's, and gpt-oss's
+// stacked biased gate_up/down with the clamped SwiGLU), with top-k renormalised and not, with
 // one expert no token chose (its gradient exactly zero, never written), and the load-balancing loss's
 // gradient on its own (dout = 0: only moe_route_backward's d_probs_const path feeds dlogits).
 //
@@ -18,7 +19,9 @@
 // would be meaningless. Every case asserts a routing margin (the smallest gap, over tokens, between
 // the k-th and the (k+1)-th probability) above 1e-3, far above what a step of 1e-5 on one input can
 // move a probability (|dp/dtheta| <= |x| + |w| < 4 here), and every perturbed forward is checked to
-// choose exactly the experts of the unperturbed one.
+// choose exactly the experts of the unperturbed one. The clamped SwiGLU has kinks at its limits
+// too: the gpt-oss cases assert that no gate/up value lies within 1e-4 of one, that both clamps
+// are active somewhere, and that no perturbed forward changes which values are clamped.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -100,6 +103,30 @@ double routing_margin(const MoeBlock<double>& b) {
   return m;
 }
 
+// Which gate/up values the clamped SwiGLU clamps (gpt-oss), and their smallest distance to a limit.
+std::vector<char> clamp_pattern(const MoeBlock<double>& b) {
+  std::vector<char> m;
+  if (!b.config().gpt_oss) return m;
+  const double lim = b.config().limit;
+  for (size_t j = 0; j < b.gate.size(); j += 2) m.push_back(static_cast<char>((b.gate[j] > lim) | ((std::abs(b.gate[j + 1]) > lim) << 1)));
+  return m;
+}
+double clamp_margin(const MoeBlock<double>& b) {
+  double m = 1e30;
+  const double lim = b.config().limit;
+  for (size_t j = 0; j < b.gate.size(); j += 2)
+    m = std::min({m, std::abs(b.gate[j] - lim), std::abs(b.gate[j + 1] - lim), std::abs(b.gate[j + 1] + lim)});
+  return m;
+}
+
+// The per-expert parameter arrays (their expert stride is size / e).
+std::vector<std::vector<double>*> expert_arrays(MoeParams<double>& g) {
+  std::vector<std::vector<double>*> v;
+  for (auto* a : {&g.wg, &g.wu, &g.wd, &g.bgu, &g.bd})
+    if (!a->empty()) v.push_back(a);
+  return v;
+}
+
 int experts_used(const MoeBlock<double>& b) {
   int used = 0;
   for (int64_t x = 0; x < b.config().e; ++x) used += b.offsets[static_cast<size_t>(x + 1)] > b.offsets[static_cast<size_t>(x)];
@@ -119,7 +146,13 @@ std::vector<MoeCase> cases() {
   MoeCase k3q = k3;
   k3q.name = "no renorm, k 3, router bias";
   k3q.renorm = false;
-  return {mixtral, qwen, k3, k3q};
+  MoeCase gpt = mixtral;
+  gpt.name = "gpt-oss (stacked biased experts, clamped SwiGLU)";
+  gpt.gpt_oss = true;
+  MoeCase gpt3 = gpt;
+  gpt3.name = "gpt-oss, k 3";
+  gpt3.k = 3;
+  return {mixtral, qwen, k3, k3q, gpt, gpt3};
 }
 
 // FD of every array of the block; `unused` (or -1) is an expert no token may choose.
@@ -135,15 +168,22 @@ void check_block(const MoeCase& c, uint64_t seed, int64_t unused) {
         << c.name << ": expert " << unused << " should be unchosen";
   }
   const std::vector<int32_t> ref_expert = block.expert;
+  const std::vector<char> ref_clamp = clamp_pattern(block);
+  if (c.gpt_oss) {
+    ASSERT_GT(clamp_margin(block), 1e-4) << c.name << ": a value sits on a clamp limit; choose another seed";
+    int gates = 0, ups = 0;
+    for (char m : ref_clamp) gates += m & 1, ups += (m >> 1) & 1;
+    EXPECT_GT(gates, 0) << c.name << ": the gate clamp is not exercised";
+    EXPECT_GT(ups, 0) << c.name << ": the up clamp is not exercised";
+  }
 
   // Gradients into buffers prefilled with -0.0: an expert's slice that is never written keeps the sign
   // bit, while any "+= 0" would make it +0.0.
   MoeParams<double> g = testing::zero_like(p, -0.0);
   block.backward(ctx, p, g);
   if (unused >= 0) {
-    const int64_t s = block.in_stride();
-    for (auto* w : {&g.wg, &g.wu, &g.wd})
-      for (int64_t j = 0; j < s; ++j) {
+    for (auto* w : expert_arrays(g))
+      for (int64_t s = static_cast<int64_t>(w->size()) / c.e, j = 0; j < s; ++j) {
         const double v = (*w)[static_cast<size_t>(unused * s + j)];
         ASSERT_EQ(v, 0.0) << c.name << ": the unchosen expert has a gradient";
         ASSERT_TRUE(std::signbit(v)) << c.name << ": the unchosen expert's gradient was written";
@@ -152,7 +192,7 @@ void check_block(const MoeCase& c, uint64_t seed, int64_t unused) {
   auto loss = [&](bool* same) {
     MoeBlock<double> b(c);
     const double l = b.forward(ctx, p);
-    *same = b.expert == ref_expert;
+    *same = b.expert == ref_expert && clamp_pattern(b) == ref_clamp;
     return l;
   };
   auto ps = p.arrays();
@@ -205,7 +245,7 @@ TEST(MoeBlockFd, LoadBalancingLossAlone) {
     check_fd(c.name + " aux alone dx", p.x, g.x, loss);
     check_fd(c.name + " aux alone drouter", p.wr, g.wr, loss);
     if (!p.br.empty()) check_fd(c.name + " aux alone drouter_bias", p.br, g.br, loss);
-    for (auto* w : {&g.wg, &g.wu, &g.wd})
+    for (auto* w : expert_arrays(g))
       for (double v : *w) ASSERT_EQ(v, 0.0) << c.name << ": the aux loss does not reach the experts";
   }
 }
