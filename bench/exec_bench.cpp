@@ -3,6 +3,7 @@
 // and `gemm` (the model's GEMM path, megatrain::cpu::linear_*, vs a plain Eigen product).
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,7 +27,10 @@
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/trainer.h"
 #include "megatrain/kernels/cpu/context.h"
+#include "megatrain/kernels/cpu/add.h"
 #include "megatrain/kernels/cpu/linear.h"
+#include "megatrain/kernels/cpu/moe.h"
+#include "megatrain/kernels/cpu/swiglu.h"
 
 namespace {
 
@@ -413,9 +417,232 @@ int gemm(int reps, bool json) {
   return 0;
 }
 
+// ---- moe ----------------------------------------------------------------------------------------
+
+// The CPU MoE block of a Mixtral-like layer on main's cpu::moe_* ops, called in the order of
+// LayerMathT::moe_forward / moe_backward (executor/src/model.cpp): router linear, softmax-top-k with
+// renormalisation, the sort by expert, gather, per-expert gate/up GEMMs [E, I, H], SwiGLU, per-expert
+// down GEMM [E, H, I], the weighted combine, the load-balancing statistics, and the backward of
+// each (the aux gradient included). One phase at a time with its own clock, on buffers allocated
+// once.
+struct MoeBench {
+  enum Phase {
+    kRouterFwd, kRoute, kPermute, kGather, kGateUpFwd, kActFwd, kDownFwd, kCombineFwd, kAuxStats,
+    kCombineBwd, kDownBwd, kActBwd, kGateUpBwd, kScatter, kRouteBwd, kRouterBwd, kPhases
+  };
+  static const char* name(int p) {
+    static const char* names[kPhases] = {"router linear fwd", "route (softmax, top-k)", "permute", "gather",
+                                         "gate+up GEMMs fwd", "swiglu fwd", "down GEMM fwd", "combine fwd",
+                                         "aux stats", "combine bwd", "down GEMM bwd", "swiglu bwd",
+                                         "gate+up GEMMs bwd", "scatter-add", "route bwd", "router linear bwd"};
+    return names[p];
+  }
+
+  int64_t n, h, e, k, i, rows;
+  std::vector<float> x, wr, wg, wu, wd, dout;
+  std::vector<float> logits, weight, probs, xp, gate, up, act, yp, out;
+  std::vector<int32_t> expert, offsets, perm, ros;
+  std::vector<double> count, prob_sum;
+  std::vector<float> dyp, d_weight, dact, dgate, dup, dxp, dx, dlogits, dpc, gwr, gwg, gwu, gwd;
+
+  static void fill(std::vector<float>& v, int64_t count_, float scale, uint32_t& s) {
+    v.resize(static_cast<size_t>(count_));
+    for (float& f : v) {
+      s = s * 1664525u + 1013904223u;
+      f = scale * (static_cast<float>(s >> 8) / 16777216.0f - 0.5f);
+    }
+  }
+
+  MoeBench(int64_t n_, int64_t h_, int64_t e_, int64_t k_, int64_t i_)
+      : n(n_), h(h_), e(e_), k(k_), i(i_), rows(n_ * k_) {
+    uint32_t s = 777;
+    fill(x, n * h, 2.0f, s);
+    fill(wr, e * h, 0.2f, s);
+    fill(wg, e * i * h, 0.06f, s);
+    fill(wu, e * i * h, 0.06f, s);
+    fill(wd, e * h * i, 0.06f, s);
+    fill(dout, n * h, 1.0f, s);
+    auto zeros = [](std::vector<float>& v, int64_t c) { v.assign(static_cast<size_t>(c), 0.0f); };
+    zeros(logits, n * e), zeros(weight, rows), zeros(probs, n * e), zeros(xp, rows * h), zeros(gate, rows * i);
+    zeros(up, rows * i), zeros(act, rows * i), zeros(yp, rows * h), zeros(out, n * h);
+    zeros(dyp, rows * h), zeros(d_weight, rows), zeros(dact, rows * i), zeros(dgate, rows * i), zeros(dup, rows * i);
+    zeros(dxp, rows * h), zeros(dx, n * h), zeros(dlogits, n * e), zeros(dpc, e), zeros(gwr, e * h);
+    zeros(gwg, e * i * h), zeros(gwu, e * i * h), zeros(gwd, e * h * i);
+    expert.assign(static_cast<size_t>(rows), 0);
+    offsets.assign(static_cast<size_t>(e + 1), 0);
+    perm.assign(static_cast<size_t>(rows), 0);
+    ros.assign(static_cast<size_t>(rows), 0);
+    count.assign(static_cast<size_t>(e), 0.0);
+    prob_sum.assign(static_cast<size_t>(e), 0.0);
+  }
+
+  // One forward + backward; adds each phase's seconds to t.
+  void step(megatrain::cpu::CpuContext& ctx, double* t) {
+    namespace cpu = megatrain::cpu;
+    const int64_t ws = i * h;
+    auto a = Clock::now();
+    auto lap = [&](int p) {
+      const auto b = Clock::now();
+      t[p] += std::chrono::duration<double>(b - a).count();
+      a = b;
+    };
+    cpu::linear_forward<float>(ctx, x.data(), wr.data(), nullptr, n, h, e, logits.data());
+    lap(kRouterFwd);
+    cpu::moe_route_forward<float>(ctx, logits.data(), n, e, k, true, expert.data(), weight.data(), probs.data());
+    lap(kRoute);
+    cpu::moe_permute(expert.data(), n, k, e, offsets.data(), perm.data());
+    for (int64_t r = 0; r < rows; ++r) ros[static_cast<size_t>(perm[static_cast<size_t>(r)])] = static_cast<int32_t>(r);
+    lap(kPermute);
+    cpu::moe_gather<float>(ctx, x.data(), perm.data(), rows, k, h, xp.data());
+    lap(kGather);
+    cpu::grouped_linear_forward<float>(ctx, xp.data(), wg.data(), ws, nullptr, 0, offsets.data(), e, h, i, gate.data());
+    cpu::grouped_linear_forward<float>(ctx, xp.data(), wu.data(), ws, nullptr, 0, offsets.data(), e, h, i, up.data());
+    lap(kGateUpFwd);
+    cpu::swiglu_forward<float>(ctx, gate.data(), up.data(), rows * i, act.data());
+    lap(kActFwd);
+    cpu::grouped_linear_forward<float>(ctx, act.data(), wd.data(), ws, nullptr, 0, offsets.data(), e, i, h, yp.data());
+    lap(kDownFwd);
+    cpu::moe_combine_forward<float>(ctx, yp.data(), weight.data(), ros.data(), n, k, h, out.data());
+    lap(kCombineFwd);
+    std::fill(count.begin(), count.end(), 0.0);
+    std::fill(prob_sum.begin(), prob_sum.end(), 0.0);
+    cpu::moe_aux_stats<float>(probs.data(), expert.data(), n, e, k, count.data(), prob_sum.data());
+    // HF's aux gradient with respect to p[t][x], coef * E * count_x / n^2 (coef 0.02 as Mixtral's config).
+    for (int64_t x_ = 0; x_ < e; ++x_)
+      dpc[static_cast<size_t>(x_)] = static_cast<float>(0.02 * static_cast<double>(e) * count[static_cast<size_t>(x_)] /
+                                                        (static_cast<double>(n) * static_cast<double>(n)));
+    lap(kAuxStats);
+    cpu::moe_combine_backward<float>(ctx, yp.data(), weight.data(), ros.data(), dout.data(), n, k, h, dyp.data(),
+                                     d_weight.data());
+    lap(kCombineBwd);
+    cpu::grouped_linear_backward<float>(ctx, dyp.data(), act.data(), wd.data(), ws, offsets.data(), e, i, h, dact.data(),
+                                        gwd.data(), nullptr, 0);
+    lap(kDownBwd);
+    cpu::swiglu_backward<float>(ctx, gate.data(), up.data(), dact.data(), rows * i, dgate.data(), dup.data());
+    lap(kActBwd);
+    // As model.cpp: up's dx goes to the free dyp buffer, then into dxp.
+    cpu::grouped_linear_backward<float>(ctx, dgate.data(), xp.data(), wg.data(), ws, offsets.data(), e, h, i, dxp.data(),
+                                        gwg.data(), nullptr, 0);
+    cpu::grouped_linear_backward<float>(ctx, dup.data(), xp.data(), wu.data(), ws, offsets.data(), e, h, i, dyp.data(),
+                                        gwu.data(), nullptr, 0);
+    cpu::add<float>(ctx, dxp.data(), dyp.data(), rows * h, dxp.data());
+    lap(kGateUpBwd);
+    cpu::moe_scatter_add<float>(ctx, dxp.data(), ros.data(), n, k, h, dx.data());
+    lap(kScatter);
+    cpu::moe_route_backward<float>(ctx, probs.data(), expert.data(), weight.data(), d_weight.data(), dpc.data(), n, e, k,
+                                   true, dlogits.data());
+    lap(kRouteBwd);
+    cpu::linear_backward<float>(ctx, dlogits.data(), x.data(), wr.data(), n, h, e, dx.data(), true, gwr.data(), nullptr);
+    lap(kRouterBwd);
+  }
+};
+
+// The reference: the experts' nine GEMMs (gate, up and down forward; dx and dW of each in the
+// backward) as dense products over all n*k rows with one weight of the expert shape each, through
+// the same cpu::linear_* path: the same FLOPs as the MoE block's expert GEMMs.
+struct DenseRef {
+  int64_t rows, h, i;
+  std::vector<float> x, w1, w3, w2, g1, g3, y, dy, da, dx, gw1, gw3, gw2;
+  DenseRef(int64_t rows_, int64_t h_, int64_t i_) : rows(rows_), h(h_), i(i_) {
+    uint32_t s = 4242;
+    MoeBench::fill(x, rows * h, 2.0f, s), MoeBench::fill(w1, i * h, 0.06f, s), MoeBench::fill(w3, i * h, 0.06f, s);
+    MoeBench::fill(w2, h * i, 0.06f, s), MoeBench::fill(dy, rows * h, 1.0f, s), MoeBench::fill(da, rows * i, 1.0f, s);
+    g1.assign(static_cast<size_t>(rows * i), 0.0f), g3 = g1, y.assign(static_cast<size_t>(rows * h), 0.0f), dx = y;
+    gw1.assign(static_cast<size_t>(i * h), 0.0f), gw3 = gw1, gw2 = gw1;
+  }
+  void step(megatrain::cpu::CpuContext& ctx) {
+    namespace cpu = megatrain::cpu;
+    cpu::linear_forward<float>(ctx, x.data(), w1.data(), nullptr, rows, h, i, g1.data());
+    cpu::linear_forward<float>(ctx, x.data(), w3.data(), nullptr, rows, h, i, g3.data());
+    cpu::linear_forward<float>(ctx, g1.data(), w2.data(), nullptr, rows, i, h, y.data());
+    cpu::linear_backward<float>(ctx, dy.data(), g1.data(), w2.data(), rows, i, h, g3.data(), false, gw2.data(), nullptr);
+    cpu::linear_backward<float>(ctx, da.data(), x.data(), w1.data(), rows, h, i, dx.data(), false, gw1.data(), nullptr);
+    cpu::linear_backward<float>(ctx, da.data(), x.data(), w3.data(), rows, h, i, dx.data(), true, gw3.data(), nullptr);
+  }
+};
+
+int moe(int reps, int threads, bool json) {
+  const int64_t n = 2048, h = 1024, e = 8, k = 2, i = 1024;
+  MoeBench mb(n, h, e, k, i);
+  DenseRef ref(n * k, h, i);
+  megatrain::cpu::CpuContext ctx(threads);
+  const double expert_flops = 18.0 * static_cast<double>(n * k) * static_cast<double>(h * i);
+  const double router_flops = 6.0 * static_cast<double>(n * h * e);
+
+  std::vector<double> scratch(MoeBench::kPhases, 0.0);
+  mb.step(ctx, scratch.data());  // warm-up: first touch of every buffer, untimed
+  ref.step(ctx);
+
+  std::vector<double> best_phase(MoeBench::kPhases, 1e30), ratios;
+  double best_moe = 1e30, best_ref = 1e30;
+  int64_t faults_moe = 0, faults_ref = 0;
+  const OtherLoad load;
+  for (int r = 0; r < reps; ++r) {  // interleaved, so that a change in the machine's load hits both
+    std::vector<double> t(MoeBench::kPhases, 0.0);
+    int64_t f0 = minor_faults();
+    auto a = Clock::now();
+    mb.step(ctx, t.data());
+    const double moe_s = seconds_since(a);
+    faults_moe += minor_faults() - f0;
+    f0 = minor_faults();
+    a = Clock::now();
+    ref.step(ctx);
+    const double ref_s = seconds_since(a);
+    faults_ref += minor_faults() - f0;
+    best_moe = std::min(best_moe, moe_s);
+    best_ref = std::min(best_ref, ref_s);
+    ratios.push_back(ref_s / moe_s);
+    for (int p = 0; p < MoeBench::kPhases; ++p) best_phase[p] = std::min(best_phase[p], t[p]);
+  }
+  const double other_share = load.share();
+  std::sort(ratios.begin(), ratios.end());
+  const double ratio = best_ref / best_moe;
+  int32_t lo = INT32_MAX, hi = 0;
+  for (int64_t x = 0; x < e; ++x) {
+    lo = std::min(lo, mb.offsets[static_cast<size_t>(x + 1)] - mb.offsets[static_cast<size_t>(x)]);
+    hi = std::max(hi, mb.offsets[static_cast<size_t>(x + 1)] - mb.offsets[static_cast<size_t>(x)]);
+  }
+  if (json) {
+    std::printf("{\"benchmark\": \"moe\", \"tokens\": %lld, \"hidden\": %lld, \"experts\": %lld, \"top_k\": %lld, "
+                "\"intermediate\": %lld, \"threads\": %d, \"reps\": %d, \"moe_s\": %.6f, \"dense_s\": %.6f, "
+                "\"moe_gflops\": %.2f, \"dense_gflops\": %.2f, \"rows_per_expert_min\": %d, \"rows_per_expert_max\": %d, "
+                "\"phases\": {",
+                static_cast<long long>(n), static_cast<long long>(h), static_cast<long long>(e),
+                static_cast<long long>(k), static_cast<long long>(i), threads, reps, best_moe, best_ref,
+                (expert_flops + router_flops) / best_moe * 1e-9, expert_flops / best_ref * 1e-9, lo, hi);
+    for (int p = 0; p < MoeBench::kPhases; ++p)
+      std::printf("%s\"%s\": %.6f", p ? ", " : "", MoeBench::name(p), best_phase[p]);
+    std::printf("}, \"faults_per_step_moe\": %.1f, \"faults_per_step_dense\": %.1f, \"target\": 0.70, \"ratio\": %.4f, "
+                "\"median_ratio\": %.4f, \"other_load\": %.3f}\n",
+                static_cast<double>(faults_moe) / reps, static_cast<double>(faults_ref) / reps, ratio,
+                ratios[ratios.size() / 2], other_share);
+    return 0;
+  }
+  std::printf("megatrain-bench-exec moe: Mixtral-like MoE block, tokens %lld, hidden %lld, %lld experts, top-%lld,\n"
+              "  expert intermediate %lld, fp32, %d thread(s), best of %d (one untimed warm-up); rows per expert %d-%d\n"
+              "  reference: the experts' nine GEMMs as dense products over all %lld rows (same FLOPs, cpu::linear_*)\n",
+              static_cast<long long>(n), static_cast<long long>(h), static_cast<long long>(e),
+              static_cast<long long>(k), static_cast<long long>(i), threads, reps, lo, hi,
+              static_cast<long long>(n * k));
+  double sum_phase = 0;
+  for (double v : best_phase) sum_phase += v;
+  for (int p = 0; p < MoeBench::kPhases; ++p)
+    std::printf("  %-24s %9.2f ms %6.1f%%\n", MoeBench::name(p), best_phase[p] * 1e3, 100 * best_phase[p] / sum_phase);
+  std::printf("  MoE block fwd+bwd %.1f ms (%.1f GFLOP/s), dense GEMMs %.1f ms (%.1f GFLOP/s); page faults per step %.0f / %.0f\n",
+              best_moe * 1e3, (expert_flops + router_flops) / best_moe * 1e-9, best_ref * 1e3,
+              expert_flops / best_ref * 1e-9, static_cast<double>(faults_moe) / reps,
+              static_cast<double>(faults_ref) / reps);
+  std::printf("  other processes used %.0f%% of the machine during the run%s\n", 100 * other_share,
+              other_share > 0.05 ? ": the numbers are noisy, rerun when the machine is quiet" : "");
+  std::printf("  verdict: dense / MoE = %.3f (per-rep %.3f-%.3f, median %.3f), target >= 0.70: %s\n", ratio,
+              ratios.front(), ratios.back(), ratios[ratios.size() / 2], ratio >= 0.70 ? "met" : "MISSED");
+  return 0;
+}
+
 int usage() {
   std::fprintf(stderr, "usage: megatrain-bench-exec overlap [--steps N] [--threads T] [--json]\n"
-                       "       megatrain-bench-exec gemm [--repeat N] [--json]\n");
+                       "       megatrain-bench-exec gemm [--repeat N] [--json]\n"
+                       "       megatrain-bench-exec moe [--repeat N] [--threads T] [--json]\n");
   return 1;
 }
 
@@ -424,22 +651,24 @@ int usage() {
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string which = argv[1];
-  if (which != "overlap" && which != "gemm") return usage();
+  if (which != "overlap" && which != "gemm" && which != "moe") return usage();
   const std::string program = "megatrain-bench-exec " + which;
   int64_t steps = 5;
-  int threads = 2, reps = 7;
+  int threads = which == "moe" ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 2;
+  int reps = which == "moe" ? 5 : 7;
   bool json = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") json = true;
     else if (a == "--steps" && which == "overlap") steps = megatrain::bench::int_arg(program.c_str(), argc, argv, i, 2, 100000);
-    else if (a == "--threads" && which == "overlap")
+    else if (a == "--threads" && (which == "overlap" || which == "moe"))
       threads = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 1, 1024));
-    else if (a == "--repeat" && which == "gemm") reps = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 1, 1000));
+    else if (a == "--repeat" && (which == "gemm" || which == "moe")) reps = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 1, 1000));
     else {
       std::fprintf(stderr, "megatrain-bench-exec %s: unknown argument '%s'\n", which.c_str(), a.c_str());
       return usage();
     }
   }
+  if (which == "moe") return moe(reps, threads, json);
   return which == "overlap" ? overlap(steps, threads, json) : gemm(reps, json);
 }

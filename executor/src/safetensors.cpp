@@ -302,6 +302,14 @@ Status SafetensorsFile::read_raw(const SafetensorsEntry& e, void* out, size_t ou
   return pread_all(fd_, out, out_bytes, data_start_ + e.begin, "tensor '" + e.name + "' of '" + path_.string() + "'");
 }
 
+Status SafetensorsFile::read_raw_range(const SafetensorsEntry& e, uint64_t offset, void* out, size_t bytes) const {
+  if (offset > e.end - e.begin || bytes > e.end - e.begin - offset)
+    return invalid_argument("tensor '" + e.name + "' in '" + path_.string() + "' holds " +
+                            std::to_string(e.end - e.begin) + " bytes; bytes [" + std::to_string(offset) + ", " +
+                            std::to_string(offset + bytes) + ") were asked for");
+  return pread_all(fd_, out, bytes, data_start_ + e.begin + offset, "tensor '" + e.name + "' of '" + path_.string() + "'");
+}
+
 Status SafetensorsFile::read_fp32(const SafetensorsEntry& e, float* out, int64_t out_numel) const {
   if (out_numel != e.numel)
     return invalid_argument("tensor '" + e.name + "' in '" + path_.string() + "' has " + std::to_string(e.numel) +
@@ -493,6 +501,45 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
   return out.commit();
 }
 
+// ---- MXFP4 ------------------------------------------------------------------------------------
+
+Result<Mxfp4Shapes> mxfp4_shapes(const std::string& name, const std::vector<int64_t>& shape) {
+  if (shape.size() != 3 || shape[0] < 0 || shape[1] < 0 || shape[2] < 0)
+    return invalid_argument("tensor '" + name + "' has shape " + shape_text(shape) +
+                            "; MXFP4 storage is defined for the stacked expert tensors [experts, A, B] only");
+  if (shape[1] % kMxfp4BlockValues != 0)
+    return invalid_argument("tensor '" + name + "' has shape " + shape_text(shape) + ": its axis 1 (" +
+                            std::to_string(shape[1]) + ") is not a multiple of the MXFP4 block of 32 values");
+  const int64_t g = shape[1] / kMxfp4BlockValues;
+  return Mxfp4Shapes{{shape[0], shape[2], g, kMxfp4BlockValues / 2}, {shape[0], shape[2], g}};
+}
+
+Status dequantize_mxfp4_expert(const uint8_t* blocks, const uint8_t* scales, int64_t a, int64_t b, float* out,
+                               const std::string& what) {
+  const int64_t groups = a / kMxfp4BlockValues;
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t s = scales[r * groups + g];
+      if (s == 255)
+        return invalid_argument(what + ": row " + std::to_string(r) + ", block " + std::to_string(g) +
+                                ": scale byte 255 is E8M0's NaN; accepted scales are 0..254");
+      const int exp = static_cast<int>(s) - 127;
+      const uint8_t* q = blocks + (r * groups + g) * (kMxfp4BlockValues / 2);
+      float* col = out + (g * kMxfp4BlockValues) * b + r;  // out[32 g + i, r], row stride b
+      for (int64_t j = 0; j < kMxfp4BlockValues / 2; ++j) {
+        const float lo = std::ldexp(kMxfp4Values[q[j] & 0x0F], exp);
+        const float hi = std::ldexp(kMxfp4Values[q[j] >> 4], exp);
+        if (!std::isfinite(lo) || !std::isfinite(hi))
+          return invalid_argument(what + ": row " + std::to_string(r) + ", block " + std::to_string(g) + ": scale 2^" +
+                                  std::to_string(exp) + " times the code's value overflows fp32");
+        col[(2 * j) * b] = lo;
+        col[(2 * j + 1) * b] = hi;
+      }
+    }
+  }
+  return {};
+}
+
 // ---- Hugging Face checkpoints -----------------------------------------------------------------
 
 namespace {
@@ -604,6 +651,54 @@ Status HfCheckpoint::load_fp32(const std::string& name, const std::vector<int64_
     return invalid_argument("tensor '" + name + "' in '" + f.path().string() + "' has shape " + shape_text(e->shape) +
                             "; the model expects " + shape_text(expected_shape) + " (a checkpoint of another model?)");
   return f.read_fp32(*e, out, e->numel);
+}
+
+bool HfCheckpoint::has_mxfp4(const std::string& name) const {
+  return file_of_.count(name + "_blocks") != 0 || file_of_.count(name + "_scales") != 0;
+}
+
+Status HfCheckpoint::load_mxfp4_fp32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                     float* out) const {
+  const std::string where = file_paths_.empty() ? std::string("the checkpoint")
+                                                : "the checkpoint (" + file_paths_[0].string() +
+                                                      (file_paths_.size() > 1 ? " and other shards" : "") + ")";
+  MT_ASSIGN_OR_RETURN(Mxfp4Shapes want, mxfp4_shapes(name, expected_shape));
+  struct Part {
+    std::string name;
+    const std::vector<int64_t>* shape;
+    const SafetensorsFile* file = nullptr;
+    const SafetensorsEntry* entry = nullptr;
+  };
+  Part parts[2] = {{name + "_blocks", &want.blocks}, {name + "_scales", &want.scales}};
+  for (Part& p : parts) {
+    auto it = file_of_.find(p.name);
+    if (it == file_of_.end())
+      return not_found(where + " stores '" + name + "' in MXFP4 but has no tensor '" + p.name +
+                       "'; MXFP4 needs both " + name + "_blocks and " + name + "_scales");
+    p.file = &files_[it->second];
+    p.entry = p.file->find(p.name);
+    if (p.entry->dtype != "U8")
+      return invalid_argument("tensor '" + p.name + "' in '" + p.file->path().string() + "' is " + p.entry->dtype +
+                              "; MXFP4 blocks and scales are U8");
+    if (p.entry->shape != *p.shape)
+      return invalid_argument("tensor '" + p.name + "' in '" + p.file->path().string() + "' has shape " +
+                              shape_text(p.entry->shape) + "; the model's " + name + " " + shape_text(expected_shape) +
+                              " in MXFP4 needs " + shape_text(*p.shape) + " (a checkpoint of another model?)");
+  }
+  const int64_t experts = expected_shape[0], a = expected_shape[1], b = expected_shape[2];
+  const size_t block_bytes = static_cast<size_t>(b * (a / kMxfp4BlockValues) * (kMxfp4BlockValues / 2));
+  const size_t scale_bytes = static_cast<size_t>(b * (a / kMxfp4BlockValues));
+  std::vector<uint8_t> blocks(block_bytes), scales(scale_bytes);
+  for (int64_t e = 0; e < experts; ++e) {
+    MT_RETURN_IF_ERROR(parts[0].file->read_raw_range(*parts[0].entry, static_cast<uint64_t>(e) * block_bytes,
+                                                     blocks.data(), block_bytes));
+    MT_RETURN_IF_ERROR(parts[1].file->read_raw_range(*parts[1].entry, static_cast<uint64_t>(e) * scale_bytes,
+                                                     scales.data(), scale_bytes));
+    MT_RETURN_IF_ERROR(dequantize_mxfp4_expert(blocks.data(), scales.data(), a, b, out + e * a * b,
+                                               "MXFP4 tensor '" + name + "' in '" + parts[0].file->path().string() +
+                                                   "', expert " + std::to_string(e)));
+  }
+  return {};
 }
 
 }  // namespace megatrain::exec

@@ -34,9 +34,20 @@ Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
     UnitState& us = state.units()[u];
     if (state.master_on_nvme()) MT_RETURN_IF_ERROR(pager.get(static_cast<int64_t>(u), true).status());
     for (const TensorSlot& t : us.tensors) {
-      if (!ckpt.contains(t.name))
+      float* out = us.master.data() + t.offset;
+      if (ckpt.contains(t.name)) {
+        MT_RETURN_IF_ERROR(ckpt.load_fp32(t.name, t.shape, out).with_context(checkpoint.string()));
+      } else if (ckpt.has_mxfp4(t.name)) {
+        // gpt-oss's published checkpoints keep the experts' gate_up_proj and down_proj in MXFP4
+        // (name_blocks, name_scales); HF stores nothing else that way.
+        if (t.role != TensorRole::kExpertGateUp && t.role != TensorRole::kExpertDown)
+          return invalid_argument(checkpoint.string() + ": the model's tensor " + t.name + " is stored in MXFP4 (" +
+                                  t.name + "_blocks/_scales); MXFP4 is accepted only for gpt-oss's "
+                                  "mlp.experts.gate_up_proj and mlp.experts.down_proj");
+        MT_RETURN_IF_ERROR(ckpt.load_mxfp4_fp32(t.name, t.shape, out).with_context(checkpoint.string()));
+      } else {
         return not_found(checkpoint.string() + ": the model's tensor " + t.name + " is not in the checkpoint");
-      MT_RETURN_IF_ERROR(ckpt.load_fp32(t.name, t.shape, us.master.data() + t.offset).with_context(checkpoint.string()));
+      }
     }
   }
   MT_RETURN_IF_ERROR(pager.finish());

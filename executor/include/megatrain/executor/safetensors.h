@@ -66,6 +66,9 @@ class SafetensorsFile {
 
   // The stored bytes of `e` (an entry of this file); out_bytes must equal end - begin.
   Status read_raw(const SafetensorsEntry& e, void* out, size_t out_bytes) const;
+  // Bytes [offset, offset + bytes) of `e`'s stored data (a slice of a large tensor); the range must
+  // lie inside the tensor.
+  Status read_raw_range(const SafetensorsEntry& e, uint64_t offset, void* out, size_t bytes) const;
   // The stored bytes of `e`, which must be of safetensors dtype `dtype` ("U8", "BF16", "F32", ...)
   // and hold exactly out_bytes bytes; otherwise kInvalidArgument naming the tensor, the file, and
   // the dtype or the byte count each side has. Nothing is converted.
@@ -124,6 +127,30 @@ std::optional<size_t> safetensors_element_bytes(std::string_view dtype);
 Status write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
+// ---- MXFP4 (gpt-oss's published expert weights) -------------------------------------------------
+//
+// OCP Microscaling FP4 as Hugging Face transformers reads it (integrations/mxfp4.py,
+// convert_moe_packed_tensors; docs/data-and-checkpoints.md "MXFP4 expert weights"): a tensor W that
+// the model holds as [E, A, B] is stored as
+//   W_blocks [E, B, A/32, 16] U8: two E2M1 codes per byte, the low nibble first (even index),
+//   W_scales [E, B, A/32]     U8: one E8M0 exponent per block of 32 values, biased by 127,
+// and W[e, 32 g + 2 j + n, r] = kMxfp4Values[nibble n of blocks[e, r, g, j]] * 2^(scales[e, r, g] - 127).
+// (HF dequantises to [E, B, A] and transposes the last two axes.)
+inline constexpr float kMxfp4Values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+inline constexpr int64_t kMxfp4BlockValues = 32;
+// The shapes of W_blocks and W_scales for a model tensor of shape [E, A, B], or an error when the
+// shape is not 3-D or A is not a multiple of 32.
+struct Mxfp4Shapes {
+  std::vector<int64_t> blocks, scales;
+};
+Result<Mxfp4Shapes> mxfp4_shapes(const std::string& name, const std::vector<int64_t>& shape);
+// Dequantises one expert: blocks [B, A/32, 16] and scales [B, A/32] into out [A, B] (fp32, exact:
+// every value is m * 2^k with m in {0.5 .. 6}, which fp32 holds down to 2^-128). A scale byte of 255
+// (E8M0's NaN) or a value that overflows fp32 is kInvalidArgument naming `what`, the row and the block.
+Status dequantize_mxfp4_expert(const uint8_t* blocks, const uint8_t* scales, int64_t a, int64_t b, float* out,
+                               const std::string& what);
+
 // A Hugging Face checkpoint: a folder holding model.safetensors, or model.safetensors.index.json and the
 // shards its weight_map names (model.safetensors wins when both exist, as in transformers). A path to
 // a .safetensors file or to an index file is accepted too. All files are opened and validated by open().
@@ -151,6 +178,15 @@ class HfCheckpoint {
   // another model is refused with both shapes in the message (kInvalidArgument); a name the checkpoint
   // lacks is kNotFound.
   Status load_fp32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out) const;
+
+  // Whether `name` is stored in MXFP4 (the checkpoint holds name + "_blocks" or name + "_scales").
+  bool has_mxfp4(const std::string& name) const;
+  // Dequantises name + "_blocks" / name + "_scales" into `out` (the [E, A, B] fp32 tensor the model
+  // holds), one expert at a time, so a 120B checkpoint costs one expert's bytes of buffer. Errors
+  // (kInvalidArgument unless said): one of the two is missing (kNotFound, naming it), a dtype other
+  // than U8, a shape other than mxfp4_shapes(expected_shape) (naming the tensor, the shape found and
+  // the shape expected), A not a multiple of 32, a scale of 255 or a value that overflows.
+  Status load_mxfp4_fp32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out) const;
 
  private:
   std::vector<std::filesystem::path> file_paths_;
