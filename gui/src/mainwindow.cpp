@@ -89,6 +89,7 @@ MainWindow::MainWindow(QWidget* parent)
       laneModel_(new LaneModel(this)),
       stallModel_(new StallModel(this)),
       memoryModel_(new MemoryModel(this)),
+      stepModel_(new StepModel(this)),
       rangeModel_(new RangeStatsModel(this)),
       spanModel_(new SpanListModel(this)),
       compareResourceModel_(new CompareResourceModel(this)),
@@ -162,6 +163,7 @@ MainWindow::MainWindow(QWidget* parent)
   sideTabs_->addTab(rangePage, tr("Selection"));
   sideTabs_->addTab(makeTable(stallModel_, sideTabs_), tr("Stalls"));
   sideTabs_->addTab(makeTable(memoryModel_, sideTabs_), tr("Memory"));
+  sideTabs_->addTab(makeTable(stepModel_, sideTabs_), tr("Steps"));
   sideTabs_->addTab(makeTable(laneModel_, sideTabs_), tr("Lanes"));
   sideTabs_->addTab(buildWhatIfTab(), tr("What-if"));
   split->addWidget(mainTabs_);
@@ -420,6 +422,7 @@ void MainWindow::refreshCurrent() {
   laneModel_->setTrace(trace);
   stallModel_->setTrace(trace);
   memoryModel_->setTrace(trace);
+  stepModel_->setTrace(trace);
   rangeModel_->clear();
   spanModel_->clear();
   refreshWhatIfEditors();

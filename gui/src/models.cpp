@@ -85,6 +85,12 @@ void SummaryModel::setTrace(const TraceDataPtr& d) {
   add(QStringLiteral("tokens_per_s"), tr("Tokens/s"), s.tokensPerS, QString::number(s.tokensPerS, 'f', 0));
   add(QStringLiteral("tflops"), tr("TFLOP/s"), s.tflops, QString::number(s.tflops, 'f', 3));
   add(QStringLiteral("mfu"), tr("MFU"), s.mfu, s.mfu >= 0 ? percent(s.mfu) : tr("unknown (needs the trace's plan with a rig from profiles/)"));
+  for (const auto& st : d->steps)
+    if (st.step == s.step) {
+      add(QStringLiteral("loss"), tr("Loss"), st.loss, QString::number(st.loss, 'f', 4));
+      if (std::isfinite(st.aux_loss))
+        add(QStringLiteral("aux_loss"), tr("Aux loss (load balancing)"), st.aux_loss, QString::number(st.aux_loss, 'f', 4));
+    }
   rows.push_back({QStringLiteral("bottleneck"), {text(tr("Bottleneck")), text(QString::fromStdString(s.bottleneck))},
                   tr("Click to select this resource's lane and the reported step")});
   for (const auto& [k, v] : s.busy)
@@ -104,6 +110,29 @@ void SummaryModel::setTrace(const TraceDataPtr& d) {
     add(QStringLiteral("stall.other"), tr("Stall: %n other reason(s)", nullptr, static_cast<int>(stalls.size() - kShown)), rest, qFormatDuration(rest));
   add(QStringLiteral("stall_total"), tr("Stall time (all reasons)"), stallTotal, qFormatDuration(stallTotal));
   add(QStringLiteral("spans"), tr("Spans in trace"), static_cast<double>(d->spanCount), QString::number(d->spanCount));
+  setRows(std::move(rows));
+}
+
+// ---- StepModel ---------------------------------------------------------------------------------
+
+StepModel::StepModel(QObject* parent)
+    : RecordModel({tr("Step"), tr("Loss"), tr("Aux loss"), tr("Tokens"), tr("Time"), tr("Tokens/s")}, parent) {}
+
+void StepModel::setTrace(const TraceDataPtr& d) {
+  QVector<Row> rows;
+  if (d) {
+    for (const auto& s : d->steps) {
+      const bool aux = std::isfinite(s.aux_loss);
+      const double rate = s.time_s > 0 ? static_cast<double>(s.tokens) / s.time_s : 0;
+      rows.push_back({QString::number(s.step),
+                      {number(static_cast<double>(s.step), QString::number(s.step)), number(s.loss, QString::number(s.loss, 'f', 4)),
+                       aux ? number(s.aux_loss, QString::number(s.aux_loss, 'f', 4)) : Cell{QStringLiteral("-"), QVariant()},
+                       number(static_cast<double>(s.tokens), QString::number(s.tokens)), number(s.time_s, qFormatDuration(s.time_s)),
+                       number(rate, QString::number(rate, 'f', 0))},
+                      aux ? tr("Aux loss: the routers' load-balancing loss (HF load_balancing_loss_func), mean over the step's micro-batches")
+                          : QString()});
+    }
+  }
   setRows(std::move(rows));
 }
 

@@ -215,10 +215,11 @@ void check_layer(const std::string& what, const ModelSpec& spec, int64_t seq = 6
     EXPECT_TRUE(same) << name << ": a perturbed forward chose other experts";
     EXPECT_GT(scale, 1e-4) << name << ": (nearly) zero gradient; the check proves nothing";
     EXPECT_LE(measured, 1e-6 * scale) << name << ": finite differences too noisy";
-    if (worst_i >= 0)
+    if (worst_i >= 0) {
       EXPECT_LE(worst, tol) << name << ": element " << idx[static_cast<size_t>(worst_i)] << " analytic "
                             << an[static_cast<size_t>(idx[static_cast<size_t>(worst_i)])] << " fd "
                             << d2[static_cast<size_t>(worst_i)];
+    }
   };
   // dx: every element.
   std::vector<int64_t> all_x(c->x.size());
@@ -228,18 +229,21 @@ void check_layer(const std::string& what, const ModelSpec& spec, int64_t seq = 6
   for (const TensorSlot& t : c->layout.tensors) {
     const bool unchosen = t.expert >= 0 && t.role != TensorRole::kRouter && rows[static_cast<size_t>(t.expert)] == 0;
     if (unchosen) {
-      for (int64_t i = 0; i < t.numel; ++i)
+      for (int64_t i = 0; i < t.numel; ++i) {
         ASSERT_EQ(grad[static_cast<size_t>(t.offset + i)], 0.0) << t.name << ": an expert no token chose has a gradient";
+      }
       continue;
     }
     const bool stacked = t.role == TensorRole::kExpertGateUp || t.role == TensorRole::kExpertGateUpBias ||
                          t.role == TensorRole::kExpertDown || t.role == TensorRole::kExpertDownBias;
     if (d.gpt_oss && stacked) {  // gpt-oss's stacked tensors: an unchosen expert's slice stays exactly 0
       const int64_t per = t.numel / d.E;
-      for (int64_t e = 0; e < d.E; ++e)
-        if (rows[static_cast<size_t>(e)] == 0)
-          for (int64_t i = 0; i < per; ++i)
-            ASSERT_EQ(grad[static_cast<size_t>(t.offset + e * per + i)], 0.0) << t.name << " expert " << e;
+      for (int64_t e = 0; e < d.E; ++e) {
+        if (rows[static_cast<size_t>(e)] != 0) continue;
+        for (int64_t i = 0; i < per; ++i) {
+          ASSERT_EQ(grad[static_cast<size_t>(t.offset + e * per + i)], 0.0) << t.name << " expert " << e;
+        }
+      }
     }
     std::vector<int64_t> idx;
     const int64_t step = std::max<int64_t>(1, t.numel / 24);

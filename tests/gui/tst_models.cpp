@@ -4,6 +4,7 @@
 #include <QTest>
 
 #include <cmath>
+#include <filesystem>
 
 #include "fixture.h"
 #include "megatrain/gui/models.h"
@@ -147,6 +148,51 @@ class TestModels : public QObject {
     QAbstractItemModelTester tester(&m, QAbstractItemModelTester::FailureReportingMode::QtTest);
     m.setTrace(*sim);
     QVERIFY(value(m, "step_time", 1) > 0);
+  }
+
+  // The steps panel and the summary's loss rows: a Mixture-of-Experts trace carries the aux loss
+  // per step, a dense one leaves it NULL (NaN) and the panel shows "-". Written through the real
+  // trace store and read back by the loader, so the column survives the file.
+  void stepsWithTheAuxLoss() {
+    const auto path = std::filesystem::temp_directory_path() / ("mt_gui_steps_" + std::to_string(QCoreApplication::applicationPid()) + ".mtrace");
+    std::filesystem::remove(path);
+    {
+      auto w = megatrain::TraceWriter::create(path, fixture::meta());
+      QVERIFY(w.ok());
+      for (const auto& l : fixture::lanes()) QVERIFY((*w)->add_lane(l.name, l.kind).ok());
+      for (const auto& sp : fixture::spans())  // the spans are step 1's, the step the summary reports
+        QVERIFY((*w)->add_span({sp.lane, sp.name, sp.kind, 1, sp.layer, 0, sp.start, sp.end, sp.bytes, sp.flops}).ok());
+      QVERIFY((*w)->add_step({0, 2.25, 512, 800e-9}).ok());  // no aux loss: NULL in the table
+      megatrain::TraceStep moe{1, 2.5, 512, 900e-9};
+      moe.aux_loss = 1.0625;
+      QVERIFY((*w)->add_step(moe).ok());
+      QVERIFY((*w)->close().ok());
+    }
+    auto d = loadTraceFile(path);
+    std::filesystem::remove(path);
+    QVERIFY2(d.ok(), d.status().message().c_str());
+    StepModel steps;
+    QAbstractItemModelTester tester(&steps, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    steps.setTrace(*d);
+    QCOMPARE(steps.rowCount(), 2);
+    QCOMPARE(value(steps, "1", 1), 2.5);
+    QCOMPARE(value(steps, "1", 2), 1.0625);
+    QCOMPARE(steps.data(steps.index(1, 2)).toString(), QStringLiteral("1.0625"));
+    QCOMPARE(steps.data(steps.index(0, 2)).toString(), QStringLiteral("-"));
+    QVERIFY(!steps.data(steps.index(0, 2), Qt::UserRole).isValid());
+    QCOMPARE(value(steps, "0", 5), 512 / 800e-9);
+    // The summary reports step 1 (the last one): its loss and aux loss.
+    SummaryModel m;
+    m.setTrace(*d);
+    QCOMPARE(value(m, "step", 1), 1.0);
+    QCOMPARE(value(m, "loss", 1), 2.5);
+    QCOMPARE(value(m, "aux_loss", 1), 1.0625);
+    // The dense fixture has no aux row.
+    m.setTrace(fixture::build());
+    QCOMPARE(value(m, "loss", 1), 2.5);
+    QCOMPARE(m.rowOfKey("aux_loss"), -1);
+    steps.setTrace(nullptr);
+    QCOMPARE(steps.rowCount(), 0);
   }
 };
 

@@ -30,6 +30,7 @@ class SummaryModel;
 class LaneModel;
 class StallModel;
 class MemoryModel;
+class StepModel;
 class RangeStatsModel;
 class CompareResourceModel;
 class CompareLayerModel;
@@ -126,6 +127,7 @@ class MainWindow : public QMainWindow {
   LaneModel* laneModel_;
   StallModel* stallModel_;
   MemoryModel* memoryModel_;
+  StepModel* stepModel_;
   RangeStatsModel* rangeModel_;
   SpanListModel* spanModel_;
   QTableView* summaryView_ = nullptr;

@@ -51,6 +51,15 @@ class SummaryModel : public RecordModel {
   void setTrace(const TraceDataPtr& data);
 };
 
+// One row per training step of a measured trace: the loss, the Mixture-of-Experts load-balancing
+// loss ("-" for dense models, whose traces leave it NULL), tokens, time and tokens/s.
+class StepModel : public RecordModel {
+  Q_OBJECT
+ public:
+  explicit StepModel(QObject* parent = nullptr);
+  void setTrace(const TraceDataPtr& data);
+};
+
 // One row per lane: name, kind, spans, busy in the reported step.
 class LaneModel : public RecordModel {
   Q_OBJECT
