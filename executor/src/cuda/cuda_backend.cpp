@@ -134,7 +134,10 @@ class CudaBackend final : public Backend {
   std::string describe() const override {
     return "CUDA backend: " + dev_.name + " (sm_" + std::to_string(dev_.compute_major) + std::to_string(dev_.compute_minor) +
            ", " + format_bytes(static_cast<double>(dev_.total_memory_bytes)) + "), " +
-           (std::is_same_v<T, float> ? "fp32" : "bf16 mixed precision") + ", cuBLAS GEMMs";
+           (std::is_same_v<T, float> ? "fp32" : "bf16 mixed precision") + ", cuBLAS GEMMs" +
+           (dims_.moe ? ", " + std::to_string(dims_.E) + " experts (top-" + std::to_string(dims_.k) +
+                            ") with one grouped cuBLAS call per expert projection"
+                      : "");
   }
 
   // ---- memory -----------------------------------------------------------------------------
