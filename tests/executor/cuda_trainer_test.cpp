@@ -216,6 +216,41 @@ TEST(CudaTraining, TheBackendKeepsWhatTheCudaLayoutSays) {
   }
 }
 
+#if defined(MEGATRAIN_TEST_CUDA_BACKEND)
+// Defined in executor/src/cuda/cuda_backend.cpp (CUDA builds only): the backend's own figures
+// (layer activations, layer workspace, head workspace in floats; private bytes), computed without
+// a device.
+void cuda_backend_figures(const Dims& dims, DType compute, std::vector<float> inv_freq, int64_t out[4]);
+
+TEST(CudaLayout, TheBackendsFiguresEqualTheCudaLayoutWithoutAGpu) {
+  // The same comparison as TheBackendKeepsWhatTheCudaLayoutSays, on the backend's sizing code
+  // alone, so that it also runs on machines without a GPU: Qwen3's q/k buffers, the MoE block's
+  // activations, workspace and private region (Qwen3-MoE with a dense layer, Mixtral, and
+  // Qwen3-30B-A3B's 128 experts, top-8).
+  for (const char* name : {"tiny-llama-gqa", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral", "qwen3-30b-a3b",
+                           "mixtral-8x7b"}) {
+    auto model = ModelSpec::load(name);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto inv = rope_inv_freq_for<float>(*model);
+    ASSERT_TRUE(inv.ok()) << inv.status().to_string();
+    for (DType compute : {DType::kFp32, DType::kBf16})
+      for (int64_t mb : {1, 3})
+        for (int64_t seq : {16, 100}) {
+          auto d = make_dims(*model, mb, seq);
+          ASSERT_TRUE(d.ok()) << d.status().to_string();
+          int64_t got[4] = {};
+          cuda_backend_figures(*d, compute, *inv, got);
+          const step::ActivationLayout l = step::cuda_layout(*model, mb, seq, compute);
+          SCOPED_TRACE(std::string(name) + " " + dtype_name(compute) + " mb " + std::to_string(mb) + " seq " + std::to_string(seq));
+          EXPECT_EQ(got[0], l.layer_act_floats);
+          EXPECT_EQ(got[1], l.layer_workspace_floats);
+          EXPECT_EQ(got[2], l.head_workspace_floats);
+          EXPECT_EQ(got[3], l.private_bytes);
+        }
+  }
+}
+#endif
+
 TEST(CudaTraining, WithoutAGpuCudaIsRefusedWithTheReason) {
   const std::string why = why_no_gpu();
   if (why.empty()) GTEST_SKIP() << "a GPU is present: the refusal cannot be checked here";

@@ -802,6 +802,25 @@ class CudaBackend final : public Backend {
 
 bool have_cuda_backend() { return true; }
 
+// The CUDA backend's own sizes for these shapes: layer activations, layer workspace and head
+// workspace (floats) and its private bytes, in out[0..3]. The constructor touches no device, so
+// this runs without a GPU: tests/executor/cuda_trainer_test.cpp compares it with step::cuda_layout
+// on any machine with a CUDA build (the same comparison on a real backend needs the GPU).
+void cuda_backend_figures(const Dims& dims, DType compute, std::vector<float> inv_freq, int64_t out[4]) {
+  BackendOptions o;
+  o.compute = o.transfer = compute;
+  auto figures = [&](const Backend& b) {
+    out[0] = b.layer_act_floats();
+    out[1] = b.layer_workspace_floats();
+    out[2] = b.head_workspace_floats();
+    out[3] = b.private_bytes();
+  };
+  if (compute == DType::kBf16)
+    figures(CudaBackend<bf16>(dims, o, std::move(inv_freq), cuda::DeviceInfo{}));
+  else
+    figures(CudaBackend<float>(dims, o, std::move(inv_freq), cuda::DeviceInfo{}));
+}
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options,
                                                    std::vector<float> inv_freq) {
   const ModelConfig& mc = model.config();
