@@ -16,6 +16,12 @@
 #include "megatrain/step/schedule.h"
 
 namespace megatrain::exec {
+#if defined(MEGATRAIN_TEST_CUDA_BACKEND)
+// Defined in executor/src/cuda/cuda_backend.cpp (CUDA builds only): the backend's own figures
+// (layer activations, layer workspace, head workspace in floats; private bytes), computed without
+// a device.
+void cuda_backend_figures(const Dims& dims, DType compute, std::vector<float> inv_freq, int64_t out[4]);
+#endif
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -217,10 +223,6 @@ TEST(CudaTraining, TheBackendKeepsWhatTheCudaLayoutSays) {
 }
 
 #if defined(MEGATRAIN_TEST_CUDA_BACKEND)
-// Defined in executor/src/cuda/cuda_backend.cpp (CUDA builds only): the backend's own figures
-// (layer activations, layer workspace, head workspace in floats; private bytes), computed without
-// a device.
-void cuda_backend_figures(const Dims& dims, DType compute, std::vector<float> inv_freq, int64_t out[4]);
 
 TEST(CudaLayout, TheBackendsFiguresEqualTheCudaLayoutWithoutAGpu) {
   // The same comparison as TheBackendKeepsWhatTheCudaLayoutSays, on the backend's sizing code

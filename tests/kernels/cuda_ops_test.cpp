@@ -1540,7 +1540,10 @@ void check_moe_block(CudaOpsTest& f, const MoeShape& m, std::mt19937& g) {
   EXPECT_REL_ERR_LE(delta(dgw, g0.ref), delta_ref(dgw_ref, g0.ref), bwd, "d expert gate weights");
   EXPECT_REL_ERR_LE(delta(duw, g0.ref), delta_ref(duw_ref, g0.ref), bwd, "d expert up weights");
   EXPECT_REL_ERR_LE(delta(ddw, gd0.ref), delta_ref(ddw_ref, gd0.ref), bwd, "d expert down weights");
-  EXPECT_REL_ERR_LE(delta(drw, gr0.ref), delta_ref(drw_ref, gr0.ref), bwd, "d router weights");
+  // The router's gradient goes through d weight = dout . yp and the renormalisation's difference
+  // dw_j - sum_i dw_i w_i, which cancels: on the bf16 path (yp and dlogits in bf16) it gets twice
+  // the others' bound. A wrong op is off by order 1.
+  EXPECT_REL_ERR_LE(delta(drw, gr0.ref), delta_ref(drw_ref, gr0.ref), kIsBf16<T> ? 2 * bwd : bwd, "d router weights");
   // The unchosen expert and the gaps between experts are not touched: their bits are the initial ones.
   for (int64_t x = e - 1; x < e; ++x) {
     const size_t g_at = static_cast<size_t>(x * gate_stride), d_at = static_cast<size_t>(x * down_stride);
