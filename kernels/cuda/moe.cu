@@ -2,6 +2,9 @@
 // operation for operation, so that the fp32 path differs from the CPU reference only where a
 // library function (expf) or a reduction tree differs:
 //
+// The per-token routing and the sort's per-chunk steps are moe_math.h's host-and-device functions,
+// which the host-side tests also run, grid-emulated, against the CPU ops.
+//
 // - route_forward / route_backward: one thread per token, the experts in index order, exactly the
 //   CPU op's sequence of fp32 operations (__fadd_rn / __fmul_rn / __fdiv_rn: nothing contracted
 //   into an FMA). The top-k is the CPU's repeated selection (the largest remaining probability,
@@ -26,12 +29,13 @@
 #include <string>
 
 #include "cuda/device_util.cuh"
+#include "cuda/moe_math.h"
 
 namespace megatrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunk = 256;  // slots per block of the counting sort (== its block size)
+constexpr int kChunk = moe_math::kChunk;  // slots per block of the counting sort (== its block size)
 constexpr int kScanThreads = 256;
 
 // ---- routing --------------------------------------------------------------------------------
@@ -39,65 +43,17 @@ constexpr int kScanThreads = 256;
 __global__ void __launch_bounds__(kThreads) route_forward_kernel(const float* logits, int64_t n, int e, int k, bool renorm,
                                                                  int32_t* expert, float* weight, float* probs) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < n; t += stride) {
-    const float* z = logits + t * e;
-    float* p = probs + t * e;
-    float mx = z[0];
-    for (int x = 1; x < e; ++x) mx = mx < z[x] ? z[x] : mx;  // std::max(mx, z[x])
-    float sum = 0.0f;
-    for (int x = 0; x < e; ++x) {
-      const float v = expf(__fsub_rn(z[x], mx));
-      p[x] = v;
-      sum = __fadd_rn(sum, v);
-    }
-    for (int x = 0; x < e; ++x) p[x] = __fdiv_rn(p[x], sum);
-    int32_t* ex = expert + t * k;
-    float* w = weight + t * k;
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      for (int x = 0; x < e; ++x) {
-        bool taken = false;
-        for (int i = 0; i < j; ++i) taken = taken || ex[i] == x;
-        if (!taken && (best < 0 || p[x] > p[best])) best = x;
-      }
-      ex[j] = best;
-      w[j] = p[best];
-    }
-    if (renorm) {
-      float s = 0.0f;
-      for (int j = 0; j < k; ++j) s = __fadd_rn(s, w[j]);
-      for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], s);
-    }
-  }
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < n; t += stride)
+    moe_math::route_forward_token(logits + t * e, e, k, renorm, expert + t * k, weight + t * k, probs + t * e);
 }
 
 __global__ void __launch_bounds__(kThreads)
     route_backward_kernel(const float* probs, const int32_t* expert, const float* weight, const float* d_weight,
                           const float* d_probs_const, int64_t n, int e, int k, bool renorm, float* dlogits) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < n; t += stride) {
-    const float* p = probs + t * e;
-    const int32_t* ex = expert + t * k;
-    const float* w = weight + t * k;
-    const float* dw = d_weight + t * k;
-    float S = 0.0f, dot = 0.0f;
-    if (renorm) {
-      // w_j = p_j / S with S the sum of the chosen p: d p_j = (dw_j - sum_i dw_i w_i) / S.
-      for (int j = 0; j < k; ++j) S = __fadd_rn(S, p[ex[j]]);
-      for (int j = 0; j < k; ++j) dot = __fadd_rn(dot, __fmul_rn(dw[j], w[j]));
-    }
-    // dp(x): the constant term, plus the chosen slot's term when x was chosen (experts are distinct).
-    auto dp = [&](int x) {
-      float v = d_probs_const ? d_probs_const[x] : 0.0f;
-      for (int j = 0; j < k; ++j)
-        if (ex[j] == x) v = __fadd_rn(v, renorm ? __fdiv_rn(__fsub_rn(dw[j], dot), S) : dw[j]);
-      return v;
-    };
-    float s = 0.0f;
-    for (int x = 0; x < e; ++x) s = __fadd_rn(s, __fmul_rn(p[x], dp(x)));
-    float* dz = dlogits + t * e;
-    for (int x = 0; x < e; ++x) dz[x] = __fmul_rn(p[x], __fsub_rn(dp(x), s));
-  }
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < n; t += stride)
+    moe_math::route_backward_token(probs + t * e, expert + t * k, weight + t * k, d_weight + t * k, d_probs_const, e, k, renorm,
+                                   dlogits + t * e);
 }
 
 // ---- the stable counting sort ---------------------------------------------------------------
@@ -108,42 +64,18 @@ __global__ void __launch_bounds__(kChunk) permute_count_kernel(const int32_t* ex
   const int i = threadIdx.x;
   ex[i] = s0 + i < slots ? expert[s0 + i] : -1;
   __syncthreads();
-  for (int x = i; x < e; x += kChunk) {
-    int32_t c = 0;
-    for (int j = 0; j < kChunk; ++j) c += ex[j] == x ? 1 : 0;
-    counts[static_cast<int64_t>(blockIdx.x) * e + x] = c;
-  }
+  for (int x = i; x < e; x += kChunk) counts[static_cast<int64_t>(blockIdx.x) * e + x] = moe_math::chunk_count(ex, x);
 }
 
 // One block: counts[chunk][x] becomes the first sorted row of chunk's slots with expert x.
 __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(int32_t* counts, int64_t chunks, int e, int64_t slots,
                                                                     int32_t* offsets) {
   extern __shared__ int32_t first[];  // e entries: each expert's total, then its first row
-  for (int x = threadIdx.x; x < e; x += kScanThreads) {
-    int32_t total = 0;
-    for (int64_t b = 0; b < chunks; ++b) total += counts[b * e + x];
-    first[x] = total;
-  }
+  for (int x = threadIdx.x; x < e; x += kScanThreads) first[x] = moe_math::expert_total(counts, chunks, e, x);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t run = 0;
-    for (int x = 0; x < e; ++x) {
-      const int32_t total = first[x];
-      offsets[x] = run;
-      first[x] = run;
-      run += total;
-    }
-    offsets[e] = static_cast<int32_t>(slots);
-  }
+  if (threadIdx.x == 0) moe_math::scan_totals(first, e, slots, offsets);
   __syncthreads();
-  for (int x = threadIdx.x; x < e; x += kScanThreads) {
-    int32_t run = first[x];
-    for (int64_t b = 0; b < chunks; ++b) {
-      const int32_t c = counts[b * e + x];
-      counts[b * e + x] = run;
-      run += c;
-    }
-  }
+  for (int x = threadIdx.x; x < e; x += kScanThreads) moe_math::first_rows(counts, chunks, e, x, first[x]);
 }
 
 __global__ void __launch_bounds__(kChunk) permute_place_kernel(const int32_t* expert, int64_t slots, int e,
@@ -154,10 +86,7 @@ __global__ void __launch_bounds__(kChunk) permute_place_kernel(const int32_t* ex
   ex[i] = s0 + i < slots ? expert[s0 + i] : -1;
   __syncthreads();
   if (s0 + i >= slots) return;
-  const int32_t x = ex[i];
-  int32_t rank = 0;
-  for (int j = 0; j < i; ++j) rank += ex[j] == x ? 1 : 0;
-  const int32_t row = first[static_cast<int64_t>(blockIdx.x) * e + x] + rank;
+  const int32_t row = first[static_cast<int64_t>(blockIdx.x) * e + ex[i]] + moe_math::rank_in_chunk(ex, i);
   perm[row] = static_cast<int32_t>(s0 + i);
   row_of_slot[s0 + i] = row;
 }

@@ -43,6 +43,7 @@
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/moe_math.h"
 #include "cuda/reduce.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -1269,6 +1270,90 @@ std::vector<int32_t> random_routes(int64_t n, int64_t e, int64_t k, std::mt19937
       ex[static_cast<size_t>(t * k + j)] = x;
     }
   return ex;
+}
+
+// The sort as the GPU's grid runs it (moe_math.h's steps, chunk by chunk), emulated on the host.
+void emulate_permute(const std::vector<int32_t>& ex, int64_t e, std::vector<int32_t>& off, std::vector<int32_t>& perm,
+                     std::vector<int32_t>& row) {
+  namespace mm = moe_math;
+  const int64_t slots = static_cast<int64_t>(ex.size()), chunks = (slots + mm::kChunk - 1) / mm::kChunk;
+  const int ei = static_cast<int>(e);
+  std::vector<int32_t> counts(static_cast<size_t>(chunks * e)), first(static_cast<size_t>(e));
+  off.assign(static_cast<size_t>(e + 1), -7);
+  perm.assign(ex.size(), -7);
+  row.assign(ex.size(), -7);
+  auto chunk_of = [&](int64_t b) {
+    std::vector<int32_t> c(mm::kChunk);
+    for (int i = 0; i < mm::kChunk; ++i) c[static_cast<size_t>(i)] = b * mm::kChunk + i < slots ? ex[static_cast<size_t>(b * mm::kChunk + i)] : -1;
+    return c;
+  };
+  for (int64_t b = 0; b < chunks; ++b) {
+    const std::vector<int32_t> c = chunk_of(b);
+    for (int x = 0; x < ei; ++x) counts[static_cast<size_t>(b * e + x)] = mm::chunk_count(c.data(), x);
+  }
+  for (int x = 0; x < ei; ++x) first[static_cast<size_t>(x)] = mm::expert_total(counts.data(), chunks, ei, x);
+  mm::scan_totals(first.data(), ei, slots, off.data());
+  for (int x = 0; x < ei; ++x) mm::first_rows(counts.data(), chunks, ei, x, first[static_cast<size_t>(x)]);
+  for (int64_t b = 0; b < chunks; ++b) {
+    const std::vector<int32_t> c = chunk_of(b);
+    for (int i = 0; i < mm::kChunk && b * mm::kChunk + i < slots; ++i) {
+      const int32_t r = counts[static_cast<size_t>(b * e + c[static_cast<size_t>(i)])] + mm::rank_in_chunk(c.data(), i);
+      perm[static_cast<size_t>(r)] = static_cast<int32_t>(b * mm::kChunk + i);
+      row[static_cast<size_t>(b * mm::kChunk + i)] = r;
+    }
+  }
+}
+
+TEST(CudaHostSide, MoeSortAsTheGridRunsItEqualsTheCpuSort) {
+  std::mt19937 g(75);
+  for (const auto& [n, e, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4, 2}, {128, 8, 2}, {129, 8, 2}, {1000, 8, 2},
+                               {600, 128, 8}, {5000, 60, 4}}) {
+    SCOPED_TRACE("n, e, k = " + shape_str({n, e, k}));
+    const std::vector<int32_t> ex = random_routes(n, e, k, g);
+    std::vector<int32_t> off_ref(static_cast<size_t>(e + 1)), perm_ref(ex.size()), row_ref(ex.size());
+    cpu::moe_permute(ex.data(), n, k, e, off_ref.data(), perm_ref.data());
+    for (size_t r = 0; r < ex.size(); ++r) row_ref[static_cast<size_t>(perm_ref[r])] = static_cast<int32_t>(r);
+    std::vector<int32_t> off, perm, row;
+    emulate_permute(ex, e, off, perm, row);
+    EXPECT_EQ(off, off_ref);
+    EXPECT_EQ(perm, perm_ref);
+    EXPECT_EQ(row, row_ref);
+  }
+}
+
+TEST(CudaHostSide, MoeRoutingAsTheGpuRunsItEqualsTheCpuOpBitForBit) {
+  // moe_math.h's per-token functions, run on the host, against cpu::moe_route_forward/backward in
+  // fp32: the same operations in the same order (only expf differs on the GPU), so the same bits.
+  std::mt19937 g(76);
+  cpu::CpuContext ctx(1);
+  for (const auto& [n, e, k, renorm] : {std::tuple<int64_t, int64_t, int64_t, bool>{37, 8, 2, true}, {37, 8, 2, false},
+                                        {50, 128, 8, true}, {9, 4, 4, false}}) {
+    SCOPED_TRACE("n, e, k = " + shape_str({n, e, k}) + (renorm ? " renorm" : ""));
+    const size_t ne = static_cast<size_t>(n * e), nk = static_cast<size_t>(n * k);
+    Input<float> z = random_input<float>(ne, g, 2.0);
+    for (int64_t x = 0; x < e; ++x) z.dev[static_cast<size_t>(x)] = 0.5f;  // token 0: all tied
+    std::vector<int32_t> ex_ref(nk), ex(nk);
+    std::vector<float> w_ref(nk), p_ref(ne), w(nk), p(ne);
+    cpu::moe_route_forward<float>(ctx, z.dev.data(), n, e, k, renorm, ex_ref.data(), w_ref.data(), p_ref.data());
+    for (int64_t t = 0; t < n; ++t)
+      moe_math::route_forward_token(z.dev.data() + t * e, static_cast<int>(e), static_cast<int>(k), renorm, ex.data() + t * k,
+                                    w.data() + t * k, p.data() + t * e);
+    EXPECT_EQ(ex, ex_ref);
+    for (int64_t j = 0; j < k; ++j) EXPECT_EQ(ex[static_cast<size_t>(j)], j) << "ties go to the lower index";
+    EXPECT_SAME_BITS(p, p_ref, "probabilities");
+    EXPECT_SAME_BITS(w, w_ref, "combine weights");
+    const Input<float> dw = random_input<float>(nk, g), c = random_input<float>(static_cast<size_t>(e), g, 0.1);
+    for (bool with_c : {false, true}) {
+      std::vector<float> dz_ref(ne), dz(ne);
+      cpu::moe_route_backward<float>(ctx, p_ref.data(), ex_ref.data(), w_ref.data(), dw.dev.data(), with_c ? c.dev.data() : nullptr, n,
+                                     e, k, renorm, dz_ref.data());
+      for (int64_t t = 0; t < n; ++t)
+        moe_math::route_backward_token(p.data() + t * e, ex.data() + t * k, w.data() + t * k, dw.dev.data() + t * k,
+                                       with_c ? c.dev.data() : nullptr, static_cast<int>(e), static_cast<int>(k), renorm,
+                                       dz.data() + t * e);
+      EXPECT_SAME_BITS(dz, dz_ref, with_c ? "logit gradient with the load-balancing term" : "logit gradient");
+    }
+  }
 }
 
 TEST_F(CudaOpsTest, MoePermuteEqualsTheCpuSortExactly) {
