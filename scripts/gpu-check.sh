@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, on a machine with an NVIDIA GPU, in under 8 minutes:
-#   1. the GPU tests (every op against the CPU backend, whole training steps);
+#   1. the GPU tests (every op against the CPU backend, the Qwen3 q/k norm and the MoE block,
+#      whole training steps of Llama, Qwen2, Qwen3, Qwen3-MoE and Mixtral);
 #   2. H2D/D2H bandwidth by size, each direction alone and both at once;
 #   3. bf16 GEMM TFLOP/s at the layer shapes of a ~1B and a 7B model;
 #   4. streamed training steps of a ~1B model (TinyLlama-1.1B's shape) and a 7B-shaped model
@@ -54,8 +55,10 @@ run_tests() {  # name, binary, filter
 : >"$OUT/tests.txt"
 say "GPU tests"
 run_tests kernels "$B/megatrain_kernels_tests" '*'
-run_tests executor "$B/megatrain_executor_tests" 'CudaTraining.*:Backend*'
+run_tests executor "$B/megatrain_executor_tests" 'CudaTraining.*:CudaLayout.*:Backend*'
 cat "$OUT/tests.txt" >&2
+# Which cuBLAS path the MoE expert GEMMs took per type pair (cuda_ops_test's MoeBlockMatchesCpu).
+grep -h 'grouped GEMMs' "$OUT/tests-kernels.log" 2>/dev/null | sed 's/^.* \(fp32\|bf16\): /\1 /' | sort -u >"$OUT/moe-gemm-path.txt" || true
 
 # ---- 2. bandwidth ---------------------------------------------------------------------------------
 say "H2D/D2H bandwidth"
@@ -121,6 +124,10 @@ print("| check | result |")
 print("|---|---|")
 for line in open(os.path.join(out, "tests.txt")):
     print("| tests %s | %s |" % (line.split()[0], " ".join(line.split()[1:])))
+if os.path.exists(os.path.join(out, "moe-gemm-path.txt")):
+    for line in open(os.path.join(out, "moe-gemm-path.txt")):
+        if line.strip():
+            print("| MoE expert GEMMs | %s |" % line.strip().replace("|", "/"))
 bw = load("bandwidth.json")
 if bw and bw.get("sizes"):
     rows = bw["sizes"]

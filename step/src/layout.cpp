@@ -110,14 +110,14 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
     c.take(d.mlp, t);
     c.take(d.mlp, t);
     c.take(d.mlp, t);
-    // Not carved yet: the CUDA backend refuses Qwen3 and MoE models until their kernels land
-    // (issue 18). These are the buffers they need, so that plans for such models are sized now:
-    // q/k before their norms and the rstd; router logits and probabilities, weights, routing
-    // indices, gathered inputs and expert outputs.
+    // Qwen3: q and k before their norms (fp32) and the norms' rstd; MoE: router logits and
+    // probabilities, combine weights, expert / perm / row_of_slot (int32), offsets, then the
+    // gathered inputs and the expert outputs (T)
     if (d.qk_norm) {
-      c.take(d.N * d.q, t);
-      c.take(d.N * d.kv, t);
-      c.take(d.N * (d.nh + d.nkv), 4);
+      c.take(d.N * d.q, 4);
+      c.take(d.N * d.kv, 4);
+      c.take(d.N * d.nh, 4);
+      c.take(d.N * d.nkv, 4);
     }
     if (d.moe) {
       const int64_t slots = d.N * d.k;
@@ -143,11 +143,12 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
     c.take(cast ? d.N * d.kv : 0, t);
     c.take(cast ? d.N * d.kv : 0, t);
     for (int64_t n : {d.N * d.H, d.N * d.H, d.N * d.H, d.N * d.q, d.N * d.kv, d.N * d.kv}) c.take(n, 4);
-    if (d.moe) {  // (planned, as above) d xp, d yp, d weight, d logits
+    if (d.moe) {  // d xp (fp32), d yp (T), d weight, d logits, d logits in T (bf16 only)
       c.take(d.N * d.k * d.H, 4);
-      c.take(d.N * d.k * d.H, 4);
+      c.take(d.N * d.k * d.H, t);
       c.take(d.N * d.k, 4);
       c.take(d.N * d.E, 4);
+      c.take(cast ? d.N * d.E : 0, t);
     }
     a.layer_workspace_floats = c.floats();
   }
@@ -173,6 +174,13 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
     c.take(d.hd / 2, 4);
     c.take(1, 8);
     c.take(1, 8);
+    // MoE: the counting sort's per-chunk counts (chunks of 256 slots), the grouped GEMMs' A/B/C
+    // pointer arrays, the routing statistics (2E doubles) and the load-balancing gradient (E floats)
+    const int64_t E = d.moe ? d.E : 0;
+    c.take(d.moe ? (d.N * d.k + 255) / 256 * E : 0, 4);
+    c.take(3 * E, 8);
+    c.take(2 * E, 8);
+    c.take(E, 4);
     a.private_bytes = c.bytes;
   }
   a.eager_attention = false;

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <set>
@@ -40,10 +41,14 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/embedding.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/grouped_gemm.cuh"
+#include "cuda/moe.cuh"
+#include "cuda/moe_math.h"
 #include "cuda/reduce.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/swiglu.cuh"
+#include "megatrain/kernels/cpu/moe.h"
 #include "megatrain/kernels/cpu/ops.h"
 #include "megatrain/kernels/cuda_device.h"
 
@@ -1232,6 +1237,488 @@ TYPED_TEST(CudaOpsT, AttentionMatchesCpu) {
       EXPECT_SAME_BITS(d_dk.download(this->stream_), dk, "attention dk, second run");
       EXPECT_SAME_BITS(d_dv.download(this->stream_), dv, "attention dv, second run");
     }
+  }
+}
+
+// =================================================================================================
+// Mixture-of-Experts (moe.cuh, grouped_gemm.cuh) and Qwen3's per-head q/k norm.
+
+TEST(CudaHostSide, MoeScratchAndPointerSlotsCoverEveryChunkAndExpert) {
+  // One count per expert for every started chunk of 256 slots; three pointers (A, B, C) per expert.
+  EXPECT_EQ(moe_permute_scratch_ints(0, 8), 0);
+  EXPECT_EQ(moe_permute_scratch_ints(1, 8), 8);
+  EXPECT_EQ(moe_permute_scratch_ints(256, 8), 8);
+  EXPECT_EQ(moe_permute_scratch_ints(257, 128), 2 * 128);
+  EXPECT_EQ(moe_permute_scratch_ints(8192 * 8, 128), 256 * 128);
+  EXPECT_EQ(grouped_gemm_pointer_slots(8), 24);
+}
+
+// Expert indices with a skew: expert 0 is frequent, expert e-1 never occurs (an empty group), and a
+// token's k choices are distinct, as the router makes them.
+std::vector<int32_t> random_routes(int64_t n, int64_t e, int64_t k, std::mt19937& g) {
+  std::vector<int32_t> ex(static_cast<size_t>(n * k));
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(e - 2));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t x;
+      bool taken;
+      do {
+        x = (j == 0 && t % 3 == 0) ? 0 : d(g);
+        taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || ex[static_cast<size_t>(t * k + i)] == x;
+      } while (taken);
+      ex[static_cast<size_t>(t * k + j)] = x;
+    }
+  return ex;
+}
+
+// The sort as the GPU's grid runs it (moe_math.h's steps, chunk by chunk), emulated on the host.
+void emulate_permute(const std::vector<int32_t>& ex, int64_t e, std::vector<int32_t>& off, std::vector<int32_t>& perm,
+                     std::vector<int32_t>& row) {
+  namespace mm = moe_math;
+  const int64_t slots = static_cast<int64_t>(ex.size()), chunks = (slots + mm::kChunk - 1) / mm::kChunk;
+  const int ei = static_cast<int>(e);
+  std::vector<int32_t> counts(static_cast<size_t>(chunks * e)), first(static_cast<size_t>(e));
+  off.assign(static_cast<size_t>(e + 1), -7);
+  perm.assign(ex.size(), -7);
+  row.assign(ex.size(), -7);
+  auto chunk_of = [&](int64_t b) {
+    std::vector<int32_t> c(mm::kChunk);
+    for (int i = 0; i < mm::kChunk; ++i) c[static_cast<size_t>(i)] = b * mm::kChunk + i < slots ? ex[static_cast<size_t>(b * mm::kChunk + i)] : -1;
+    return c;
+  };
+  for (int64_t b = 0; b < chunks; ++b) {
+    const std::vector<int32_t> c = chunk_of(b);
+    for (int x = 0; x < ei; ++x) counts[static_cast<size_t>(b * e + x)] = mm::chunk_count(c.data(), x);
+  }
+  for (int x = 0; x < ei; ++x) first[static_cast<size_t>(x)] = mm::expert_total(counts.data(), chunks, ei, x);
+  mm::scan_totals(first.data(), ei, slots, off.data());
+  for (int x = 0; x < ei; ++x) mm::first_rows(counts.data(), chunks, ei, x, first[static_cast<size_t>(x)]);
+  for (int64_t b = 0; b < chunks; ++b) {
+    const std::vector<int32_t> c = chunk_of(b);
+    for (int i = 0; i < mm::kChunk && b * mm::kChunk + i < slots; ++i) {
+      const int32_t r = counts[static_cast<size_t>(b * e + c[static_cast<size_t>(i)])] + mm::rank_in_chunk(c.data(), i);
+      perm[static_cast<size_t>(r)] = static_cast<int32_t>(b * mm::kChunk + i);
+      row[static_cast<size_t>(b * mm::kChunk + i)] = r;
+    }
+  }
+}
+
+TEST(CudaHostSide, MoeSortAsTheGridRunsItEqualsTheCpuSort) {
+  std::mt19937 g(75);
+  for (const auto& [n, e, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4, 2}, {128, 8, 2}, {129, 8, 2}, {1000, 8, 2},
+                               {600, 128, 8}, {5000, 60, 4}}) {
+    SCOPED_TRACE("n, e, k = " + shape_str({n, e, k}));
+    const std::vector<int32_t> ex = random_routes(n, e, k, g);
+    std::vector<int32_t> off_ref(static_cast<size_t>(e + 1)), perm_ref(ex.size()), row_ref(ex.size());
+    cpu::moe_permute(ex.data(), n, k, e, off_ref.data(), perm_ref.data());
+    for (size_t r = 0; r < ex.size(); ++r) row_ref[static_cast<size_t>(perm_ref[r])] = static_cast<int32_t>(r);
+    std::vector<int32_t> off, perm, row;
+    emulate_permute(ex, e, off, perm, row);
+    EXPECT_EQ(off, off_ref);
+    EXPECT_EQ(perm, perm_ref);
+    EXPECT_EQ(row, row_ref);
+  }
+}
+
+TEST(CudaHostSide, MoeRoutingAsTheGpuRunsItEqualsTheCpuOpBitForBit) {
+  // moe_math.h's per-token functions, run on the host, against cpu::moe_route_forward/backward in
+  // fp32: the same operations in the same order (only expf differs on the GPU), so the same bits.
+  std::mt19937 g(76);
+  cpu::CpuContext ctx(1);
+  for (const auto& [n, e, k, renorm] : {std::tuple<int64_t, int64_t, int64_t, bool>{37, 8, 2, true}, {37, 8, 2, false},
+                                        {50, 128, 8, true}, {9, 4, 4, false}}) {
+    SCOPED_TRACE("n, e, k = " + shape_str({n, e, k}) + (renorm ? " renorm" : ""));
+    const size_t ne = static_cast<size_t>(n * e), nk = static_cast<size_t>(n * k);
+    Input<float> z = random_input<float>(ne, g, 2.0);
+    for (int64_t x = 0; x < e; ++x) z.dev[static_cast<size_t>(x)] = 0.5f;  // token 0: all tied
+    std::vector<int32_t> ex_ref(nk), ex(nk);
+    std::vector<float> w_ref(nk), p_ref(ne), w(nk), p(ne);
+    cpu::moe_route_forward<float>(ctx, z.dev.data(), n, e, k, renorm, ex_ref.data(), w_ref.data(), p_ref.data());
+    for (int64_t t = 0; t < n; ++t)
+      moe_math::route_forward_token(z.dev.data() + t * e, static_cast<int>(e), static_cast<int>(k), renorm, ex.data() + t * k,
+                                    w.data() + t * k, p.data() + t * e);
+    EXPECT_EQ(ex, ex_ref);
+    for (int64_t j = 0; j < k; ++j) EXPECT_EQ(ex[static_cast<size_t>(j)], j) << "ties go to the lower index";
+    EXPECT_SAME_BITS(p, p_ref, "probabilities");
+    EXPECT_SAME_BITS(w, w_ref, "combine weights");
+    const Input<float> dw = random_input<float>(nk, g), c = random_input<float>(static_cast<size_t>(e), g, 0.1);
+    for (bool with_c : {false, true}) {
+      std::vector<float> dz_ref(ne), dz(ne);
+      cpu::moe_route_backward<float>(ctx, p_ref.data(), ex_ref.data(), w_ref.data(), dw.dev.data(), with_c ? c.dev.data() : nullptr, n,
+                                     e, k, renorm, dz_ref.data());
+      for (int64_t t = 0; t < n; ++t)
+        moe_math::route_backward_token(p.data() + t * e, ex.data() + t * k, w.data() + t * k, dw.dev.data() + t * k,
+                                       with_c ? c.dev.data() : nullptr, static_cast<int>(e), static_cast<int>(k), renorm,
+                                       dz.data() + t * e);
+      EXPECT_SAME_BITS(dz, dz_ref, with_c ? "logit gradient with the load-balancing term" : "logit gradient");
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, MoePermuteEqualsTheCpuSortExactly) {
+  std::mt19937 g(71);
+  struct Case {
+    int64_t n, e, k;
+  };
+  // Slot counts below, at and across the 256-slot chunks; Qwen3-30B-A3B's 128 experts, top-8.
+  for (const Case c : {Case{1, 4, 2}, Case{128, 8, 2}, Case{129, 8, 2}, Case{1000, 8, 2}, Case{600, 128, 8}}) {
+    SCOPED_TRACE("n, e, k = " + shape_str({c.n, c.e, c.k}));
+    const int64_t slots = c.n * c.k;
+    const std::vector<int32_t> ex = random_routes(c.n, c.e, c.k, g);
+    std::vector<int32_t> off_ref(static_cast<size_t>(c.e + 1)), perm_ref(static_cast<size_t>(slots));
+    cpu::moe_permute(ex.data(), c.n, c.k, c.e, off_ref.data(), perm_ref.data());
+    std::vector<int32_t> row_ref(static_cast<size_t>(slots));
+    for (int64_t r = 0; r < slots; ++r) row_ref[static_cast<size_t>(perm_ref[static_cast<size_t>(r)])] = static_cast<int32_t>(r);
+    DeviceBuffer<int32_t> d_ex(ex), d_off(std::vector<int32_t>(off_ref.size(), -7)), d_perm(std::vector<int32_t>(perm_ref.size(), -7)),
+        d_row(std::vector<int32_t>(row_ref.size(), -7)),
+        d_scratch(std::vector<int32_t>(static_cast<size_t>(moe_permute_scratch_ints(slots, c.e)), -7));
+    ASSERT_STATUS_OK(moe_permute(d_ex.get(), slots, c.e, d_off.get(), d_perm.get(), d_row.get(), d_scratch.get(), stream_));
+    EXPECT_EQ(d_off.download(stream_), off_ref);
+    EXPECT_EQ(d_perm.download(stream_), perm_ref);
+    EXPECT_EQ(d_row.download(stream_), row_ref);
+    EXPECT_EQ(off_ref[static_cast<size_t>(c.e)] - off_ref[static_cast<size_t>(c.e - 1)], 0) << "the last expert is empty";
+  }
+  const std::vector<int32_t> one{0};
+  DeviceBuffer<int32_t> d1(one), d_off(2), d_perm(1), d_row(1), d_scr(static_cast<size_t>(kMoeMaxExperts + 1));
+  EXPECT_FALSE(moe_permute(d1.get(), 1, kMoeMaxExperts + 1, d_off.get(), d_perm.get(), d_row.get(), d_scr.get(), stream_).ok());
+}
+
+TEST_F(CudaOpsTest, MoeRoutingMatchesCpu) {
+  std::mt19937 g(72);
+  struct Case {
+    int64_t n, e, k;
+    bool renorm;
+  };
+  for (const Case c : {Case{37, 8, 2, true}, Case{37, 8, 2, false}, Case{50, 128, 8, true}, Case{9, 4, 4, false}}) {
+    SCOPED_TRACE("n, e, k = " + shape_str({c.n, c.e, c.k}) + (c.renorm ? " renorm" : ""));
+    const size_t ne = static_cast<size_t>(c.n * c.e), nk = static_cast<size_t>(c.n * c.k);
+    Input<float> z = random_input<float>(ne, g, 2.0);
+    // Token 0: all logits equal (every choice is a tie: the lower indices win); token 1: one tie pair.
+    for (int64_t x = 0; x < c.e; ++x) z.dev[static_cast<size_t>(x)] = 0.5f, z.ref[static_cast<size_t>(x)] = 0.5;
+    z.dev[static_cast<size_t>(c.e + 1)] = z.dev[static_cast<size_t>(c.e + 2)] = 9.0f;
+    z.ref[static_cast<size_t>(c.e + 1)] = z.ref[static_cast<size_t>(c.e + 2)] = 9.0;
+    std::vector<int32_t> ex_ref(nk);
+    std::vector<double> w_ref(nk), p_ref(ne);
+    cpu::moe_route_forward<double>(ctx_, z.ref.data(), c.n, c.e, c.k, c.renorm, ex_ref.data(), w_ref.data(), p_ref.data());
+    DeviceBuffer<float> d_z(z.dev), d_w(nan_filled<float>(nk)), d_p(nan_filled<float>(ne));
+    DeviceBuffer<int32_t> d_ex(std::vector<int32_t>(nk, -1));
+    ASSERT_STATUS_OK(moe_route_forward(d_z.get(), c.n, c.e, c.k, c.renorm, d_ex.get(), d_w.get(), d_p.get(), stream_));
+    EXPECT_EQ(d_ex.download(stream_), ex_ref);
+    EXPECT_REL_ERR_LE(to_doubles(d_p.download(stream_)), p_ref, kElementwiseFp32, "router probabilities");
+    const std::vector<float> w = d_w.download(stream_);
+    EXPECT_REL_ERR_LE(to_doubles(w), w_ref, kElementwiseFp32, "combine weights");
+
+    // Backward, with and without the load-balancing term, from the GPU's own forward values.
+    const std::vector<float> p = d_p.download(stream_);
+    const std::vector<double> pd = to_doubles(p), wd = to_doubles(w);
+    const Input<float> dw = random_input<float>(nk, g);
+    const Input<float> aux = random_input<float>(static_cast<size_t>(c.e), g, 0.1);
+    for (bool with_aux : {false, true}) {
+      std::vector<double> dz_ref(ne);
+      cpu::moe_route_backward<double>(ctx_, pd.data(), ex_ref.data(), wd.data(), dw.ref.data(), with_aux ? aux.ref.data() : nullptr,
+                                      c.n, c.e, c.k, c.renorm, dz_ref.data());
+      DeviceBuffer<float> d_dw(dw.dev), d_aux(aux.dev), d_dz(nan_filled<float>(ne));
+      ASSERT_STATUS_OK(moe_route_backward(d_p.get(), d_ex.get(), d_w.get(), d_dw.get(), with_aux ? d_aux.get() : nullptr, c.n, c.e,
+                                          c.k, c.renorm, d_dz.get(), stream_));
+      EXPECT_REL_ERR_LE(to_doubles(d_dz.download(stream_)), dz_ref, kShortReduceFp32,
+                        with_aux ? "router logits' gradient (with the load-balancing term)" : "router logits' gradient");
+    }
+
+    // The load-balancing statistics add onto the running sums, in double, exactly as the CPU op.
+    std::vector<int32_t> off(static_cast<size_t>(c.e + 1)), perm(nk);
+    cpu::moe_permute(ex_ref.data(), c.n, c.k, c.e, off.data(), perm.data());
+    std::vector<double> count_ref(static_cast<size_t>(c.e), 3.0), prob_ref(static_cast<size_t>(c.e), 0.25);
+    const std::vector<double> count0 = count_ref, prob0 = prob_ref;
+    cpu::moe_aux_stats<float>(p.data(), ex_ref.data(), c.n, c.e, c.k, count_ref.data(), prob_ref.data());
+    DeviceBuffer<int32_t> d_off(off);
+    DeviceBuffer<double> d_count(count0), d_prob(prob0);
+    ASSERT_STATUS_OK(moe_aux_stats(d_p.get(), d_off.get(), c.n, c.e, d_count.get(), d_prob.get(), stream_));
+    EXPECT_SAME_BITS(d_count.download(stream_), count_ref, "slots per expert");
+    EXPECT_SAME_BITS(d_prob.download(stream_), prob_ref, "summed probabilities");
+  }
+}
+
+// The MoE block as the CUDA backend runs it (route, sort, gather, grouped GEMMs, SwiGLU, combine,
+// and the backward of each) against the CPU ops composed in double as executor/src/model.cpp
+// composes them. Routing is compared exactly: the reference routes the GPU's own fp32 logits (the
+// router GEMM is compared on its own), and the logits are spread wide enough (std ~2) that no two
+// probabilities are within rounding of each other.
+struct MoeShape {
+  const char* name;
+  int64_t n, h, e, k, im;
+  bool renorm;
+};
+
+template <typename T>
+void check_moe_block(CudaOpsTest& f, const MoeShape& m, std::mt19937& g) {
+  cpu::CpuContext ctx(2);
+  cudaStream_t s = nullptr;
+  cublasHandle_t blas = nullptr;
+  ASSERT_CUDA_OK(cudaStreamCreate(&s));
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(blas, s), CUBLAS_STATUS_SUCCESS);
+  (void)f;
+  const int64_t n = m.n, h = m.h, e = m.e, k = m.k, im = m.im, slots = n * k;
+  const size_t nh = static_cast<size_t>(n * h), ne = static_cast<size_t>(n * e), sh = static_cast<size_t>(slots * h),
+               si = static_cast<size_t>(slots * im);
+  // Weights: experts strided with gaps (NaN on the device, never read); the last expert's router
+  // row is -1 against inputs of mean +1, so no token chooses it (its gradients must stay untouched).
+  const int64_t gate_stride = im * h + 40, down_stride = h * im + 24;
+  Input<T> xn = random_input<T>(nh, g, 1.0, 1.0);
+  Input<T> router = random_input<T>(static_cast<size_t>(e * h), g, 0.35);
+  for (int64_t c = 0; c < h; ++c) {
+    router.dev[static_cast<size_t>((e - 1) * h + c)] = to_storage<T>(-1.0f);
+    router.ref[static_cast<size_t>((e - 1) * h + c)] = -1.0;
+  }
+  const Input<T> wg = random_batched<T>(e, gate_stride, im, h, h, g), wu = random_batched<T>(e, gate_stride, im, h, h, g),
+                 wd = random_batched<T>(e, down_stride, h, im, im, g);
+  // Scale the experts' weights to 1/sqrt(in) (the products then stay of order 1).
+  auto scaled = [](Input<T> in, double sc) {
+    for (size_t i = 0; i < in.dev.size(); ++i) {
+      const float v = static_cast<float>(as_double(in.dev[i]) * sc);
+      if (std::isnan(v)) continue;
+      in.dev[i] = to_storage<T>(v);
+      in.ref[i] = as_double(in.dev[i]);
+    }
+    return in;
+  };
+  const Input<T> Wg = scaled(wg, 1 / std::sqrt(double(h))), Wu = scaled(wu, 1 / std::sqrt(double(h))),
+                 Wd = scaled(wd, 1 / std::sqrt(double(im)));
+  const Input<float> resid = random_input<float>(nh, g);
+
+  // ---- forward on the GPU
+  DeviceBuffer<T> d_xn(xn.dev), d_router(router.dev), d_wg(Wg.dev), d_wu(Wu.dev), d_wd(Wd.dev);
+  DeviceBuffer<float> d_logits(nan_filled<float>(ne)), d_probs(nan_filled<float>(ne)),
+      d_weight(nan_filled<float>(static_cast<size_t>(slots))), d_resid(resid.dev), d_out(nan_filled<float>(nh));
+  DeviceBuffer<int32_t> d_ex(static_cast<size_t>(slots)), d_perm(static_cast<size_t>(slots)), d_row(static_cast<size_t>(slots)),
+      d_off(static_cast<size_t>(e + 1)), d_scr(static_cast<size_t>(moe_permute_scratch_ints(slots, e)));
+  DeviceBuffer<T> d_xp(nan_filled<T>(sh)), d_gate(nan_filled<T>(si)), d_up(nan_filled<T>(si)), d_act(nan_filled<T>(si)),
+      d_yp(nan_filled<T>(sh));
+  DeviceBuffer<void*> d_ptrs(static_cast<size_t>(grouped_gemm_pointer_slots(e)));
+  std::vector<int32_t> off;
+  auto forward = [&]() {
+    ASSERT_STATUS_OK((linear_forward<T, float>(blas, d_xn.get(), d_router.get(), n, h, e, d_logits.get(), 0.0f)));
+    ASSERT_STATUS_OK(moe_route_forward(d_logits.get(), n, e, k, m.renorm, d_ex.get(), d_weight.get(), d_probs.get(), s));
+    ASSERT_STATUS_OK(moe_permute(d_ex.get(), slots, e, d_off.get(), d_perm.get(), d_row.get(), d_scr.get(), s));
+    ASSERT_STATUS_OK(moe_gather<T>(d_xn.get(), d_perm.get(), slots, k, h, d_xp.get(), s));
+    off = d_off.download(s);
+    ASSERT_STATUS_OK((grouped_linear_forward<T, T>(blas, d_xp.get(), d_wg.get(), gate_stride, off.data(), e, h, im, d_gate.get(),
+                                                   0.0f, d_ptrs.get())));
+    ASSERT_STATUS_OK((grouped_linear_forward<T, T>(blas, d_xp.get(), d_wu.get(), gate_stride, off.data(), e, h, im, d_up.get(),
+                                                   0.0f, d_ptrs.get())));
+    ASSERT_STATUS_OK(swiglu_forward<T>(d_gate.get(), d_up.get(), slots * im, d_act.get(), s));
+    ASSERT_STATUS_OK((grouped_linear_forward<T, T>(blas, d_act.get(), d_wd.get(), down_stride, off.data(), e, im, h, d_yp.get(),
+                                                   0.0f, d_ptrs.get())));
+    ASSERT_STATUS_OK(moe_combine_forward<T>(d_yp.get(), d_weight.get(), d_row.get(), d_resid.get(), n, k, h, d_out.get(), s));
+  };
+  ASSERT_NO_FATAL_FAILURE(forward());
+  const std::vector<float> logits = d_logits.download(s), out = d_out.download(s);
+
+  // ---- the reference forward (double), routed from the GPU's logits
+  std::vector<double> logits_ref(ne);
+  cpu::linear_forward<double>(ctx, xn.ref.data(), router.ref.data(), nullptr, n, h, e, logits_ref.data());
+  EXPECT_REL_ERR_LE(to_doubles(logits), logits_ref, kIsBf16<T> ? kGemmBf16In : kGemmFp32, "router logits");
+  const std::vector<double> z = to_doubles(logits);
+  std::vector<int32_t> ex(static_cast<size_t>(slots)), perm(static_cast<size_t>(slots)), row(static_cast<size_t>(slots)),
+      off_ref(static_cast<size_t>(e + 1));
+  std::vector<double> w(static_cast<size_t>(slots)), p(ne);
+  cpu::moe_route_forward<double>(ctx, z.data(), n, e, k, m.renorm, ex.data(), w.data(), p.data());
+  ASSERT_EQ(d_ex.download(s), ex) << "the GPU chose other experts than the reference from the same logits";
+  cpu::moe_permute(ex.data(), n, k, e, off_ref.data(), perm.data());
+  ASSERT_EQ(off, off_ref);
+  ASSERT_EQ(off_ref[static_cast<size_t>(e)] - off_ref[static_cast<size_t>(e - 1)], 0) << "the last expert should be empty";
+  for (int64_t r = 0; r < slots; ++r) row[static_cast<size_t>(perm[static_cast<size_t>(r)])] = static_cast<int32_t>(r);
+  std::vector<double> xp(sh), gate(si), up(si), act(si), yp(sh), moe(nh), out_ref(nh);
+  cpu::moe_gather<double>(ctx, xn.ref.data(), perm.data(), slots, k, h, xp.data());
+  cpu::grouped_linear_forward<double>(ctx, xp.data(), Wg.ref.data(), gate_stride, nullptr, 0, off_ref.data(), e, h, im, gate.data());
+  cpu::grouped_linear_forward<double>(ctx, xp.data(), Wu.ref.data(), gate_stride, nullptr, 0, off_ref.data(), e, h, im, up.data());
+  cpu::swiglu_forward<double>(ctx, gate.data(), up.data(), slots * im, act.data());
+  cpu::grouped_linear_forward<double>(ctx, act.data(), Wd.ref.data(), down_stride, nullptr, 0, off_ref.data(), e, im, h, yp.data());
+  cpu::moe_combine_forward<double>(ctx, yp.data(), w.data(), row.data(), n, k, h, moe.data());
+  for (size_t i = 0; i < nh; ++i) out_ref[i] = resid.ref[i] + moe[i];
+  // Compared without the residual (which would hide the block's error): fp32, chained GEMMs; bf16,
+  // gate, up, act and the expert outputs each rounded to bf16.
+  std::vector<double> moe_got(nh);
+  for (size_t i = 0; i < nh; ++i) moe_got[i] = static_cast<double>(out[i]) - resid.ref[i];
+  EXPECT_REL_ERR_LE(moe_got, moe, bound_for<T>(moe, 4 * kGemmFp32, kBf16CBackward), "MoE block output");
+  EXPECT_REL_ERR_LE(to_doubles(out), out_ref, bound_for<T>(out_ref, kGemmFp32, kBf16C), "MoE block output + residual");
+
+  // ---- backward
+  const Input<float> dout = random_input<float>(nh, g);
+  const Input<float> aux = random_input<float>(static_cast<size_t>(e), g, 0.05);
+  const Input<float> g0 = random_input<float>(static_cast<size_t>(e * gate_stride), g), gd0 = random_input<float>(static_cast<size_t>(e * down_stride), g),
+                     gr0 = random_input<float>(static_cast<size_t>(e * h), g);
+  // The reference gradients start at the same values; the unchosen expert's stay at them.
+  std::vector<double> dgw_ref = g0.ref, duw_ref = g0.ref, ddw_ref = gd0.ref, drw_ref = gr0.ref;
+  std::vector<double> dyp(sh), dweight(static_cast<size_t>(slots)), da(si), dgate(si), dup(si), dxp(sh), dxp2(sh), dxn_ref(nh), dz(ne);
+  cpu::moe_combine_backward<double>(ctx, yp.data(), w.data(), row.data(), dout.ref.data(), n, k, h, dyp.data(), dweight.data());
+  cpu::grouped_linear_backward<double>(ctx, dyp.data(), act.data(), Wd.ref.data(), down_stride, off_ref.data(), e, im, h, da.data(),
+                                       ddw_ref.data(), nullptr, 0);
+  cpu::swiglu_backward<double>(ctx, gate.data(), up.data(), da.data(), slots * im, dgate.data(), dup.data());
+  cpu::grouped_linear_backward<double>(ctx, dgate.data(), xp.data(), Wg.ref.data(), gate_stride, off_ref.data(), e, h, im, dxp.data(),
+                                       dgw_ref.data(), nullptr, 0);
+  cpu::grouped_linear_backward<double>(ctx, dup.data(), xp.data(), Wu.ref.data(), gate_stride, off_ref.data(), e, h, im, dxp2.data(),
+                                       duw_ref.data(), nullptr, 0);
+  for (size_t i = 0; i < sh; ++i) dxp[i] += dxp2[i];
+  cpu::moe_scatter_add<double>(ctx, dxp.data(), row.data(), n, k, h, dxn_ref.data());
+  cpu::moe_route_backward<double>(ctx, p.data(), ex.data(), w.data(), dweight.data(), aux.ref.data(), n, e, k, m.renorm, dz.data());
+  cpu::linear_backward<double>(ctx, dz.data(), xn.ref.data(), router.ref.data(), n, h, e, dxn_ref.data(), true, drw_ref.data(), nullptr);
+
+  constexpr bool kCast = kIsBf16<T>;
+  DeviceBuffer<float> d_dout(dout.dev), d_aux(aux.dev), d_dweight(nan_filled<float>(static_cast<size_t>(slots))),
+      d_dxp(nan_filled<float>(sh)), d_dxn(nan_filled<float>(nh)), d_dz(nan_filled<float>(ne)), d_dgw(g0.dev), d_duw(g0.dev),
+      d_ddw(gd0.dev), d_drw(gr0.dev);
+  DeviceBuffer<T> d_dyp(nan_filled<T>(sh)), d_da(nan_filled<T>(si)), d_dgate(nan_filled<T>(si)), d_dup(nan_filled<T>(si)),
+      d_dz_t(nan_filled<T>(kCast ? ne : 0));
+  auto backward = [&]() {
+    d_dgw.upload(g0.dev);
+    d_duw.upload(g0.dev);
+    d_ddw.upload(gd0.dev);
+    d_drw.upload(gr0.dev);
+    ASSERT_STATUS_OK(moe_combine_backward<T>(d_yp.get(), d_weight.get(), d_row.get(), d_dout.get(), n, k, h, d_dyp.get(),
+                                             d_dweight.get(), s));
+    ASSERT_STATUS_OK((grouped_linear_backward_data<T, T>(blas, d_dyp.get(), d_wd.get(), down_stride, off.data(), e, im, h, d_da.get(),
+                                                         false, d_ptrs.get())));
+    ASSERT_STATUS_OK(grouped_linear_backward_weight<T>(blas, d_dyp.get(), d_act.get(), off.data(), e, im, h, d_ddw.get(), down_stride,
+                                                       d_ptrs.get()));
+    ASSERT_STATUS_OK(swiglu_backward<T>(d_gate.get(), d_up.get(), d_da.get(), slots * im, d_dgate.get(), d_dup.get(), s));
+    ASSERT_STATUS_OK((grouped_linear_backward_data<T, float>(blas, d_dgate.get(), d_wg.get(), gate_stride, off.data(), e, h, im,
+                                                             d_dxp.get(), false, d_ptrs.get())));
+    ASSERT_STATUS_OK((grouped_linear_backward_data<T, float>(blas, d_dup.get(), d_wu.get(), gate_stride, off.data(), e, h, im,
+                                                             d_dxp.get(), true, d_ptrs.get())));
+    ASSERT_STATUS_OK(grouped_linear_backward_weight<T>(blas, d_dgate.get(), d_xp.get(), off.data(), e, h, im, d_dgw.get(), gate_stride,
+                                                       d_ptrs.get()));
+    ASSERT_STATUS_OK(grouped_linear_backward_weight<T>(blas, d_dup.get(), d_xp.get(), off.data(), e, h, im, d_duw.get(), gate_stride,
+                                                       d_ptrs.get()));
+    ASSERT_STATUS_OK(moe_scatter_add(d_dxp.get(), d_row.get(), n, k, h, d_dxn.get(), s));
+    ASSERT_STATUS_OK(moe_route_backward(d_probs.get(), d_ex.get(), d_weight.get(), d_dweight.get(), d_aux.get(), n, e, k, m.renorm,
+                                        d_dz.get(), s));
+    const T* dz_t = nullptr;
+    if constexpr (kCast) {
+      ASSERT_STATUS_OK((convert<float, T>(d_dz.get(), static_cast<int64_t>(ne), d_dz_t.get(), s)));
+      dz_t = d_dz_t.get();
+    } else {
+      dz_t = d_dz.get();
+    }
+    ASSERT_STATUS_OK((linear_backward_data<T, float>(blas, dz_t, d_router.get(), n, h, e, d_dxn.get(), true)));
+    ASSERT_STATUS_OK(linear_backward_weight<T>(blas, dz_t, d_xn.get(), n, h, e, d_drw.get()));
+  };
+  ASSERT_NO_FATAL_FAILURE(backward());
+  const std::vector<float> dxn = d_dxn.download(s), dgw = d_dgw.download(s), duw = d_duw.download(s), ddw = d_ddw.download(s),
+                           drw = d_drw.download(s);
+  // fp32: a chain of GEMMs and the softmax backward; bf16: the saved activations and the GEMM
+  // inputs (dyp, dgate, dup, dlogits) are bf16, so errors of a few bf16 roundings.
+  const double bwd = kIsBf16<T> ? 4e-2 : kAttnBwdFp32;
+  EXPECT_REL_ERR_LE(to_doubles(dxn), dxn_ref, bwd, "d xn2");
+  // The gradients are compared as their change from the initial values (which would hide errors).
+  auto delta = [](const std::vector<float>& got, const std::vector<double>& init) {
+    std::vector<double> r(got.size());
+    for (size_t i = 0; i < got.size(); ++i) r[i] = static_cast<double>(got[i]) - init[i];
+    return r;
+  };
+  auto delta_ref = [](const std::vector<double>& ref, const std::vector<double>& init) {
+    std::vector<double> r(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) r[i] = ref[i] - init[i];
+    return r;
+  };
+  EXPECT_REL_ERR_LE(delta(dgw, g0.ref), delta_ref(dgw_ref, g0.ref), bwd, "d expert gate weights");
+  EXPECT_REL_ERR_LE(delta(duw, g0.ref), delta_ref(duw_ref, g0.ref), bwd, "d expert up weights");
+  EXPECT_REL_ERR_LE(delta(ddw, gd0.ref), delta_ref(ddw_ref, gd0.ref), bwd, "d expert down weights");
+  // The router's gradient goes through d weight = dout . yp and the renormalisation's difference
+  // dw_j - sum_i dw_i w_i, which cancels: on the bf16 path (yp and dlogits in bf16) it gets twice
+  // the others' bound. A wrong op is off by order 1.
+  EXPECT_REL_ERR_LE(delta(drw, gr0.ref), delta_ref(drw_ref, gr0.ref), kIsBf16<T> ? 2 * bwd : bwd, "d router weights");
+  // The unchosen expert and the gaps between experts are not touched: their bits are the initial ones.
+  for (int64_t x = e - 1; x < e; ++x) {
+    const size_t g_at = static_cast<size_t>(x * gate_stride), d_at = static_cast<size_t>(x * down_stride);
+    EXPECT_TRUE(std::equal(dgw.begin() + static_cast<std::ptrdiff_t>(g_at), dgw.begin() + static_cast<std::ptrdiff_t>(g_at + gate_stride),
+                           g0.dev.begin() + static_cast<std::ptrdiff_t>(g_at)))
+        << "the unchosen expert's gate gradient changed";
+    EXPECT_TRUE(std::equal(ddw.begin() + static_cast<std::ptrdiff_t>(d_at), ddw.begin() + static_cast<std::ptrdiff_t>(d_at + down_stride),
+                           gd0.dev.begin() + static_cast<std::ptrdiff_t>(d_at)))
+        << "the unchosen expert's down gradient changed";
+  }
+  for (int64_t x = 0; x < e; ++x)
+    for (int64_t i = im * h; i < gate_stride; ++i)
+      ASSERT_EQ(dgw[static_cast<size_t>(x * gate_stride + i)], g0.dev[static_cast<size_t>(x * gate_stride + i)]) << "a gap was written";
+
+  // Deterministic: forward and backward again give the same bits.
+  ASSERT_NO_FATAL_FAILURE(forward());
+  EXPECT_SAME_BITS(d_out.download(s), out, "MoE output, second run");
+  ASSERT_NO_FATAL_FAILURE(backward());
+  EXPECT_SAME_BITS(d_dxn.download(s), dxn, "MoE d xn2, second run");
+  EXPECT_SAME_BITS(d_dgw.download(s), dgw, "MoE d gate weights, second run");
+  EXPECT_SAME_BITS(d_drw.download(s), drw, "MoE d router weights, second run");
+  std::cout << "[   INFO   ] " << m.name << " " << (kIsBf16<T> ? "bf16" : "fp32") << ": grouped GEMMs T->T: "
+            << grouped_gemm_path<T, T>() << "; T->fp32: " << grouped_gemm_path<T, float>() << "\n";
+
+  // The per-expert loop (the fallback) gives the same results within the same bounds.
+  force_grouped_gemm_loop(true);
+  ASSERT_NO_FATAL_FAILURE(forward());
+  ASSERT_NO_FATAL_FAILURE(backward());
+  force_grouped_gemm_loop(false);
+  std::vector<double> moe_loop(nh);
+  const std::vector<float> out_loop = d_out.download(s);
+  for (size_t i = 0; i < nh; ++i) moe_loop[i] = static_cast<double>(out_loop[i]) - resid.ref[i];
+  EXPECT_REL_ERR_LE(moe_loop, moe, bound_for<T>(moe, 4 * kGemmFp32, kBf16CBackward), "MoE block output (per-expert loop)");
+  EXPECT_REL_ERR_LE(to_doubles(d_dxn.download(s)), dxn_ref, bwd, "d xn2 (per-expert loop)");
+  EXPECT_REL_ERR_LE(delta(d_dgw.download(s), g0.ref), delta_ref(dgw_ref, g0.ref), bwd, "d expert gate weights (per-expert loop)");
+
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cublasDestroy(blas);
+  cudaStreamDestroy(s);
+}
+
+TYPED_TEST(CudaOpsT, MoeBlockMatchesCpu) {
+  std::mt19937 g(73);
+  // The tiny profiles' shapes (48 tokens: 2 x 24) and one without renormalisation.
+  for (const MoeShape m : {MoeShape{"tiny-qwen3-moe", 48, 64, 8, 2, 32, true}, MoeShape{"tiny-mixtral", 48, 64, 8, 2, 48, true},
+                           MoeShape{"qwen3-moe norm_topk_prob false", 300, 96, 16, 4, 40, false}}) {
+    SCOPED_TRACE(m.name);
+    ASSERT_NO_FATAL_FAILURE(check_moe_block<TypeParam>(*this, m, g));
+  }
+}
+
+// Qwen3's q/k norm as the CUDA backend runs it: the projection in fp32, RMSNorm over each head's
+// head_dim (n = tokens * heads rows) into T, and the backward in place on the fp32 gradient.
+TYPED_TEST(CudaOpsT, QkNormPerHeadMatchesCpu) {
+  using T = TypeParam;
+  std::mt19937 g(74);
+  for (const auto& [tokens, hidden, heads, hd] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{48, 64, 4, 16},
+                                                 std::tuple<int64_t, int64_t, int64_t, int64_t>{37, 96, 3, 128}}) {
+    SCOPED_TRACE("tokens, hidden, heads, head_dim = " + shape_str({tokens, hidden, heads, hd}));
+    const int64_t q = heads * hd, rows = tokens * heads;
+    const size_t nq = static_cast<size_t>(tokens * q);
+    const Input<T> xn = random_input<T>(static_cast<size_t>(tokens * hidden), g);
+    const Input<T> wq = random_input<T>(static_cast<size_t>(q * hidden), g, 1 / std::sqrt(double(hidden)));
+    const Input<T> nw = random_input<T>(static_cast<size_t>(hd), g, 0.2, 1.0);
+    std::vector<double> pre_ref(nq), y_ref(nq), rstd_ref(static_cast<size_t>(rows));
+    cpu::linear_forward<double>(this->ctx_, xn.ref.data(), wq.ref.data(), nullptr, tokens, hidden, q, pre_ref.data());
+    DeviceBuffer<T> d_xn(xn.dev), d_wq(wq.dev), d_nw(nw.dev), d_y(nan_filled<T>(nq));
+    DeviceBuffer<float> d_pre(nan_filled<float>(nq)), d_rstd(nan_filled<float>(static_cast<size_t>(rows)));
+    ASSERT_STATUS_OK((linear_forward<T, float>(this->blas_, d_xn.get(), d_wq.get(), tokens, hidden, q, d_pre.get(), 0.0f)));
+    ASSERT_STATUS_OK(rmsnorm_forward<T>(d_pre.get(), d_nw.get(), rows, hd, 1e-6f, d_y.get(), d_rstd.get(), this->stream_));
+    const std::vector<float> pre = d_pre.download(this->stream_);
+    EXPECT_REL_ERR_LE(to_doubles(pre), pre_ref, kIsBf16<T> ? kGemmBf16In : kGemmFp32, "q before the norm (fp32)");
+    // The norm's reference takes the GPU's fp32 projection (the GEMM is checked just above).
+    const std::vector<double> pre_d = to_doubles(pre);
+    cpu::rmsnorm_forward<double>(this->ctx_, pre_d.data(), nw.ref.data(), rows, hd, 1e-6, y_ref.data(), rstd_ref.data());
+    EXPECT_REL_ERR_LE(to_doubles(d_rstd.download(this->stream_)), rstd_ref, kStatFp32, "per-head rstd");
+    EXPECT_REL_ERR_LE(to_doubles(d_y.download(this->stream_)), y_ref, bound_for<T>(y_ref, kElementwiseFp32, kBf16C), "normed q");
+    // Backward in place (dx over dy), the norm weight's gradient accumulated over every row.
+    const Input<float> dy = random_input<float>(nq, g);
+    const Input<float> dw0 = random_input<float>(static_cast<size_t>(hd), g);
+    const std::vector<double> rstd_in = to_doubles(d_rstd.download(this->stream_));
+    std::vector<double> dx_ref(nq), dw_ref = dw0.ref;
+    cpu::rmsnorm_backward<double>(this->ctx_, dy.ref.data(), pre_d.data(), nw.ref.data(), rstd_in.data(), rows, hd, dx_ref.data(),
+                                  dw_ref.data());
+    DeviceBuffer<float> d_g(dy.dev), d_dw(dw0.dev);
+    ASSERT_STATUS_OK(
+        rmsnorm_backward<T>(d_g.get(), d_pre.get(), d_nw.get(), d_rstd.get(), rows, hd, d_g.get(), d_dw.get(), this->stream_));
+    EXPECT_REL_ERR_LE(to_doubles(d_g.download(this->stream_)), dx_ref, kRmsNormDxFp32, "d q before the norm (in place)");
+    // dw sums tokens * heads rows in fp32: a longer sum than the other norms'
+    EXPECT_REL_ERR_LE(to_doubles(d_dw.download(this->stream_)), dw_ref, 4 * kShortReduceFp32, "d q_norm weight");
   }
 }
 

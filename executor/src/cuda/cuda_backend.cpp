@@ -18,6 +18,18 @@
 // pipeline's buffers, then this backend's private region (the cuBLAS workspace, token buffers, the
 // attention blocks). The RAM tier's streamed weights and gradients are page-locked with
 // cudaHostRegister up to a limit, counted and reported.
+//
+// Qwen3's q/k norms: q and k are projected in fp32 (q_pre, k_pre, kept for the backward), each
+// head's head_dim is RMS-normalised by the rmsnorm op into T, then RoPE. The backward runs the norm's
+// backward in place on dq/dk after RoPE's.
+//
+// Mixture-of-Experts (Mixtral, Qwen3-MoE; moe_forward/moe_backward below, kernels in cuda/moe.cuh
+// and cuda/grouped_gemm.cuh; docs/cuda-backend.md "Mixture-of-Experts"): router GEMM into fp32
+// logits, softmax and top-k per token, a stable counting sort of the token slots by expert on the
+// device, gather, the three expert projections as one grouped cuBLAS call each, SwiGLU, the
+// weighted combine added to the residual; the backward of each in reverse. The per-expert row
+// counts go to the host once per layer and direction (cuBLAS takes grouped shapes from host
+// arrays): one small device-to-host copy and a stream synchronisation.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -34,6 +46,8 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/embedding.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/grouped_gemm.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -120,7 +134,10 @@ class CudaBackend final : public Backend {
   std::string describe() const override {
     return "CUDA backend: " + dev_.name + " (sm_" + std::to_string(dev_.compute_major) + std::to_string(dev_.compute_minor) +
            ", " + format_bytes(static_cast<double>(dev_.total_memory_bytes)) + "), " +
-           (std::is_same_v<T, float> ? "fp32" : "bf16 mixed precision") + ", cuBLAS GEMMs";
+           (std::is_same_v<T, float> ? "fp32" : "bf16 mixed precision") + ", cuBLAS GEMMs" +
+           (dims_.moe ? ", " + std::to_string(dims_.E) + " experts (top-" + std::to_string(dims_.k) +
+                            ") with one grouped cuBLAS call per expert projection"
+                      : "");
   }
 
   // ---- memory -----------------------------------------------------------------------------
@@ -281,8 +298,17 @@ class CudaBackend final : public Backend {
     T* up = as_t(a.up);
     T* act = as_t(a.act);
     MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(a.x, wt(w, TensorRole::kAttnNorm), d.N, d.H, eps(), xn1, a.rstd1, s));
-    MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kQ, TensorRole::kQBias, d.q, q));
-    MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kK, TensorRole::kKBias, d.kv, k));
+    if (d.qk_norm) {  // Qwen3: q and k in fp32, then RMSNorm over each head's head_dim into T, before RoPE
+      if (w[TensorRole::kQBias] != nullptr || w[TensorRole::kKBias] != nullptr)
+        return unsupported("--backend cuda: q/k norms together with q/k projection biases; accepted: Qwen3 (no attention bias)");
+      MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, xn1, wt(w, TensorRole::kQ), d.N, d.H, d.q, a.q_pre, 0.0f)));
+      MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, xn1, wt(w, TensorRole::kK), d.N, d.H, d.kv, a.k_pre, 0.0f)));
+      MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(a.q_pre, wt(w, TensorRole::kQNorm), d.N * d.nh, d.hd, eps(), q, a.rstd_q, s));
+      MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(a.k_pre, wt(w, TensorRole::kKNorm), d.N * d.nkv, d.hd, eps(), k, a.rstd_k, s));
+    } else {
+      MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kQ, TensorRole::kQBias, d.q, q));
+      MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kK, TensorRole::kKBias, d.kv, k));
+    }
     MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kV, TensorRole::kVBias, d.kv, v));
     MT_RETURN_IF_ERROR(cuda::rope_forward<T>(q, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s));
     MT_RETURN_IF_ERROR(cuda::rope_forward<T>(k, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s));
@@ -291,6 +317,10 @@ class CudaBackend final : public Backend {
     MT_CUDA_RETURN(cudaMemcpyAsync(a.h, a.x, 4 * static_cast<size_t>(NH), cudaMemcpyDeviceToDevice, s));
     MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, attn, wt(w, TensorRole::kO), d.N, d.q, d.H, a.h, 1.0f)));
     MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(a.h, wt(w, TensorRole::kMlpNorm), d.N, d.H, eps(), xn2, a.rstd2, s));
+    if (w[TensorRole::kRouter] != nullptr) {
+      MT_RETURN_IF_ERROR(moe_forward(w, x_out, a));
+      return finish();
+    }
     MT_RETURN_IF_ERROR((cuda::linear_forward<T, T>(blas_, xn2, wt(w, TensorRole::kGate), d.N, d.H, d.I, gate, 0.0f)));
     MT_RETURN_IF_ERROR((cuda::linear_forward<T, T>(blas_, xn2, wt(w, TensorRole::kUp), d.N, d.H, d.I, up, 0.0f)));
     MT_RETURN_IF_ERROR(cuda::swiglu_forward<T>(gate, up, d.N * d.I, act, s));
@@ -316,15 +346,20 @@ class CudaBackend final : public Backend {
     const T* gate = as_t(a.gate);
     const T* up = as_t(a.up);
     const T* act = as_t(a.act);
-    // MLP: out = h + down(act)
-    const T* dout_t = to_t(dout, ws.dout_t, NH);
-    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, T>(blas_, dout_t, wt(w, TensorRole::kDown), d.N, d.I, d.H, ws.dact, false)));
-    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dout_t, act, d.N, d.I, d.H, g[TensorRole::kDown]));
-    MT_RETURN_IF_ERROR(cuda::swiglu_backward<T>(gate, up, ws.dact, d.N * d.I, ws.dgate, ws.dup, s));
-    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, ws.dgate, wt(w, TensorRole::kGate), d.N, d.H, d.I, ws.dxn, false)));
-    MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, ws.dup, wt(w, TensorRole::kUp), d.N, d.H, d.I, ws.dxn, true)));
-    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, ws.dgate, xn2, d.N, d.H, d.I, g[TensorRole::kGate]));
-    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, ws.dup, xn2, d.N, d.H, d.I, g[TensorRole::kUp]));
+    if (w[TensorRole::kRouter] != nullptr) {
+      MT_RETURN_IF_ERROR(moe_backward(w, a, dout, g, ws));  // the MoE block: writes ws.dxn
+    } else {
+      // MLP: out = h + down(act)
+      const T* dout_t = to_t(dout, ws.dout_t, NH);
+      MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, T>(blas_, dout_t, wt(w, TensorRole::kDown), d.N, d.I, d.H, ws.dact, false)));
+      MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dout_t, act, d.N, d.I, d.H, g[TensorRole::kDown]));
+      MT_RETURN_IF_ERROR(cuda::swiglu_backward<T>(gate, up, ws.dact, d.N * d.I, ws.dgate, ws.dup, s));
+      MT_RETURN_IF_ERROR(
+          (cuda::linear_backward_data<T, float>(blas_, ws.dgate, wt(w, TensorRole::kGate), d.N, d.H, d.I, ws.dxn, false)));
+      MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, ws.dup, wt(w, TensorRole::kUp), d.N, d.H, d.I, ws.dxn, true)));
+      MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, ws.dgate, xn2, d.N, d.H, d.I, g[TensorRole::kGate]));
+      MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, ws.dup, xn2, d.N, d.H, d.I, g[TensorRole::kUp]));
+    }
     MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dxn, a.h, wt(w, TensorRole::kMlpNorm), a.rstd2, d.N, d.H, ws.tmp,
                                                  g[TensorRole::kMlpNorm], s));
     MT_RETURN_IF_ERROR(cuda::add(dout, ws.tmp, NH, ws.dh, s));  // the residual
@@ -336,6 +371,12 @@ class CudaBackend final : public Backend {
                                                    attn_rows_, s));
     MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dq, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s));
     MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dk, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s));
+    if (d.qk_norm) {  // through the per-head norms, in place, to the projections' outputs
+      MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dq, a.q_pre, wt(w, TensorRole::kQNorm), a.rstd_q, d.N * d.nh, d.hd, ws.dq,
+                                                   g[TensorRole::kQNorm], s));
+      MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dk, a.k_pre, wt(w, TensorRole::kKNorm), a.rstd_k, d.N * d.nkv, d.hd, ws.dk,
+                                                   g[TensorRole::kKNorm], s));
+    }
     MT_RETURN_IF_ERROR(project_backward(ws.dq, ws.dq_t, xn1, w, g, TensorRole::kQ, TensorRole::kQBias, d.q, ws.dxn, false));
     MT_RETURN_IF_ERROR(project_backward(ws.dk, ws.dk_t, xn1, w, g, TensorRole::kK, TensorRole::kKBias, d.kv, ws.dxn, true));
     MT_RETURN_IF_ERROR(project_backward(ws.dv, ws.dv_t, xn1, w, g, TensorRole::kV, TensorRole::kVBias, d.kv, ws.dxn, true));
@@ -394,10 +435,21 @@ class CudaBackend final : public Backend {
   int64_t layer_workspace_floats() const override { return floats_of(layer_ws(nullptr).bytes); }
   int64_t head_workspace_floats() const override { return floats_of(head_ws(nullptr).bytes); }
 
+  // The block holds T elements: p[role] is expert 0's tensor (or the only one) and stride[role]
+  // the distance to expert 1's, both in elements of T (model.h UnitView, as the CPU binds them).
   UnitView view_weights(const UnitState& layout, const float* block) const override {
     UnitView v;
     const T* base = reinterpret_cast<const T*>(block);
-    for (const auto& t : layout.tensors) v.p[static_cast<int>(t.role)] = reinterpret_cast<const float*>(base + t.offset);
+    int64_t first[kTensorRoleCount] = {};
+    for (const auto& t : layout.tensors) {
+      const int r = static_cast<int>(t.role);
+      if (t.expert <= 0) {
+        v.p[r] = reinterpret_cast<const float*>(base + t.offset);
+        first[r] = t.offset;
+      } else if (t.expert == 1) {
+        v.stride[r] = t.offset - first[r];
+      }
+    }
     return v;
   }
   LayerActs bind_acts(float* base) const override { return carve_acts(base).acts; }
@@ -424,10 +476,28 @@ class CudaBackend final : public Backend {
     a.h = c.take<float>(d.N * d.H);
     a.rstd2 = c.take<float>(d.N);
     a.xn2 = f(c.take<T>(d.N * d.H));
-    a.gate = f(c.take<T>(d.N * d.I));
-    a.up = f(c.take<T>(d.N * d.I));
-    a.act = f(c.take<T>(d.N * d.I));
+    a.gate = f(c.take<T>(d.mlp_floats()));  // the dense MLP's N*I or the experts' N*k*Im, the larger
+    a.up = f(c.take<T>(d.mlp_floats()));
+    a.act = f(c.take<T>(d.mlp_floats()));
     a.probs = nullptr;
+    if (d.qk_norm) {
+      a.q_pre = c.take<float>(d.N * d.q);
+      a.k_pre = c.take<float>(d.N * d.kv);
+      a.rstd_q = c.take<float>(d.N * d.nh);
+      a.rstd_k = c.take<float>(d.N * d.nkv);
+    }
+    if (d.moe) {  // routing in fp32 and int32; the gathered inputs and expert outputs in T
+      const int64_t slots = d.N * d.k;
+      a.logits = c.take<float>(d.N * d.E);
+      a.rprobs = c.take<float>(d.N * d.E);
+      a.rweight = c.take<float>(slots);
+      a.rexpert = c.take<int32_t>(slots);
+      a.perm = c.take<int32_t>(slots);
+      a.row_of_slot = c.take<int32_t>(slots);
+      a.offsets = c.take<int32_t>(d.E + 1);
+      a.xp = f(c.take<T>(slots * d.H));
+      a.yp = f(c.take<T>(slots * d.H));
+    }
     r.bytes = c.bytes();
     return r;
   }
@@ -435,6 +505,9 @@ class CudaBackend final : public Backend {
   struct Ws {
     T *dout_t, *dact, *dgate, *dup, *dh_t, *dattn, *dq_t, *dk_t, *dv_t;
     float *dxn, *tmp, *dh, *dq, *dk, *dv;
+    // MoE: the experts' input gradient, the combine's output gradient, d weight, d logits (and its T copy)
+    float *dxp, *dweight, *dlogits;
+    T *dyp, *dlogits_t;
     int64_t bytes;
   };
   Ws layer_ws(float* base) const {
@@ -443,9 +516,9 @@ class CudaBackend final : public Backend {
     Carver c(base);
     Ws w{};
     w.dout_t = c.take<T>(kCast ? d.N * d.H : 0);
-    w.dact = c.take<T>(d.N * d.I);
-    w.dgate = c.take<T>(d.N * d.I);
-    w.dup = c.take<T>(d.N * d.I);
+    w.dact = c.take<T>(d.mlp_floats());
+    w.dgate = c.take<T>(d.mlp_floats());
+    w.dup = c.take<T>(d.mlp_floats());
     w.dh_t = c.take<T>(kCast ? d.N * d.H : 0);
     w.dattn = c.take<T>(d.N * d.q);
     w.dq_t = c.take<T>(kCast ? d.N * d.q : 0);
@@ -457,6 +530,14 @@ class CudaBackend final : public Backend {
     w.dq = c.take<float>(d.N * d.q);
     w.dk = c.take<float>(d.N * d.kv);
     w.dv = c.take<float>(d.N * d.kv);
+    if (d.moe) {
+      const int64_t slots = d.N * d.k;
+      w.dxp = c.take<float>(slots * d.H);
+      w.dyp = c.take<T>(slots * d.H);
+      w.dweight = c.take<float>(slots);
+      w.dlogits = c.take<float>(d.N * d.E);
+      w.dlogits_t = c.take<T>(kCast ? d.N * d.E : 0);
+    }
     w.bytes = c.bytes();
     return w;
   }
@@ -501,7 +582,18 @@ class CudaBackend final : public Backend {
     float* inv = c.take<float>(static_cast<int64_t>(inv_freq_.size()));
     double* loss = c.take<double>(1);
     long long* count = c.take<long long>(1);
+    // MoE: the counting sort's per-chunk counts, the grouped GEMMs' pointer arrays, the routing
+    // statistics (count, probability sums; doubles) and the load-balancing gradient (fp32).
+    const int64_t E = dims_.moe ? dims_.E : 0;
+    int32_t* sort_scratch = c.take<int32_t>(dims_.moe ? cuda::moe_permute_scratch_ints(dims_.N * dims_.k, E) : 0);
+    void** gemm_ptrs = c.take<void*>(cuda::grouped_gemm_pointer_slots(E));
+    double* aux = c.take<double>(2 * E);
+    float* aux_grad = c.take<float>(E);
     if (base != nullptr) {
+      self->sort_scratch_ = sort_scratch;
+      self->gemm_ptrs_ = gemm_ptrs;
+      self->aux_dev_ = aux;
+      self->aux_grad_dev_ = aux_grad;
       self->blas_ws_ = blas;
       self->attn_ws_ = attn;
       self->tokens_ = tokens;
@@ -564,6 +656,108 @@ class CudaBackend final : public Backend {
     return {};
   }
 
+  // ---- Mixture-of-Experts ------------------------------------------------------------------
+  // The experts' row offsets of this layer's sort, copied to the host (cuBLAS takes the grouped
+  // GEMMs' shapes from host arrays).
+  Status load_offsets(const int32_t* offsets_dev) {
+    offsets_host_.resize(static_cast<size_t>(dims_.E + 1));
+    MT_CUDA_RETURN(cudaMemcpyAsync(offsets_host_.data(), offsets_dev, sizeof(int32_t) * offsets_host_.size(),
+                                   cudaMemcpyDeviceToHost, compute()));
+    MT_CUDA_RETURN(cudaStreamSynchronize(compute()));
+    return {};
+  }
+
+  // The MoE block on xn2, added to the residual h into x_out (model.cpp moe_forward, the same math).
+  Status moe_forward(const UnitView& w, float* x_out, const LayerActs& a) {
+    const Dims& d = dims_;
+    cudaStream_t s = compute();
+    const int64_t slots = d.N * d.k;
+    if (w[TensorRole::kRouterBias] != nullptr)
+      return unsupported("--backend cuda: a router bias (gpt-oss) is not supported; accepted: the Mixtral and Qwen3-MoE routers");
+    const T* xn2 = as_t(a.xn2);
+    T* xp = as_t(a.xp);
+    T* yp = as_t(a.yp);
+    T* gate = as_t(a.gate);
+    T* up = as_t(a.up);
+    T* act = as_t(a.act);
+    MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, xn2, wt(w, TensorRole::kRouter), d.N, d.H, d.E, a.logits, 0.0f)));
+    MT_RETURN_IF_ERROR(cuda::moe_route_forward(a.logits, d.N, d.E, d.k, d.renorm, a.rexpert, a.rweight, a.rprobs, s));
+    MT_RETURN_IF_ERROR(cuda::moe_permute(a.rexpert, slots, d.E, a.offsets, a.perm, a.row_of_slot, sort_scratch_, s));
+    MT_RETURN_IF_ERROR(cuda::moe_gather<T>(xn2, a.perm, slots, d.k, d.H, xp, s));
+    MT_RETURN_IF_ERROR(load_offsets(a.offsets));
+    const int32_t* off = offsets_host_.data();
+    MT_RETURN_IF_ERROR((cuda::grouped_linear_forward<T, T>(blas_, xp, wt(w, TensorRole::kExpertGate),
+                                                           w.stride_of(TensorRole::kExpertGate), off, d.E, d.H, d.Im, gate, 0.0f,
+                                                           gemm_ptrs_)));
+    MT_RETURN_IF_ERROR((cuda::grouped_linear_forward<T, T>(blas_, xp, wt(w, TensorRole::kExpertUp), w.stride_of(TensorRole::kExpertUp),
+                                                           off, d.E, d.H, d.Im, up, 0.0f, gemm_ptrs_)));
+    MT_RETURN_IF_ERROR(cuda::swiglu_forward<T>(gate, up, slots * d.Im, act, s));
+    MT_RETURN_IF_ERROR((cuda::grouped_linear_forward<T, T>(blas_, act, wt(w, TensorRole::kExpertDown),
+                                                           w.stride_of(TensorRole::kExpertDown), off, d.E, d.Im, d.H, yp, 0.0f,
+                                                           gemm_ptrs_)));
+    MT_RETURN_IF_ERROR(cuda::moe_combine_forward<T>(yp, a.rweight, a.row_of_slot, a.h, d.N, d.k, d.H, x_out, s));
+    if (a.aux_count != nullptr) {
+      // The trainer's running sums go up, the layer's slots and probabilities are added on the
+      // device in the CPU op's order, and the sums come back.
+      const size_t bytes = sizeof(double) * static_cast<size_t>(d.E);
+      MT_CUDA_RETURN(cudaMemcpyAsync(aux_dev_, a.aux_count, bytes, cudaMemcpyHostToDevice, s));
+      MT_CUDA_RETURN(cudaMemcpyAsync(aux_dev_ + d.E, a.aux_prob, bytes, cudaMemcpyHostToDevice, s));
+      MT_RETURN_IF_ERROR(cuda::moe_aux_stats(a.rprobs, a.offsets, d.N, d.E, aux_dev_, aux_dev_ + d.E, s));
+      MT_CUDA_RETURN(cudaMemcpyAsync(a.aux_count, aux_dev_, bytes, cudaMemcpyDeviceToHost, s));
+      MT_CUDA_RETURN(cudaMemcpyAsync(a.aux_prob, aux_dev_ + d.E, bytes, cudaMemcpyDeviceToHost, s));
+    }
+    return {};
+  }
+
+  // ws.dxn = d MoE(xn2) / d xn2 . dout; the router's and the chosen experts' gradients accumulate
+  // into g (model.cpp moe_backward).
+  Status moe_backward(const UnitView& w, const LayerActs& a, const float* dout, const UnitGrad& g, const Ws& ws) {
+    const Dims& d = dims_;
+    cudaStream_t s = compute();
+    const int64_t slots = d.N * d.k;
+    const T* xn2 = as_t(a.xn2);
+    const T* xp = as_t(a.xp);
+    const T* yp = as_t(a.yp);
+    const T* gate = as_t(a.gate);
+    const T* up = as_t(a.up);
+    const T* act = as_t(a.act);
+    const auto gs = [&](TensorRole r) { return g.stride[static_cast<int>(r)]; };
+    MT_RETURN_IF_ERROR(cuda::moe_combine_backward<T>(yp, a.rweight, a.row_of_slot, dout, d.N, d.k, d.H, ws.dyp, ws.dweight, s));
+    MT_RETURN_IF_ERROR(load_offsets(a.offsets));
+    const int32_t* off = offsets_host_.data();
+    MT_RETURN_IF_ERROR((cuda::grouped_linear_backward_data<T, T>(blas_, ws.dyp, wt(w, TensorRole::kExpertDown),
+                                                                 w.stride_of(TensorRole::kExpertDown), off, d.E, d.Im, d.H,
+                                                                 ws.dact, false, gemm_ptrs_)));
+    MT_RETURN_IF_ERROR(cuda::grouped_linear_backward_weight<T>(blas_, ws.dyp, act, off, d.E, d.Im, d.H, g[TensorRole::kExpertDown],
+                                                               gs(TensorRole::kExpertDown), gemm_ptrs_));
+    MT_RETURN_IF_ERROR(cuda::swiglu_backward<T>(gate, up, ws.dact, slots * d.Im, ws.dgate, ws.dup, s));
+    MT_RETURN_IF_ERROR((cuda::grouped_linear_backward_data<T, float>(blas_, ws.dgate, wt(w, TensorRole::kExpertGate),
+                                                                     w.stride_of(TensorRole::kExpertGate), off, d.E, d.H, d.Im,
+                                                                     ws.dxp, false, gemm_ptrs_)));
+    MT_RETURN_IF_ERROR((cuda::grouped_linear_backward_data<T, float>(blas_, ws.dup, wt(w, TensorRole::kExpertUp),
+                                                                     w.stride_of(TensorRole::kExpertUp), off, d.E, d.H, d.Im,
+                                                                     ws.dxp, true, gemm_ptrs_)));
+    MT_RETURN_IF_ERROR(cuda::grouped_linear_backward_weight<T>(blas_, ws.dgate, xp, off, d.E, d.H, d.Im, g[TensorRole::kExpertGate],
+                                                               gs(TensorRole::kExpertGate), gemm_ptrs_));
+    MT_RETURN_IF_ERROR(cuda::grouped_linear_backward_weight<T>(blas_, ws.dup, xp, off, d.E, d.H, d.Im, g[TensorRole::kExpertUp],
+                                                               gs(TensorRole::kExpertUp), gemm_ptrs_));
+    MT_RETURN_IF_ERROR(cuda::moe_scatter_add(ws.dxp, a.row_of_slot, d.N, d.k, d.H, ws.dxn, s));
+    const float* aux = nullptr;
+    if (a.aux_grad != nullptr) {  // in fp32, as the CPU op takes it
+      aux_grad_host_.assign(a.aux_grad, a.aux_grad + d.E);
+      MT_CUDA_RETURN(cudaMemcpyAsync(aux_grad_dev_, aux_grad_host_.data(), sizeof(float) * aux_grad_host_.size(),
+                                     cudaMemcpyHostToDevice, s));
+      aux = aux_grad_dev_;
+    }
+    MT_RETURN_IF_ERROR(
+        cuda::moe_route_backward(a.rprobs, a.rexpert, a.rweight, ws.dweight, aux, d.N, d.E, d.k, d.renorm, ws.dlogits, s));
+    const T* dlogits_t = to_t(ws.dlogits, ws.dlogits_t, d.N * d.E);
+    MT_RETURN_IF_ERROR(
+        (cuda::linear_backward_data<T, float>(blas_, dlogits_t, wt(w, TensorRole::kRouter), d.N, d.H, d.E, ws.dxn, true)));
+    MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dlogits_t, xn2, d.N, d.H, d.E, g[TensorRole::kRouter]));
+    return {};
+  }
+
   // Token ids and targets are checked on the host before they reach a kernel (as the CPU ops do).
   Status check_ids(const int32_t* ids, const char* what, bool allow_ignore) const {
     for (int64_t i = 0; i < dims_.N; ++i) {
@@ -590,6 +784,13 @@ class CudaBackend final : public Backend {
   float* inv_freq_dev_ = nullptr;
   double* loss_dev_ = nullptr;
   long long* count_dev_ = nullptr;
+  int32_t* sort_scratch_ = nullptr;
+  void** gemm_ptrs_ = nullptr;
+  double* aux_dev_ = nullptr;
+  float* aux_grad_dev_ = nullptr;
+  // host copies: the experts' row offsets of the layer at hand, the load-balancing gradient in fp32
+  std::vector<int32_t> offsets_host_;
+  std::vector<float> aux_grad_host_;
   // pinned host memory
   std::vector<std::pair<void*, int64_t>> registered_;
   int64_t pinned_ = 0, unpinned_ = 0, pinned_limit_ = 0;
@@ -601,11 +802,37 @@ class CudaBackend final : public Backend {
 
 bool have_cuda_backend() { return true; }
 
+// The CUDA backend's own sizes for these shapes: layer activations, layer workspace and head
+// workspace (floats) and its private bytes, in out[0..3]. The constructor touches no device, so
+// this runs without a GPU: tests/executor/cuda_trainer_test.cpp compares it with step::cuda_layout
+// on any machine with a CUDA build (the same comparison on a real backend needs the GPU).
+void cuda_backend_figures(const Dims& dims, DType compute, std::vector<float> inv_freq, int64_t out[4]) {
+  BackendOptions o;
+  o.compute = o.transfer = compute;
+  auto figures = [&](const Backend& b) {
+    out[0] = b.layer_act_floats();
+    out[1] = b.layer_workspace_floats();
+    out[2] = b.head_workspace_floats();
+    out[3] = b.private_bytes();
+  };
+  if (compute == DType::kBf16)
+    figures(CudaBackend<bf16>(dims, o, std::move(inv_freq), cuda::DeviceInfo{}));
+  else
+    figures(CudaBackend<float>(dims, o, std::move(inv_freq), cuda::DeviceInfo{}));
+}
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options,
                                                    std::vector<float> inv_freq) {
-  if (dims.moe || dims.qk_norm)
-    return unsupported("--backend cuda: " + model.config().architecture +
-                       " (q/k norms or Mixture-of-Experts) is trained by the CPU backend only so far; accepted here: --backend cpu");
+  const ModelConfig& mc = model.config();
+  if (mc.moe == "gpt_oss" || mc.attention_sinks || mc.architecture == "GptOssForCausalLM")
+    return unsupported("--backend cuda: " + mc.architecture +
+                       " needs attention sinks, per-layer sliding windows and biased stacked experts, which the CUDA "
+                       "backend does not have; accepted here: --backend cpu (CUDA trains Llama, Mistral, Qwen2, Qwen3, "
+                       "Qwen3-MoE and Mixtral)");
+  if (dims.moe && (dims.E > cuda::kMoeMaxExperts || dims.N * dims.k > 2147483647))
+    return unsupported("--backend cuda: " + std::to_string(dims.E) + " experts and " + std::to_string(dims.N * dims.k) +
+                       " token slots per micro-batch; accepted: at most " + std::to_string(cuda::kMoeMaxExperts) +
+                       " experts and fewer than 2^31 slots");
   MT_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
   if (devices.empty()) return unavailable("--backend cuda: no CUDA device is visible; accepted here: --backend cpu");
   if (devices[0].compute_major < 8)

@@ -1,0 +1,59 @@
+// The Mixture-of-Experts ops on the GPU (Mixtral, Qwen3-MoE), the counterparts of
+// kernels/cpu/moe.h; the expert GEMMs are in grouped_gemm.cuh. See moe.cu.
+//
+// Shapes: n tokens, e experts, k chosen per token, slots = n * k (slot t*k + j is token t's j-th
+// choice), h the hidden size. Routing data is fp32 whatever T is (logits, probabilities, combine
+// weights and their gradients); the gathered inputs xp and expert outputs yp [slots, h] are T.
+//   route_forward   probs = softmax(logits) per token; the k largest (the lower index on a tie),
+//                   expert[t*k+j] and weight[t*k+j] = probs (divided by their sum when renorm)
+//   permute         a stable counting sort of the slots by expert: offsets[e+1] (expert g owns
+//                   sorted rows [offsets[g], offsets[g+1])), perm[row] = slot, row_of_slot[slot] = row;
+//                   equal, integer for integer, to cpu::moe_permute
+//   gather          xp[row] = x[perm[row] / k]
+//   combine_forward out[t] = residual[t] + sum_j weight[t*k+j] * yp[row_of_slot[t*k+j]] (fp32;
+//                   out may alias residual)
+//   combine_backward dyp[row_of_slot[s]] = T(weight[s] * dout[t]);  d_weight[s] = dout[t] . yp[row]
+//   scatter_add     dx[t] = sum_j dxp[row_of_slot[t*k+j]] (fp32, j in order; overwrites dx)
+//   route_backward  dlogits from d_weight (through the renorm) and, when non-null, d_probs_const[e]
+//                   added to every token's probability gradient (the load-balancing loss)
+//   aux_stats       count[x] += slots routed to x; prob_sum[x] += sum_t probs[t, x] (doubles on
+//                   the device, in and out; tokens added in order, as cpu::moe_aux_stats)
+// Deterministic: no atomics; every sum has a fixed order.
+#pragma once
+
+#include "cuda/common.cuh"
+
+namespace megatrain::cuda {
+
+Status moe_route_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool renorm, int32_t* expert, float* weight,
+                         float* probs, cudaStream_t s);
+
+// scratch: moe_permute_scratch_ints(slots, e) int32 of device memory.
+int64_t moe_permute_scratch_ints(int64_t slots, int64_t e);
+// The largest e moe_permute takes (its scan keeps e counters in shared memory).
+inline constexpr int64_t kMoeMaxExperts = 8192;
+Status moe_permute(const int32_t* expert, int64_t slots, int64_t e, int32_t* offsets, int32_t* perm, int32_t* row_of_slot,
+                   int32_t* scratch, cudaStream_t s);
+
+template <typename T>
+Status moe_gather(const T* x, const int32_t* perm, int64_t rows, int64_t k, int64_t h, T* xp, cudaStream_t s);
+
+template <typename T>
+Status moe_combine_forward(const T* yp, const float* weight, const int32_t* row_of_slot, const float* residual, int64_t n,
+                           int64_t k, int64_t h, float* out, cudaStream_t s);
+
+template <typename T>
+Status moe_combine_backward(const T* yp, const float* weight, const int32_t* row_of_slot, const float* dout, int64_t n,
+                            int64_t k, int64_t h, T* dyp, float* d_weight, cudaStream_t s);
+
+Status moe_scatter_add(const float* dxp, const int32_t* row_of_slot, int64_t n, int64_t k, int64_t h, float* dx,
+                       cudaStream_t s);
+
+Status moe_route_backward(const float* probs, const int32_t* expert, const float* weight, const float* d_weight,
+                          const float* d_probs_const, int64_t n, int64_t e, int64_t k, bool renorm, float* dlogits,
+                          cudaStream_t s);
+
+Status moe_aux_stats(const float* probs, const int32_t* offsets, int64_t n, int64_t e, double* count, double* prob_sum,
+                     cudaStream_t s);
+
+}  // namespace megatrain::cuda
