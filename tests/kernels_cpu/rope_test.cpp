@@ -64,8 +64,44 @@ TEST(Rope, Llama3ScalingMatchesHandValues) {
   for (size_t i = 0; i < 64; ++i) EXPECT_NEAR(f.value()[i], inv[i], 2e-6 * inv[i]) << i;
 }
 
+// gpt-oss-120b's yarn (head_dim 64, theta 150000, factor 32, original context 4096, beta 32/1,
+// truncate false): the correction range is [8.0928, 17.3980]; below it the frequencies stay, above
+// it they are divided by the factor, in between they blend. Expected values computed by hand from
+// HF's _compute_yarn_parameters formulas in Python doubles.
+TEST(Rope, YarnAsGptOssConfiguresIt) {
+  RopeConfig c;
+  c.head_dim = 64;
+  c.theta = 150000;
+  c.scaling = RopeScaling::kYarn;
+  c.factor = 32;
+  c.original_max_position_embeddings = 4096;
+  c.beta_fast = 32;
+  c.beta_slow = 1;
+  c.truncate = false;
+  auto inv = rope_inv_freq<double>(c);
+  ASSERT_TRUE(inv.ok()) << inv.status().to_string();
+  const std::pair<int, double> expected[] = {{0, 1.0}, {5, 0.15532298948448497}, {10, 0.019335001126540362},
+                                             {16, 0.00045648391922324086}, {20, 1.818833668168956e-05},
+                                             {31, 3.0235114281192144e-07}};
+  for (const auto& [i, v] : expected) EXPECT_NEAR(inv.value()[static_cast<size_t>(i)], v, 1e-14 * v) << i;
+  EXPECT_DOUBLE_EQ(rope_attention_scaling(c), 0.1 * std::log(32.0) + 1);  // 1.34657...
+  c.attention_factor = 1.25;
+  EXPECT_DOUBLE_EQ(rope_attention_scaling(c), 1.25);
+  // truncate rounds the range out to [8, 18]: index 17 blends instead of being divided fully.
+  c.truncate = true;
+  auto t = rope_inv_freq<double>(c);
+  ASSERT_TRUE(t.ok());
+  const double pf17 = std::pow(150000.0, 34.0 / 64), ramp = (17 - 8.0) / (18 - 8.0);
+  EXPECT_NEAR(t.value()[17], 1 / (32 * pf17) * ramp + 1 / pf17 * (1 - ramp), 1e-14 / pf17);
+  auto f = rope_inv_freq<float>(c);
+  ASSERT_TRUE(f.ok());
+  for (size_t i = 0; i < 32; ++i) EXPECT_NEAR(f.value()[i], t.value()[i], 2e-6 * t.value()[i]) << i;
+  EXPECT_DOUBLE_EQ(rope_attention_scaling(RopeConfig{}), 1.0);
+}
+
 TEST(Rope, RefusesUnsupportedAndInvalidConfigs) {
-  for (const char* t : {"dynamic", "yarn", "longrope", "su"}) {
+  EXPECT_EQ(parse_rope_scaling_type("yarn").value(), RopeScaling::kYarn);
+  for (const char* t : {"dynamic", "longrope", "su"}) {
     auto r = parse_rope_scaling_type(t);
     ASSERT_FALSE(r.ok()) << t;
     EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
