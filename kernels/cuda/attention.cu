@@ -1,8 +1,11 @@
 // Causal GQA attention, memory-efficient by blocks of query rows, with the GEMMs on cuBLAS.
 //
 // Algorithm. For each sequence b and each block of R query rows [r0, r0 + rows), only the keys
-// [0, r0 + rows) can be seen (causal), so the block's scores are an [n_heads, rows, r0 + rows]
-// tensor: at most n_heads x R x seq, never seq x seq. R is chosen from the workspace budget.
+// [k0, r0 + rows) can be seen (causal; k0 = 0, or the first key of the block's first query's
+// sliding window), so the block's scores are an [n_heads, rows, r0 + rows - k0] tensor: at most
+// n_heads x R x seq, never seq x seq. R is chosen from the workspace budget.
+// Sinks (gpt-oss): a per-head logit in every row's softmax denominator with no value, so lse
+// includes it; P = exp(S - lse) then leaves it out, and d sink_h = -sum_rows exp(sink_h - lse) D.
 //
 //   forward   S_h   = scale * Q_h K_g^T                  (cuBLAS, batched over kv heads g; the
 //                                                         query heads h = g * rep + r of a group
@@ -37,38 +40,62 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One block per score row (h, i): S [n_heads, rows, keys] fp32 -> P in T, and lse.
+// One block per score row (h, i): S [n_heads, rows, keys] fp32 -> P in T, and lse. Column c is key
+// k0 + c; query t = r0 + i sees keys (t - window, t] (all of [0, t] without a window). A sink
+// logit (gpt-oss) joins the max and the denominator as a column with no value.
 template <typename T>
 __global__ void softmax_rows(const float* __restrict__ s, T* __restrict__ p, float* __restrict__ lse, int64_t rows,
-                             int64_t keys, int64_t r0, int64_t seq, int64_t lse_base) {
+                             int64_t keys, int64_t r0, int64_t k0, int64_t window, int64_t seq, int64_t lse_base,
+                             const T* __restrict__ sinks) {
   __shared__ float red[kThreads / 32 + 1];  // softmax_rows runs in blocks of kThreads
   const int64_t row = blockIdx.x;  // h * rows + i
-  const int64_t h = row / rows, i = row % rows;
-  const int64_t visible = r0 + i + 1;  // keys j <= r0 + i
+  const int64_t h = row / rows, i = row % rows, t = r0 + i;
+  // The visible columns [c0, c1): keys max(k0, t - window + 1) .. t.
+  const int64_t c0 = window > 0 ? max(t - window + 1, k0) - k0 : 0, c1 = t + 1 - k0;
   const float* sr = s + row * keys;
   T* pr = p + row * keys;
+  const float sink = sinks != nullptr ? to_f(sinks[h]) : -INFINITY;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, sr[j]);
-  m = block_reduce<kThreads>(m, -INFINITY, MaxOp{}, red);
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) m = fmaxf(m, sr[c]);
+  m = fmaxf(block_reduce<kThreads>(m, -INFINITY, MaxOp{}, red), sink);
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) sum += expf(sr[j] - m);
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) sum += expf(sr[c] - m);
   sum = block_reduce<kThreads>(sum, 0.0f, SumOp{}, red);
+  if (sinks != nullptr) sum += expf(sink - m);
   const float inv = 1.0f / sum;
-  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) pr[j] = from_f<T>(j < visible ? expf(sr[j] - m) * inv : 0.0f);
-  if (threadIdx.x == 0) lse[lse_base + h * seq + r0 + i] = m + logf(sum);
+  for (int64_t c = threadIdx.x; c < keys; c += blockDim.x) pr[c] = from_f<T>(c >= c0 && c < c1 ? expf(sr[c] - m) * inv : 0.0f);
+  if (threadIdx.x == 0) lse[lse_base + h * seq + t] = m + logf(sum);
 }
 
-// P = exp(S - lse) on the visible keys, 0 above the diagonal.
+// P = exp(S - lse) on the visible keys, 0 elsewhere.
 template <typename T>
 __global__ void probs_from_lse(const float* __restrict__ s, const float* __restrict__ lse, T* __restrict__ p,
-                               int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t seq, int64_t lse_base) {
+                               int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0, int64_t window, int64_t seq,
+                               int64_t lse_base) {
   const int64_t total = n_heads * rows * keys;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = e % keys, i = (e / keys) % rows, h = e / (rows * keys);
-    const float l = lse[lse_base + h * seq + r0 + i];
-    p[e] = from_f<T>(j <= r0 + i ? expf(s[e] - l) : 0.0f);
+    const int64_t j = k0 + e % keys, i = (e / keys) % rows, h = e / (rows * keys), t = r0 + i;
+    const float l = lse[lse_base + h * seq + t];
+    p[e] = from_f<T>(attention_visible(t, j, window) ? expf(s[e] - l) : 0.0f);
   }
+}
+
+// d_sinks[h] += sum over (b, t) of -exp(sink_h - lse) * D: one block per head, each thread a fixed
+// stride of rows in order, then a fixed tree (deterministic, no atomics).
+template <typename T>
+__global__ void sink_grad(const T* __restrict__ sinks, const float* __restrict__ lse, const float* __restrict__ drow,
+                          int64_t batch, int64_t n_heads, int64_t seq, float* __restrict__ d_sinks) {
+  __shared__ float red[kThreads / 32 + 1];
+  const int64_t h = blockIdx.x;
+  const float sink = to_f(sinks[h]);
+  float acc = 0.0f;
+  for (int64_t r = threadIdx.x; r < batch * seq; r += blockDim.x) {
+    const int64_t b = r / seq, t = r % seq, at = (b * n_heads + h) * seq + t;
+    acc += -expf(sink - lse[at]) * drow[at];
+  }
+  acc = block_reduce<kThreads>(acc, 0.0f, SumOp{}, red);
+  if (threadIdx.x == 0) d_sinks[h] += acc;
 }
 
 // dS = P * (dP - D) * scale, in place over P.
@@ -119,17 +146,24 @@ struct GpuOps {
               int64_t ldb, int64_t sb, float beta, C* c, int64_t ldc, int64_t sc, int64_t batch) {
     return gemm_strided_batched<A, C>(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
   }
-  Status softmax_rows(const float* sc, T* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t seq,
-                      int64_t lse_base) {
-    cuda::softmax_rows<T><<<static_cast<unsigned>(n_heads * rows), kThreads, 0, s>>>(sc, p, lse, rows, keys, r0, seq, lse_base);
+  Status softmax_rows(const float* sc, T* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0,
+                      int64_t window, int64_t seq, int64_t lse_base, const T* sinks) {
+    cuda::softmax_rows<T><<<static_cast<unsigned>(n_heads * rows), kThreads, 0, s>>>(sc, p, lse, rows, keys, r0, k0, window, seq,
+                                                                                     lse_base, sinks);
     MT_CUDA_LAUNCH_CHECK("attention softmax_rows");
     return {};
   }
   Status probs_from_lse(const float* sc, const float* lse, T* p, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
-                        int64_t seq, int64_t lse_base) {
-    cuda::probs_from_lse<T><<<grid_for(n_heads * rows * keys), kThreads, 0, s>>>(sc, lse, p, n_heads, rows, keys, r0, seq,
-                                                                                   lse_base);
+                        int64_t k0, int64_t window, int64_t seq, int64_t lse_base) {
+    cuda::probs_from_lse<T><<<grid_for(n_heads * rows * keys), kThreads, 0, s>>>(sc, lse, p, n_heads, rows, keys, r0, k0, window,
+                                                                                   seq, lse_base);
     MT_CUDA_LAUNCH_CHECK("attention probs_from_lse");
+    return {};
+  }
+  Status sink_grad(const T* sinks, const float* lse, const float* drow, int64_t batch, int64_t n_heads, int64_t seq,
+                   float* d_sinks) {
+    cuda::sink_grad<T><<<static_cast<unsigned>(n_heads), kThreads, 0, s>>>(sinks, lse, drow, batch, n_heads, seq, d_sinks);
+    MT_CUDA_LAUNCH_CHECK("attention sink_grad");
     return {};
   }
   Status scores_grad(T* p_ds, const float* dp, const float* drow, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
@@ -171,33 +205,32 @@ Regions carve(const AttnDims& d, int64_t rows, void* workspace) {
 
 template <typename T>
 Status attention_forward(cublasHandle_t h, const AttnDims& d, const T* q, const T* k, const T* v, T* out, float* lse,
-                         void* workspace, int64_t rows_per_block, cudaStream_t s) {
+                         void* workspace, int64_t rows_per_block, cudaStream_t s, const T* sinks) {
   MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
   const Regions w = carve(d, std::min(rows_per_block, d.seq), workspace);
   GpuOps<T> ops{h, s};
-  return attention_forward_schedule<T>(ops, d, q, k, v, out, lse, w.s, static_cast<T*>(w.p), rows_per_block);
+  return attention_forward_schedule<T>(ops, d, q, k, v, out, lse, w.s, static_cast<T*>(w.p), rows_per_block, sinks);
 }
 
 template <typename T>
 Status attention_backward(cublasHandle_t h, const AttnDims& d, const T* q, const T* k, const T* v, const T* out,
                           const T* dout, const float* lse, float* dq, float* dk, float* dv, void* workspace,
-                          int64_t rows_per_block, cudaStream_t s) {
+                          int64_t rows_per_block, cudaStream_t s, const T* sinks, float* d_sinks) {
   MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
   const Regions w = carve(d, std::min(rows_per_block, d.seq), workspace);
   GpuOps<T> ops{h, s};
   return attention_backward_schedule<T>(ops, d, q, k, v, out, dout, lse, dq, dk, dv, w.s, static_cast<T*>(w.p), w.drow,
-                                        rows_per_block);
+                                        rows_per_block, sinks, d_sinks);
 }
 
-template Status attention_forward<float>(cublasHandle_t, const AttnDims&, const float*, const float*, const float*, float*,
-                                         float*, void*, int64_t, cudaStream_t);
-template Status attention_forward<bf16>(cublasHandle_t, const AttnDims&, const bf16*, const bf16*, const bf16*, bf16*,
-                                        float*, void*, int64_t, cudaStream_t);
-template Status attention_backward<float>(cublasHandle_t, const AttnDims&, const float*, const float*, const float*,
-                                          const float*, const float*, const float*, float*, float*, float*, void*, int64_t,
-                                          cudaStream_t);
-template Status attention_backward<bf16>(cublasHandle_t, const AttnDims&, const bf16*, const bf16*, const bf16*,
-                                         const bf16*, const bf16*, const float*, float*, float*, float*, void*, int64_t,
-                                         cudaStream_t);
+#define MT_INSTANTIATE(T)                                                                                             \
+  template Status attention_forward<T>(cublasHandle_t, const AttnDims&, const T*, const T*, const T*, T*, float*, void*,    \
+                                       int64_t, cudaStream_t, const T*);                                                    \
+  template Status attention_backward<T>(cublasHandle_t, const AttnDims&, const T*, const T*, const T*, const T*, const T*, \
+                                        const float*, float*, float*, float*, void*, int64_t, cudaStream_t, const T*,     \
+                                        float*);
+MT_INSTANTIATE(float)
+MT_INSTANTIATE(bf16)
+#undef MT_INSTANTIATE
 
 }  // namespace megatrain::cuda

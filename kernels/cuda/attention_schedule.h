@@ -7,10 +7,16 @@
 // Ops provides, all row-major with leading dimensions and batch strides in elements:
 //   gemm<A, C>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch)
 //       c[i] = alpha * op(a[i]) op(b[i]) + beta * c[i] for each of `batch` problems
-//   softmax_rows(s, p, lse, n_heads, rows, keys, r0, seq, lse_base)
-//       per score row (h, i) of s [n_heads, rows, keys]: softmax over keys j <= r0 + i into p (0
-//       beyond), and lse[lse_base + h * seq + r0 + i] = max + log(sum)
-//   probs_from_lse(s, lse, p, n_heads, rows, keys, r0, seq, lse_base)    p = exp(s - lse), causal
+//   softmax_rows(s, p, lse, n_heads, rows, keys, r0, k0, window, seq, lse_base, sinks)
+//       per score row (h, i) of s [n_heads, rows, keys], whose column c is key j = k0 + c: softmax
+//       over the keys the query t = r0 + i sees (visible(t, j, window) below) into p (0 elsewhere),
+//       with the sink logit sinks[h] in the denominator when sinks is not null (a column with no
+//       value), and lse[lse_base + h * seq + t] = max + log(sum), the sink included
+//   probs_from_lse(s, lse, p, n_heads, rows, keys, r0, k0, window, seq, lse_base)
+//       p = exp(s - lse) on the visible keys, 0 elsewhere
+//   sink_grad(sinks, lse, drow, batch, n_heads, seq, d_sinks)
+//       d_sinks[h] += sum over (b, t) of -exp(sinks[h] - lse[b, h, t]) * drow[b, h, t]: the sink's
+//       probability times (0 - D), its logit having no value row (a fixed order per head)
 //   scores_grad(p_ds, dp, drow, n_heads, rows, keys, r0, seq, d_base, scale)
 //       p_ds = p_ds * (dp - drow[d_base + h * seq + r0 + i]) * scale, in place
 //   row_dot(dout, out, drow, batch, seq, n_heads, head_dim)
@@ -21,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "megatrain/core/status.h"
 
@@ -28,7 +35,19 @@ namespace megatrain::cuda {
 
 struct AttnDims {
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  // The sliding window (gpt-oss, Mistral): query t sees key j when t - window < j <= t; 0 for the
+  // whole causal prefix. It does not change the workspace (a block never has more keys than seq).
+  int64_t window = 0;
 };
+
+// Whether query t sees key j (host and device), and the first key a block of queries from r0 sees.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline bool attention_visible(int64_t t, int64_t j, int64_t window) {
+  return j <= t && (window <= 0 || j > t - window);
+}
+inline int64_t attention_first_key(int64_t r0, int64_t window) { return window > 0 ? std::max<int64_t>(0, r0 - window + 1) : 0; }
 
 // Bytes of workspace forward and backward need with `rows` query rows per block: S (fp32) and
 // P/dS (sized for fp32 so that one size serves both paths), then the D rows; 256-byte aligned.
@@ -51,13 +70,17 @@ inline Status check_attention(const AttnDims& d, int64_t rows) {
   if (d.batch <= 0 || d.seq <= 0 || d.n_heads <= 0 || d.n_kv_heads <= 0 || d.head_dim <= 0 || d.n_heads % d.n_kv_heads != 0)
     return invalid_argument("attention: batch, seq, heads and head_dim must be positive and n_kv_heads must divide n_heads");
   if (rows <= 0) return invalid_argument("attention: the block of query rows must be positive");
+  if (d.window < 0) return invalid_argument("attention: window " + std::to_string(d.window) + "; accepted: 0 (none) or positive");
   return {};
 }
 
-// s: fp32 scores of one block [n_heads, rows, keys]; p: T probabilities of the same shape.
+// s: fp32 scores of one block [n_heads, rows, keys]; p: T probabilities of the same shape. A block
+// of queries [r0, r0 + rows) reads keys [k0, r0 + rows): k0 = 0 without a window, else the first
+// key its first query sees, so a sliding window costs rows x (rows + window) per head, not rows x
+// r0. sinks [n_heads] (T, or null): gpt-oss's per-head sink logits.
 template <typename T, typename Ops>
 Status attention_forward_schedule(Ops& ops, const AttnDims& d, const T* q, const T* k, const T* v, T* out, float* lse,
-                                  float* s, T* p, int64_t rows_per_block) {
+                                  float* s, T* p, int64_t rows_per_block, const T* sinks = nullptr) {
   MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
   const int64_t rep = d.n_heads / d.n_kv_heads, hd = d.head_dim, seq = d.seq;
   const int64_t qld = d.n_heads * hd, kld = d.n_kv_heads * hd;
@@ -66,31 +89,33 @@ Status attention_forward_schedule(Ops& ops, const AttnDims& d, const T* q, const
     const T* kb = k + b * seq * kld;
     const T* vb = v + b * seq * kld;
     for (int64_t r0 = 0; r0 < seq; r0 += rows_per_block) {
-      const int64_t rows = std::min(rows_per_block, seq - r0), keys = r0 + rows;  // causal: keys < r0 + rows
-      const int64_t hb = rows * keys;                                            // one head's scores
+      const int64_t rows = std::min(rows_per_block, seq - r0);
+      const int64_t k0 = attention_first_key(r0, d.window), keys = r0 + rows - k0;  // causal: keys < r0 + rows
+      const int64_t hb = rows * keys;                                                // one head's scores
       // Query head h = g * rep + r reads kv head g: for a fixed r, the heads of all groups are
       // rep * head_dim apart in q and head_dim apart in k, so one batched GEMM covers them.
       for (int64_t r = 0; r < rep; ++r) {
         const T* qh = q + (b * seq + r0) * qld + r * hd;
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kb, kld, hd, 0.0f,
-                                                        s + r * hb, keys, rep * hb, d.n_kv_heads)));
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kb + k0 * kld, kld,
+                                                        hd, 0.0f, s + r * hb, keys, rep * hb, d.n_kv_heads)));
       }
-      MT_RETURN_IF_ERROR(ops.softmax_rows(s, p, lse, d.n_heads, rows, keys, r0, seq, b * d.n_heads * seq));
+      MT_RETURN_IF_ERROR(ops.softmax_rows(s, p, lse, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq, sinks));
       for (int64_t r = 0; r < rep; ++r) {
         T* oh = out + (b * seq + r0) * qld + r * hd;
-        MT_RETURN_IF_ERROR((ops.template gemm<T, T>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, vb, kld, hd,
-                                                    0.0f, oh, qld, rep * hd, d.n_kv_heads)));
+        MT_RETURN_IF_ERROR((ops.template gemm<T, T>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, vb + k0 * kld,
+                                                    kld, hd, 0.0f, oh, qld, rep * hd, d.n_kv_heads)));
       }
     }
   }
   return {};
 }
 
-// drow: [batch, n_heads, seq] fp32.
+// drow: [batch, n_heads, seq] fp32. With sinks (the forward's, whose lse includes them), their
+// gradient is added into d_sinks [n_heads] (fp32).
 template <typename T, typename Ops>
 Status attention_backward_schedule(Ops& ops, const AttnDims& d, const T* q, const T* k, const T* v, const T* out,
                                    const T* dout, const float* lse, float* dq, float* dk, float* dv, float* s, T* p,
-                                   float* drow, int64_t rows_per_block) {
+                                   float* drow, int64_t rows_per_block, const T* sinks = nullptr, float* d_sinks = nullptr) {
   MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
   const int64_t rep = d.n_heads / d.n_kv_heads, hd = d.head_dim, seq = d.seq;
   const int64_t qld = d.n_heads * hd, kld = d.n_kv_heads * hd;
@@ -98,39 +123,48 @@ Status attention_backward_schedule(Ops& ops, const AttnDims& d, const T* q, cons
   MT_RETURN_IF_ERROR(ops.zero(dk, d.batch * seq * kld));
   MT_RETURN_IF_ERROR(ops.zero(dv, d.batch * seq * kld));
   MT_RETURN_IF_ERROR(ops.row_dot(dout, out, drow, d.batch, seq, d.n_heads, hd));
+  if (sinks != nullptr) {
+    if (d_sinks == nullptr) return invalid_argument("attention backward: sinks need their gradient d_sinks");
+    MT_RETURN_IF_ERROR(ops.sink_grad(sinks, lse, drow, d.batch, d.n_heads, seq, d_sinks));
+  }
   for (int64_t b = 0; b < d.batch; ++b) {
     const T* kb = k + b * seq * kld;
     const T* vb = v + b * seq * kld;
     float* dkb = dk + b * seq * kld;
     float* dvb = dv + b * seq * kld;
     for (int64_t r0 = 0; r0 < seq; r0 += rows_per_block) {
-      const int64_t rows = std::min(rows_per_block, seq - r0), keys = r0 + rows;
+      const int64_t rows = std::min(rows_per_block, seq - r0);
+      const int64_t k0 = attention_first_key(r0, d.window), keys = r0 + rows - k0;
       const int64_t hb = rows * keys;
+      const T* kw = kb + k0 * kld;  // the block's first key and value rows, and their gradients
+      const T* vw = vb + k0 * kld;
+      float* dkw = dkb + k0 * kld;
+      float* dvw = dvb + k0 * kld;
       for (int64_t r = 0; r < rep; ++r) {  // the scores again
         const T* qh = q + (b * seq + r0) * qld + r * hd;
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kb, kld, hd, 0.0f,
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kw, kld, hd, 0.0f,
                                                         s + r * hb, keys, rep * hb, d.n_kv_heads)));
       }
-      MT_RETURN_IF_ERROR(ops.probs_from_lse(s, lse, p, d.n_heads, rows, keys, r0, seq, b * d.n_heads * seq));
+      MT_RETURN_IF_ERROR(ops.probs_from_lse(s, lse, p, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq));
       for (int64_t r = 0; r < rep; ++r) {
         const T* doh = dout + (b * seq + r0) * qld + r * hd;
         // dP_h = dO_h V_g^T, over the scores (no longer needed)
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, 1.0f, doh, qld, rep * hd, vb, kld, hd, 0.0f,
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, 1.0f, doh, qld, rep * hd, vw, kld, hd, 0.0f,
                                                         s + r * hb, keys, rep * hb, d.n_kv_heads)));
         // dV_g += P_h^T dO_h (heads r of a group in order)
         MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb, doh, qld,
-                                                        rep * hd, 1.0f, dvb, kld, hd, d.n_kv_heads)));
+                                                        rep * hd, 1.0f, dvw, kld, hd, d.n_kv_heads)));
       }
       MT_RETURN_IF_ERROR(ops.scores_grad(p, s, drow, d.n_heads, rows, keys, r0, seq, b * d.n_heads * seq, scale));
       for (int64_t r = 0; r < rep; ++r) {
         const T* qh = q + (b * seq + r0) * qld + r * hd;
         float* dqh = dq + (b * seq + r0) * qld + r * hd;
         // dQ_h = dS_h K_g
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, kb, kld, hd,
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, kw, kld, hd,
                                                         0.0f, dqh, qld, rep * hd, d.n_kv_heads)));
         // dK_g += dS_h^T Q_h
         MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb, qh, qld,
-                                                        rep * hd, 1.0f, dkb, kld, hd, d.n_kv_heads)));
+                                                        rep * hd, 1.0f, dkw, kld, hd, d.n_kv_heads)));
       }
     }
   }

@@ -27,8 +27,8 @@ __global__ void __launch_bounds__(kThreads) accumulate_kernel(const float* src, 
     dst[i] = __fadd_rn(dst[i], src[i]);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) add_bias_kernel(T* y, const T* bias, int64_t total, int64_t cols) {
+template <typename T, typename B>
+__global__ void __launch_bounds__(kThreads) add_bias_kernel(T* y, const B* bias, int64_t total, int64_t cols) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total; i += stride)
     y[i] = from_f<T>(__fadd_rn(to_f(y[i]), to_f(bias[i % cols])));
@@ -50,16 +50,17 @@ Status accumulate(const float* src, int64_t n, float* dst, cudaStream_t s) {
   return {};
 }
 
-template <typename T>
-Status add_bias(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream_t s) {
+template <typename T, typename B>
+Status add_bias(T* y, const B* bias, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return {};
   const int64_t total = rows * cols;
-  add_bias_kernel<T><<<stride_grid<kThreads>(total), kThreads, 0, s>>>(y, bias, total, cols);
+  add_bias_kernel<T, B><<<stride_grid<kThreads>(total), kThreads, 0, s>>>(y, bias, total, cols);
   MT_CUDA_LAUNCH_CHECK("add_bias");
   return {};
 }
 
-template Status add_bias<float>(float*, const float*, int64_t, int64_t, cudaStream_t);
-template Status add_bias<bf16>(bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
+template Status add_bias<float, float>(float*, const float*, int64_t, int64_t, cudaStream_t);
+template Status add_bias<bf16, bf16>(bf16*, const bf16*, int64_t, int64_t, cudaStream_t);
+template Status add_bias<float, bf16>(float*, const bf16*, int64_t, int64_t, cudaStream_t);
 
 }  // namespace megatrain::cuda

@@ -202,11 +202,65 @@ Status grouped_linear_backward_weight(cublasHandle_t h, const T* dy, const T* x,
   return run_grouped<T, float>(h, true, false, 1.0f, 1.0f, ps, dev_ptrs);
 }
 
+// gpt-oss's stacked experts, W_g [in, out] (x @ W): the same problems with the weight's transpose
+// flag flipped and its leading dimension `out`.
+template <typename T, typename Y>
+Status grouped_matmul_forward(cublasHandle_t h, const T* x, const T* w, int64_t w_stride, const int32_t* offsets, int64_t e,
+                              int64_t in, int64_t out, Y* y, float beta, void** dev_ptrs) {
+  MT_RETURN_IF_ERROR(check_sizes("grouped_matmul_forward", e, in, out, offsets));
+  if (in == 0 || out == 0) return {};
+  std::vector<Problem> ps;
+  for (int64_t g = 0; g < e; ++g) {
+    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+    if (rows == 0) continue;
+    // y_g[rows, out] = x_g[rows, in] W_g[in, out]
+    ps.push_back(Problem{static_cast<int>(rows), static_cast<int>(out), static_cast<int>(in), x + r0 * in, static_cast<int>(in),
+                         w + g * w_stride, static_cast<int>(out), y + r0 * out, static_cast<int>(out)});
+  }
+  return run_grouped<T, Y>(h, false, false, 1.0f, beta, ps, dev_ptrs);
+}
+
+template <typename T, typename DX>
+Status grouped_matmul_backward_data(cublasHandle_t h, const T* dy, const T* w, int64_t w_stride, const int32_t* offsets,
+                                    int64_t e, int64_t in, int64_t out, DX* dx, bool accumulate, void** dev_ptrs) {
+  MT_RETURN_IF_ERROR(check_sizes("grouped_matmul_backward_data", e, in, out, offsets));
+  if (in == 0) return {};
+  std::vector<Problem> ps;
+  for (int64_t g = 0; g < e; ++g) {
+    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+    if (rows == 0) continue;
+    // dx_g[rows, in] = dy_g[rows, out] W_g[in, out]^T
+    ps.push_back(Problem{static_cast<int>(rows), static_cast<int>(in), static_cast<int>(out), dy + r0 * out,
+                         static_cast<int>(out), w + g * w_stride, static_cast<int>(out), dx + r0 * in, static_cast<int>(in)});
+  }
+  return run_grouped<T, DX>(h, false, true, 1.0f, accumulate ? 1.0f : 0.0f, ps, dev_ptrs);
+}
+
+template <typename T>
+Status grouped_matmul_backward_weight(cublasHandle_t h, const T* dy, const T* x, const int32_t* offsets, int64_t e, int64_t in,
+                                      int64_t out, float* dw, int64_t dw_stride, void** dev_ptrs) {
+  MT_RETURN_IF_ERROR(check_sizes("grouped_matmul_backward_weight", e, in, out, offsets));
+  if (in == 0 || out == 0) return {};
+  std::vector<Problem> ps;
+  for (int64_t g = 0; g < e; ++g) {
+    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
+    if (rows == 0) continue;
+    // dW_g[in, out] += x_g[rows, in]^T dy_g[rows, out]
+    ps.push_back(Problem{static_cast<int>(in), static_cast<int>(out), static_cast<int>(rows), x + r0 * in, static_cast<int>(in),
+                         dy + r0 * out, static_cast<int>(out), dw + g * dw_stride, static_cast<int>(out)});
+  }
+  return run_grouped<T, float>(h, true, false, 1.0f, 1.0f, ps, dev_ptrs);
+}
+
 #define MT_GROUPED_INSTANTIATE(T, C)                                                                                    \
   template std::string grouped_gemm_path<T, C>();                                                                      \
   template Status grouped_linear_forward<T, C>(cublasHandle_t, const T*, const T*, int64_t, const int32_t*, int64_t,   \
                                                int64_t, int64_t, C*, float, void**);                                   \
   template Status grouped_linear_backward_data<T, C>(cublasHandle_t, const T*, const T*, int64_t, const int32_t*,      \
+                                                     int64_t, int64_t, int64_t, C*, bool, void**);                     \
+  template Status grouped_matmul_forward<T, C>(cublasHandle_t, const T*, const T*, int64_t, const int32_t*, int64_t,   \
+                                               int64_t, int64_t, C*, float, void**);                                   \
+  template Status grouped_matmul_backward_data<T, C>(cublasHandle_t, const T*, const T*, int64_t, const int32_t*,      \
                                                      int64_t, int64_t, int64_t, C*, bool, void**);
 MT_GROUPED_INSTANTIATE(float, float)
 MT_GROUPED_INSTANTIATE(bf16, bf16)
@@ -215,6 +269,10 @@ MT_GROUPED_INSTANTIATE(bf16, float)
 template Status grouped_linear_backward_weight<float>(cublasHandle_t, const float*, const float*, const int32_t*, int64_t,
                                                       int64_t, int64_t, float*, int64_t, void**);
 template Status grouped_linear_backward_weight<bf16>(cublasHandle_t, const bf16*, const bf16*, const int32_t*, int64_t,
+                                                     int64_t, int64_t, float*, int64_t, void**);
+template Status grouped_matmul_backward_weight<float>(cublasHandle_t, const float*, const float*, const int32_t*, int64_t,
+                                                      int64_t, int64_t, float*, int64_t, void**);
+template Status grouped_matmul_backward_weight<bf16>(cublasHandle_t, const bf16*, const bf16*, const int32_t*, int64_t,
                                                      int64_t, int64_t, float*, int64_t, void**);
 
 }  // namespace megatrain::cuda

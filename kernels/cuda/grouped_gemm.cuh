@@ -35,6 +35,20 @@ template <typename T>
 Status grouped_linear_backward_weight(cublasHandle_t h, const T* dy, const T* x, const int32_t* offsets, int64_t e, int64_t in,
                                       int64_t out, float* dw, int64_t dw_stride, void** dev_ptrs);
 
+// gpt-oss's stacked experts: W_g [in, out] at w + g * w_stride (x @ W, not x W^T), dW_g likewise.
+//   forward         y_g (= | +=, beta) x_g W_g      (beta 1 over a y pre-filled with the biases)
+//   backward_data   dx_g (= | +=) dy_g W_g^T
+//   backward_weight dW_g += x_g^T dy_g              (fp32, accumulated)
+template <typename T, typename Y>
+Status grouped_matmul_forward(cublasHandle_t h, const T* x, const T* w, int64_t w_stride, const int32_t* offsets, int64_t e,
+                              int64_t in, int64_t out, Y* y, float beta, void** dev_ptrs);
+template <typename T, typename DX>
+Status grouped_matmul_backward_data(cublasHandle_t h, const T* dy, const T* w, int64_t w_stride, const int32_t* offsets,
+                                    int64_t e, int64_t in, int64_t out, DX* dx, bool accumulate, void** dev_ptrs);
+template <typename T>
+Status grouped_matmul_backward_weight(cublasHandle_t h, const T* dy, const T* x, const int32_t* offsets, int64_t e, int64_t in,
+                                      int64_t out, float* dw, int64_t dw_stride, void** dev_ptrs);
+
 // How the grouped GEMMs of the (input, output) type pair `T -> C` ran so far: "not used yet",
 // "cublasGemmGroupedBatchedEx", or "one cublasGemmEx per expert (...why)". Instantiated for
 // (float, float), (bf16, bf16) and (bf16, float).

@@ -271,4 +271,58 @@ MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)
 #undef MT_INSTANTIATE
 
+namespace {
+
+// Expert g (blockIdx.y) owns sorted rows [offsets[g], offsets[g+1]); each thread one column,
+// its rows in order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    expert_bias_fill_kernel(T* y, const T* bias, int64_t b_stride, const int32_t* offsets, int64_t cols) {
+  const int64_t g = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols) return;
+  const T b = bias[g * b_stride + c];
+  for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) y[r * cols + c] = b;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    expert_bias_grad_kernel(const T* dy, const int32_t* offsets, int64_t cols, float* db, int64_t db_stride) {
+  const int64_t g = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= cols || offsets[g + 1] == offsets[g]) return;  // an expert with no rows is not touched
+  float acc = 0.0f;
+  for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) acc = __fadd_rn(acc, to_f(dy[r * cols + c]));
+  db[g * db_stride + c] = __fadd_rn(db[g * db_stride + c], acc);
+}
+
+}  // namespace
+
+template <typename T>
+Status moe_expert_bias_fill(T* y, const T* bias, int64_t b_stride, const int32_t* offsets, int64_t e, int64_t cols,
+                            cudaStream_t s) {
+  if (e <= 0 || cols <= 0) return {};
+  const dim3 grid(static_cast<unsigned int>((cols + kThreads - 1) / kThreads), static_cast<unsigned int>(e));
+  expert_bias_fill_kernel<T><<<grid, kThreads, 0, s>>>(y, bias, b_stride, offsets, cols);
+  MT_CUDA_LAUNCH_CHECK("moe_expert_bias_fill");
+  return {};
+}
+
+template <typename T>
+Status moe_expert_bias_grad(const T* dy, const int32_t* offsets, int64_t e, int64_t cols, float* db, int64_t db_stride,
+                            cudaStream_t s) {
+  if (e <= 0 || cols <= 0) return {};
+  const dim3 grid(static_cast<unsigned int>((cols + kThreads - 1) / kThreads), static_cast<unsigned int>(e));
+  expert_bias_grad_kernel<T><<<grid, kThreads, 0, s>>>(dy, offsets, cols, db, db_stride);
+  MT_CUDA_LAUNCH_CHECK("moe_expert_bias_grad");
+  return {};
+}
+
+#define MT_INSTANTIATE_BIAS(T)                                                                                  \
+  template Status moe_expert_bias_fill<T>(T*, const T*, int64_t, const int32_t*, int64_t, int64_t, cudaStream_t); \
+  template Status moe_expert_bias_grad<T>(const T*, const int32_t*, int64_t, int64_t, float*, int64_t, cudaStream_t);
+MT_INSTANTIATE_BIAS(float)
+MT_INSTANTIATE_BIAS(bf16)
+#undef MT_INSTANTIATE_BIAS
+
 }  // namespace megatrain::cuda

@@ -1,4 +1,4 @@
-// The Mixture-of-Experts ops on the GPU (Mixtral, Qwen3-MoE), the counterparts of
+// The Mixture-of-Experts ops on the GPU (Mixtral, Qwen3-MoE, gpt-oss), the counterparts of
 // kernels/cpu/moe.h; the expert GEMMs are in grouped_gemm.cuh. See moe.cu.
 //
 // Shapes: n tokens, e experts, k chosen per token, slots = n * k (slot t*k + j is token t's j-th
@@ -55,5 +55,17 @@ Status moe_route_backward(const float* probs, const int32_t* expert, const float
 
 Status moe_aux_stats(const float* probs, const int32_t* offsets, int64_t n, int64_t e, double* count, double* prob_sum,
                      cudaStream_t s);
+
+// gpt-oss's expert biases over the sorted rows (offsets on the DEVICE, e + 1 entries):
+//   bias_fill  y[r, :] = bias_g for every row r of expert g (the grouped GEMM's initial C, beta 1,
+//              as the CPU op and torch's addmm have it); bias_g = bias + g * b_stride
+//   bias_grad  db_g[c] += sum over expert g's rows r, in order, of dy[r, c] (fp32; an expert with no
+//              rows is not touched); db_g = db + g * db_stride
+template <typename T>
+Status moe_expert_bias_fill(T* y, const T* bias, int64_t b_stride, const int32_t* offsets, int64_t e, int64_t cols,
+                            cudaStream_t s);
+template <typename T>
+Status moe_expert_bias_grad(const T* dy, const int32_t* offsets, int64_t e, int64_t cols, float* db, int64_t db_stride,
+                            cudaStream_t s);
 
 }  // namespace megatrain::cuda

@@ -4,7 +4,8 @@
 // i = q % (d/2), th = q / (d/2) (token * n_heads + head), token = th / n_heads; a grid-stride loop
 // over q (int64) covers any size with a capped grid. The thread reads x[i] and x[i + d/2] of its
 // (token, head) row, computes angle = float(positions[token]) * inv_freq[i] in fp32, cos/sin with
-// the accurate sincosf (not the __sinf/__cosf intrinsics), and writes both elements back:
+// the accurate sincosf (not the __sinf/__cosf intrinsics), multiplies both by `scale` (yarn's
+// attention factor, as the CPU op does; 1 otherwise), and writes both elements back:
 //   forward   x[i] = a cos + (-b) sin;   x[i+d/2] = b cos + a sin
 //   backward  x[i] = a cos + b sin;      x[i+d/2] = b cos + (-a) sin       (rotation by -angle)
 // Each element is read and written by exactly one thread, so in place is safe and the result is
@@ -21,7 +22,8 @@ constexpr int kThreads = 256;
 
 template <typename T, bool kBackward>
 __global__ void __launch_bounds__(kThreads)
-    rope_kernel(T* x, const int32_t* positions, int64_t n_heads, int64_t head_dim, const float* inv_freq, int64_t total) {
+    rope_kernel(T* x, const int32_t* positions, int64_t n_heads, int64_t head_dim, const float* inv_freq, float scale,
+                int64_t total) {
   const int64_t half = head_dim / 2;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; q < total; q += stride) {
@@ -31,6 +33,8 @@ __global__ void __launch_bounds__(kThreads)
     const float angle = __fmul_rn(static_cast<float>(positions[token]), inv_freq[i]);
     float sn, cs;
     sincosf(angle, &sn, &cs);
+    sn = __fmul_rn(sn, scale);  // yarn's attention factor on cos and sin (1: exact, no change)
+    cs = __fmul_rn(cs, scale);
     T* xa = x + th * head_dim + i;
     T* xb = xa + half;
     const float a = to_f(*xa);
@@ -52,11 +56,11 @@ __global__ void __launch_bounds__(kThreads)
 // head_dim is even (rope_inv_freq refuses odd ones); an odd last element would be left untouched.
 template <typename T, bool kBackward>
 Status rope_apply(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                  const float* inv_freq, cudaStream_t s) {
+                  const float* inv_freq, float scale, cudaStream_t s) {
   if (n_tokens <= 0 || n_heads <= 0 || head_dim < 2) return {};
   const int64_t total = n_tokens * n_heads * (head_dim / 2);
   rope_kernel<T, kBackward><<<stride_grid<kThreads>(total), kThreads, 0, s>>>(x, positions, n_heads, head_dim, inv_freq,
-                                                                             total);
+                                                                             scale, total);
   if constexpr (kBackward)
     MT_CUDA_LAUNCH_CHECK("rope_backward");
   else
@@ -68,19 +72,19 @@ Status rope_apply(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_he
 
 template <typename T>
 Status rope_forward(T* x, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                    const float* inv_freq, cudaStream_t s) {
-  return rope_apply<T, false>(x, positions, n_tokens, n_heads, head_dim, inv_freq, s);
+                    const float* inv_freq, cudaStream_t s, float scale) {
+  return rope_apply<T, false>(x, positions, n_tokens, n_heads, head_dim, inv_freq, scale, s);
 }
 
 template <typename T>
 Status rope_backward(T* dx, const int32_t* positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
-                     const float* inv_freq, cudaStream_t s) {
-  return rope_apply<T, true>(dx, positions, n_tokens, n_heads, head_dim, inv_freq, s);
+                     const float* inv_freq, cudaStream_t s, float scale) {
+  return rope_apply<T, true>(dx, positions, n_tokens, n_heads, head_dim, inv_freq, scale, s);
 }
 
 #define MT_INSTANTIATE(T)                                                                                       \
-  template Status rope_forward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const float*, cudaStream_t); \
-  template Status rope_backward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const float*, cudaStream_t);
+  template Status rope_forward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const float*, cudaStream_t, float); \
+  template Status rope_backward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, const float*, cudaStream_t, float);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)
 #undef MT_INSTANTIATE

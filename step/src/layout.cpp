@@ -12,7 +12,7 @@ namespace {
 
 struct Shape {
   int64_t B, T, N, H, I, nh, nkv, hd, q, kv, V;
-  bool qk_norm, moe, sinks;
+  bool qk_norm, moe, sinks, gpt_oss;  // gpt_oss: the experts' gate and up interleaved in one gate_up
   int64_t E, k, mlp;  // experts, chosen per token, elements of each MLP intermediate (gate, up, act)
 };
 Shape shape_of(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
@@ -32,6 +32,7 @@ Shape shape_of(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
   s.qk_norm = c.qk_norm;
   s.sinks = c.attention_sinks;
   s.moe = c.is_moe();
+  s.gpt_oss = c.moe == "gpt_oss";
   s.E = s.moe ? c.num_experts : 0;
   s.k = s.moe ? c.experts_per_token : 0;
   // Dims::mlp_floats: the dense MLP's N*I when some layer has it, the experts' N*k*Im when some has them.
@@ -107,10 +108,15 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
     c.take(d.N * d.H, 4);
     c.take(d.N, 4);
     c.take(d.N * d.H, t);
+    if (d.gpt_oss) {
+      c.take(2 * d.mlp, t);  // gpt-oss: gate_up in one piece (gate and up adjacent)
+    } else {
+      c.take(d.mlp, t);
+      c.take(d.mlp, t);
+    }
     c.take(d.mlp, t);
-    c.take(d.mlp, t);
-    c.take(d.mlp, t);
-    // Qwen3: q and k before their norms (fp32) and the norms' rstd; MoE: router logits and
+    // gpt-oss's sinks need nothing more: each row's lse includes its sink (exp(sink - lse) is
+    // its probability). Qwen3: q and k before their norms (fp32) and the norms' rstd; MoE: router logits and
     // probabilities, combine weights, expert / perm / row_of_slot (int32), offsets, then the
     // gathered inputs and the expert outputs (T)
     if (d.qk_norm) {
@@ -135,8 +141,12 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
     Sizer c;  // dout_t, dact, dgate, dup, dh_t, dattn, dq_t, dk_t, dv_t, dxn, tmp, dh, dq, dk, dv
     c.take(cast ? d.N * d.H : 0, t);
     c.take(d.mlp, t);
-    c.take(d.mlp, t);
-    c.take(d.mlp, t);
+    if (d.gpt_oss) {
+      c.take(2 * d.mlp, t);  // d gate_up in one piece
+    } else {
+      c.take(d.mlp, t);
+      c.take(d.mlp, t);
+    }
     c.take(cast ? d.N * d.H : 0, t);
     c.take(d.N * d.q, t);
     c.take(cast ? d.N * d.q : 0, t);

@@ -2,7 +2,8 @@
 // GPU: the same schedule code runs over a plain host emulation of its operations (a row-major
 // strided-batched GEMM and the four element-wise steps, written from their contracts), and its
 // outputs must equal the CPU attention op's to fp32 rounding, for every block size (1 row, a few
-// rows, blocks that do not divide the sequence, the whole sequence), with GQA and MHA. This is what
+// rows, blocks that do not divide the sequence, the whole sequence), with GQA and MHA, and with
+// gpt-oss's sliding windows and attention sinks. This is what
 // can be checked here of the GPU path: the sub-matrices, strides, causal limits and accumulation
 // order of every GEMM. The kernels themselves are checked against the CPU op on a GPU
 // (cuda_ops_test.cpp).
@@ -37,29 +38,48 @@ struct HostOps {
     ++gemms;
     return {};
   }
-  Status softmax_rows(const float* s, float* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t seq,
-                      int64_t lse_base) {
+  Status softmax_rows(const float* s, float* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0,
+                      int64_t window, int64_t seq, int64_t lse_base, const float* sinks) {
     for (int64_t h = 0; h < n_heads; ++h)
       for (int64_t i = 0; i < rows; ++i) {
         const float* sr = s + (h * rows + i) * keys;
         float* pr = p + (h * rows + i) * keys;
-        const int64_t visible = r0 + i + 1;
-        double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, static_cast<double>(sr[j]));
-        for (int64_t j = 0; j < visible; ++j) sum += std::exp(sr[j] - mx);
-        for (int64_t j = 0; j < keys; ++j) pr[j] = j < visible ? static_cast<float>(std::exp(sr[j] - mx) / sum) : 0.0f;
-        lse[lse_base + h * seq + r0 + i] = static_cast<float>(mx + std::log(sum));
+        const int64_t t = r0 + i;
+        auto seen = [&](int64_t c) { return k0 + c <= t && (window == 0 || k0 + c > t - window); };
+        double mx = sinks ? sinks[h] : -INFINITY, sum = 0;
+        for (int64_t c = 0; c < keys; ++c)
+          if (seen(c)) mx = std::max(mx, static_cast<double>(sr[c]));
+        for (int64_t c = 0; c < keys; ++c)
+          if (seen(c)) sum += std::exp(sr[c] - mx);
+        if (sinks) sum += std::exp(sinks[h] - mx);
+        for (int64_t c = 0; c < keys; ++c) pr[c] = seen(c) ? static_cast<float>(std::exp(sr[c] - mx) / sum) : 0.0f;
+        lse[lse_base + h * seq + t] = static_cast<float>(mx + std::log(sum));
+        max_keys = std::max(max_keys, keys);
       }
     return {};
   }
   Status probs_from_lse(const float* s, const float* lse, float* p, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
-                        int64_t seq, int64_t lse_base) {
+                        int64_t k0, int64_t window, int64_t seq, int64_t lse_base) {
     for (int64_t h = 0; h < n_heads; ++h)
       for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < keys; ++j) {
-          const int64_t e = (h * rows + i) * keys + j;
-          p[e] = j <= r0 + i ? static_cast<float>(std::exp(static_cast<double>(s[e]) - lse[lse_base + h * seq + r0 + i])) : 0.0f;
+        for (int64_t c = 0; c < keys; ++c) {
+          const int64_t e = (h * rows + i) * keys + c, t = r0 + i, j = k0 + c;
+          const bool seen = j <= t && (window == 0 || j > t - window);
+          p[e] = seen ? static_cast<float>(std::exp(static_cast<double>(s[e]) - lse[lse_base + h * seq + t])) : 0.0f;
         }
+    return {};
+  }
+  Status sink_grad(const float* sinks, const float* lse, const float* drow, int64_t batch, int64_t n_heads, int64_t seq,
+                   float* d_sinks) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      double acc = 0;
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t t = 0; t < seq; ++t) {
+          const int64_t at = (b * n_heads + h) * seq + t;
+          acc -= std::exp(static_cast<double>(sinks[h]) - lse[at]) * drow[at];
+        }
+      d_sinks[h] += static_cast<float>(acc);
+    }
     return {};
   }
   Status scores_grad(float* p_ds, const float* dp, const float* drow, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
@@ -88,6 +108,7 @@ struct HostOps {
     return {};
   }
   int64_t gemms = 0;
+  int64_t max_keys = 0;  // the widest score block softmax_rows saw
 };
 
 std::vector<float> randn(int64_t n, std::mt19937& g) {
@@ -181,6 +202,92 @@ TEST(AttentionSchedule, RefusesBadShapes) {
   EXPECT_FALSE((attention_forward_schedule<float>(ops, AttnDims{1, 4, 3, 2, 8}, &x, &x, &x, &x, &x, &x, &x, 2).ok()));
   EXPECT_FALSE((attention_forward_schedule<float>(ops, AttnDims{1, 4, 2, 2, 8}, &x, &x, &x, &x, &x, &x, &x, 0).ok()));
   EXPECT_EQ(ops.gemms, 0);
+}
+
+
+// gpt-oss's attention: sliding windows (narrower and wider than a block, and one wider than the
+// sequence) with and without sinks, against the CPU op (sinks' probabilities and gradient
+// included); a window also narrows each block's keys to [r0 - window + 1, r0 + rows).
+struct WindowCase {
+  int64_t batch, seq, heads, kv_heads, head_dim, window;
+  bool sinks;
+};
+class AttentionScheduleWindow : public ::testing::TestWithParam<WindowCase> {};
+
+TEST_P(AttentionScheduleWindow, EqualsTheCpuOpWithSinksAndWindow) {
+  const WindowCase c = GetParam();
+  AttnDims d{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim};
+  d.window = c.window;
+  std::mt19937 g(static_cast<uint32_t>(c.seq * 17 + c.window * 5 + (c.sinks ? 1 : 0)));
+  const int64_t nq = c.batch * c.seq * c.heads * c.head_dim, nk = c.batch * c.seq * c.kv_heads * c.head_dim;
+  const std::vector<float> q = randn(nq, g), k = randn(nk, g), v = randn(nk, g), dout = randn(nq, g);
+  std::vector<float> sinks = randn(c.heads, g);
+  for (float& x : sinks) x *= 2.0f;  // sinks that matter: some rows' largest logit
+  const float* sk = c.sinks ? sinks.data() : nullptr;
+  cpu::CpuContext ctx(1);
+  const cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.window};
+  const int64_t np = cpu::attention_probs_elems(shape), nrow = c.batch * c.heads * c.seq;
+  std::vector<float> out_ref(static_cast<size_t>(nq)), probs(static_cast<size_t>(np)), ws(static_cast<size_t>(np));
+  std::vector<float> sink_probs(static_cast<size_t>(nrow)), sink_rows(static_cast<size_t>(nrow));
+  ASSERT_TRUE(cpu::attention_forward<float>(ctx, shape, q.data(), k.data(), v.data(), out_ref.data(), probs.data(), sk,
+                                            c.sinks ? sink_probs.data() : nullptr)
+                  .ok());
+  std::vector<float> dq_ref(static_cast<size_t>(nq)), dk_ref(static_cast<size_t>(nk)), dv_ref(static_cast<size_t>(nk));
+  std::vector<float> dsink_ref(static_cast<size_t>(c.heads), 0.5f);
+  ASSERT_TRUE(cpu::attention_backward<float>(ctx, shape, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq_ref.data(),
+                                             dk_ref.data(), dv_ref.data(), ws.data(), c.sinks ? sink_probs.data() : nullptr,
+                                             c.sinks ? dsink_ref.data() : nullptr, c.sinks ? sink_rows.data() : nullptr)
+                  .ok());
+  for (int64_t rows : {int64_t{1}, int64_t{4}, int64_t{7}, c.seq}) {
+    SCOPED_TRACE("rows per block " + std::to_string(rows) + ", window " + std::to_string(c.window));
+    HostOps ops;
+    const int64_t block = c.heads * std::min(rows, c.seq) * c.seq;
+    std::vector<float> s(static_cast<size_t>(block)), p(static_cast<size_t>(block));
+    std::vector<float> out(static_cast<size_t>(nq), NAN), lse(static_cast<size_t>(nrow), NAN);
+    ASSERT_TRUE(attention_forward_schedule<float>(ops, d, q.data(), k.data(), v.data(), out.data(), lse.data(), s.data(),
+                                                  p.data(), rows, sk)
+                    .ok());
+    EXPECT_LE(normalised_error(out, out_ref), 1e-5);
+    // A block never reads more keys than its rows plus the window, nor more than the sequence.
+    if (c.window > 0) EXPECT_LE(ops.max_keys, std::min(c.seq, std::min(rows, c.seq) + c.window - 1));
+    if (c.sinks)  // the sink's probability is exp(sink - lse), the CPU op's sink_probs
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t h = 0; h < c.heads; ++h)
+          for (int64_t t = 0; t < c.seq; ++t) {
+            const size_t at = static_cast<size_t>((b * c.heads + h) * c.seq + t);
+            ASSERT_NEAR(std::exp(sinks[static_cast<size_t>(h)] - lse[at]), sink_probs[at], 1e-5) << b << " " << h << " " << t;
+          }
+    std::vector<float> dq(static_cast<size_t>(nq), NAN), dk(static_cast<size_t>(nk), NAN), dv(static_cast<size_t>(nk), NAN);
+    std::vector<float> drow(static_cast<size_t>(nrow)), dsink(static_cast<size_t>(c.heads), 0.5f);
+    ASSERT_TRUE(attention_backward_schedule<float>(ops, d, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(),
+                                                   dq.data(), dk.data(), dv.data(), s.data(), p.data(), drow.data(), rows, sk,
+                                                   c.sinks ? dsink.data() : nullptr)
+                    .ok());
+    EXPECT_LE(normalised_error(dq, dq_ref), 1e-5);
+    EXPECT_LE(normalised_error(dk, dk_ref), 1e-5);
+    EXPECT_LE(normalised_error(dv, dv_ref), 1e-5);
+    if (c.sinks) {
+      EXPECT_LE(normalised_error(dsink, dsink_ref), 1e-5);
+      double moved = 0;  // the sinks' gradient is not trivially zero
+      for (float x : dsink) moved += std::abs(x - 0.5f);
+      EXPECT_GT(moved, 1e-3);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionScheduleWindow,
+                         ::testing::Values(WindowCase{1, 23, 4, 2, 8, 5, true}, WindowCase{2, 17, 4, 1, 8, 3, false},
+                                           WindowCase{1, 19, 2, 2, 16, 1, true}, WindowCase{2, 9, 3, 3, 8, 40, true},
+                                           WindowCase{1, 21, 6, 2, 8, 0, true}));
+
+TEST(AttentionSchedule, RefusesANegativeWindowAndSinksWithoutTheirGradient) {
+  HostOps ops;
+  float x[64] = {};
+  AttnDims d{1, 2, 1, 1, 2};
+  d.window = -1;
+  EXPECT_FALSE((attention_forward_schedule<float>(ops, d, x, x, x, x, x, x, x, 2).ok()));
+  d.window = 0;
+  EXPECT_FALSE((attention_backward_schedule<float>(ops, d, x, x, x, x, x, x, x, x, x, x, x, x, 2, x, nullptr).ok()));
 }
 
 }  // namespace

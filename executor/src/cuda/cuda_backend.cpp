@@ -97,6 +97,11 @@ struct Range {
 
 void destroy_event(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
 
+bool is_stacked_expert(TensorRole r) {
+  return r == TensorRole::kExpertGateUp || r == TensorRole::kExpertGateUpBias || r == TensorRole::kExpertDown ||
+         r == TensorRole::kExpertDownBias;
+}
+
 int64_t physical_ram_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
@@ -310,12 +315,16 @@ class CudaBackend final : public Backend {
       MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kK, TensorRole::kKBias, d.kv, k));
     }
     MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kV, TensorRole::kVBias, d.kv, v));
-    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(q, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s));
-    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(k, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s));
-    MT_RETURN_IF_ERROR(cuda::attention_forward<T>(blas_, attn_, q, k, v, attn, a.lse, attn_ws_, attn_rows_, s));
-    // h = x + o_proj(attn): the GEMM adds into a copy of x (beta = 1), in fp32.
+    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(q, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s, rope_scale()));
+    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(k, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s, rope_scale()));
+    // The layer's sliding window (0: none) and gpt-oss's sinks (their logits join lse).
+    MT_RETURN_IF_ERROR(cuda::attention_forward<T>(blas_, attn_of(w), q, k, v, attn, a.lse, attn_ws_, attn_rows_, s,
+                                                  wt(w, TensorRole::kSinks)));
+    // h = x + o_proj(attn) (+ its bias): the GEMM adds into a copy of x (beta = 1), in fp32.
     MT_CUDA_RETURN(cudaMemcpyAsync(a.h, a.x, 4 * static_cast<size_t>(NH), cudaMemcpyDeviceToDevice, s));
     MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, attn, wt(w, TensorRole::kO), d.N, d.q, d.H, a.h, 1.0f)));
+    if (w[TensorRole::kOBias] != nullptr)
+      MT_RETURN_IF_ERROR((cuda::add_bias<float, T>(a.h, wt(w, TensorRole::kOBias), d.N, d.H, s)));
     MT_RETURN_IF_ERROR(cuda::rmsnorm_forward<T>(a.h, wt(w, TensorRole::kMlpNorm), d.N, d.H, eps(), xn2, a.rstd2, s));
     if (w[TensorRole::kRouter] != nullptr) {
       MT_RETURN_IF_ERROR(moe_forward(w, x_out, a));
@@ -367,10 +376,15 @@ class CudaBackend final : public Backend {
     const T* dh_t = to_t(ws.dh, ws.dh_t, NH);
     MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, T>(blas_, dh_t, wt(w, TensorRole::kO), d.N, d.q, d.H, ws.dattn, false)));
     MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dh_t, attn, d.N, d.q, d.H, g[TensorRole::kO]));
-    MT_RETURN_IF_ERROR(cuda::attention_backward<T>(blas_, attn_, q, k, v, attn, ws.dattn, a.lse, ws.dq, ws.dk, ws.dv, attn_ws_,
-                                                   attn_rows_, s));
-    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dq, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s));
-    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dk, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s));
+    if (g[TensorRole::kOBias] != nullptr)  // from the fp32 gradient, rows in order
+      MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(ws.dh, d.N, d.H, g[TensorRole::kOBias], s));
+    const T* sinks = wt(w, TensorRole::kSinks);
+    if (sinks != nullptr && g[TensorRole::kSinks] == nullptr)
+      return internal_error("CUDA backend: a layer with attention sinks was given no gradient for them");
+    MT_RETURN_IF_ERROR(cuda::attention_backward<T>(blas_, attn_of(w), q, k, v, attn, ws.dattn, a.lse, ws.dq, ws.dk, ws.dv,
+                                                   attn_ws_, attn_rows_, s, sinks, sinks ? g[TensorRole::kSinks] : nullptr));
+    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dq, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s, rope_scale()));
+    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dk, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s, rope_scale()));
     if (d.qk_norm) {  // through the per-head norms, in place, to the projections' outputs
       MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dq, a.q_pre, wt(w, TensorRole::kQNorm), a.rstd_q, d.N * d.nh, d.hd, ws.dq,
                                                    g[TensorRole::kQNorm], s));
@@ -436,16 +450,20 @@ class CudaBackend final : public Backend {
   int64_t head_workspace_floats() const override { return floats_of(head_ws(nullptr).bytes); }
 
   // The block holds T elements: p[role] is expert 0's tensor (or the only one) and stride[role]
-  // the distance to expert 1's, both in elements of T (model.h UnitView, as the CPU binds them).
+  // the distance to expert 1's, both in elements of T (model.h UnitView, as the CPU binds them:
+  // per-expert tensors by their offsets, gpt-oss's stacked ones by numel / E); layer as well.
   UnitView view_weights(const UnitState& layout, const float* block) const override {
     UnitView v;
     const T* base = reinterpret_cast<const T*>(block);
     int64_t first[kTensorRoleCount] = {};
     for (const auto& t : layout.tensors) {
       const int r = static_cast<int>(t.role);
+      v.layer = t.layer;  // the decoder layer (its sliding window); -1 for the embedding and the head
       if (t.expert <= 0) {
         v.p[r] = reinterpret_cast<const float*>(base + t.offset);
         first[r] = t.offset;
+        if (t.expert < 0 && is_stacked_expert(t.role) && !t.shape.empty() && t.shape[0] > 0)
+          v.stride[r] = t.numel / t.shape[0];  // gpt-oss's [E, ...] tensors: one expert after the other
       } else if (t.expert == 1) {
         v.stride[r] = t.offset - first[r];
       }
@@ -476,8 +494,14 @@ class CudaBackend final : public Backend {
     a.h = c.take<float>(d.N * d.H);
     a.rstd2 = c.take<float>(d.N);
     a.xn2 = f(c.take<T>(d.N * d.H));
-    a.gate = f(c.take<T>(d.mlp_floats()));  // the dense MLP's N*I or the experts' N*k*Im, the larger
-    a.up = f(c.take<T>(d.mlp_floats()));
+    if (d.gpt_oss) {  // gate_up [N*k, 2 Im], interleaved as the projection writes it: gate and up adjacent
+      T* gu = c.take<T>(2 * d.mlp_floats());
+      a.gate = f(gu);
+      a.up = f(gu + d.mlp_floats());
+    } else {
+      a.gate = f(c.take<T>(d.mlp_floats()));  // the dense MLP's N*I or the experts' N*k*Im, the larger
+      a.up = f(c.take<T>(d.mlp_floats()));
+    }
     a.act = f(c.take<T>(d.mlp_floats()));
     a.probs = nullptr;
     if (d.qk_norm) {
@@ -517,8 +541,13 @@ class CudaBackend final : public Backend {
     Ws w{};
     w.dout_t = c.take<T>(kCast ? d.N * d.H : 0);
     w.dact = c.take<T>(d.mlp_floats());
-    w.dgate = c.take<T>(d.mlp_floats());
-    w.dup = c.take<T>(d.mlp_floats());
+    if (d.gpt_oss) {  // d gate_up [N*k, 2 Im] in one piece
+      w.dgate = c.take<T>(2 * d.mlp_floats());
+      w.dup = w.dgate + d.mlp_floats();
+    } else {
+      w.dgate = c.take<T>(d.mlp_floats());
+      w.dup = c.take<T>(d.mlp_floats());
+    }
     w.dh_t = c.take<T>(kCast ? d.N * d.H : 0);
     w.dattn = c.take<T>(d.N * d.q);
     w.dq_t = c.take<T>(kCast ? d.N * d.q : 0);
@@ -613,6 +642,13 @@ class CudaBackend final : public Backend {
   cudaStream_t stream(StreamKind s) const { return streams_[static_cast<int>(s)]; }
   cudaStream_t compute() const { return stream(StreamKind::kCompute); }
   float eps() const { return static_cast<float>(dims_.eps); }
+  float rope_scale() const { return static_cast<float>(dims_.rope_scale); }
+  // The attention's shape for the unit's layer: its sliding window (Dims::window_of; 0 for none).
+  cuda::AttnDims attn_of(const UnitView& w) const {
+    cuda::AttnDims ad = attn_;
+    ad.window = dims_.window_of(w.layer);
+    return ad;
+  }
   static float* f(T* p) { return reinterpret_cast<float*>(p); }
   static T* as_t(float* p) { return reinterpret_cast<T*>(p); }
   static const T* as_t(const float* p) { return reinterpret_cast<const T*>(p); }
@@ -672,8 +708,6 @@ class CudaBackend final : public Backend {
     const Dims& d = dims_;
     cudaStream_t s = compute();
     const int64_t slots = d.N * d.k;
-    if (w[TensorRole::kRouterBias] != nullptr)
-      return unsupported("--backend cuda: a router bias (gpt-oss) is not supported; accepted: the Mixtral and Qwen3-MoE routers");
     const T* xn2 = as_t(a.xn2);
     T* xp = as_t(a.xp);
     T* yp = as_t(a.yp);
@@ -681,11 +715,16 @@ class CudaBackend final : public Backend {
     T* up = as_t(a.up);
     T* act = as_t(a.act);
     MT_RETURN_IF_ERROR((cuda::linear_forward<T, float>(blas_, xn2, wt(w, TensorRole::kRouter), d.N, d.H, d.E, a.logits, 0.0f)));
+    if (w[TensorRole::kRouterBias] != nullptr)  // gpt-oss
+      MT_RETURN_IF_ERROR((cuda::add_bias<float, T>(a.logits, wt(w, TensorRole::kRouterBias), d.N, d.E, s)));
     MT_RETURN_IF_ERROR(cuda::moe_route_forward(a.logits, d.N, d.E, d.k, d.renorm, a.rexpert, a.rweight, a.rprobs, s));
     MT_RETURN_IF_ERROR(cuda::moe_permute(a.rexpert, slots, d.E, a.offsets, a.perm, a.row_of_slot, sort_scratch_, s));
     MT_RETURN_IF_ERROR(cuda::moe_gather<T>(xn2, a.perm, slots, d.k, d.H, xp, s));
     MT_RETURN_IF_ERROR(load_offsets(a.offsets));
     const int32_t* off = offsets_host_.data();
+    if (d.gpt_oss) {
+      MT_RETURN_IF_ERROR(gpt_oss_experts_forward(w, a));
+    } else {
     MT_RETURN_IF_ERROR((cuda::grouped_linear_forward<T, T>(blas_, xp, wt(w, TensorRole::kExpertGate),
                                                            w.stride_of(TensorRole::kExpertGate), off, d.E, d.H, d.Im, gate, 0.0f,
                                                            gemm_ptrs_)));
@@ -695,6 +734,7 @@ class CudaBackend final : public Backend {
     MT_RETURN_IF_ERROR((cuda::grouped_linear_forward<T, T>(blas_, act, wt(w, TensorRole::kExpertDown),
                                                            w.stride_of(TensorRole::kExpertDown), off, d.E, d.Im, d.H, yp, 0.0f,
                                                            gemm_ptrs_)));
+    }
     MT_RETURN_IF_ERROR(cuda::moe_combine_forward<T>(yp, a.rweight, a.row_of_slot, a.h, d.N, d.k, d.H, x_out, s));
     if (a.aux_count != nullptr) {
       // The trainer's running sums go up, the layer's slots and probabilities are added on the
@@ -725,6 +765,9 @@ class CudaBackend final : public Backend {
     MT_RETURN_IF_ERROR(cuda::moe_combine_backward<T>(yp, a.rweight, a.row_of_slot, dout, d.N, d.k, d.H, ws.dyp, ws.dweight, s));
     MT_RETURN_IF_ERROR(load_offsets(a.offsets));
     const int32_t* off = offsets_host_.data();
+    if (d.gpt_oss) {
+      MT_RETURN_IF_ERROR(gpt_oss_experts_backward(w, a, g, ws));
+    } else {
     MT_RETURN_IF_ERROR((cuda::grouped_linear_backward_data<T, T>(blas_, ws.dyp, wt(w, TensorRole::kExpertDown),
                                                                  w.stride_of(TensorRole::kExpertDown), off, d.E, d.Im, d.H,
                                                                  ws.dact, false, gemm_ptrs_)));
@@ -741,6 +784,7 @@ class CudaBackend final : public Backend {
                                                                gs(TensorRole::kExpertGate), gemm_ptrs_));
     MT_RETURN_IF_ERROR(cuda::grouped_linear_backward_weight<T>(blas_, ws.dup, xp, off, d.E, d.H, d.Im, g[TensorRole::kExpertUp],
                                                                gs(TensorRole::kExpertUp), gemm_ptrs_));
+    }
     MT_RETURN_IF_ERROR(cuda::moe_scatter_add(ws.dxp, a.row_of_slot, d.N, d.k, d.H, ws.dxn, s));
     const float* aux = nullptr;
     if (a.aux_grad != nullptr) {  // in fp32, as the CPU op takes it
@@ -755,6 +799,77 @@ class CudaBackend final : public Backend {
     MT_RETURN_IF_ERROR(
         (cuda::linear_backward_data<T, float>(blas_, dlogits_t, wt(w, TensorRole::kRouter), d.N, d.H, d.E, ws.dxn, true)));
     MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dlogits_t, xn2, d.N, d.H, d.E, g[TensorRole::kRouter]));
+    if (g[TensorRole::kRouterBias] != nullptr)
+      MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(ws.dlogits, d.N, d.E, g[TensorRole::kRouterBias], s));
+    return {};
+  }
+
+  // gpt-oss's experts on the sorted rows (model.cpp moe_forward's gpt_oss branch): gate_up [rows,
+  // 2 Im] = xp @ W_gu + b_gu (the biases are the GEMM's initial C), act = the clamped SwiGLU of the
+  // interleaved columns, yp = act @ W_down + b_down. offsets_host_ holds this layer's offsets.
+  Status gpt_oss_experts_forward(const UnitView& w, const LayerActs& a) {
+    const Dims& d = dims_;
+    cudaStream_t s = compute();
+    const int32_t* off = offsets_host_.data();
+    T* gu = as_t(a.gate);
+    T* act = as_t(a.act);
+    T* yp = as_t(a.yp);
+    const int64_t gu_cols = 2 * d.Im;
+    float beta = 0.0f;
+    if (w[TensorRole::kExpertGateUpBias] != nullptr) {
+      MT_RETURN_IF_ERROR(cuda::moe_expert_bias_fill<T>(gu, wt(w, TensorRole::kExpertGateUpBias),
+                                                       w.stride_of(TensorRole::kExpertGateUpBias), a.offsets, d.E, gu_cols, s));
+      beta = 1.0f;
+    }
+    MT_RETURN_IF_ERROR((cuda::grouped_matmul_forward<T, T>(blas_, as_t(a.xp), wt(w, TensorRole::kExpertGateUp),
+                                                           w.stride_of(TensorRole::kExpertGateUp), off, d.E, d.H, gu_cols, gu,
+                                                           beta, gemm_ptrs_)));
+    MT_RETURN_IF_ERROR(cuda::clamped_swiglu_forward<T>(gu, d.N * d.k * d.Im, static_cast<float>(d.swiglu_alpha),
+                                                       static_cast<float>(d.swiglu_limit), act, s));
+    beta = 0.0f;
+    if (w[TensorRole::kExpertDownBias] != nullptr) {
+      MT_RETURN_IF_ERROR(cuda::moe_expert_bias_fill<T>(yp, wt(w, TensorRole::kExpertDownBias),
+                                                       w.stride_of(TensorRole::kExpertDownBias), a.offsets, d.E, d.H, s));
+      beta = 1.0f;
+    }
+    MT_RETURN_IF_ERROR((cuda::grouped_matmul_forward<T, T>(blas_, act, wt(w, TensorRole::kExpertDown),
+                                                           w.stride_of(TensorRole::kExpertDown), off, d.E, d.Im, d.H, yp, beta,
+                                                           gemm_ptrs_)));
+    return {};
+  }
+
+  // Its backward from ws.dyp to ws.dxp; the experts' weight and bias gradients accumulate into g
+  // (the biases' over each expert's rows in order; an expert with no rows is not touched).
+  Status gpt_oss_experts_backward(const UnitView& w, const LayerActs& a, const UnitGrad& g, const Ws& ws) {
+    const Dims& d = dims_;
+    cudaStream_t s = compute();
+    const int32_t* off = offsets_host_.data();
+    const auto gs = [&](TensorRole r) { return g.stride[static_cast<int>(r)]; };
+    const T* gu = as_t(a.gate);
+    const T* act = as_t(a.act);
+    const T* xp = as_t(a.xp);
+    T* dgu = ws.dgate;  // [rows, 2 Im]: dgate and dup are one piece on gpt-oss
+    const int64_t gu_cols = 2 * d.Im;
+    MT_RETURN_IF_ERROR((cuda::grouped_matmul_backward_data<T, T>(blas_, ws.dyp, wt(w, TensorRole::kExpertDown),
+                                                                 w.stride_of(TensorRole::kExpertDown), off, d.E, d.Im, d.H,
+                                                                 ws.dact, false, gemm_ptrs_)));
+    MT_RETURN_IF_ERROR(cuda::grouped_matmul_backward_weight<T>(blas_, ws.dyp, act, off, d.E, d.Im, d.H,
+                                                               g[TensorRole::kExpertDown], gs(TensorRole::kExpertDown),
+                                                               gemm_ptrs_));
+    if (g[TensorRole::kExpertDownBias] != nullptr)
+      MT_RETURN_IF_ERROR(cuda::moe_expert_bias_grad<T>(ws.dyp, a.offsets, d.E, d.H, g[TensorRole::kExpertDownBias],
+                                                       gs(TensorRole::kExpertDownBias), s));
+    MT_RETURN_IF_ERROR(cuda::clamped_swiglu_backward<T>(gu, ws.dact, d.N * d.k * d.Im, static_cast<float>(d.swiglu_alpha),
+                                                        static_cast<float>(d.swiglu_limit), dgu, s));
+    MT_RETURN_IF_ERROR((cuda::grouped_matmul_backward_data<T, float>(blas_, dgu, wt(w, TensorRole::kExpertGateUp),
+                                                                     w.stride_of(TensorRole::kExpertGateUp), off, d.E, d.H,
+                                                                     gu_cols, ws.dxp, false, gemm_ptrs_)));
+    MT_RETURN_IF_ERROR(cuda::grouped_matmul_backward_weight<T>(blas_, dgu, xp, off, d.E, d.H, gu_cols,
+                                                               g[TensorRole::kExpertGateUp], gs(TensorRole::kExpertGateUp),
+                                                               gemm_ptrs_));
+    if (g[TensorRole::kExpertGateUpBias] != nullptr)
+      MT_RETURN_IF_ERROR(cuda::moe_expert_bias_grad<T>(dgu, a.offsets, d.E, gu_cols, g[TensorRole::kExpertGateUpBias],
+                                                       gs(TensorRole::kExpertGateUpBias), s));
     return {};
   }
 
@@ -823,12 +938,7 @@ void cuda_backend_figures(const Dims& dims, DType compute, std::vector<float> in
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const Dims& dims, const BackendOptions& options,
                                                    std::vector<float> inv_freq) {
-  const ModelConfig& mc = model.config();
-  if (mc.moe == "gpt_oss" || mc.attention_sinks || mc.architecture == "GptOssForCausalLM")
-    return unsupported("--backend cuda: " + mc.architecture +
-                       " needs attention sinks, per-layer sliding windows and biased stacked experts, which the CUDA "
-                       "backend does not have; accepted here: --backend cpu (CUDA trains Llama, Mistral, Qwen2, Qwen3, "
-                       "Qwen3-MoE and Mixtral)");
+  (void)model;
   if (dims.moe && (dims.E > cuda::kMoeMaxExperts || dims.N * dims.k > 2147483647))
     return unsupported("--backend cuda: " + std::to_string(dims.E) + " experts and " + std::to_string(dims.N * dims.k) +
                        " token slots per micro-batch; accepted: at most " + std::to_string(cuda::kMoeMaxExperts) +
