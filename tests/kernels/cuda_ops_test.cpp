@@ -49,6 +49,7 @@
 #include "cuda/rope.cuh"
 #include "cuda/swiglu.cuh"
 #include "megatrain/kernels/cpu/moe.h"
+#include "megatrain/kernels/cpu/swiglu.h"
 #include "megatrain/kernels/cpu/ops.h"
 #include "megatrain/kernels/cuda_device.h"
 
@@ -580,7 +581,7 @@ TYPED_TEST(CudaOpsT, RmsNormMatchesCpu) {
 // and the token's angles as inv_freq: the angle is then exact and everything after it is double.
 std::vector<double> rope_reference(cpu::CpuContext& ctx, const std::vector<double>& x,
                                    const std::vector<int32_t>& positions, int64_t heads, int64_t head_dim,
-                                   const std::vector<float>& inv_freq, bool backward) {
+                                   const std::vector<float>& inv_freq, bool backward, double scale = 1) {
   std::vector<double> out(x.size()), angle(static_cast<size_t>(head_dim / 2));
   const int32_t one = 1;
   const size_t per_token = static_cast<size_t>(heads * head_dim);
@@ -589,10 +590,10 @@ std::vector<double> rope_reference(cpu::CpuContext& ctx, const std::vector<doubl
       angle[i] = static_cast<float>(static_cast<float>(positions[t]) * inv_freq[i]);
     if (backward)
       cpu::rope_backward<double>(ctx, x.data() + t * per_token, out.data() + t * per_token, &one, 1, heads, head_dim,
-                                 angle.data());
+                                 angle.data(), scale);
     else
       cpu::rope_forward<double>(ctx, x.data() + t * per_token, out.data() + t * per_token, &one, 1, heads, head_dim,
-                                angle.data());
+                                angle.data(), scale);
   }
   return out;
 }
@@ -648,6 +649,47 @@ TYPED_TEST(CudaOpsT, RopeMatchesCpu) {
   }
 }
 
+
+// gpt-oss: yarn's inverse frequencies and its attention factor on cos and sin (Dims::rope_scale),
+// the CPU op's scale argument; the factor makes the rotation a scaled one, so a kernel ignoring it
+// is off by |scale - 1| (about 14% here).
+TYPED_TEST(CudaOpsT, RopeWithYarnScaleMatchesCpu) {
+  using T = TypeParam;
+  std::mt19937 g(37);
+  cpu::RopeConfig cfg;
+  cfg.head_dim = 64;
+  cfg.theta = 150000;
+  cfg.scaling = cpu::RopeScaling::kYarn;
+  cfg.factor = 32;
+  cfg.original_max_position_embeddings = 4096;
+  cfg.beta_fast = 32;
+  cfg.beta_slow = 1;
+  auto inv = cpu::rope_inv_freq<float>(cfg);
+  ASSERT_TRUE(inv.ok()) << inv.status().to_string();
+  const double scale = cpu::rope_attention_scaling(cfg);
+  ASSERT_GT(std::abs(scale - 1), 0.05);
+  const int64_t batch = 2, seq = 45, heads = 3, hd = cfg.head_dim, n_tokens = batch * seq;
+  std::vector<int32_t> positions;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < seq; ++i) positions.push_back(static_cast<int32_t>(i * 97));  // far positions too
+  const size_t n = static_cast<size_t>(n_tokens * heads * hd);
+  DeviceBuffer<int32_t> d_pos(positions);
+  DeviceBuffer<float> d_inv(*inv);
+  for (const bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "backward" : "forward");
+    const Input<T> x = random_input<T>(n, g);
+    const std::vector<double> ref = rope_reference(this->ctx_, x.ref, positions, heads, hd, *inv, backward, scale);
+    DeviceBuffer<T> d_x(x.dev);
+    const float fs = static_cast<float>(scale);
+    if (backward)
+      ASSERT_STATUS_OK(rope_backward<T>(d_x.get(), d_pos.get(), n_tokens, heads, hd, d_inv.get(), this->stream_, fs));
+    else
+      ASSERT_STATUS_OK(rope_forward<T>(d_x.get(), d_pos.get(), n_tokens, heads, hd, d_inv.get(), this->stream_, fs));
+    EXPECT_REL_ERR_LE(to_doubles(d_x.download(this->stream_)), ref, bound_for<T>(ref, kElementwiseFp32, kBf16C),
+                      "rope with yarn's scale");
+  }
+}
+
 // =================================================================================================
 // SwiGLU
 
@@ -682,6 +724,45 @@ TYPED_TEST(CudaOpsT, SwigluMatchesCpu) {
     EXPECT_SAME_BITS(d_gate2.download(this->stream_), dg, "swiglu dgate in place");
     EXPECT_SAME_BITS(d_up2.download(this->stream_), du, "swiglu dup in place");
   }
+}
+
+
+// gpt-oss's clamped SwiGLU on interleaved gate/up against the CPU op in double: a limit that cuts
+// about a third of the inputs (the clamped ones get no gradient), and no limit (0).
+TYPED_TEST(CudaOpsT, ClampedSwigluMatchesCpu) {
+  using T = TypeParam;
+  std::mt19937 g(43);
+  for (const double limit : {0.7, 0.0})
+    for (const int64_t n : {1, 37, 130 * 136}) {
+      SCOPED_TRACE("n = " + std::to_string(n) + ", limit " + std::to_string(limit));
+      const size_t un = static_cast<size_t>(n);
+      const double alpha = 1.702;
+      const Input<T> gu = random_input<T>(2 * un, g), dout = random_input<T>(un, g);
+      std::vector<double> out_ref(un), dgu_ref(2 * un);
+      cpu::clamped_swiglu_forward<double>(this->ctx_, gu.ref.data(), n, 1, alpha, limit, out_ref.data());
+      cpu::clamped_swiglu_backward<double>(this->ctx_, gu.ref.data(), dout.ref.data(), n, 1, alpha, limit, dgu_ref.data());
+      DeviceBuffer<T> d_gu(gu.dev), d_dout(dout.dev), d_out(nan_filled<T>(un)), d_dgu(nan_filled<T>(2 * un));
+      const float fa = static_cast<float>(alpha), fl = static_cast<float>(limit);
+      ASSERT_STATUS_OK(clamped_swiglu_forward<T>(d_gu.get(), n, fa, fl, d_out.get(), this->stream_));
+      ASSERT_STATUS_OK(clamped_swiglu_backward<T>(d_gu.get(), d_dout.get(), n, fa, fl, d_dgu.get(), this->stream_));
+      EXPECT_REL_ERR_LE(to_doubles(d_out.download(this->stream_)), out_ref, bound_for<T>(out_ref, kElementwiseFp32, kBf16C),
+                        "clamped swiglu out");
+      const std::vector<T> dgu = d_dgu.download(this->stream_);
+      EXPECT_REL_ERR_LE(to_doubles(dgu), dgu_ref, bound_for<T>(dgu_ref, kElementwiseFp32, kBf16C), "clamped swiglu d gate_up");
+      if (limit > 0 && n > 1000) {  // the clamped inputs' gradients are exactly 0, as the reference's
+        int64_t zeros = 0;
+        for (size_t i = 0; i < dgu_ref.size(); ++i)
+          if (dgu_ref[i] == 0) {
+            ++zeros;
+            ASSERT_EQ(to_f(dgu[i]), 0.0f) << "element " << i;
+          }
+        EXPECT_GT(zeros, n / 5);
+        // In place (dgu over gu): the same bits.
+        DeviceBuffer<T> d_gu2(gu.dev);
+        ASSERT_STATUS_OK(clamped_swiglu_backward<T>(d_gu2.get(), d_dout.get(), n, fa, fl, d_gu2.get(), this->stream_));
+        EXPECT_SAME_BITS(d_gu2.download(this->stream_), dgu, "clamped swiglu in place");
+      }
+    }
 }
 
 // =================================================================================================
@@ -1240,6 +1321,107 @@ TYPED_TEST(CudaOpsT, AttentionMatchesCpu) {
   }
 }
 
+
+// gpt-oss's attention: sliding windows (narrower than a block, wider than the sequence) and sinks,
+// against the CPU op in double (its sink probabilities give the reference lse: sink - log p_sink),
+// forward and backward (d sinks accumulated onto 0.25), for several block sizes; deterministic.
+TYPED_TEST(CudaOpsT, AttentionWithSinksAndWindowMatchesCpu) {
+  using T = TypeParam;
+  std::mt19937 g(103);
+  struct Case {
+    AttnDims d;
+    bool sinks;
+  };
+  for (Case c : {Case{AttnDims{1, 67, 4, 2, 64, 16}, true}, Case{AttnDims{2, 33, 6, 2, 40, 5}, true},
+                 Case{AttnDims{1, 50, 4, 1, 64, 128}, true}, Case{AttnDims{2, 40, 4, 4, 64, 0}, true},
+                 Case{AttnDims{1, 130, 4, 2, 64, 7}, false}}) {
+    const AttnDims d = c.d;
+    const std::string dims = shape_str({d.batch, d.seq, d.n_heads, d.n_kv_heads, d.head_dim}) + ", window " +
+                             std::to_string(d.window) + (c.sinks ? ", sinks" : "");
+    const cpu::AttentionShape sh{d.batch, d.seq, d.n_heads, d.n_kv_heads, d.head_dim, d.window};
+    const size_t nq = static_cast<size_t>(d.batch * d.seq * d.n_heads * d.head_dim),
+                 nkv = static_cast<size_t>(d.batch * d.seq * d.n_kv_heads * d.head_dim),
+                 nl = static_cast<size_t>(d.batch * d.n_heads * d.seq), nh = static_cast<size_t>(d.n_heads);
+    const Input<T> q = random_input<T>(nq, g, 1.5), k = random_input<T>(nkv, g, 1.5), v = random_input<T>(nkv, g),
+                   dout = random_input<T>(nq, g), sinks = random_input<T>(nh, g, 2.0);
+    const double* sk = c.sinks ? sinks.ref.data() : nullptr;
+    std::vector<double> out_ref(nq), probs(static_cast<size_t>(cpu::attention_probs_elems(sh))), sink_p(nl), sink_rows(nl);
+    ASSERT_STATUS_OK(cpu::attention_forward<double>(this->ctx_, sh, q.ref.data(), k.ref.data(), v.ref.data(), out_ref.data(),
+                                                    probs.data(), sk, c.sinks ? sink_p.data() : nullptr));
+    // lse: with sinks from their probabilities; without, from the scores over the window, in double.
+    std::vector<double> lse_ref(nl);
+    const int64_t rep = d.n_heads / d.n_kv_heads;
+    for (int64_t b = 0; b < d.batch; ++b)
+      for (int64_t h = 0; h < d.n_heads; ++h)
+        for (int64_t t = 0; t < d.seq; ++t) {
+          const size_t at = static_cast<size_t>((b * d.n_heads + h) * d.seq + t);
+          if (c.sinks) {
+            lse_ref[at] = sinks.ref[static_cast<size_t>(h)] - std::log(sink_p[at]);
+            continue;
+          }
+          std::vector<double> sc;
+          for (int64_t j = 0; j <= t; ++j) {
+            if (d.window > 0 && j <= t - d.window) continue;
+            double dot = 0;
+            for (int64_t x = 0; x < d.head_dim; ++x)
+              dot += q.ref[static_cast<size_t>(((b * d.seq + t) * d.n_heads + h) * d.head_dim + x)] *
+                     k.ref[static_cast<size_t>(((b * d.seq + j) * d.n_kv_heads + h / rep) * d.head_dim + x)];
+            sc.push_back(dot / std::sqrt(static_cast<double>(d.head_dim)));
+          }
+          const double mx = *std::max_element(sc.begin(), sc.end());
+          double sum = 0;
+          for (double e : sc) sum += std::exp(e - mx);
+          lse_ref[at] = mx + std::log(sum);
+        }
+    std::vector<double> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), ws_ref(probs.size()), dsink_ref(nh, 0.25);
+    ASSERT_STATUS_OK(cpu::attention_backward<double>(this->ctx_, sh, q.ref.data(), k.ref.data(), v.ref.data(), probs.data(),
+                                                     dout.ref.data(), dq_ref.data(), dk_ref.data(), dv_ref.data(),
+                                                     ws_ref.data(), c.sinks ? sink_p.data() : nullptr,
+                                                     c.sinks ? dsink_ref.data() : nullptr,
+                                                     c.sinks ? sink_rows.data() : nullptr));
+    const std::vector<T> out_in = storage_of<T>(out_ref);
+    const std::vector<float> lse_in = to_floats(lse_ref);
+    DeviceBuffer<T> d_q(q.dev), d_k(k.dev), d_v(v.dev), d_dout(dout.dev), d_out_in(out_in), d_sinks(sinks.dev);
+    DeviceBuffer<float> d_lse_in(lse_in);
+    const T* dev_sinks = c.sinks ? d_sinks.get() : nullptr;
+    for (const int64_t rows : {int64_t{16}, int64_t{23}, d.seq}) {
+      if (rows > d.seq) continue;
+      SCOPED_TRACE(dims + ", rows " + std::to_string(rows));
+      DeviceBuffer<unsigned char> ws(static_cast<size_t>(attention_workspace_bytes(d, rows)));
+      DeviceBuffer<T> d_out(nan_filled<T>(nq));
+      DeviceBuffer<float> d_lse(nan_filled<float>(nl));
+      ASSERT_STATUS_OK(attention_forward<T>(this->blas_, d, d_q.get(), d_k.get(), d_v.get(), d_out.get(), d_lse.get(), ws.get(),
+                                            rows, this->stream_, dev_sinks));
+      const std::vector<T> out = d_out.download(this->stream_);
+      const std::vector<float> lse = d_lse.download(this->stream_);
+      EXPECT_REL_ERR_LE(to_doubles(out), out_ref, bound_for<T>(out_ref, kAttnFwdFp32, kBf16C), "attention out");
+      EXPECT_REL_ERR_LE(to_doubles(lse), lse_ref, bound_for<T>(lse_ref, kAttnFwdFp32, kBf16C), "attention lse");
+      DeviceBuffer<float> d_dq(nan_filled<float>(nq)), d_dk(nan_filled<float>(nkv)), d_dv(nan_filled<float>(nkv)),
+          d_dsink(std::vector<float>(nh, 0.25f));
+      ASSERT_STATUS_OK(attention_backward<T>(this->blas_, d, d_q.get(), d_k.get(), d_v.get(), d_out_in.get(), d_dout.get(),
+                                             d_lse_in.get(), d_dq.get(), d_dk.get(), d_dv.get(), ws.get(), rows, this->stream_,
+                                             dev_sinks, c.sinks ? d_dsink.get() : nullptr));
+      const std::vector<float> dq = d_dq.download(this->stream_), dk = d_dk.download(this->stream_),
+                               dv = d_dv.download(this->stream_), dsink = d_dsink.download(this->stream_);
+      const std::vector<double> dqd = to_doubles(dq), dkd = to_doubles(dk), dvd = to_doubles(dv), dsd = to_doubles(dsink);
+      for (const auto& [name, got, ref] : {std::tuple{"dq", &dqd, &dq_ref}, std::tuple{"dk", &dkd, &dk_ref},
+                                           std::tuple{"dv", &dvd, &dv_ref}, std::tuple{"d sinks", &dsd, &dsink_ref}}) {
+        const double bound = bound_for<T>(*ref, kAttnBwdFp32, kBf16CBackward);
+        const Cmp cmp = compare(*got, *ref);
+        EXPECT_LE(cmp.e, bound) << "attention " << name << ": normalised error e = " << cmp.e << " > bound " << bound << " ("
+                                << cmp.where << ")";
+      }
+      // Deterministic: the backward again (d sinks from 0.25 again) gives the same bits.
+      DeviceBuffer<float> d_dsink2(std::vector<float>(nh, 0.25f));
+      ASSERT_STATUS_OK(attention_backward<T>(this->blas_, d, d_q.get(), d_k.get(), d_v.get(), d_out_in.get(), d_dout.get(),
+                                             d_lse_in.get(), d_dq.get(), d_dk.get(), d_dv.get(), ws.get(), rows, this->stream_,
+                                             dev_sinks, c.sinks ? d_dsink2.get() : nullptr));
+      EXPECT_SAME_BITS(d_dk.download(this->stream_), dk, "attention dk, second run");
+      EXPECT_SAME_BITS(d_dsink2.download(this->stream_), dsink, "attention d sinks, second run");
+    }
+  }
+}
+
 // =================================================================================================
 // Mixture-of-Experts (moe.cuh, grouped_gemm.cuh) and Qwen3's per-head q/k norm.
 
@@ -1720,6 +1902,90 @@ TYPED_TEST(CudaOpsT, QkNormPerHeadMatchesCpu) {
     // dw sums tokens * heads rows in fp32: a longer sum than the other norms'
     EXPECT_REL_ERR_LE(to_doubles(d_dw.download(this->stream_)), dw_ref, 4 * kShortReduceFp32, "d q_norm weight");
   }
+}
+
+
+// gpt-oss's experts: stacked [E, in, out] weights (x @ W) with biases as the grouped GEMMs' initial
+// C, the clamped SwiGLU on the interleaved gate_up, and the backward (data, weight and bias
+// gradients, the biases' summed over each expert's rows) against cpu::grouped_matmul_* and
+// cpu::clamped_swiglu_* in double. Expert 1 has no rows: its gradients must stay untouched.
+TYPED_TEST(CudaOpsT, GptOssExpertsMatchCpu) {
+  using T = TypeParam;
+  std::mt19937 g(211);
+  const int64_t E = 5, H = 48, Im = 24, C = 2 * Im;
+  const std::vector<int32_t> offsets = {0, 13, 13, 50, 51, 80};
+  const int64_t rows = offsets.back();
+  const double alpha = 1.702, limit = 0.9;
+  const size_t n_gu = static_cast<size_t>(E * H * C), n_d = static_cast<size_t>(E * Im * H);
+  const Input<T> x = random_input<T>(static_cast<size_t>(rows * H), g), w_gu = random_input<T>(n_gu, g, 0.2),
+                 b_gu = random_input<T>(static_cast<size_t>(E * C), g, 0.3), w_d = random_input<T>(n_d, g, 0.2),
+                 b_d = random_input<T>(static_cast<size_t>(E * H), g, 0.3), dy = random_input<T>(static_cast<size_t>(rows * H), g);
+  // The reference chain in double.
+  std::vector<double> gu_ref(static_cast<size_t>(rows * C)), act_ref(static_cast<size_t>(rows * Im)),
+      y_ref(static_cast<size_t>(rows * H));
+  cpu::grouped_matmul_forward<double>(this->ctx_, x.ref.data(), w_gu.ref.data(), H * C, b_gu.ref.data(), C, offsets.data(), E,
+                                      H, C, gu_ref.data());
+  cpu::clamped_swiglu_forward<double>(this->ctx_, gu_ref.data(), rows, Im, alpha, limit, act_ref.data());
+  cpu::grouped_matmul_forward<double>(this->ctx_, act_ref.data(), w_d.ref.data(), Im * H, b_d.ref.data(), H, offsets.data(), E,
+                                      Im, H, y_ref.data());
+  const double sentinel = 0.5;  // gradients start here (they accumulate)
+  std::vector<double> dact_ref(act_ref.size()), dgu_ref(gu_ref.size()), dx_ref(x.ref.size()), dwd_ref(n_d, sentinel),
+      dbd_ref(static_cast<size_t>(E * H), sentinel), dwgu_ref(n_gu, sentinel), dbgu_ref(static_cast<size_t>(E * C), sentinel);
+  cpu::grouped_matmul_backward<double>(this->ctx_, dy.ref.data(), act_ref.data(), w_d.ref.data(), Im * H, offsets.data(), E, Im,
+                                       H, dact_ref.data(), dwd_ref.data(), dbd_ref.data(), H);
+  cpu::clamped_swiglu_backward<double>(this->ctx_, gu_ref.data(), dact_ref.data(), rows, Im, alpha, limit, dgu_ref.data());
+  cpu::grouped_matmul_backward<double>(this->ctx_, dgu_ref.data(), x.ref.data(), w_gu.ref.data(), H * C, offsets.data(), E, H,
+                                       C, dx_ref.data(), dwgu_ref.data(), dbgu_ref.data(), C);
+
+  void** ptrs = nullptr;
+  ASSERT_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ptrs), sizeof(void*) * grouped_gemm_pointer_slots(E)));
+  DeviceBuffer<int32_t> d_off(offsets);
+  DeviceBuffer<T> d_x(x.dev), d_wgu(w_gu.dev), d_bgu(b_gu.dev), d_wd(w_d.dev), d_bd(b_d.dev), d_dy(dy.dev);
+  DeviceBuffer<T> d_gu(nan_filled<T>(gu_ref.size())), d_act(nan_filled<T>(act_ref.size())), d_y(nan_filled<T>(y_ref.size()));
+  const float fa = static_cast<float>(alpha), fl = static_cast<float>(limit);
+  cudaStream_t s = this->stream_;
+  ASSERT_STATUS_OK(moe_expert_bias_fill<T>(d_gu.get(), d_bgu.get(), C, d_off.get(), E, C, s));
+  ASSERT_STATUS_OK((grouped_matmul_forward<T, T>(this->blas_, d_x.get(), d_wgu.get(), H * C, offsets.data(), E, H, C, d_gu.get(),
+                                                 1.0f, ptrs)));
+  ASSERT_STATUS_OK(clamped_swiglu_forward<T>(d_gu.get(), rows * Im, fa, fl, d_act.get(), s));
+  ASSERT_STATUS_OK(moe_expert_bias_fill<T>(d_y.get(), d_bd.get(), H, d_off.get(), E, H, s));
+  ASSERT_STATUS_OK((grouped_matmul_forward<T, T>(this->blas_, d_act.get(), d_wd.get(), Im * H, offsets.data(), E, Im, H, d_y.get(),
+                                                 1.0f, ptrs)));
+  EXPECT_REL_ERR_LE(to_doubles(d_gu.download(s)), gu_ref, bound_for<T>(gu_ref, kGemmFp32, kBf16C), "gate_up");
+  EXPECT_REL_ERR_LE(to_doubles(d_act.download(s)), act_ref, bound_for<T>(act_ref, kGemmFp32, kBf16C), "act");
+  EXPECT_REL_ERR_LE(to_doubles(d_y.download(s)), y_ref, bound_for<T>(y_ref, kGemmFp32, 2 * kBf16C), "y");
+
+  const std::vector<float> f_dwd(n_d, 0.5f), f_dbd(static_cast<size_t>(E * H), 0.5f), f_dwgu(n_gu, 0.5f),
+      f_dbgu(static_cast<size_t>(E * C), 0.5f);
+  DeviceBuffer<T> d_dact(nan_filled<T>(act_ref.size())), d_dgu(nan_filled<T>(gu_ref.size()));
+  DeviceBuffer<float> d_dx(nan_filled<float>(x.ref.size())), d_dwd(f_dwd), d_dbd(f_dbd), d_dwgu(f_dwgu), d_dbgu(f_dbgu);
+  ASSERT_STATUS_OK((grouped_matmul_backward_data<T, T>(this->blas_, d_dy.get(), d_wd.get(), Im * H, offsets.data(), E, Im, H,
+                                                       d_dact.get(), false, ptrs)));
+  ASSERT_STATUS_OK(grouped_matmul_backward_weight<T>(this->blas_, d_dy.get(), d_act.get(), offsets.data(), E, Im, H, d_dwd.get(),
+                                                     Im * H, ptrs));
+  ASSERT_STATUS_OK(moe_expert_bias_grad<T>(d_dy.get(), d_off.get(), E, H, d_dbd.get(), H, s));
+  ASSERT_STATUS_OK(clamped_swiglu_backward<T>(d_gu.get(), d_dact.get(), rows * Im, fa, fl, d_dgu.get(), s));
+  ASSERT_STATUS_OK((grouped_matmul_backward_data<T, float>(this->blas_, d_dgu.get(), d_wgu.get(), H * C, offsets.data(), E, H, C,
+                                                           d_dx.get(), false, ptrs)));
+  ASSERT_STATUS_OK(grouped_matmul_backward_weight<T>(this->blas_, d_dgu.get(), d_x.get(), offsets.data(), E, H, C, d_dwgu.get(),
+                                                     H * C, ptrs));
+  ASSERT_STATUS_OK(moe_expert_bias_grad<T>(d_dgu.get(), d_off.get(), E, C, d_dbgu.get(), C, s));
+  // bf16: the chain's rounding compounds and a few clamps flip; fp32: GEMM-level bounds.
+  const double c = kBf16CBackward;
+  EXPECT_REL_ERR_LE(to_doubles(d_dact.download(s)), dact_ref, bound_for<T>(dact_ref, kGemmFp32, c), "d act");
+  EXPECT_REL_ERR_LE(to_doubles(d_dgu.download(s)), dgu_ref, bound_for<T>(dgu_ref, kGemmFp32, 2 * c), "d gate_up");
+  EXPECT_REL_ERR_LE(to_doubles(d_dx.download(s)), dx_ref, bound_for<T>(dx_ref, kGemmFp32, 2 * c), "d x");
+  const std::vector<float> dwd = d_dwd.download(s), dbd = d_dbd.download(s), dwgu = d_dwgu.download(s), dbgu = d_dbgu.download(s);
+  EXPECT_REL_ERR_LE(to_doubles(dwd), dwd_ref, bound_for<T>(dwd_ref, kGemmFp32, c), "d W_down");
+  EXPECT_REL_ERR_LE(to_doubles(dbd), dbd_ref, bound_for<T>(dbd_ref, kShortReduceFp32, c), "d b_down");
+  EXPECT_REL_ERR_LE(to_doubles(dwgu), dwgu_ref, bound_for<T>(dwgu_ref, kGemmFp32, 2 * c), "d W_gate_up");
+  EXPECT_REL_ERR_LE(to_doubles(dbgu), dbgu_ref, bound_for<T>(dbgu_ref, kShortReduceFp32, 2 * c), "d b_gate_up");
+  // Expert 1 (no rows): its slices are exactly the starting values.
+  for (int64_t i = 0; i < Im * H; ++i) ASSERT_EQ(dwd[static_cast<size_t>(Im * H + i)], 0.5f) << "d W_down of expert 1";
+  for (int64_t i = 0; i < H; ++i) ASSERT_EQ(dbd[static_cast<size_t>(H + i)], 0.5f) << "d b_down of expert 1";
+  for (int64_t i = 0; i < H * C; ++i) ASSERT_EQ(dwgu[static_cast<size_t>(H * C + i)], 0.5f) << "d W_gate_up of expert 1";
+  for (int64_t i = 0; i < C; ++i) ASSERT_EQ(dbgu[static_cast<size_t>(C + i)], 0.5f) << "d b_gate_up of expert 1";
+  ASSERT_CUDA_OK(cudaFree(ptrs));
 }
 
 }  // namespace
