@@ -249,7 +249,9 @@ TEST_P(AttentionScheduleWindow, EqualsTheCpuOpWithSinksAndWindow) {
                     .ok());
     EXPECT_LE(normalised_error(out, out_ref), 1e-5);
     // A block never reads more keys than its rows plus the window, nor more than the sequence.
-    if (c.window > 0) EXPECT_LE(ops.max_keys, std::min(c.seq, std::min(rows, c.seq) + c.window - 1));
+    if (c.window > 0) {
+      EXPECT_LE(ops.max_keys, std::min(c.seq, std::min(rows, c.seq) + c.window - 1));
+    }
     if (c.sinks)  // the sink's probability is exp(sink - lse), the CPU op's sink_probs
       for (int64_t b = 0; b < c.batch; ++b)
         for (int64_t h = 0; h < c.heads; ++h)
