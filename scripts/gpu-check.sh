@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, on a machine with an NVIDIA GPU, in under 8 minutes:
-#   1. the GPU tests (every op against the CPU backend, the Qwen3 q/k norm and the MoE block,
-#      whole training steps of Llama, Qwen2, Qwen3, Qwen3-MoE and Mixtral);
+#   1. the GPU tests (every op against the CPU backend, the Qwen3 q/k norm, the MoE block, gpt-oss's
+#      sinks + sliding-window attention, yarn RoPE, clamped SwiGLU and stacked biased experts,
+#      whole training steps of Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral and gpt-oss);
 #   2. H2D/D2H bandwidth by size, each direction alone and both at once;
 #   3. bf16 GEMM TFLOP/s at the layer shapes of a ~1B and a 7B model;
 #   4. streamed training steps of a ~1B model (TinyLlama-1.1B's shape) and a 7B-shaped model

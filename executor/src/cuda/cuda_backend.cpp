@@ -30,6 +30,13 @@
 // weighted combine added to the residual; the backward of each in reverse. The per-expert row
 // counts go to the host once per layer and direction (cuBLAS takes grouped shapes from host
 // arrays): one small device-to-host copy and a stream synchronisation.
+//
+// gpt-oss (docs/cuda-backend.md "gpt-oss"): each layer's sliding window (UnitView::layer, set by
+// view_weights) narrows the attention's key blocks; the sinks join each row's softmax and lse, their
+// gradient a per-head fixed-order sum; RoPE's cos/sin times Dims::rope_scale; o_proj and router
+// biases on the fp32 residual and logits; the stacked experts [E, in, out] as grouped x @ W calls
+// whose initial C is the experts' biases, the clamped SwiGLU on the interleaved gate_up (one
+// buffer), and the biases' gradients summed over each expert's rows in order.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -142,7 +149,8 @@ class CudaBackend final : public Backend {
            (std::is_same_v<T, float> ? "fp32" : "bf16 mixed precision") + ", cuBLAS GEMMs" +
            (dims_.moe ? ", " + std::to_string(dims_.E) + " experts (top-" + std::to_string(dims_.k) +
                             ") with one grouped cuBLAS call per expert projection"
-                      : "");
+                      : "") +
+           (dims_.sinks ? ", attention sinks" : "") + (has_window() ? ", sliding-window attention" : "");
   }
 
   // ---- memory -----------------------------------------------------------------------------
@@ -643,6 +651,11 @@ class CudaBackend final : public Backend {
   cudaStream_t compute() const { return stream(StreamKind::kCompute); }
   float eps() const { return static_cast<float>(dims_.eps); }
   float rope_scale() const { return static_cast<float>(dims_.rope_scale); }
+  bool has_window() const {
+    for (int64_t l = 0; l < dims_.L; ++l)
+      if (dims_.window_of(l) > 0) return true;
+    return false;
+  }
   // The attention's shape for the unit's layer: its sliding window (Dims::window_of; 0 for none).
   cuda::AttnDims attn_of(const UnitView& w) const {
     cuda::AttnDims ad = attn_;
