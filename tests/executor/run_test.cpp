@@ -107,6 +107,50 @@ TEST(RunTraining, StopRequestSavesAfterTheStepAndReportsTheSignal) {
   EXPECT_NE(out.str().find("stopped by SIGINT after step 2 of 50; continue with --resume"), std::string::npos) << out.str();
 }
 
+// Ctrl-C and --resume with a Mixture-of-Experts model (gpt-oss: sinks, a sliding layer, stacked
+// experts; the aux loss in the objective): a run stopped by SIGINT after step 2 and resumed has the
+// losses of a straight run bit for bit, and the progress line reports the aux loss.
+TEST(RunTraining, StopAndResumeWithAMixtureOfExpertsModelIsBitExact) {
+  test::ScratchDir dir("run-moe");
+  const std::string data = text_file(dir);
+  std::string plan = test::read_bytes(fs::path(MEGATRAIN_PROFILES_DIR) / "plans" / "tiny-cpu.json");
+  const std::string from = "\"model\": \"tiny-llama-gqa\"";
+  ASSERT_NE(plan.find(from), std::string::npos);
+  plan.replace(plan.find(from), from.size(), "\"model\": \"tiny-gpt-oss\"");
+  const fs::path plan_path = dir / "moe.json";
+  test::write_bytes(plan_path, plan);
+  auto opts = [&](int64_t steps) {
+    RunOptions o = tiny_run(data, steps);
+    o.plan_path = plan_path.string();
+    return o;
+  };
+  std::ostringstream straight_out;
+  auto straight = run_training(opts(4), straight_out);
+  ASSERT_TRUE(straight.ok()) << straight.status().to_string();
+  ASSERT_EQ(straight->losses.size(), 4u);
+  EXPECT_NE(straight_out.str().find(" aux "), std::string::npos) << straight_out.str();
+
+  RunOptions first = opts(4);
+  first.checkpoint_dir = (dir / "ckpt").string();
+  int polls = 0;
+  RunCallbacks callbacks;
+  callbacks.stop_requested = [&] { return ++polls == 2 ? SIGINT : 0; };
+  std::ostringstream first_out;
+  auto head = run_training(first, first_out, callbacks);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  EXPECT_EQ(head->stop_signal, SIGINT);
+  EXPECT_EQ(head->next_step, 2);
+
+  RunOptions second = first;
+  second.resume = true;
+  std::ostringstream second_out;
+  auto tail = run_training(second, second_out);
+  ASSERT_TRUE(tail.ok()) << tail.status().to_string();
+  EXPECT_EQ(tail->first_step, 2);
+  ASSERT_EQ(tail->losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(tail->losses[i], straight->losses[i]) << "step " << i;
+}
+
 TEST(RunTraining, RefusesANewRunIntoAFolderOfCheckpoints) {
   test::ScratchDir dir("run-mix");
   RunOptions o = tiny_run(text_file(dir), 1);
