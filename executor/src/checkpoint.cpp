@@ -27,6 +27,14 @@ namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 using namespace detail;
 
+std::string hf_checkpoint_config(const ModelSpec& model) {
+  Json j = Json::parse(model.config_json(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return "";
+  j.erase("quantization_config");
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
 namespace {
 
 std::string utc_now() {
@@ -82,9 +90,12 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   };
 
   if (Status s = save_weights(state, tmp / kModelFile); !s.ok()) return fail(s);
+  if (!info.hf_config_json.empty())
+    if (Status s = write_new_file(tmp / kConfigFile, info.hf_config_json); !s.ok()) return fail(s);
   if (Status s = write_optimizer(state, tmp / kOptimizerFile, info.next_step, options); !s.ok()) return fail(s);
   std::map<std::string, FileDigest> files;
-  for (const char* f : {kModelFile, kOptimizerFile}) {
+  for (const char* f : {kModelFile, kOptimizerFile, kConfigFile}) {
+    if (f == kConfigFile && info.hf_config_json.empty()) continue;
     auto d = digest_file(tmp / f);
     if (!d.ok()) return fail(d.status());
     files[f] = *d;

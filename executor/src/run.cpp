@@ -152,6 +152,7 @@ Status save(const RunOptions& o, const Plan& plan, const std::string& plan_text,
   info.seed = static_cast<uint64_t>(plan.training.seed);
   info.losses_first_step = summary.losses_first_step;
   info.losses = summary.losses;
+  info.hf_config_json = hf_checkpoint_config(model);
   const auto t0 = std::chrono::steady_clock::now();
   SaveOptions options;
   options.compress_fp32_moments = o.compress_states;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "executor/file_test_util.h"
+#include "megatrain/executor/checkpoint.h"
 
 namespace megatrain::exec {
 namespace {
@@ -105,6 +106,78 @@ TEST(RunTraining, StopRequestSavesAfterTheStepAndReportsTheSignal) {
   EXPECT_EQ(run->next_step, 2);
   EXPECT_TRUE(fs::exists(dir / "ckpt" / "step-00000002" / "manifest.json"));
   EXPECT_NE(out.str().find("stopped by SIGINT after step 2 of 50; continue with --resume"), std::string::npos) << out.str();
+}
+
+// Ctrl-C and --resume with a Mixture-of-Experts model (gpt-oss: sinks, a sliding layer, stacked
+// experts; the aux loss in the objective): a run stopped by SIGINT after step 2 and resumed has the
+// losses of a straight run bit for bit, and the progress line reports the aux loss.
+TEST(RunTraining, StopAndResumeWithAMixtureOfExpertsModelIsBitExact) {
+  test::ScratchDir dir("run-moe");
+  const std::string data = text_file(dir);
+  std::string plan = test::read_bytes(fs::path(MEGATRAIN_PROFILES_DIR) / "plans" / "tiny-cpu.json");
+  const std::string from = "\"model\": \"tiny-llama-gqa\"";
+  ASSERT_NE(plan.find(from), std::string::npos);
+  plan.replace(plan.find(from), from.size(), "\"model\": \"tiny-gpt-oss\"");
+  const fs::path plan_path = dir / "moe.json";
+  test::write_bytes(plan_path, plan);
+  auto opts = [&](int64_t steps) {
+    RunOptions o = tiny_run(data, steps);
+    o.plan_path = plan_path.string();
+    return o;
+  };
+  std::ostringstream straight_out;
+  auto straight = run_training(opts(4), straight_out);
+  ASSERT_TRUE(straight.ok()) << straight.status().to_string();
+  ASSERT_EQ(straight->losses.size(), 4u);
+  EXPECT_NE(straight_out.str().find(" aux "), std::string::npos) << straight_out.str();
+
+  RunOptions first = opts(4);
+  first.checkpoint_dir = (dir / "ckpt").string();
+  int polls = 0;
+  RunCallbacks callbacks;
+  callbacks.stop_requested = [&] { return ++polls == 2 ? SIGINT : 0; };
+  std::ostringstream first_out;
+  auto head = run_training(first, first_out, callbacks);
+  ASSERT_TRUE(head.ok()) << head.status().to_string();
+  EXPECT_EQ(head->stop_signal, SIGINT);
+  EXPECT_EQ(head->next_step, 2);
+  // The step directory is a Hugging Face folder: config.json next to model.safetensors, describing
+  // fp32 weights, the same model (its parameters and tensors), no quantization_config.
+  const fs::path step2 = dir / "ckpt" / "step-00000002";
+  const std::string config = test::read_bytes(step2 / "config.json");
+  auto reread = ModelSpec::from_config_json(config);
+  ASSERT_TRUE(reread.ok()) << reread.status().to_string();
+  auto original = ModelSpec::load("tiny-gpt-oss");
+  ASSERT_TRUE(original.ok());
+  EXPECT_EQ(reread->parameter_counts().total, original->parameter_counts().total);
+  ASSERT_EQ(reread->tensors().size(), original->tensors().size());
+  for (size_t i = 0; i < reread->tensors().size(); ++i) EXPECT_EQ(reread->tensors()[i].name, original->tensors()[i].name);
+  EXPECT_NE(config.find("\"torch_dtype\": \"float32\""), std::string::npos) << config;
+  EXPECT_NE(test::read_bytes(step2 / "manifest.json").find("\"config.json\""), std::string::npos);
+
+  RunOptions second = first;
+  second.resume = true;
+  std::ostringstream second_out;
+  auto tail = run_training(second, second_out);
+  ASSERT_TRUE(tail.ok()) << tail.status().to_string();
+  EXPECT_EQ(tail->first_step, 2);
+  ASSERT_EQ(tail->losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(tail->losses[i], straight->losses[i]) << "step " << i;
+}
+
+// gpt-oss's published config says its experts are MXFP4; the checkpoint's weights are the
+// dequantised masters under the plain names, so its config.json must not say so.
+TEST(RunTraining, CheckpointConfigDropsTheQuantizationConfig) {
+  std::string cfg = test::read_bytes(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-gpt-oss.json");
+  const size_t brace = cfg.find('{');
+  ASSERT_NE(brace, std::string::npos);
+  cfg.insert(brace + 1, "\"quantization_config\": {\"quant_method\": \"mxfp4\", \"modules_to_not_convert\": []},");
+  auto spec = ModelSpec::from_config_json(cfg);
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  const std::string out = hf_checkpoint_config(*spec);
+  EXPECT_EQ(out.find("quantization_config"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"torch_dtype\": \"float32\""), std::string::npos) << out;
+  EXPECT_NE(out.find("GptOssForCausalLM"), std::string::npos) << out;
 }
 
 TEST(RunTraining, RefusesANewRunIntoAFolderOfCheckpoints) {

@@ -17,6 +17,7 @@ namespace megatrain::exec::detail {
 inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kConfigFile = "config.json";  // optional: the HF config of the weights
 inline constexpr const char* kLatestFile = "latest";
 
 // strerror's text for `err`, as every checkpoint message spells it.

@@ -48,7 +48,16 @@ struct CheckpointInfo {
   int64_t losses_first_step = 0;
   std::vector<double> losses;
   std::string created;        // UTC, ISO 8601; set by save_checkpoint, read back by load
+  // Optional: the Hugging Face config.json of the weights, written as `config.json` next to
+  // model.safetensors so that transformers' from_pretrained loads the step directory as it is
+  // (hf_checkpoint_config() makes it from the model's config). Not read back by load.
+  std::string hf_config_json;
 };
+
+// The model's config.json as it describes a checkpoint MegaTrain writes: the model's own keys,
+// with torch_dtype "float32" (the weights are the fp32 masters) and without quantization_config
+// (gpt-oss's MXFP4 experts are written dequantised, under their plain names).
+std::string hf_checkpoint_config(const ModelSpec& model);
 
 struct LoadedCheckpoint {
   std::filesystem::path dir;  // the step directory that was loaded
