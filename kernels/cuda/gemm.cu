@@ -17,16 +17,6 @@ namespace megatrain::cuda {
 
 namespace {
 
-template <typename T>
-constexpr cudaDataType_t data_type() {
-  if constexpr (std::is_same_v<T, float>)
-    return CUDA_R_32F;
-  else
-    return CUDA_R_16BF;
-}
-
-cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
-
 Status check_dims(const char* what, int64_t m, int64_t n, int64_t k) {
   constexpr int64_t kMax = 2147483647;
   if (m < 0 || n < 0 || k < 0 || m > kMax || n > kMax || k > kMax)
@@ -57,9 +47,9 @@ Status gemm(cublasHandle_t h, bool trans_a, bool trans_b, int64_t m, int64_t n, 
             int64_t lda, const T* b, int64_t ldb, float beta, C* c, int64_t ldc) {
   MT_RETURN_IF_ERROR(check_dims("gemm", m, n, k));
   if (m == 0 || n == 0) return {};
-  MT_CUBLAS_RETURN(cublasGemmEx(h, op(trans_b), op(trans_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                                &alpha, b, data_type<T>(), static_cast<int>(ldb), a, data_type<T>(), static_cast<int>(lda),
-                                &beta, c, data_type<C>(), static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  MT_CUBLAS_RETURN(cublasGemmEx(h, cublas_op(trans_b), cublas_op(trans_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                                &alpha, b, cublas_data_type<T>(), static_cast<int>(ldb), a, cublas_data_type<T>(), static_cast<int>(lda),
+                                &beta, c, cublas_data_type<C>(), static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return {};
 }
 
@@ -70,9 +60,9 @@ Status gemm_strided_batched(cublasHandle_t h, bool trans_a, bool trans_b, int64_
   MT_RETURN_IF_ERROR(check_dims("gemm_strided_batched", m, n, k));
   if (m == 0 || n == 0 || batch == 0) return {};
   MT_CUBLAS_RETURN(cublasGemmStridedBatchedEx(
-      h, op(trans_b), op(trans_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-      data_type<T>(), static_cast<int>(ldb), stride_b, a, data_type<T>(), static_cast<int>(lda), stride_a, &beta, c,
-      data_type<C>(), static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      h, cublas_op(trans_b), cublas_op(trans_a), static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+      cublas_data_type<T>(), static_cast<int>(ldb), stride_b, a, cublas_data_type<T>(), static_cast<int>(lda), stride_a, &beta, c,
+      cublas_data_type<C>(), static_cast<int>(ldc), stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return {};
 }
 

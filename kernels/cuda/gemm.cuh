@@ -6,9 +6,21 @@
 
 #include <cublas_v2.h>
 
+#include <type_traits>
+
 #include "cuda/common.cuh"
 
 namespace megatrain::cuda {
+
+// cuBLAS's name for float and bf16, and a transpose flag as a cuBLAS operation.
+template <typename T>
+constexpr cudaDataType_t cublas_data_type() {
+  if constexpr (std::is_same_v<T, float>)
+    return CUDA_R_32F;
+  else
+    return CUDA_R_16BF;
+}
+inline cublasOperation_t cublas_op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 // Instantiated for (T, C) = (float, float), (bf16, bf16) and (bf16, float).
 template <typename T, typename C>

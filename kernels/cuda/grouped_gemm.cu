@@ -33,15 +33,6 @@ namespace megatrain::cuda {
 
 namespace {
 
-template <typename T>
-constexpr cudaDataType_t data_type() {
-  if constexpr (std::is_same_v<T, float>)
-    return CUDA_R_32F;
-  else
-    return CUDA_R_16BF;
-}
-
-cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 std::atomic<bool> g_force_loop{false};
 
@@ -82,8 +73,8 @@ Status check_sizes(const char* what, int64_t e, int64_t in, int64_t out, const i
 template <typename T, typename C>
 Status run_loop(cublasHandle_t h, bool ta, bool tb, float alpha, float beta, const std::vector<Problem>& ps) {
   for (const Problem& p : ps)
-    MT_CUBLAS_RETURN(cublasGemmEx(h, op(tb), op(ta), p.n, p.m, p.k, &alpha, p.b, data_type<T>(), p.ldb, p.a, data_type<T>(),
-                                  p.lda, &beta, p.c, data_type<C>(), p.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MT_CUBLAS_RETURN(cublasGemmEx(h, cublas_op(tb), cublas_op(ta), p.n, p.m, p.k, &alpha, p.b, cublas_data_type<T>(), p.ldb, p.a, cublas_data_type<T>(),
+                                  p.lda, &beta, p.c, cublas_data_type<C>(), p.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return {};
 }
 
@@ -95,7 +86,7 @@ Status run_grouped(cublasHandle_t h, bool ta, bool tb, float alpha, float beta, 
   if (g_force_loop.load() || S::mode.load() == 2) return run_loop<T, C>(h, ta, tb, alpha, beta, ps);
   const int groups = static_cast<int>(ps.size());
   // Column-major arguments (operands swapped, see the file comment).
-  std::vector<cublasOperation_t> opa(ps.size(), op(tb)), opb(ps.size(), op(ta));
+  std::vector<cublasOperation_t> opa(ps.size(), cublas_op(tb)), opb(ps.size(), cublas_op(ta));
   std::vector<int> m(ps.size()), n(ps.size()), k(ps.size()), lda(ps.size()), ldb(ps.size()), ldc(ps.size()), size(ps.size(), 1);
   std::vector<float> alphas(ps.size(), alpha), betas(ps.size(), beta);
   std::vector<const void*> ptrs(3 * ps.size());
@@ -120,8 +111,8 @@ Status run_grouped(cublasHandle_t h, bool ta, bool tb, float alpha, float beta, 
   const auto* const* b_arr = reinterpret_cast<const void* const*>(dev_ptrs + groups);
   auto* const* c_arr = reinterpret_cast<void* const*>(dev_ptrs + 2 * groups);
   const cublasStatus_t st = cublasGemmGroupedBatchedEx(h, opa.data(), opb.data(), m.data(), n.data(), k.data(), alphas.data(),
-                                                       a_arr, data_type<T>(), lda.data(), b_arr, data_type<T>(), ldb.data(),
-                                                       betas.data(), c_arr, data_type<C>(), ldc.data(), groups, size.data(),
+                                                       a_arr, cublas_data_type<T>(), lda.data(), b_arr, cublas_data_type<T>(), ldb.data(),
+                                                       betas.data(), c_arr, cublas_data_type<C>(), ldc.data(), groups, size.data(),
                                                        CUBLAS_COMPUTE_32F);
   if (st == CUBLAS_STATUS_SUCCESS) {
     S::mode.store(1);
@@ -154,102 +145,104 @@ std::string grouped_gemm_path() {
 
 void force_grouped_gemm_loop(bool on) { g_force_loop.store(on); }
 
-template <typename T, typename Y>
-Status grouped_linear_forward(cublasHandle_t h, const T* x, const T* w, int64_t w_stride, const int32_t* offsets, int64_t e,
-                              int64_t in, int64_t out, Y* y, float beta, void** dev_ptrs) {
-  MT_RETURN_IF_ERROR(check_sizes("grouped_linear_forward", e, in, out, offsets));
-  if (in == 0 || out == 0) return {};
+namespace {
+
+// The problems of one grouped GEMM: one per expert g with rows (offsets[g] .. offsets[g + 1]).
+template <typename F>
+std::vector<Problem> per_expert(const int32_t* offsets, int64_t e, F&& problem_of) {
   std::vector<Problem> ps;
   for (int64_t g = 0; g < e; ++g) {
     const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    if (rows == 0) continue;
-    // y_g[rows, out] = x_g[rows, in] W_g[out, in]^T
-    ps.push_back(Problem{static_cast<int>(rows), static_cast<int>(out), static_cast<int>(in), x + r0 * in, static_cast<int>(in),
-                         w + g * w_stride, static_cast<int>(in), y + r0 * out, static_cast<int>(out)});
+    if (rows > 0) ps.push_back(problem_of(g, r0, static_cast<int>(rows)));
   }
-  return run_grouped<T, Y>(h, false, true, 1.0f, beta, ps, dev_ptrs);
+  return ps;
+}
+
+// The three grouped products for either weight layout: W_g [out, in] (nn.Linear, x W^T) or, with
+// w_in_out, W_g [in, out] (gpt-oss's stacked experts, x @ W): the same problems with the weight's
+// transpose flag flipped and its leading dimension `out` (the weight gradient's operands swap).
+template <typename T, typename Y>
+Status experts_forward(const char* what, bool w_in_out, cublasHandle_t h, const T* x, const T* w, int64_t w_stride,
+                       const int32_t* offsets, int64_t e, int64_t in, int64_t out, Y* y, float beta, void** dev_ptrs) {
+  MT_RETURN_IF_ERROR(check_sizes(what, e, in, out, offsets));
+  if (in == 0 || out == 0) return {};
+  const int i = static_cast<int>(in), o = static_cast<int>(out);
+  // y_g[rows, out] = x_g[rows, in] W_g^T (W_g [out, in]) or x_g W_g (W_g [in, out])
+  const auto ps = per_expert(offsets, e, [&](int64_t g, int64_t r0, int rows) {
+    return Problem{rows, o, i, x + r0 * in, i, w + g * w_stride, w_in_out ? o : i, y + r0 * out, o};
+  });
+  return run_grouped<T, Y>(h, false, !w_in_out, 1.0f, beta, ps, dev_ptrs);
+}
+
+template <typename T, typename DX>
+Status experts_backward_data(const char* what, bool w_in_out, cublasHandle_t h, const T* dy, const T* w, int64_t w_stride,
+                             const int32_t* offsets, int64_t e, int64_t in, int64_t out, DX* dx, bool accumulate,
+                             void** dev_ptrs) {
+  MT_RETURN_IF_ERROR(check_sizes(what, e, in, out, offsets));
+  if (in == 0) return {};
+  const int i = static_cast<int>(in), o = static_cast<int>(out);
+  // dx_g[rows, in] = dy_g[rows, out] W_g (W_g [out, in]) or dy_g W_g^T (W_g [in, out])
+  const auto ps = per_expert(offsets, e, [&](int64_t g, int64_t r0, int rows) {
+    return Problem{rows, i, o, dy + r0 * out, o, w + g * w_stride, w_in_out ? o : i, dx + r0 * in, i};
+  });
+  return run_grouped<T, DX>(h, false, w_in_out, 1.0f, accumulate ? 1.0f : 0.0f, ps, dev_ptrs);
+}
+
+template <typename T>
+Status experts_backward_weight(const char* what, bool w_in_out, cublasHandle_t h, const T* dy, const T* x,
+                               const int32_t* offsets, int64_t e, int64_t in, int64_t out, float* dw, int64_t dw_stride,
+                               void** dev_ptrs) {
+  MT_RETURN_IF_ERROR(check_sizes(what, e, in, out, offsets));
+  if (in == 0 || out == 0) return {};
+  const int i = static_cast<int>(in), o = static_cast<int>(out);
+  // dW_g[out, in] += dy_g^T x_g, or dW_g[in, out] += x_g^T dy_g
+  const auto ps = per_expert(offsets, e, [&](int64_t g, int64_t r0, int rows) {
+    return w_in_out ? Problem{i, o, rows, x + r0 * in, i, dy + r0 * out, o, dw + g * dw_stride, o}
+                    : Problem{o, i, rows, dy + r0 * out, o, x + r0 * in, i, dw + g * dw_stride, i};
+  });
+  return run_grouped<T, float>(h, true, false, 1.0f, 1.0f, ps, dev_ptrs);
+}
+
+}  // namespace
+
+template <typename T, typename Y>
+Status grouped_linear_forward(cublasHandle_t h, const T* x, const T* w, int64_t w_stride, const int32_t* offsets, int64_t e,
+                              int64_t in, int64_t out, Y* y, float beta, void** dev_ptrs) {
+  return experts_forward<T, Y>("grouped_linear_forward", false, h, x, w, w_stride, offsets, e, in, out, y, beta, dev_ptrs);
 }
 
 template <typename T, typename DX>
 Status grouped_linear_backward_data(cublasHandle_t h, const T* dy, const T* w, int64_t w_stride, const int32_t* offsets,
                                     int64_t e, int64_t in, int64_t out, DX* dx, bool accumulate, void** dev_ptrs) {
-  MT_RETURN_IF_ERROR(check_sizes("grouped_linear_backward_data", e, in, out, offsets));
-  if (in == 0) return {};
-  std::vector<Problem> ps;
-  for (int64_t g = 0; g < e; ++g) {
-    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    if (rows == 0) continue;
-    // dx_g[rows, in] = dy_g[rows, out] W_g[out, in]
-    ps.push_back(Problem{static_cast<int>(rows), static_cast<int>(in), static_cast<int>(out), dy + r0 * out,
-                         static_cast<int>(out), w + g * w_stride, static_cast<int>(in), dx + r0 * in, static_cast<int>(in)});
-  }
-  return run_grouped<T, DX>(h, false, false, 1.0f, accumulate ? 1.0f : 0.0f, ps, dev_ptrs);
+  return experts_backward_data<T, DX>("grouped_linear_backward_data", false, h, dy, w, w_stride, offsets, e, in, out, dx,
+                                      accumulate, dev_ptrs);
 }
 
 template <typename T>
 Status grouped_linear_backward_weight(cublasHandle_t h, const T* dy, const T* x, const int32_t* offsets, int64_t e, int64_t in,
                                       int64_t out, float* dw, int64_t dw_stride, void** dev_ptrs) {
-  MT_RETURN_IF_ERROR(check_sizes("grouped_linear_backward_weight", e, in, out, offsets));
-  if (in == 0 || out == 0) return {};
-  std::vector<Problem> ps;
-  for (int64_t g = 0; g < e; ++g) {
-    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    if (rows == 0) continue;
-    // dW_g[out, in] += dy_g[rows, out]^T x_g[rows, in]
-    ps.push_back(Problem{static_cast<int>(out), static_cast<int>(in), static_cast<int>(rows), dy + r0 * out,
-                         static_cast<int>(out), x + r0 * in, static_cast<int>(in), dw + g * dw_stride, static_cast<int>(in)});
-  }
-  return run_grouped<T, float>(h, true, false, 1.0f, 1.0f, ps, dev_ptrs);
+  return experts_backward_weight<T>("grouped_linear_backward_weight", false, h, dy, x, offsets, e, in, out, dw, dw_stride,
+                                    dev_ptrs);
 }
 
-// gpt-oss's stacked experts, W_g [in, out] (x @ W): the same problems with the weight's transpose
-// flag flipped and its leading dimension `out`.
 template <typename T, typename Y>
 Status grouped_matmul_forward(cublasHandle_t h, const T* x, const T* w, int64_t w_stride, const int32_t* offsets, int64_t e,
                               int64_t in, int64_t out, Y* y, float beta, void** dev_ptrs) {
-  MT_RETURN_IF_ERROR(check_sizes("grouped_matmul_forward", e, in, out, offsets));
-  if (in == 0 || out == 0) return {};
-  std::vector<Problem> ps;
-  for (int64_t g = 0; g < e; ++g) {
-    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    if (rows == 0) continue;
-    // y_g[rows, out] = x_g[rows, in] W_g[in, out]
-    ps.push_back(Problem{static_cast<int>(rows), static_cast<int>(out), static_cast<int>(in), x + r0 * in, static_cast<int>(in),
-                         w + g * w_stride, static_cast<int>(out), y + r0 * out, static_cast<int>(out)});
-  }
-  return run_grouped<T, Y>(h, false, false, 1.0f, beta, ps, dev_ptrs);
+  return experts_forward<T, Y>("grouped_matmul_forward", true, h, x, w, w_stride, offsets, e, in, out, y, beta, dev_ptrs);
 }
 
 template <typename T, typename DX>
 Status grouped_matmul_backward_data(cublasHandle_t h, const T* dy, const T* w, int64_t w_stride, const int32_t* offsets,
                                     int64_t e, int64_t in, int64_t out, DX* dx, bool accumulate, void** dev_ptrs) {
-  MT_RETURN_IF_ERROR(check_sizes("grouped_matmul_backward_data", e, in, out, offsets));
-  if (in == 0) return {};
-  std::vector<Problem> ps;
-  for (int64_t g = 0; g < e; ++g) {
-    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    if (rows == 0) continue;
-    // dx_g[rows, in] = dy_g[rows, out] W_g[in, out]^T
-    ps.push_back(Problem{static_cast<int>(rows), static_cast<int>(in), static_cast<int>(out), dy + r0 * out,
-                         static_cast<int>(out), w + g * w_stride, static_cast<int>(out), dx + r0 * in, static_cast<int>(in)});
-  }
-  return run_grouped<T, DX>(h, false, true, 1.0f, accumulate ? 1.0f : 0.0f, ps, dev_ptrs);
+  return experts_backward_data<T, DX>("grouped_matmul_backward_data", true, h, dy, w, w_stride, offsets, e, in, out, dx,
+                                      accumulate, dev_ptrs);
 }
 
 template <typename T>
 Status grouped_matmul_backward_weight(cublasHandle_t h, const T* dy, const T* x, const int32_t* offsets, int64_t e, int64_t in,
                                       int64_t out, float* dw, int64_t dw_stride, void** dev_ptrs) {
-  MT_RETURN_IF_ERROR(check_sizes("grouped_matmul_backward_weight", e, in, out, offsets));
-  if (in == 0 || out == 0) return {};
-  std::vector<Problem> ps;
-  for (int64_t g = 0; g < e; ++g) {
-    const int64_t r0 = offsets[g], rows = offsets[g + 1] - r0;
-    if (rows == 0) continue;
-    // dW_g[in, out] += x_g[rows, in]^T dy_g[rows, out]
-    ps.push_back(Problem{static_cast<int>(in), static_cast<int>(out), static_cast<int>(rows), x + r0 * in, static_cast<int>(in),
-                         dy + r0 * out, static_cast<int>(out), dw + g * dw_stride, static_cast<int>(out)});
-  }
-  return run_grouped<T, float>(h, true, false, 1.0f, 1.0f, ps, dev_ptrs);
+  return experts_backward_weight<T>("grouped_matmul_backward_weight", true, h, dy, x, offsets, e, in, out, dw, dw_stride,
+                                    dev_ptrs);
 }
 
 #define MT_GROUPED_INSTANTIATE(T, C)                                                                                    \

@@ -75,6 +75,25 @@ Result<double> time_copies(Resources& r, void* dst, const void* src, size_t byte
 
 }  // namespace
 
+// Seconds per call of a cuBLAS call on r.s1: one untimed warm-up (heuristics, workspace), then the
+// best of 3 timings of `batch` calls back to back, batch sized to about 2 GFLOP per timing.
+template <typename Call>
+Result<double> time_cublas(Resources& r, double flops, Call&& call) {
+  MT_PROBE_CUBLAS(call());
+  const int batch = static_cast<int>(std::clamp(2e9 / std::max(flops, 1.0), 1.0, 200.0));
+  double best = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    MT_PROBE_CUDA(cudaEventRecord(r.e[0], r.s1));
+    for (int i = 0; i < batch; ++i) MT_PROBE_CUBLAS(call());
+    MT_PROBE_CUDA(cudaEventRecord(r.e[1], r.s1));
+    MT_PROBE_CUDA(cudaEventSynchronize(r.e[1]));
+    float ms = 0;
+    MT_PROBE_CUDA(cudaEventElapsedTime(&ms, r.e[0], r.e[1]));
+    best = std::min(best, 1e-3 * ms / batch);
+  }
+  return best;
+}
+
 Result<std::string> gpu_present() {
   MT_ASSIGN_OR_RETURN(auto devices, cuda::list_devices());
   return devices.front().name;
@@ -181,19 +200,7 @@ Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSamp
                           static_cast<int>(s.k), &one, r.d_b, t, static_cast<int>(s.k), r.d_a, t, static_cast<int>(s.k),
                           &zero, r.d_c, t, static_cast<int>(s.n), c, CUBLAS_GEMM_DEFAULT);
     };
-    MT_PROBE_CUBLAS(call());  // warm-up: heuristics and workspace
-    const int batch = static_cast<int>(std::clamp(2e9 / std::max(s.flops(), 1.0), 1.0, 200.0));
-    double best = 1e300;
-    for (int rep = 0; rep < 3; ++rep) {
-      MT_PROBE_CUDA(cudaEventRecord(r.e[0], r.s1));
-      for (int i = 0; i < batch; ++i) MT_PROBE_CUBLAS(call());
-      MT_PROBE_CUDA(cudaEventRecord(r.e[1], r.s1));
-      MT_PROBE_CUDA(cudaEventSynchronize(r.e[1]));
-      float ms = 0;
-      MT_PROBE_CUDA(cudaEventElapsedTime(&ms, r.e[0], r.e[1]));
-      best = std::min(best, 1e-3 * ms / batch);
-    }
-    return best;
+    return time_cublas(r, s.flops(), call);
   };
   if (progress) progress("cuBLAS bf16 GEMMs, " + std::to_string(shapes.size()) + " shapes");
   for (GemmSample s : shapes) {
@@ -241,19 +248,7 @@ Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSamp
                                           static_cast<int>(g.n), static_cast<long long>(g.rows * g.n),
                                           static_cast<int>(g.experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       };
-      MT_PROBE_CUBLAS(call());  // warm-up
-      const int batch = static_cast<int>(std::clamp(2e9 / std::max(g.flops(), 1.0), 1.0, 200.0));
-      double best = 1e300;
-      for (int rep = 0; rep < 3; ++rep) {
-        MT_PROBE_CUDA(cudaEventRecord(r.e[0], r.s1));
-        for (int i = 0; i < batch; ++i) MT_PROBE_CUBLAS(call());
-        MT_PROBE_CUDA(cudaEventRecord(r.e[1], r.s1));
-        MT_PROBE_CUDA(cudaEventSynchronize(r.e[1]));
-        float ms = 0;
-        MT_PROBE_CUDA(cudaEventElapsedTime(&ms, r.e[0], r.e[1]));
-        best = std::min(best, 1e-3 * ms / batch);
-      }
-      g.seconds = best;
+      MT_ASSIGN_OR_RETURN(g.seconds, time_cublas(r, g.flops(), call));
       out.grouped_bf16.push_back(g);
     }
   }

@@ -46,6 +46,14 @@ struct RawArray {
   RawArray& operator=(const RawArray&) = delete;
 };
 
+// The GEMM probes' operands: small, non-zero, not all equal (no denormals, no trivially cheap
+// values), the output cleared.
+void fill_gemm_operands(RawArray<float>& x, int64_t xs, RawArray<float>& w, int64_t ws, RawArray<float>& y, int64_t ys) {
+  for (int64_t i = 0; i < xs; ++i) x[i] = 1e-3f * static_cast<float>(i % 113);
+  for (int64_t i = 0; i < ws; ++i) w[i] = 1e-3f * static_cast<float>(i % 127) - 0.06f;
+  std::memset(y.p, 0, sizeof(float) * static_cast<size_t>(ys));
+}
+
 double machine_busy_s() {
   std::FILE* f = std::fopen("/proc/stat", "r");
   if (!f) return 0;
@@ -236,9 +244,7 @@ std::vector<GemmSample> measure_gemm(std::vector<GemmSample> shapes, int threads
     ys = std::max(ys, s.m * s.n);
   }
   RawArray<float> x(xs), w(ws), y(ys);
-  for (int64_t i = 0; i < xs; ++i) x[i] = 1e-3f * static_cast<float>(i % 113);
-  for (int64_t i = 0; i < ws; ++i) w[i] = 1e-3f * static_cast<float>(i % 127) - 0.06f;
-  std::memset(y.p, 0, sizeof(float) * static_cast<size_t>(ys));
+  fill_gemm_operands(x, xs, w, ws, y, ys);
   cpu::CpuContext ctx(threads);
   // Two passes over all shapes, half the time each, keeping the better: a burst of load from other
   // processes then spoils one pass of a shape, not the shape.
@@ -287,9 +293,7 @@ std::vector<GroupedGemmSample> measure_grouped_gemm(std::vector<GroupedGemmSampl
     ys = std::max(ys, s.experts * s.rows * s.n);
   }
   RawArray<float> x(xs), w(ws), y(ys);
-  for (int64_t i = 0; i < xs; ++i) x[i] = 1e-3f * static_cast<float>(i % 113);
-  for (int64_t i = 0; i < ws; ++i) w[i] = 1e-3f * static_cast<float>(i % 127) - 0.06f;
-  std::memset(y.p, 0, sizeof(float) * static_cast<size_t>(ys));
+  fill_gemm_operands(x, xs, w, ws, y, ys);
   cpu::CpuContext ctx(threads);
   // As measure_gemm: two passes, half the time each, the better kept.
   for (int pass = 0; pass < 2; ++pass) {
