@@ -27,6 +27,36 @@ void residuals(const std::vector<double>& x, const std::vector<double>& t, Laten
   f.points = static_cast<int64_t>(x.size());
 }
 
+// Pool adjacent violators: blocks of (mean rate, weight), merged while a block's mean is below its
+// predecessor's. Weights are the sample counts, so this is the least-squares non-decreasing fit of
+// the mean rate at each x. `by_x` maps x (ascending) to (sum of rates, count); returns x and the
+// fitted rate at each.
+template <typename Key>
+std::pair<std::vector<double>, std::vector<double>> monotone_fit(const std::map<Key, std::pair<double, int>>& by_x) {
+  struct Block {
+    double mean, weight;
+    size_t first, last;  // indices into `xs`
+  };
+  std::vector<double> xs;
+  std::vector<Block> blocks;
+  for (const auto& [x, e] : by_x) {
+    xs.push_back(static_cast<double>(x));
+    blocks.push_back({e.first / e.second, static_cast<double>(e.second), xs.size() - 1, xs.size() - 1});
+    while (blocks.size() >= 2 && blocks[blocks.size() - 2].mean > blocks.back().mean) {
+      const Block top = blocks.back();
+      blocks.pop_back();
+      Block& prev = blocks.back();
+      prev.mean = (prev.mean * prev.weight + top.mean * top.weight) / (prev.weight + top.weight);
+      prev.weight += top.weight;
+      prev.last = top.last;
+    }
+  }
+  std::vector<double> ys(xs.size());
+  for (const Block& b : blocks)
+    for (size_t i = b.first; i <= b.last; ++i) ys[i] = b.mean;
+  return {std::move(xs), std::move(ys)};
+}
+
 }  // namespace
 
 Result<LatencyBandwidthFit> fit_latency_bandwidth(const std::vector<double>& x, const std::vector<double>& t) {
@@ -102,30 +132,7 @@ Result<GemmEfficiencyFit> fit_gemm_efficiency(const std::vector<GemmSample>& sam
     return invalid_argument("fit_gemm_efficiency: needs samples of at least 2 distinct FLOP counts, got " +
                             std::to_string(by_flops.size()));
 
-  // Pool adjacent violators: blocks of (mean rate, weight), merged while a block's mean is below its
-  // predecessor's. Weights are the sample counts, so this is the least-squares monotone fit.
-  struct Block {
-    double mean;
-    double weight;
-    size_t first, last;  // indices into `xs`
-  };
-  std::vector<double> xs;
-  std::vector<Block> blocks;
-  for (const auto& [f, e] : by_flops) {
-    xs.push_back(f);
-    blocks.push_back({e.first / e.second, static_cast<double>(e.second), xs.size() - 1, xs.size() - 1});
-    while (blocks.size() >= 2 && blocks[blocks.size() - 2].mean > blocks.back().mean) {
-      Block top = blocks.back();
-      blocks.pop_back();
-      Block& prev = blocks.back();
-      prev.mean = (prev.mean * prev.weight + top.mean * top.weight) / (prev.weight + top.weight);
-      prev.weight += top.weight;
-      prev.last = top.last;
-    }
-  }
-  std::vector<double> ys(xs.size());
-  for (const Block& b : blocks)
-    for (size_t i = b.first; i <= b.last; ++i) ys[i] = b.mean;
+  const auto [xs, ys] = monotone_fit(by_flops);
   // Equal y on a run of x is kept only at the run's ends: the interpolation between them is flat anyway.
   for (size_t i = 0; i < xs.size(); ++i) {
     const bool interior = i > 0 && i + 1 < xs.size() && ys[i - 1] == ys[i] && ys[i + 1] == ys[i];
@@ -166,28 +173,7 @@ Result<GroupedGemmFit> fit_grouped_gemm_efficiency(const std::vector<GroupedGemm
   if (by_rows.size() < 2)
     return invalid_argument("fit_grouped_gemm_efficiency: needs samples of at least 2 distinct row counts, got " +
                             std::to_string(by_rows.size()));
-  // Pool adjacent violators, weighted by sample counts: the least-squares non-decreasing fit.
-  struct Block {
-    double mean, weight;
-    size_t first, last;
-  };
-  std::vector<double> xs;
-  std::vector<Block> blocks;
-  for (const auto& [rows, e] : by_rows) {
-    xs.push_back(static_cast<double>(rows));
-    blocks.push_back({e.first / e.second, static_cast<double>(e.second), xs.size() - 1, xs.size() - 1});
-    while (blocks.size() >= 2 && blocks[blocks.size() - 2].mean > blocks.back().mean) {
-      const Block top = blocks.back();
-      blocks.pop_back();
-      Block& prev = blocks.back();
-      prev.mean = (prev.mean * prev.weight + top.mean * top.weight) / (prev.weight + top.weight);
-      prev.weight += top.weight;
-      prev.last = top.last;
-    }
-  }
-  std::vector<double> ys(xs.size());
-  for (const Block& b : blocks)
-    for (size_t i = b.first; i <= b.last; ++i) ys[i] = b.mean;
+  const auto [xs, ys] = monotone_fit(by_rows);
   GroupedGemmFit out;
   for (size_t i = 0; i < xs.size(); ++i) {
     const bool interior = i > 0 && i + 1 < xs.size() && ys[i - 1] == ys[i] && ys[i + 1] == ys[i];
