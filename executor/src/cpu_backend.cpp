@@ -79,8 +79,23 @@ Result<float*> Arena::take_floats(int64_t n, const char* what) {
     return internal_error(std::string("device arena: ") + what + " needs " + std::to_string(bytes) + " bytes, but only " +
                           std::to_string(capacity_ - used_) + " of " + std::to_string(capacity_) + " are left");
   float* p = reinterpret_cast<float*>(base_ + used_);
+  carves_.push_back({used_, n * static_cast<int64_t>(sizeof(float)), what});
   used_ += bytes;
   return p;
+}
+
+void Arena::check_view(const float* p, int64_t n, const char* use) const {
+  const int64_t at = reinterpret_cast<const char*>(p) - base_;
+  MT_CHECK(p != nullptr && at >= 0 && at < used_, std::string("device arena: ") + use + " is handed a view that is not in the arena");
+  // The carve that holds `at`: the last one starting at or before it.
+  const auto it = std::upper_bound(carves_.begin(), carves_.end(), at, [](int64_t x, const Carve& c) { return x < c.offset; });
+  MT_CHECK(it != carves_.begin(), std::string("device arena: ") + use + " is handed a view before the first buffer");
+  const Carve& c = *std::prev(it);
+  const int64_t end = at + n * static_cast<int64_t>(sizeof(float));
+  MT_CHECK(n >= 0 && end <= c.offset + c.bytes,
+           std::string("device arena: ") + use + " is handed " + std::to_string(n) + " floats at byte " +
+               std::to_string(at - c.offset) + " of '" + c.what + "', which holds " + std::to_string(c.bytes / 4) +
+               " floats: the view overruns its buffer by " + std::to_string((end - c.offset - c.bytes + 3) / 4) + " floats");
 }
 
 namespace {

@@ -808,6 +808,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       slot_free.reset();
       if (aborted()) return;
       const UnitState& us = I.state->units()[static_cast<size_t>(ld.unit)];
+      I.arena->check_view(I.slots[static_cast<size_t>(ld.slot)], us.numel, "a unit's weight load");
       const auto a = Clock::now();
       be.upload_unit(kH, us, I.state->transfer(), I.slots[static_cast<size_t>(ld.slot)]);
       be.synchronize(kH);
@@ -881,6 +882,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
         I.grad_of[static_cast<size_t>(u)] = k;
         us.grad.view(I.grad_pool[static_cast<size_t>(k)].data(), us.numel);
       }
+      I.arena->check_view(grad_buf, us.numel, "a unit's gradient copy to the host");
       const auto a = Clock::now();
       // microbatch-major: the first micro-batch's gradient is copied, the others are summed into the
       // RAM tier in fp32 (the previous step's update of this unit finished before its load).
@@ -906,6 +908,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     I.grad_buf_free[static_cast<size_t>(k)] = 0;
     l.unlock();
     float* g = I.grad_bufs[static_cast<size_t>(k)];
+    I.arena->check_view(g, numel, "a layer's gradient accumulator");
     be.fill_zero(kC, g, numel);
     return {g, k};
   };
@@ -919,6 +922,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     return std::pair<int64_t, int64_t>{lo, I.c > 0 ? std::min(I.L, lo + I.c - 1) : l};
   };
   const UnitState& hu = units(I.L + 1);
+  // Every view of weights or gradients handed to the backend is checked against its buffer.
+  auto weights_in = [&](int64_t u, const float* w) {
+    I.arena->check_view(w, units(u).numel, "a unit's weights");
+    return be.view_weights(units(u), w);
+  };
+  auto grads_in = [&](int64_t u, float* g) {
+    I.arena->check_view(g, units(u).numel, "a unit's gradient");
+    return grad_unit(units(u), g);
+  };
   for (const step::Op& op : rd.compute) {
     const int64_t l = op.layer, j = op.mb;
     const auto jj = static_cast<size_t>(j);
@@ -955,6 +967,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
       case step::OpKind::kConsumed: be.record(kC, *consumed[static_cast<size_t>(op.block) * static_cast<size_t>(AR) + jj]); break;
       case step::OpKind::kBackwardBegins:
         be.record(kC, backward_begun);
+        I.arena->check_view(I.embed_grad, units(0).numel, "the embedding gradient");
         be.fill_zero(kC, I.embed_grad, units(0).numel);
         break;
       case step::OpKind::kTakeGradBuffer: gb[static_cast<size_t>(l)] = take_grad_buf(units(l).numel); break;
@@ -978,18 +991,22 @@ Result<StepResult> Trainer::run_step(int64_t step) {
             break;
           case SpanKind::kForward: {
             float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-            MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w), I.hid[cur][jj], I.hid[1 - cur][jj],
+            MT_RETURN_IF_ERROR(be.layer_forward(weights_in(l, w), I.hid[cur][jj], I.hid[1 - cur][jj],
                                                 moe_forward_acts(I, be.bind_acts(act), l, j0 + j)));
             if (j == AR - 1) cur = 1 - cur;  // the layer is done for every micro-batch
             break;
           }
           case SpanKind::kHead: {
             if (j == 0) {
+              I.arena->check_view(I.head_grad, hu.numel, "the head gradient");
               be.fill_zero(kC, I.head_grad, hu.numel);
-              if (d.tied) be.fill_zero(kC, I.tied_grad, d.V * d.H);
+              if (d.tied) {
+                I.arena->check_view(I.tied_grad, d.V * d.H, "the tied head gradient");
+                be.fill_zero(kC, I.tied_grad, d.V * d.H);
+              }
             }
-            const UnitView hv = be.view_weights(hu, w);
-            const float* lm = d.tied ? be.view_weights(units(0), w_of[static_cast<size_t>(op.load2)])[TensorRole::kEmbedding]
+            const UnitView hv = weights_in(I.L + 1, w);
+            const float* lm = d.tied ? weights_in(0, w_of[static_cast<size_t>(op.load2)])[TensorRole::kEmbedding]
                                      : hv[TensorRole::kHead];
             float* dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
             MT_RETURN_IF_ERROR(be.head(hv[TensorRole::kFinalNorm], lm, I.hid[cur][jj], I.targets[static_cast<size_t>(j0 + j)].data(),
@@ -1002,15 +1019,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
             const float* x = I.host_ckpt ? I.hid[0][jj] : I.ckpt[static_cast<size_t>((lo - 1) / I.c)][jj];
             float* out = l == hi ? I.x_scratch : I.acts[static_cast<size_t>(l - lo + 1)];  // the next layer's acts.x
             const LayerActs acts = be.bind_acts(I.acts[static_cast<size_t>(l - lo)]);
-            MT_RETURN_IF_ERROR(be.layer_forward(be.view_weights(units(l), w), l == lo ? x : acts.x, out, acts));
+            MT_RETURN_IF_ERROR(be.layer_forward(weights_in(l, w), l == lo ? x : acts.x, out, acts));
             break;
           }
           case SpanKind::kBackward: {
             const int64_t lo = block_of(l).first;
             float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
             float* dx = I.dhid[jj];
-            MT_RETURN_IF_ERROR(be.layer_backward(be.view_weights(units(l), w), moe_backward_acts(I, be.bind_acts(act), l, j0 + j), dx, dx,
-                                                 grad_unit(units(l), gb[static_cast<size_t>(l)].first), I.ws));
+            MT_RETURN_IF_ERROR(be.layer_backward(weights_in(l, w), moe_backward_acts(I, be.bind_acts(act), l, j0 + j), dx, dx,
+                                                 grads_in(l, gb[static_cast<size_t>(l)].first), I.ws));
             break;
           }
           case SpanKind::kEmbedBackward:

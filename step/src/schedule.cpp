@@ -168,7 +168,9 @@ Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const Act
   b.act_sets = s.c > 0 ? s.c : int64_t{s.L} * s.resident_mbs;
   b.act_floats = layout.layer_act_floats;
   b.grad_sets = (s.c > 0 ? s.c : 1) + 1;
-  b.grad_floats = s.L > 0 ? s.unit_numel[1] : 0;
+  // The accumulators serve every decoder layer in turn: each holds the largest (a dense first layer
+  // of a Mixture-of-Experts model is smaller than the others).
+  b.grad_floats = s.L > 0 ? *std::max_element(s.unit_numel.begin() + 1, s.unit_numel.begin() + 1 + s.L) : 0;
   b.embed_grad = s.unit_numel[0];
   b.head_grad = s.unit_numel[static_cast<size_t>(s.L + 1)];
   b.tied_grad = s.tied ? mc.vocab_size * mc.hidden_size : 0;

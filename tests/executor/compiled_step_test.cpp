@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <tuple>
@@ -70,8 +72,27 @@ struct GridPlan {
   Plan plan;
 };
 
-// The planner's choices: best and runners-up of searches over three models, several device and
-// RAM sizes (tight RAM pushes state to NVMe) and two state-format policies.
+// Qwen3-MoE with a dense first layer (mlp_only_layers [0]): its later layers are larger than
+// layer 0, which every per-layer buffer must allow for. Embedded in the plan as a config object.
+std::string dense_first_moe_config() {
+  static const std::string text = [] {
+    std::ifstream in(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-qwen3-moe.json");
+    auto j = nlohmann::ordered_json::parse(in);
+    j["mlp_only_layers"] = {0};
+    return j.dump();
+  }();
+  return text;
+}
+constexpr const char* kDenseFirstMoe = "tiny-qwen3-moe, dense layer 0";
+
+ProfileRef model_ref(const std::string& model) {
+  return model == kDenseFirstMoe ? ProfileRef{true, dense_first_moe_config()} : ProfileRef{false, model};
+}
+
+// The planner's choices: best and runners-up of searches over dense models (Llama, Qwen2's tied
+// head, Qwen3's q/k norms), Mixture-of-Experts models (gpt-oss with its sliding and full layers,
+// Qwen3-MoE with a dense first layer), several device and RAM sizes (tight RAM pushes state to
+// NVMe) and two state-format policies.
 std::vector<GridPlan> planner_plans(const fs::path& nvme_dir, std::vector<std::string>& errors) {
   std::vector<GridPlan> out;
   std::set<std::string> seen;
@@ -84,10 +105,13 @@ std::vector<GridPlan> planner_plans(const fs::path& nvme_dir, std::vector<std::s
       {"small-llama", 64.0 * (1 << 20), 24e9, false},   {"small-llama", 24.0 * (1 << 20), 24e9, true},
       {"small-llama", 256.0 * (1 << 20), 60e6, false}, {"tiny-qwen2", 16.0 * (1 << 20), 24e9, true},
       {"tiny-qwen2", 64.0 * (1 << 20), 24e9, false},    {"tiny-llama-gqa", 16.0 * (1 << 20), 24e9, false},
-      {"tiny-llama-gqa", 128.0 * (1 << 20), 40e6, true},
+      {"tiny-llama-gqa", 128.0 * (1 << 20), 40e6, true}, {"tiny-qwen3", 16.0 * (1 << 20), 24e9, false},
+      {"tiny-gpt-oss", 32.0 * (1 << 20), 24e9, true},    {kDenseFirstMoe, 16.0 * (1 << 20), 24e9, false},
+      {kDenseFirstMoe, 64.0 * (1 << 20), 6e6, true},
   };
   for (const Case& c : cases) {
-    auto model = ModelSpec::load(c.model);
+    const ProfileRef ref = model_ref(c.model);
+    auto model = ref.inline_object ? ModelSpec::from_config_json(ref.value, c.model) : ModelSpec::load(c.model);
     if (!model.ok()) {
       errors.push_back(model.status().to_string());
       continue;
@@ -99,7 +123,7 @@ std::vector<GridPlan> planner_plans(const fs::path& nvme_dir, std::vector<std::s
     req.steps = kSteps;
     req.top = 5;
     if (c.lossy) req.policy.state_formats = {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kQ8};
-    req.model_ref = ProfileRef{false, c.model};
+    req.model_ref = ref;
     req.rig_ref = inline_rig(rig);
     planner::SearchOptions opt;
     opt.relief = false;
@@ -301,6 +325,11 @@ TEST_F(CompiledStep, TheGridCoversEveryScheduleFeature) {
     have["tied head"] += model->config().tie_word_embeddings;
     have["quantised moments"] += p.optimizer.m_format != StateFormat::kFp32 || p.optimizer.v_format != StateFormat::kFp32;
     have["grad_accum > 1"] += p.training.grad_accum > 1;
+    have["qwen3"] += model->config().qk_norm && !model->config().is_moe();
+    have["gpt-oss"] += model->config().moe == "gpt_oss";
+    bool mixed = false;
+    for (int64_t l = 0; l < model->config().num_layers; ++l) mixed |= model->config().is_moe_layer(l) != model->config().is_moe_layer(0);
+    have["mixed dense and MoE layers"] += mixed;
   }
   const auto chosen = std::count_if(plans_->begin(), plans_->end(), [](const GridPlan& g) {
     return g.label.find("[variant") == std::string::npos && g.label.rfind("example", 0) != 0;
@@ -308,7 +337,7 @@ TEST_F(CompiledStep, TheGridCoversEveryScheduleFeature) {
   EXPECT_GE(chosen, 30) << "at least 30 plans the planner chose";
   for (const char* f : {"layer-major", "microbatch-major", "prefetch 1", "prefetch >= 2", "no recompute", "host checkpoints",
                         "device checkpoints", "nvme", "clipping", "lent gradients", "tied head", "quantised moments",
-                        "grad_accum > 1"})
+                        "grad_accum > 1", "qwen3", "gpt-oss", "mixed dense and MoE layers"})
     EXPECT_GT(have[f], 0) << "no plan in the grid has " << f;
   std::printf("%zu plans (%ld chosen by the planner); coverage:", plans_->size(), static_cast<long>(chosen));
   for (const auto& [k, v] : have) std::printf(" %s %d,", k.c_str(), v);
@@ -419,8 +448,9 @@ TEST_F(CompiledStep, EveryPlanThePlannerWritesIsAcceptedByTheExecutorAgainstItsB
 TEST(CompiledStepLayout, TheCpuBackendKeepsWhatTheLayoutSays) {
   // The trainer sizes its buffers with the backend's own figures; the planner and the simulator
   // with step::cpu_layout. They must be the same numbers.
-  for (const char* name : {"small-llama", "tiny-qwen2", "tiny-llama-gqa"}) {
-    auto model = ModelSpec::load(name);
+  for (const char* name : {"small-llama", "tiny-qwen2", "tiny-llama-gqa", "tiny-qwen3", "tiny-mixtral", "tiny-gpt-oss", kDenseFirstMoe}) {
+    const ProfileRef ref = model_ref(name);
+    auto model = ref.inline_object ? ModelSpec::from_config_json(ref.value, name) : ModelSpec::load(name);
     ASSERT_TRUE(model.ok());
     for (int64_t mb : {1, 3})
       for (int64_t seq : {16, 64}) {

@@ -24,6 +24,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <fstream>
 #include <set>
 #include <string>
 #include <utility>
@@ -1040,6 +1041,94 @@ TEST(NvmeTraining, MixtureOfExpertsModelsMatchOnNvmeAndWithLentGradients) {
         SCOPED_TRACE("lent gradients, " + p.value("placement", Json::object()).dump());
         expect_identical(train(p, true, 4, false, false), reference);
       }
+    }
+  }
+}
+
+// ---- mixed layer sizes ------------------------------------------------------------------------------
+
+// Qwen3-MoE with dense layers among its MoE layers, so that decoder layers differ in size: every
+// per-layer buffer of the streamed pipeline (gradient accumulators, weight slots, activations,
+// workspaces, NVMe staging, lent gradients) must hold the largest layer it serves, not layer 0's.
+// Until the compiled step sized its gradient accumulators by the largest layer, a dense first layer
+// made the streamed trainer write past them into the embedding gradient: the losses and weights
+// drifted from the in-memory loop's without a word. Each variant is checked against the in-memory
+// loop bit for bit, in both orders, with and without host checkpoints, in RAM and on NVMe.
+Json mixed_layers_model(const std::vector<int64_t>& mlp_only, int64_t layers, int64_t sparse_step = 1) {
+  std::ifstream in(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-qwen3-moe.json");
+  Json m = Json::parse(in);
+  m["num_hidden_layers"] = layers;
+  m["mlp_only_layers"] = mlp_only;
+  m["decoder_sparse_step"] = sparse_step;
+  return m;
+}
+
+TEST(NvmeTraining, MixedDenseAndMoeLayersMatchTheInMemoryLoopBitForBit) {
+  TmpDir dir("mixed");
+  struct Variant {
+    const char* label;
+    Json model;
+  };
+  const Variant variants[] = {
+      {"dense first (mlp_only_layers [0])", mixed_layers_model({0}, 3)},
+      {"dense last (mlp_only_layers [2])", mixed_layers_model({2}, 3)},
+      {"dense in the middle (mlp_only_layers [1])", mixed_layers_model({1}, 3)},
+      {"dense and MoE alternating (decoder_sparse_step 2, 4 layers)", mixed_layers_model({}, 4, 2)},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.label);
+    Json pj = base_plan("tiny-qwen3-moe");
+    pj["model"] = v.model;
+    {  // the layers really differ in size, and the first is not always the largest
+      TrainSetup su = make_setup(pj);
+      const auto numels = unit_tensor_numels(su.model);
+      std::set<int64_t> sizes;
+      for (size_t u = 1; u + 1 < numels.size(); ++u) {
+        int64_t n = 0;
+        for (int64_t x : numels[u]) n += x;
+        sizes.insert(n);
+      }
+      EXPECT_EQ(sizes.size(), 2u) << "dense and MoE layers of different sizes";
+    }
+    const TrainRun reference = train(in_ram(pj), false);
+    ASSERT_TRUE(reference.ok);
+    EXPECT_LT(reference.losses.back(), reference.losses.front()) << "the reference does not learn";
+    struct Sched {
+      int k, c;
+      const char* where;
+    };
+    for (const Sched& s : {Sched{1, 0, "device"}, Sched{1, 1, "device"}, Sched{2, 1, "host"}, Sched{2, 2, "host"}}) {
+      Json p = pj;
+      p["schedule"]["prefetch_depth"] = s.k;
+      p["schedule"]["device_layer_buffers"] = std::max(s.k + 1, s.c + 1);
+      p["schedule"]["checkpoint_every"] = s.c;
+      p["schedule"]["checkpoint_location"] = s.where;
+      SCOPED_TRACE("layer-major, K=" + std::to_string(s.k) + " checkpoint_every=" + std::to_string(s.c) + " " + s.where);
+      expect_identical(train(p, true), reference);
+      SCOPED_TRACE("lent gradients");
+      expect_identical(train(p, true, 4, false, false), reference);
+    }
+    {
+      SCOPED_TRACE("microbatch-major, grad_accum 1, host checkpoints");
+      Json p = pj;
+      p["schedule"]["order"] = "microbatch-major";
+      p["schedule"]["checkpoint_location"] = "host";
+      p["training"]["grad_accum"] = 1;
+      expect_identical(train(p, true), train(in_ram(p), false));
+    }
+    {
+      SCOPED_TRACE("microbatch-major, grad_accum 3, against the same schedule in RAM");
+      Json p = pj;
+      p["schedule"]["order"] = "microbatch-major";
+      p["training"]["clip_grad_norm"] = 0.5;
+      expect_identical(train(on_nvme(p, false, true, {dir.sub("mb")}), true), train(in_ram(p), true));
+    }
+    {
+      SCOPED_TRACE("master weights and states on NVMe, bf16 transfer, host checkpoints");
+      Json p = pj;
+      p["precision"]["transfer"] = "bf16";
+      p["schedule"]["checkpoint_location"] = "host";
+      expect_nvme_matches_ram(on_nvme(p, true, true, {dir.sub("m")}), true);
     }
   }
 }

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/status.h"
@@ -109,10 +110,21 @@ class Arena {
   Result<float*> take_floats(int64_t n, const char* what);
   int64_t capacity() const { return capacity_; }
   int64_t used() const { return used_; }
+  // The guard against a silent overrun (an accumulator sized for a smaller layer writing into its
+  // neighbour): the trainer checks every view it hands a backend, `n` floats from `p` for `use`,
+  // against the buffer it was carved as (its requested size, not the rounding). A view that leaves
+  // its buffer is a programming error: it aborts with the buffer, both sizes and the use. The
+  // check is a search over a few tens of buffers per call, always on.
+  void check_view(const float* p, int64_t n, const char* use) const;
 
  private:
+  struct Carve {
+    int64_t offset, bytes;
+    const char* what;
+  };
   char* base_;
   int64_t capacity_, used_ = 0;
+  std::vector<Carve> carves_;  // in offset order
   std::function<void(void*)> release_;
 };
 
