@@ -1,6 +1,8 @@
 // The Llama-family layer, embedding and head on the CPU kernels, forward and backward.
 #include "megatrain/executor/model.h"
 
+#include "megatrain/buffers/buffers.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -31,25 +33,12 @@ Result<cpu::RopeConfig> rope_config_of(const ModelConfig& mc) {
 Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_len) {
   const ModelConfig& c = model.config();
   Dims d;
-  d.B = micro_batch;
-  d.T = seq_len;
-  d.N = micro_batch * seq_len;
-  d.H = c.hidden_size;
-  d.I = c.intermediate_size;
-  d.nh = c.num_heads;
-  d.nkv = c.num_kv_heads;
-  d.hd = c.head_dim;
-  d.V = c.vocab_size;
-  d.L = c.num_layers;
-  d.q = d.nh * d.hd;
-  d.kv = d.nkv * d.hd;
+  static_cast<buffers::Shape&>(d) = buffers::shape_of(c, micro_batch, seq_len);
   d.eps = c.rms_norm_eps;
   d.tied = c.tie_word_embeddings;
   if (c.mlp_bias)
     return unsupported("mlp_bias: biases on the dense MLP's gate/up/down are not supported by the CPU backend yet; accepted: "
                        "false (q/k/v/o biases, as in Qwen2 and gpt-oss, and gpt-oss's expert biases are supported)");
-  d.qk_norm = c.qk_norm;
-  d.sinks = c.attention_sinks;
   d.window.assign(static_cast<size_t>(d.L), 0);
   for (int64_t l = 0; l < d.L; ++l)
     if (c.is_sliding_layer(l)) d.window[static_cast<size_t>(l)] = c.sliding_window;
@@ -60,34 +49,19 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
   if (c.is_moe()) {
     if (c.moe != "mixtral" && c.moe != "qwen3_moe" && c.moe != "gpt_oss")
       return unsupported("moe '" + c.moe + "': the executor trains the mixtral, qwen3_moe and gpt_oss blocks");
-    d.moe = true;
-    d.E = c.num_experts;
-    d.k = c.experts_per_token;
-    d.Im = c.moe_intermediate_size;
     // gpt-oss takes the softmax over the k largest logits, which equals the softmax over all
     // experts renormalised over the k chosen (exp(z_i) / sum_chosen exp(z_j)): the same block as
     // Mixtral's, differing by rounding (docs/moe.md).
     d.renorm = c.moe == "mixtral" || c.moe == "gpt_oss" || c.norm_topk_prob;
-    d.gpt_oss = c.moe == "gpt_oss";
     d.swiglu_alpha = c.swiglu_alpha;
     d.swiglu_limit = c.swiglu_limit;
-    d.dense_mlp = false;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (c.is_moe_layer(l)) ++d.moe_layers;
-      else d.dense_mlp = true;
-    }
+    for (int64_t l = 0; l < c.num_layers; ++l) d.moe_layers += c.is_moe_layer(l);
     if (d.E < 1 || d.k < 1 || d.k > d.E || d.Im < 1)
       return invalid_argument("MoE: num_experts " + std::to_string(d.E) + ", experts_per_tok " + std::to_string(d.k) +
                               ", moe_intermediate_size " + std::to_string(d.Im) +
                               ": accepted 1 <= experts_per_tok <= num_experts and an intermediate size >= 1");
   }
   return d;
-}
-
-int64_t Dims::mlp_floats() const {
-  int64_t n = dense_mlp ? N * I : 0;
-  if (moe) n = std::max(n, N * k * Im);
-  return n;
 }
 
 template <typename T>
@@ -120,20 +94,6 @@ void bind_unit(const UnitState& layout, P block, V& v) {
     }
   }
 }
-// int32 cells inside an array of T.
-template <typename T>
-int64_t int_cells(int64_t n) {
-  return (n * static_cast<int64_t>(sizeof(int32_t)) + static_cast<int64_t>(sizeof(T)) - 1) / static_cast<int64_t>(sizeof(T));
-}
-// The MoE activations' elements beyond the dense layer's (in float cells).
-int64_t moe_act_floats(const Dims& d) {
-  if (!d.moe) return 0;
-  const int64_t slots = d.N * d.k;
-  return 2 * d.N * d.E /*logits, probs*/ + slots /*weight*/ + 2 * slots * d.H /*xp, yp*/ +
-         3 * int_cells<float>(slots) /*expert, perm, row_of_slot*/ + int_cells<float>(d.E + 1) /*offsets*/;
-}
-int64_t qk_norm_act_floats(const Dims& d) { return d.qk_norm ? d.N * (d.q + d.kv + d.nh + d.nkv) : 0; }
-int64_t sink_act_floats(const Dims& d) { return d.sinks ? d.B * d.nh * d.T : 0; }
 }  // namespace
 
 template <typename T>
@@ -150,69 +110,51 @@ UnitGradT<T> grad_unit(const UnitState& layout, T* block) {
   return g;
 }
 
-int64_t layer_act_floats(const Dims& d) {
-  const int64_t probs = d.B * d.nh * d.T * d.T;
-  return d.N * (d.H /*x*/ + 1 + d.H /*xn1*/ + d.q + 2 * d.kv + d.q /*attn*/ + d.H /*h*/ + 1 + d.H) + 3 * d.mlp_floats() +
-         probs + qk_norm_act_floats(d) + moe_act_floats(d) + sink_act_floats(d);
-}
+int64_t layer_act_floats(const Dims& d) { return buffers::cpu_layer_acts(d).floats(); }
 
 template <typename T>
 LayerActsT<T> bind_layer_acts(const Dims& d, T* base) {
+  using buffers::Buf;
+  const buffers::Carving c(buffers::cpu_layer_acts(d, sizeof(T)), base);
   LayerActsT<T> a{};
-  T* p = base;
-  auto take = [&](int64_t n) {
-    T* r = p;
-    p += n;
-    return r;
-  };
-  a.x = take(d.N * d.H);
-  a.rstd1 = take(d.N);
-  a.xn1 = take(d.N * d.H);
-  a.q = take(d.N * d.q);
-  a.k = take(d.N * d.kv);
-  a.v = take(d.N * d.kv);
-  a.probs = take(d.B * d.nh * d.T * d.T);
-  a.attn = take(d.N * d.q);
-  a.h = take(d.N * d.H);
-  a.rstd2 = take(d.N);
-  a.xn2 = take(d.N * d.H);
-  a.gate = take(d.mlp_floats());
-  a.up = take(d.mlp_floats());
-  a.act = take(d.mlp_floats());
+  a.x = c.get<T>(Buf::kX);
+  a.rstd1 = c.get<T>(Buf::kRstd1);
+  a.xn1 = c.get<T>(Buf::kXn1);
+  a.q = c.get<T>(Buf::kQ);
+  a.k = c.get<T>(Buf::kK);
+  a.v = c.get<T>(Buf::kV);
+  a.probs = c.get<T>(Buf::kProbs);
+  a.attn = c.get<T>(Buf::kAttn);
+  a.h = c.get<T>(Buf::kH);
+  a.rstd2 = c.get<T>(Buf::kRstd2);
+  a.xn2 = c.get<T>(Buf::kXn2);
+  a.gate = c.get<T>(Buf::kGate);
+  a.up = c.get<T>(Buf::kUp);
+  a.act = c.get<T>(Buf::kAct);
   if (d.qk_norm) {
-    a.q_pre = take(d.N * d.q);
-    a.k_pre = take(d.N * d.kv);
-    a.rstd_q = take(d.N * d.nh);
-    a.rstd_k = take(d.N * d.nkv);
+    a.q_pre = c.get<T>(Buf::kQPre);
+    a.k_pre = c.get<T>(Buf::kKPre);
+    a.rstd_q = c.get<T>(Buf::kRstdQ);
+    a.rstd_k = c.get<T>(Buf::kRstdK);
   }
-  if (d.sinks) a.sink_probs = take(d.B * d.nh * d.T);
+  if (d.sinks) a.sink_probs = c.get<T>(Buf::kSinkProbs);
   if (d.moe) {
-    const int64_t slots = d.N * d.k;
-    a.logits = take(d.N * d.E);
-    a.rprobs = take(d.N * d.E);
-    a.rweight = take(slots);
-    a.xp = take(slots * d.H);
-    a.yp = take(slots * d.H);
-    a.rexpert = reinterpret_cast<int32_t*>(take(int_cells<T>(slots)));
-    a.perm = reinterpret_cast<int32_t*>(take(int_cells<T>(slots)));
-    a.row_of_slot = reinterpret_cast<int32_t*>(take(int_cells<T>(slots)));
-    a.offsets = reinterpret_cast<int32_t*>(take(int_cells<T>(d.E + 1)));
+    a.logits = c.get<T>(Buf::kRouterLogits);
+    a.rprobs = c.get<T>(Buf::kRouterProbs);
+    a.rweight = c.get<T>(Buf::kRouteWeight);
+    a.xp = c.get<T>(Buf::kXp);
+    a.yp = c.get<T>(Buf::kYp);
+    a.rexpert = c.get<int32_t>(Buf::kRouteExpert);
+    a.perm = c.get<int32_t>(Buf::kPerm);
+    a.row_of_slot = c.get<int32_t>(Buf::kRowOfSlot);
+    a.offsets = c.get<int32_t>(Buf::kExpertOffsets);
   }
   return a;
 }
 
-int64_t layer_workspace_floats(const Dims& d) {
-  // da, dgate, dup [MLP]; dxn, dh [N,H]; dattn, dq [N,q]; dk, dv [N,kv]; attention ds [probs]; tmp [N,H]
-  int64_t n = 3 * d.mlp_floats() + 2 * d.N * d.H + 2 * d.N * d.q + 2 * d.N * d.kv + d.B * d.nh * d.T * d.T + d.N * d.H;
-  // After tmp, used one after the other: the MoE block's dxp, dyp [N*k, H], d weight [N*k] and
-  // d logits [N, E]; then the attention sinks' per-row gradients [B, nh, T]; then the q/k norms'
-  // input gradients [N, q + kv].
-  const int64_t moe = d.moe ? 2 * d.N * d.k * d.H + d.N * d.k + d.N * d.E : 0;
-  const int64_t qk = d.qk_norm ? d.N * (d.q + d.kv) : 0;
-  return n + std::max({moe, qk, sink_act_floats(d)});
-}
+int64_t layer_workspace_floats(const Dims& d) { return buffers::cpu_layer_workspace(d).floats(); }
 
-int64_t head_workspace_floats(const Dims& d) { return d.N * d.V + 2 * d.N + 2 * d.N * d.H; }
+int64_t head_workspace_floats(const Dims& d) { return buffers::cpu_head_workspace(d).floats(); }
 
 template <typename T>
 LayerMathT<T>::LayerMathT(cpu::CpuContext& ctx, const Dims& d, std::vector<T> inv_freq)
@@ -258,20 +200,23 @@ template <typename T>
 Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, T* dx,
                                const UnitGradT<T>& g, T* ws) {
   const Dims& d = d_;
-  T* da = ws;
-  T* dgate = da + d.mlp_floats();
-  T* dup = dgate + d.mlp_floats();
-  T* dxn = dup + d.mlp_floats();
-  T* dh = dxn + d.N * d.H;
-  T* dattn = dh + d.N * d.H;
-  T* dq = dattn + d.N * d.q;
-  T* dk = dq + d.N * d.q;
-  T* dv = dk + d.N * d.kv;
-  T* dsw = dv + d.N * d.kv;
-  T* tmp = dsw + d.B * d.nh * d.T * d.T;
+  using buffers::Buf;
+  const buffers::Carving c(buffers::cpu_layer_workspace(d, sizeof(T)), ws);
+  T* da = c.get<T>(Buf::kDact);
+  T* dgate = c.get<T>(Buf::kDgate);
+  T* dup = c.get<T>(Buf::kDup);
+  T* dxn = c.get<T>(Buf::kDxn);
+  T* dh = c.get<T>(Buf::kDh);
+  T* dattn = c.get<T>(Buf::kDattn);
+  T* dq = c.get<T>(Buf::kDq);
+  T* dk = c.get<T>(Buf::kDk);
+  T* dv = c.get<T>(Buf::kDv);
+  T* dsw = c.get<T>(Buf::kDscores);
+  T* tmp = c.get<T>(Buf::kTmp);
+  T* more = c.get<T>(Buf::kMore);  // the MoE block's, the sinks' or the q/k norms' temporaries
   // MLP: out = h + down(act)
   if (w[TensorRole::kRouter] != nullptr) {
-    moe_backward(w, a, dout, g, dxn, da, dgate, dup, tmp + d.N * d.H);
+    moe_backward(w, a, dout, g, dxn, da, dgate, dup, more);
   } else {
     cpu::linear_backward<T>(ctx_, dout, a.act, w[TensorRole::kDown], d.N, d.I, d.H, da, false, g[TensorRole::kDown], nullptr);
     cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, d.N * d.I, dgate, dup);
@@ -287,12 +232,12 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
   const bool sinks = w[TensorRole::kSinks] != nullptr;
   MT_RETURN_IF_ERROR(cpu::attention_backward<T>(ctx_, s, a.q, a.k, a.v, a.probs, dattn, dq, dk, dv, dsw,
                                                 sinks ? a.sink_probs : nullptr, g[TensorRole::kSinks],
-                                                sinks ? tmp + d.N * d.H : nullptr));
+                                                sinks ? more : nullptr));
   const T rs = static_cast<T>(d.rope_scale);
   cpu::rope_backward<T>(ctx_, dq, dq, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data(), rs);
   cpu::rope_backward<T>(ctx_, dk, dk, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data(), rs);
   if (d.qk_norm) {  // through the per-head norms to the projections' outputs
-    T* dq_pre = tmp + d.N * d.H;
+    T* dq_pre = more;
     T* dk_pre = dq_pre + d.N * d.q;
     cpu::rmsnorm_backward<T>(ctx_, dq, a.q_pre, w[TensorRole::kQNorm], a.rstd_q, d.N * d.nh, d.hd, dq_pre, g[TensorRole::kQNorm]);
     cpu::rmsnorm_backward<T>(ctx_, dk, a.k_pre, w[TensorRole::kKNorm], a.rstd_k, d.N * d.nkv, d.hd, dk_pre, g[TensorRole::kKNorm]);
@@ -401,11 +346,13 @@ template <typename T>
 Status LayerMathT<T>::head(const T* final_norm, const T* lm_head, const T* x, const int32_t* targets, T grad_scale,
                            T* dx, T* d_final_norm, T* d_lm_head, double* loss_sum, int64_t* count, T* ws) {
   const Dims& d = d_;
-  T* logits = ws;
-  T* lse = logits + d.N * d.V;
-  T* rstd = lse + d.N;
-  T* xn = rstd + d.N;
-  T* dxn = xn + d.N * d.H;
+  using buffers::Buf;
+  const buffers::Carving c(buffers::cpu_head_workspace(d, sizeof(T)), ws);
+  T* logits = c.get<T>(Buf::kLogits);
+  T* lse = c.get<T>(Buf::kHeadLse);
+  T* rstd = c.get<T>(Buf::kHeadRstd);
+  T* xn = c.get<T>(Buf::kHeadXn);
+  T* dxn = c.get<T>(Buf::kHeadDxn);
   cpu::rmsnorm_forward<T>(ctx_, x, final_norm, d.N, d.H, d.eps, xn, rstd);
   cpu::linear_forward<T>(ctx_, xn, lm_head, nullptr, d.N, d.H, d.V, logits);
   cpu::CrossEntropyStats stats;

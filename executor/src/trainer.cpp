@@ -10,6 +10,7 @@
 #include "megatrain/executor/trainer.h"
 
 #include <algorithm>
+#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -205,14 +206,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
 
   const Dims& d = I.d;
   const int64_t NH = d.N * d.H;
-  // The compiled step and its footprint, with this backend's own buffer sizes (the planner and the
-  // simulator size them with step::layout_for, which the CPU backend's figures equal: tested).
-  step::ActivationLayout layout = step::layout_for(I.be->name() == "cpu" ? step::BackendKind::kCpu : step::BackendKind::kCuda, model, plan);
-  layout.hidden_floats = NH;
-  layout.layer_act_floats = I.be->layer_act_floats();
-  layout.layer_workspace_floats = I.be->layer_workspace_floats();
-  layout.head_workspace_floats = I.be->head_workspace_floats();
-  layout.private_bytes = I.be->private_bytes();
+  // The compiled step and its footprint, with the layout the planner and the simulator use
+  // (step::layout_for). The backend carves by the same buffer lists (megatrain/buffers), so its own
+  // figures are the layout's; a backend that disagreed would be refused here, by name.
+  const step::ActivationLayout layout =
+      step::layout_for(I.be->name() == "cpu" ? step::BackendKind::kCpu : step::BackendKind::kCuda, model, plan);
+  for (const auto& [what, own, planned] :
+       {std::tuple<const char*, int64_t, int64_t>{"layer activations (floats)", I.be->layer_act_floats(), layout.layer_act_floats},
+        {"layer workspace (floats)", I.be->layer_workspace_floats(), layout.layer_workspace_floats},
+        {"head workspace (floats)", I.be->head_workspace_floats(), layout.head_workspace_floats},
+        {"private region (bytes)", I.be->private_bytes(), layout.private_bytes},
+        {"hidden state (floats)", NH, layout.hidden_floats}})
+    if (own != planned)
+      return internal_error("the " + I.be->name() + " backend's " + what + " are " + std::to_string(own) +
+                            ", but the compiled step's layout, which the plan was sized by, says " + std::to_string(planned));
   step::CompileOptions co;
   co.lent_gradients = !state.all_gradients();
   MT_ASSIGN_OR_RETURN(I.sched, step::compile(plan, model, layout, co));

@@ -20,10 +20,11 @@
 #include <string>
 
 #include "cuda/common.cuh"
+#include "cuda/workspace_sizes.h"
 
 namespace megatrain::cuda {
 
-inline int64_t grouped_gemm_pointer_slots(int64_t e) { return 3 * e; }
+// grouped_gemm_pointer_slots(e): in workspace_sizes.h.
 
 template <typename T, typename Y>
 Status grouped_linear_forward(cublasHandle_t h, const T* x, const T* w, int64_t w_stride, const int32_t* offsets, int64_t e,

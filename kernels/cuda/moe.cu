@@ -192,7 +192,6 @@ Status moe_route_backward(const float* probs, const int32_t* expert, const float
   return {};
 }
 
-int64_t moe_permute_scratch_ints(int64_t slots, int64_t e) { return (slots + kChunk - 1) / kChunk * e; }
 
 Status moe_permute(const int32_t* expert, int64_t slots, int64_t e, int32_t* offsets, int32_t* perm, int32_t* row_of_slot,
                    int32_t* scratch, cudaStream_t s) {

@@ -22,14 +22,14 @@
 #pragma once
 
 #include "cuda/common.cuh"
+#include "cuda/workspace_sizes.h"
 
 namespace megatrain::cuda {
 
 Status moe_route_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool renorm, int32_t* expert, float* weight,
                          float* probs, cudaStream_t s);
 
-// scratch: moe_permute_scratch_ints(slots, e) int32 of device memory.
-int64_t moe_permute_scratch_ints(int64_t slots, int64_t e);
+// scratch: moe_permute_scratch_ints(slots, e) int32 of device memory (workspace_sizes.h).
 // The largest e moe_permute takes (its scan keeps e counters in shared memory).
 inline constexpr int64_t kMoeMaxExperts = 8192;
 Status moe_permute(const int32_t* expert, int64_t slots, int64_t e, int32_t* offsets, int32_t* perm, int32_t* row_of_slot,

@@ -59,6 +59,7 @@
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/swiglu.cuh"
+#include "megatrain/buffers/buffers.h"
 #include "megatrain/core/units.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/kernels/cuda_device.h"
@@ -69,32 +70,11 @@ namespace {
 
 using cuda::bf16;
 
-constexpr int64_t kAlign = 256;
-constexpr int64_t kBlasWorkspace = int64_t{32} << 20;     // cuBLAS's recommendation for Hopper
-constexpr int64_t kAttentionBudget = int64_t{256} << 20;  // attention score blocks
-constexpr int64_t kLogitElems = int64_t{16} << 20;        // logits of one vocabulary chunk
+using buffers::Buf;
+
 constexpr int64_t kPinMinBytes = int64_t{64} << 10;       // smaller buffers are not worth pinning
 
-int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-// Carves consecutive 256-byte aligned regions out of a base pointer (or just sums their sizes).
-class Carver {
- public:
-  explicit Carver(void* base = nullptr) : base_(static_cast<char*>(base)) {}
-  template <typename U>
-  U* take(int64_t n) {
-    U* p = base_ ? reinterpret_cast<U*>(base_ + used_) : nullptr;
-    used_ += align_up(n * static_cast<int64_t>(sizeof(U)));
-    return p;
-  }
-  int64_t bytes() const { return used_; }
-
- private:
-  char* base_;
-  int64_t used_ = 0;
-};
-
-int64_t floats_of(int64_t bytes) { return (bytes + 3) / 4; }
+int64_t align_up(int64_t x) { return (x + buffers::kCudaCarveAlign - 1) / buffers::kCudaCarveAlign * buffers::kCudaCarveAlign; }
 
 // A scoped NVTX range (Nsight Systems shows the pipeline's stages under these names).
 struct Range {
@@ -120,8 +100,8 @@ class CudaBackend final : public Backend {
   CudaBackend(const Dims& d, const BackendOptions& o, std::vector<float> inv_freq, cuda::DeviceInfo dev)
       : Backend(d), opt_(o), inv_freq_(std::move(inv_freq)), dev_(std::move(dev)) {
     attn_ = cuda::AttnDims{d.B, d.T, d.nh, d.nkv, d.hd};
-    attn_rows_ = cuda::attention_block_rows(attn_, kAttentionBudget);
-    vocab_chunk_ = std::clamp<int64_t>(kLogitElems / std::max<int64_t>(d.N, 1) / 128 * 128, 128, d.V);
+    attn_rows_ = buffers::cuda_attention_rows(d);
+    vocab_chunk_ = buffers::cuda_vocab_chunk(d);
     pinned_limit_ = o.pinned_limit_bytes >= 0 ? o.pinned_limit_bytes : physical_ram_bytes() / 2;
   }
 
@@ -154,7 +134,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- memory -----------------------------------------------------------------------------
-  int64_t private_bytes() const override { return carve_private(nullptr).bytes(); }
+  int64_t private_bytes() const override { return buffers::cuda_private(dims_).bytes(); }
 
   Result<std::unique_ptr<Arena>> create_arena(int64_t bytes) override {
     MT_CUDA_RETURN(cudaSetDevice(dev_.index));
@@ -168,12 +148,15 @@ class CudaBackend final : public Backend {
                                 std::to_string(want) + " bytes), but " + dev_.name + " has " +
                                 format_bytes(static_cast<double>(free_b)) +
                                 " free; accepted: a plan whose placement.device_budget_bytes fits the free memory");
+    if (static_cast<int64_t>(inv_freq_.size()) != dims_.hd / 2)
+      return internal_error("CUDA backend: RoPE has " + std::to_string(inv_freq_.size()) +
+                            " inverse frequencies, but the buffer list holds head_dim / 2 = " + std::to_string(dims_.hd / 2));
     void* base = nullptr;
     MT_CUDA_RETURN(cudaMalloc(&base, static_cast<size_t>(want)));
     MT_CUDA_RETURN(cudaMemset(base, 0, static_cast<size_t>(want)));
     char* priv_base = static_cast<char*>(base) + align_up(pipeline);
     carve_private(priv_base);
-    MT_CUBLAS_RETURN(cublasSetWorkspace(blas_, blas_ws_, static_cast<size_t>(kBlasWorkspace)));
+    MT_CUBLAS_RETURN(cublasSetWorkspace(blas_, blas_ws_, static_cast<size_t>(buffers::kCudaBlasWorkspaceBytes)));
     // Constant inputs of every layer: positions (0..T-1 per sequence) and RoPE's inverse frequencies.
     std::vector<int32_t> pos(static_cast<size_t>(dims_.N));
     for (int64_t i = 0; i < dims_.N; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i % dims_.T);
@@ -453,9 +436,9 @@ class CudaBackend final : public Backend {
     if (!st.ok()) die(st.message());
   }
 
-  int64_t layer_act_floats() const override { return floats_of(carve_acts(nullptr).bytes); }
-  int64_t layer_workspace_floats() const override { return floats_of(layer_ws(nullptr).bytes); }
-  int64_t head_workspace_floats() const override { return floats_of(head_ws(nullptr).bytes); }
+  int64_t layer_act_floats() const override { return buffers::cuda_layer_acts(dims_, sizeof(T)).floats(); }
+  int64_t layer_workspace_floats() const override { return buffers::cuda_layer_workspace(dims_, sizeof(T)).floats(); }
+  int64_t head_workspace_floats() const override { return buffers::cuda_head_workspace(dims_, sizeof(T)).floats(); }
 
   // The block holds T elements: p[role] is expert 0's tensor (or the only one) and stride[role]
   // the distance to expert 1's, both in elements of T (model.h UnitView, as the CPU binds them:
@@ -478,60 +461,54 @@ class CudaBackend final : public Backend {
     }
     return v;
   }
-  LayerActs bind_acts(float* base) const override { return carve_acts(base).acts; }
+  LayerActs bind_acts(float* base) const override { return carve_acts(base); }
 
  private:
   // ---- layouts ----------------------------------------------------------------------------
-  struct Acts {
-    LayerActs acts{};
-    int64_t bytes = 0;
-  };
-  Acts carve_acts(float* base) const {
+  // Each carve walks this backend's buffer list (megatrain/buffers), the one the footprint sums.
+  LayerActs carve_acts(float* base) const {
     const Dims& d = dims_;
-    Carver c(base);
-    Acts r;
-    LayerActs& a = r.acts;
-    a.x = c.take<float>(d.N * d.H);  // first: the pipeline writes a recompute's input here
-    a.rstd1 = c.take<float>(d.N);
-    a.xn1 = f(c.take<T>(d.N * d.H));
-    a.q = f(c.take<T>(d.N * d.q));
-    a.k = f(c.take<T>(d.N * d.kv));
-    a.v = f(c.take<T>(d.N * d.kv));
-    a.attn = f(c.take<T>(d.N * d.q));
-    a.lse = c.take<float>(d.B * d.nh * d.T);
-    a.h = c.take<float>(d.N * d.H);
-    a.rstd2 = c.take<float>(d.N);
-    a.xn2 = f(c.take<T>(d.N * d.H));
+    const buffers::Carving c(buffers::cuda_layer_acts(d, sizeof(T)), base);
+    LayerActs a{};
+    a.x = c.get<float>(Buf::kX);  // first: the pipeline writes a recompute's input here
+    a.rstd1 = c.get<float>(Buf::kRstd1);
+    a.xn1 = f(c.get<T>(Buf::kXn1));
+    a.q = f(c.get<T>(Buf::kQ));
+    a.k = f(c.get<T>(Buf::kK));
+    a.v = f(c.get<T>(Buf::kV));
+    a.attn = f(c.get<T>(Buf::kAttn));
+    a.lse = c.get<float>(Buf::kLse);
+    a.h = c.get<float>(Buf::kH);
+    a.rstd2 = c.get<float>(Buf::kRstd2);
+    a.xn2 = f(c.get<T>(Buf::kXn2));
     if (d.gpt_oss) {  // gate_up [N*k, 2 Im], interleaved as the projection writes it: gate and up adjacent
-      T* gu = c.take<T>(2 * d.mlp_floats());
+      T* gu = c.get<T>(Buf::kGateUp);
       a.gate = f(gu);
-      a.up = f(gu + d.mlp_floats());
+      a.up = f(gu ? gu + d.mlp_floats() : nullptr);
     } else {
-      a.gate = f(c.take<T>(d.mlp_floats()));  // the dense MLP's N*I or the experts' N*k*Im, the larger
-      a.up = f(c.take<T>(d.mlp_floats()));
+      a.gate = f(c.get<T>(Buf::kGate));  // the dense MLP's N*I or the experts' N*k*Im, the larger
+      a.up = f(c.get<T>(Buf::kUp));
     }
-    a.act = f(c.take<T>(d.mlp_floats()));
+    a.act = f(c.get<T>(Buf::kAct));
     a.probs = nullptr;
     if (d.qk_norm) {
-      a.q_pre = c.take<float>(d.N * d.q);
-      a.k_pre = c.take<float>(d.N * d.kv);
-      a.rstd_q = c.take<float>(d.N * d.nh);
-      a.rstd_k = c.take<float>(d.N * d.nkv);
+      a.q_pre = c.get<float>(Buf::kQPre);
+      a.k_pre = c.get<float>(Buf::kKPre);
+      a.rstd_q = c.get<float>(Buf::kRstdQ);
+      a.rstd_k = c.get<float>(Buf::kRstdK);
     }
     if (d.moe) {  // routing in fp32 and int32; the gathered inputs and expert outputs in T
-      const int64_t slots = d.N * d.k;
-      a.logits = c.take<float>(d.N * d.E);
-      a.rprobs = c.take<float>(d.N * d.E);
-      a.rweight = c.take<float>(slots);
-      a.rexpert = c.take<int32_t>(slots);
-      a.perm = c.take<int32_t>(slots);
-      a.row_of_slot = c.take<int32_t>(slots);
-      a.offsets = c.take<int32_t>(d.E + 1);
-      a.xp = f(c.take<T>(slots * d.H));
-      a.yp = f(c.take<T>(slots * d.H));
+      a.logits = c.get<float>(Buf::kRouterLogits);
+      a.rprobs = c.get<float>(Buf::kRouterProbs);
+      a.rweight = c.get<float>(Buf::kRouteWeight);
+      a.rexpert = c.get<int32_t>(Buf::kRouteExpert);
+      a.perm = c.get<int32_t>(Buf::kPerm);
+      a.row_of_slot = c.get<int32_t>(Buf::kRowOfSlot);
+      a.offsets = c.get<int32_t>(Buf::kExpertOffsets);
+      a.xp = f(c.get<T>(Buf::kXp));
+      a.yp = f(c.get<T>(Buf::kYp));
     }
-    r.bytes = c.bytes();
-    return r;
+    return a;
   }
 
   struct Ws {
@@ -540,110 +517,83 @@ class CudaBackend final : public Backend {
     // MoE: the experts' input gradient, the combine's output gradient, d weight, d logits (and its T copy)
     float *dxp, *dweight, *dlogits;
     T *dyp, *dlogits_t;
-    int64_t bytes;
   };
   Ws layer_ws(float* base) const {
     const Dims& d = dims_;
-    constexpr bool kCast = !std::is_same_v<T, float>;  // fp32 needs no bf16 copies for the GEMMs
-    Carver c(base);
+    const buffers::Carving c(buffers::cuda_layer_workspace(d, sizeof(T)), base);
     Ws w{};
-    w.dout_t = c.take<T>(kCast ? d.N * d.H : 0);
-    w.dact = c.take<T>(d.mlp_floats());
+    w.dout_t = c.get<T>(Buf::kDoutT);
+    w.dact = c.get<T>(Buf::kDact);
     if (d.gpt_oss) {  // d gate_up [N*k, 2 Im] in one piece
-      w.dgate = c.take<T>(2 * d.mlp_floats());
-      w.dup = w.dgate + d.mlp_floats();
+      w.dgate = c.get<T>(Buf::kDgateUp);
+      w.dup = w.dgate ? w.dgate + d.mlp_floats() : nullptr;
     } else {
-      w.dgate = c.take<T>(d.mlp_floats());
-      w.dup = c.take<T>(d.mlp_floats());
+      w.dgate = c.get<T>(Buf::kDgate);
+      w.dup = c.get<T>(Buf::kDup);
     }
-    w.dh_t = c.take<T>(kCast ? d.N * d.H : 0);
-    w.dattn = c.take<T>(d.N * d.q);
-    w.dq_t = c.take<T>(kCast ? d.N * d.q : 0);
-    w.dk_t = c.take<T>(kCast ? d.N * d.kv : 0);
-    w.dv_t = c.take<T>(kCast ? d.N * d.kv : 0);
-    w.dxn = c.take<float>(d.N * d.H);
-    w.tmp = c.take<float>(d.N * d.H);
-    w.dh = c.take<float>(d.N * d.H);
-    w.dq = c.take<float>(d.N * d.q);
-    w.dk = c.take<float>(d.N * d.kv);
-    w.dv = c.take<float>(d.N * d.kv);
+    w.dh_t = c.get<T>(Buf::kDhT);
+    w.dattn = c.get<T>(Buf::kDattn);
+    w.dq_t = c.get<T>(Buf::kDqT);
+    w.dk_t = c.get<T>(Buf::kDkT);
+    w.dv_t = c.get<T>(Buf::kDvT);
+    w.dxn = c.get<float>(Buf::kDxn);
+    w.tmp = c.get<float>(Buf::kTmp);
+    w.dh = c.get<float>(Buf::kDh);
+    w.dq = c.get<float>(Buf::kDq);
+    w.dk = c.get<float>(Buf::kDk);
+    w.dv = c.get<float>(Buf::kDv);
     if (d.moe) {
-      const int64_t slots = d.N * d.k;
-      w.dxp = c.take<float>(slots * d.H);
-      w.dyp = c.take<T>(slots * d.H);
-      w.dweight = c.take<float>(slots);
-      w.dlogits = c.take<float>(d.N * d.E);
-      w.dlogits_t = c.take<T>(kCast ? d.N * d.E : 0);
+      w.dxp = c.get<float>(Buf::kDxp);
+      w.dyp = c.get<T>(Buf::kDyp);
+      w.dweight = c.get<float>(Buf::kDweight);
+      w.dlogits = c.get<float>(Buf::kDlogits);
+      w.dlogits_t = c.get<T>(Buf::kDlogitsT);
     }
-    w.bytes = c.bytes();
     return w;
   }
 
   struct Hw {
     T *xn, *dlogits;
     float *rstd, *logits, *run_max, *run_sum, *target_logit, *lse, *dxn;
-    int64_t bytes;
   };
   Hw head_ws(float* base) const {
-    const Dims& d = dims_;
-    Carver c(base);
+    const buffers::Carving c(buffers::cuda_head_workspace(dims_, sizeof(T)), base);
     Hw h{};
-    h.xn = c.take<T>(d.N * d.H);
-    h.rstd = c.take<float>(d.N);
-    h.dxn = c.take<float>(d.N * d.H);
-    h.run_max = c.take<float>(d.N);
-    h.run_sum = c.take<float>(d.N);
-    h.target_logit = c.take<float>(d.N);
-    h.lse = c.take<float>(d.N);
-    h.logits = c.take<float>(d.N * vocab_chunk_);
+    h.xn = c.get<T>(Buf::kHeadXn);
+    h.rstd = c.get<float>(Buf::kHeadRstd);
+    h.dxn = c.get<float>(Buf::kHeadDxn);
+    h.run_max = c.get<float>(Buf::kRunMax);
+    h.run_sum = c.get<float>(Buf::kRunSum);
+    h.target_logit = c.get<float>(Buf::kTargetLogit);
+    h.lse = c.get<float>(Buf::kHeadLse);
+    h.logits = c.get<float>(Buf::kLogits);
     if constexpr (std::is_same_v<T, float>)
       h.dlogits = h.logits;  // in place: each logit is read before its gradient is written
     else
-      h.dlogits = c.take<T>(d.N * vocab_chunk_);
-    h.bytes = c.bytes();
+      h.dlogits = c.get<T>(Buf::kDlogitsHead);
     return h;
   }
 
   // The backend's own region of the arena (const: only computes its size when base is null).
-  Carver carve_private(char* base) const {
-    Carver c(base);
-    auto* self = const_cast<CudaBackend*>(this);
-    void* blas = c.take<char>(kBlasWorkspace);
-    void* attn = c.take<char>(cuda::attention_workspace_bytes(attn_, attn_rows_));
-    int32_t* tokens = c.take<int32_t>(dims_.N);
-    int32_t* targets = c.take<int32_t>(dims_.N);
-    int32_t* positions = c.take<int32_t>(dims_.N);
-    int32_t* unique = c.take<int32_t>(dims_.N);
-    int32_t* offsets = c.take<int32_t>(dims_.N + 1);
-    int32_t* gpos = c.take<int32_t>(dims_.N);
-    float* inv = c.take<float>(static_cast<int64_t>(inv_freq_.size()));
-    double* loss = c.take<double>(1);
-    long long* count = c.take<long long>(1);
+  void carve_private(char* base) {
+    const buffers::Carving c(buffers::cuda_private(dims_), base);
+    blas_ws_ = c.raw(Buf::kBlasWorkspace);
+    attn_ws_ = c.raw(Buf::kAttentionWorkspace);
+    tokens_ = c.get<int32_t>(Buf::kTokens);
+    targets_ = c.get<int32_t>(Buf::kTargets);
+    positions_ = c.get<int32_t>(Buf::kPositions);
+    g_unique_ = c.get<int32_t>(Buf::kUniqueTokens);
+    g_offsets_ = c.get<int32_t>(Buf::kTokenOffsets);
+    g_positions_ = c.get<int32_t>(Buf::kTokenPositions);
+    inv_freq_dev_ = c.get<float>(Buf::kInvFreq);
+    loss_dev_ = c.get<double>(Buf::kLossSum);
+    count_dev_ = c.get<long long>(Buf::kTokenCount);
     // MoE: the counting sort's per-chunk counts, the grouped GEMMs' pointer arrays, the routing
     // statistics (count, probability sums; doubles) and the load-balancing gradient (fp32).
-    const int64_t E = dims_.moe ? dims_.E : 0;
-    int32_t* sort_scratch = c.take<int32_t>(dims_.moe ? cuda::moe_permute_scratch_ints(dims_.N * dims_.k, E) : 0);
-    void** gemm_ptrs = c.take<void*>(cuda::grouped_gemm_pointer_slots(E));
-    double* aux = c.take<double>(2 * E);
-    float* aux_grad = c.take<float>(E);
-    if (base != nullptr) {
-      self->sort_scratch_ = sort_scratch;
-      self->gemm_ptrs_ = gemm_ptrs;
-      self->aux_dev_ = aux;
-      self->aux_grad_dev_ = aux_grad;
-      self->blas_ws_ = blas;
-      self->attn_ws_ = attn;
-      self->tokens_ = tokens;
-      self->targets_ = targets;
-      self->positions_ = positions;
-      self->g_unique_ = unique;
-      self->g_offsets_ = offsets;
-      self->g_positions_ = gpos;
-      self->inv_freq_dev_ = inv;
-      self->loss_dev_ = loss;
-      self->count_dev_ = count;
-    }
-    return c;
+    sort_scratch_ = c.get<int32_t>(Buf::kSortScratch);
+    gemm_ptrs_ = c.get<void*>(Buf::kGemmPointers);
+    aux_dev_ = c.get<double>(Buf::kAuxStats);
+    aux_grad_dev_ = c.get<float>(Buf::kAuxGrad);
   }
 
   // ---- helpers ----------------------------------------------------------------------------

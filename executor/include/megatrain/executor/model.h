@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "megatrain/buffers/shape.h"
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/status.h"
 #include "megatrain/executor/host_state.h"
@@ -16,27 +17,16 @@
 
 namespace megatrain::exec {
 
-struct Dims {
-  int64_t B = 0, T = 0, N = 0;  // micro-batch rows, sequence length, tokens (B*T)
-  int64_t H = 0, I = 0, nh = 0, nkv = 0, hd = 0, V = 0, L = 0;
-  int64_t q = 0, kv = 0;        // nh*hd, nkv*hd
+// The shape (megatrain/buffers/shape.h: sizes, q/k norms, sinks, experts) and what the layer math
+// needs beyond it.
+struct Dims : buffers::Shape {
   double eps = 1e-6;
   bool tied = false;
-  // Qwen3: per-head RMSNorm of q and k before RoPE.
-  bool qk_norm = false;
-  // Mixture-of-Experts (ModelConfig::moe): E experts, k per token, Im an expert's intermediate size.
-  // A model's layers may mix MoE and dense MLPs (Qwen3-MoE mlp_only_layers): a layer is MoE when
-  // its unit has a router. `dense_mlp` says whether any layer has the dense MLP.
-  bool moe = false;
   bool renorm = false;           // top-k weights divided by their sum (Mixtral; Qwen3-MoE norm_topk_prob)
-  bool dense_mlp = true;
-  int64_t E = 0, k = 0, Im = 0;
   int64_t moe_layers = 0;        // layers with the MoE block (the load-balancing loss averages over them)
   // gpt-oss: the experts stacked [E, in, out] (x @ W) with biases, gate and up interleaved in
   // gate_up_proj's output columns, the clamped SwiGLU (swiglu_alpha, swiglu_limit; 0: no clamp).
-  bool gpt_oss = false;
   double swiglu_alpha = 1.702, swiglu_limit = 0;
-  bool sinks = false;            // gpt-oss: learned per-head attention sinks (self_attn.sinks)
   double rope_scale = 1;         // RoPE's factor on cos and sin (yarn's attention scaling)
   // The attention window of decoder layer l (0-based) at window[l]: 0 for the whole causal prefix
   // (HF sliding_window on the layers layer_types marks sliding, or on every layer for Mistral).
@@ -44,9 +34,6 @@ struct Dims {
   int64_t window_of(int64_t layer) const {
     return layer >= 0 && layer < static_cast<int64_t>(window.size()) ? window[static_cast<size_t>(layer)] : 0;
   }
-  // Elements of each MLP intermediate (gate, up, act): N*I for the dense MLP, N*k*Im for the
-  // experts; the activations hold the larger.
-  int64_t mlp_floats() const;
 };
 Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
 
@@ -105,13 +92,14 @@ struct LayerActsT {
   const double* aux_grad = nullptr;
 };
 using LayerActs = LayerActsT<float>;
-// Elements (of T) of one layer's activations for one micro-batch.
+// Floats of one layer's activations for one micro-batch (buffers::cpu_layer_acts); a buffer of
+// this many elements of T holds them for T = double too.
 int64_t layer_act_floats(const Dims& d);
 template <typename T>
 LayerActsT<T> bind_layer_acts(const Dims& d, T* base);
-// Temporaries of one layer's backward (reused across layers).
+// Temporaries of one layer's backward (reused across layers; buffers::cpu_layer_workspace).
 int64_t layer_workspace_floats(const Dims& d);
-// Temporaries of the head (logits and friends) for one micro-batch.
+// Temporaries of the head (logits and friends) for one micro-batch (buffers::cpu_head_workspace).
 int64_t head_workspace_floats(const Dims& d);
 
 // RoPE's inverse frequencies for the model's rope_theta and rope_scaling, in T.

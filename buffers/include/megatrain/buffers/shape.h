@@ -1,0 +1,36 @@
+// The model's shape for one micro-batch: the one struct every buffer size is computed from. The
+// executor's Dims extends it with the layer math's constants (eps, windows, RoPE scale, ...).
+#pragma once
+
+#include <cstdint>
+
+#include "megatrain/core/model_spec.h"
+
+namespace megatrain::buffers {
+
+struct Shape {
+  int64_t B = 0, T = 0, N = 0;  // micro-batch rows, sequence length, tokens (B*T)
+  int64_t H = 0, I = 0, nh = 0, nkv = 0, hd = 0, V = 0, L = 0;
+  int64_t q = 0, kv = 0;        // nh*hd, nkv*hd
+  bool qk_norm = false;         // Qwen3: per-head RMSNorm of q and k before RoPE
+  bool sinks = false;           // gpt-oss: learned per-head attention sinks
+  // Mixture-of-Experts: E experts, k chosen per token, Im an expert's intermediate size. A model's
+  // layers may mix MoE and dense MLPs (Qwen3-MoE mlp_only_layers, decoder_sparse_step):
+  // `dense_mlp` says whether any layer has the dense MLP.
+  bool moe = false;
+  bool dense_mlp = true;
+  bool gpt_oss = false;         // the experts' gate and up interleaved in one gate_up
+  int64_t E = 0, k = 0, Im = 0;
+  // Elements of each MLP intermediate (gate, up, act): N*I for the dense MLP, N*k*Im for the
+  // experts; the buffers hold the larger, since they serve every layer.
+  int64_t mlp_floats() const {
+    const int64_t dense = dense_mlp ? N * I : 0;
+    return moe ? (dense > N * k * Im ? dense : N * k * Im) : dense;
+  }
+};
+
+// The shape of `config` for micro_batch x seq_len tokens. Plain arithmetic: whether the executor
+// supports the model is make_dims's question.
+Shape shape_of(const ModelConfig& config, int64_t micro_batch, int64_t seq_len);
+
+}  // namespace megatrain::buffers

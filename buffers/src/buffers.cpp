@@ -1,0 +1,268 @@
+// The buffer lists of the CPU and CUDA backends. Each list is in the order the backend carves it;
+// comments name what each buffer holds where the name does not say.
+#include "megatrain/buffers/buffers.h"
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/attention_schedule.h"
+#include "cuda/workspace_sizes.h"
+
+namespace megatrain::buffers {
+
+const char* buf_name(Buf b) {
+  static const char* const kNames[] = {
+      "x", "rstd1", "xn1", "q", "k", "v", "probs", "attn", "lse", "h", "rstd2", "xn2", "gate", "up", "gate_up", "act",
+      "q_pre", "k_pre", "rstd_q", "rstd_k", "sink_probs",
+      "router_logits", "router_probs", "route_weight", "route_expert", "perm", "row_of_slot", "expert_offsets", "xp", "yp",
+      "dout_t", "dact", "dgate", "dup", "dgate_up", "dh_t", "dattn", "dq_t", "dk_t", "dv_t", "dxn", "tmp", "dh", "dq", "dk",
+      "dv", "dscores", "more", "dxp", "dyp", "dweight", "dlogits", "dlogits_t",
+      "head_xn", "head_rstd", "head_dxn", "run_max", "run_sum", "target_logit", "head_lse", "logits", "dlogits_head",
+      "blas_workspace", "attention_workspace", "tokens", "targets", "positions", "unique_tokens", "token_offsets",
+      "token_positions", "inv_freq", "loss_sum", "token_count", "sort_scratch", "gemm_pointers", "aux_stats", "aux_grad"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Buf::kCount));
+  return kNames[static_cast<size_t>(b)];
+}
+
+int64_t BufferList::bytes() const {
+  int64_t n = 0;
+  for (const BufferSpec& b : items) n += rounded(b.count * b.elem_bytes);
+  return n;
+}
+
+Carving::Carving(const BufferList& list, void* base)
+    : base_(static_cast<char*>(base)),
+      offset_(static_cast<size_t>(Buf::kCount), -1),
+      elem_(static_cast<size_t>(Buf::kCount), 0) {
+  for (const BufferSpec& b : list.items) {
+    MT_CHECK(offset_[static_cast<size_t>(b.id)] < 0 && b.count >= 0, std::string("buffer list: ") + buf_name(b.id) +
+                                                                          " appears twice or has a negative size");
+    offset_[static_cast<size_t>(b.id)] = bytes_;
+    elem_[static_cast<size_t>(b.id)] = b.elem_bytes;
+    bytes_ += list.rounded(b.count * b.elem_bytes);
+  }
+}
+
+void Carving::check(Buf id, int32_t elem_bytes) const {
+  const auto i = static_cast<size_t>(id);
+  MT_CHECK(offset_[i] >= 0, std::string("buffer ") + buf_name(id) + " is not in this backend's list");
+  MT_CHECK(elem_bytes == 0 || elem_[i] == elem_bytes, std::string("buffer ") + buf_name(id) + " holds elements of " +
+                                                         std::to_string(elem_[i]) + " bytes, taken as " +
+                                                         std::to_string(elem_bytes));
+}
+
+// ---- CPU -----------------------------------------------------------------------------------------
+
+namespace {
+constexpr int32_t kI32 = 4, kF32 = 4, kF64 = 8;
+int64_t probs_of(const Shape& s) { return s.B * s.nh * s.T * s.T; }
+}  // namespace
+
+BufferList cpu_layer_acts(const Shape& s, int32_t e) {
+  BufferList l;
+  l.align = e;
+  const int64_t NH = s.N * s.H;
+  l.add(Buf::kX, NH, e);
+  l.add(Buf::kRstd1, s.N, e);
+  l.add(Buf::kXn1, NH, e);
+  l.add(Buf::kQ, s.N * s.q, e);
+  l.add(Buf::kK, s.N * s.kv, e);
+  l.add(Buf::kV, s.N * s.kv, e);
+  l.add(Buf::kProbs, probs_of(s), e);  // eager attention keeps the T x T probabilities
+  l.add(Buf::kAttn, s.N * s.q, e);
+  l.add(Buf::kH, NH, e);
+  l.add(Buf::kRstd2, s.N, e);
+  l.add(Buf::kXn2, NH, e);
+  l.add(Buf::kGate, s.mlp_floats(), e);
+  l.add(Buf::kUp, s.mlp_floats(), e);
+  l.add(Buf::kAct, s.mlp_floats(), e);
+  if (s.qk_norm) {
+    l.add(Buf::kQPre, s.N * s.q, e);
+    l.add(Buf::kKPre, s.N * s.kv, e);
+    l.add(Buf::kRstdQ, s.N * s.nh, e);
+    l.add(Buf::kRstdK, s.N * s.nkv, e);
+  }
+  if (s.sinks) l.add(Buf::kSinkProbs, s.B * s.nh * s.T, e);  // each attention row's sink probability
+  if (s.moe) {
+    const int64_t slots = s.N * s.k;
+    l.add(Buf::kRouterLogits, s.N * s.E, e);
+    l.add(Buf::kRouterProbs, s.N * s.E, e);
+    l.add(Buf::kRouteWeight, slots, e);
+    l.add(Buf::kXp, slots * s.H, e);
+    l.add(Buf::kYp, slots * s.H, e);
+    l.add(Buf::kRouteExpert, slots, kI32);
+    l.add(Buf::kPerm, slots, kI32);
+    l.add(Buf::kRowOfSlot, slots, kI32);
+    l.add(Buf::kExpertOffsets, s.E + 1, kI32);
+  }
+  return l;
+}
+
+BufferList cpu_layer_workspace(const Shape& s, int32_t e) {
+  BufferList l;
+  l.align = e;
+  const int64_t NH = s.N * s.H;
+  l.add(Buf::kDact, s.mlp_floats(), e);
+  l.add(Buf::kDgate, s.mlp_floats(), e);
+  l.add(Buf::kDup, s.mlp_floats(), e);
+  l.add(Buf::kDxn, NH, e);
+  l.add(Buf::kDh, NH, e);
+  l.add(Buf::kDattn, s.N * s.q, e);
+  l.add(Buf::kDq, s.N * s.q, e);
+  l.add(Buf::kDk, s.N * s.kv, e);
+  l.add(Buf::kDv, s.N * s.kv, e);
+  l.add(Buf::kDscores, probs_of(s), e);
+  l.add(Buf::kTmp, NH, e);
+  // Used one after the other: the MoE block's dxp, dyp [N*k, H], d weight [N*k] and d logits
+  // [N, E]; the attention sinks' per-row gradients [B, nh, T]; the q/k norms' input gradients.
+  const int64_t moe = s.moe ? 2 * s.N * s.k * s.H + s.N * s.k + s.N * s.E : 0;
+  const int64_t qk = s.qk_norm ? s.N * (s.q + s.kv) : 0;
+  const int64_t sinks = s.sinks ? s.B * s.nh * s.T : 0;
+  l.add(Buf::kMore, std::max({moe, qk, sinks}), e);
+  return l;
+}
+
+BufferList cpu_head_workspace(const Shape& s, int32_t e) {
+  BufferList l;
+  l.align = e;
+  l.add(Buf::kLogits, s.N * s.V, e);  // the logits, then their gradient in place
+  l.add(Buf::kHeadLse, s.N, e);
+  l.add(Buf::kHeadRstd, s.N, e);
+  l.add(Buf::kHeadXn, s.N * s.H, e);
+  l.add(Buf::kHeadDxn, s.N * s.H, e);
+  return l;
+}
+
+// ---- CUDA ----------------------------------------------------------------------------------------
+
+namespace {
+cuda::AttnDims attn_dims(const Shape& s) { return cuda::AttnDims{s.B, s.T, s.nh, s.nkv, s.hd}; }
+}  // namespace
+
+int64_t cuda_attention_rows(const Shape& s) { return cuda::attention_block_rows(attn_dims(s), kCudaAttentionBudgetBytes); }
+
+int64_t cuda_vocab_chunk(const Shape& s) {
+  return std::clamp<int64_t>(kCudaLogitElems / std::max<int64_t>(s.N, 1) / 128 * 128, 128, s.V);
+}
+
+BufferList cuda_layer_acts(const Shape& s, int32_t t) {
+  BufferList l;
+  l.align = kCudaCarveAlign;
+  const int64_t NH = s.N * s.H;
+  l.add(Buf::kX, NH, kF32);  // first: the pipeline writes a recompute's input here
+  l.add(Buf::kRstd1, s.N, kF32);
+  l.add(Buf::kXn1, NH, t);
+  l.add(Buf::kQ, s.N * s.q, t);
+  l.add(Buf::kK, s.N * s.kv, t);
+  l.add(Buf::kV, s.N * s.kv, t);
+  l.add(Buf::kAttn, s.N * s.q, t);
+  // Fused attention keeps one log-sum-exp per row and head (gpt-oss: its sink included, so that
+  // exp(sink - lse) is the sink's probability).
+  l.add(Buf::kLse, s.B * s.nh * s.T, kF32);
+  l.add(Buf::kH, NH, kF32);
+  l.add(Buf::kRstd2, s.N, kF32);
+  l.add(Buf::kXn2, NH, t);
+  if (s.gpt_oss) {
+    l.add(Buf::kGateUp, 2 * s.mlp_floats(), t);  // [N*k, 2 Im] interleaved as the projection writes it
+  } else {
+    l.add(Buf::kGate, s.mlp_floats(), t);
+    l.add(Buf::kUp, s.mlp_floats(), t);
+  }
+  l.add(Buf::kAct, s.mlp_floats(), t);
+  if (s.qk_norm) {
+    l.add(Buf::kQPre, s.N * s.q, kF32);
+    l.add(Buf::kKPre, s.N * s.kv, kF32);
+    l.add(Buf::kRstdQ, s.N * s.nh, kF32);
+    l.add(Buf::kRstdK, s.N * s.nkv, kF32);
+  }
+  if (s.moe) {  // routing in fp32 and int32; the gathered inputs and expert outputs in T
+    const int64_t slots = s.N * s.k;
+    l.add(Buf::kRouterLogits, s.N * s.E, kF32);
+    l.add(Buf::kRouterProbs, s.N * s.E, kF32);
+    l.add(Buf::kRouteWeight, slots, kF32);
+    l.add(Buf::kRouteExpert, slots, kI32);
+    l.add(Buf::kPerm, slots, kI32);
+    l.add(Buf::kRowOfSlot, slots, kI32);
+    l.add(Buf::kExpertOffsets, s.E + 1, kI32);
+    l.add(Buf::kXp, slots * s.H, t);
+    l.add(Buf::kYp, slots * s.H, t);
+  }
+  return l;
+}
+
+BufferList cuda_layer_workspace(const Shape& s, int32_t t) {
+  BufferList l;
+  l.align = kCudaCarveAlign;
+  const bool cast = t != kF32;  // fp32 needs no bf16 copies for the GEMMs
+  const int64_t NH = s.N * s.H;
+  l.add(Buf::kDoutT, cast ? NH : 0, t);
+  l.add(Buf::kDact, s.mlp_floats(), t);
+  if (s.gpt_oss) {
+    l.add(Buf::kDgateUp, 2 * s.mlp_floats(), t);  // d gate_up [N*k, 2 Im] in one piece
+  } else {
+    l.add(Buf::kDgate, s.mlp_floats(), t);
+    l.add(Buf::kDup, s.mlp_floats(), t);
+  }
+  l.add(Buf::kDhT, cast ? NH : 0, t);
+  l.add(Buf::kDattn, s.N * s.q, t);
+  l.add(Buf::kDqT, cast ? s.N * s.q : 0, t);
+  l.add(Buf::kDkT, cast ? s.N * s.kv : 0, t);
+  l.add(Buf::kDvT, cast ? s.N * s.kv : 0, t);
+  l.add(Buf::kDxn, NH, kF32);
+  l.add(Buf::kTmp, NH, kF32);
+  l.add(Buf::kDh, NH, kF32);
+  l.add(Buf::kDq, s.N * s.q, kF32);
+  l.add(Buf::kDk, s.N * s.kv, kF32);
+  l.add(Buf::kDv, s.N * s.kv, kF32);
+  if (s.moe) {  // the experts' input gradient, the combine's output gradient, d weight, d logits (and its T copy)
+    const int64_t slots = s.N * s.k;
+    l.add(Buf::kDxp, slots * s.H, kF32);
+    l.add(Buf::kDyp, slots * s.H, t);
+    l.add(Buf::kDweight, slots, kF32);
+    l.add(Buf::kDlogits, s.N * s.E, kF32);
+    l.add(Buf::kDlogitsT, cast ? s.N * s.E : 0, t);
+  }
+  return l;
+}
+
+BufferList cuda_head_workspace(const Shape& s, int32_t t) {
+  BufferList l;
+  l.align = kCudaCarveAlign;
+  const int64_t chunk = cuda_vocab_chunk(s);
+  l.add(Buf::kHeadXn, s.N * s.H, t);
+  l.add(Buf::kHeadRstd, s.N, kF32);
+  l.add(Buf::kHeadDxn, s.N * s.H, kF32);
+  l.add(Buf::kRunMax, s.N, kF32);
+  l.add(Buf::kRunSum, s.N, kF32);
+  l.add(Buf::kTargetLogit, s.N, kF32);
+  l.add(Buf::kHeadLse, s.N, kF32);
+  l.add(Buf::kLogits, s.N * chunk, kF32);
+  if (t != kF32) l.add(Buf::kDlogitsHead, s.N * chunk, t);  // fp32: in place over the logits
+  return l;
+}
+
+BufferList cuda_private(const Shape& s) {
+  BufferList l;
+  l.align = kCudaCarveAlign;
+  l.add(Buf::kBlasWorkspace, kCudaBlasWorkspaceBytes, 1);
+  l.add(Buf::kAttentionWorkspace, cuda::attention_workspace_bytes(attn_dims(s), cuda_attention_rows(s)), 1);
+  l.add(Buf::kTokens, s.N, kI32);
+  l.add(Buf::kTargets, s.N, kI32);
+  l.add(Buf::kPositions, s.N, kI32);
+  l.add(Buf::kUniqueTokens, s.N, kI32);    // the embedding backward's distinct tokens
+  l.add(Buf::kTokenOffsets, s.N + 1, kI32);  // and where each one's positions start
+  l.add(Buf::kTokenPositions, s.N, kI32);
+  l.add(Buf::kInvFreq, s.hd / 2, kF32);    // RoPE's inverse frequencies
+  l.add(Buf::kLossSum, 1, kF64);
+  l.add(Buf::kTokenCount, 1, 8);
+  // MoE: the counting sort's per-chunk counts, the grouped GEMMs' A/B/C pointer arrays, the routing
+  // statistics (count and probability sums per expert, doubles) and the load-balancing gradient.
+  const int64_t E = s.moe ? s.E : 0;
+  l.add(Buf::kSortScratch, s.moe ? cuda::moe_permute_scratch_ints(s.N * s.k, E) : 0, kI32);
+  l.add(Buf::kGemmPointers, cuda::grouped_gemm_pointer_slots(E), static_cast<int32_t>(sizeof(void*)));
+  l.add(Buf::kAuxStats, 2 * E, kF64);
+  l.add(Buf::kAuxGrad, E, kF32);
+  return l;
+}
+
+}  // namespace megatrain::buffers

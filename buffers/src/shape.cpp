@@ -1,0 +1,33 @@
+#include "megatrain/buffers/shape.h"
+
+namespace megatrain::buffers {
+
+Shape shape_of(const ModelConfig& c, int64_t micro_batch, int64_t seq_len) {
+  Shape s;
+  s.B = micro_batch;
+  s.T = seq_len;
+  s.N = micro_batch * seq_len;
+  s.H = c.hidden_size;
+  s.I = c.intermediate_size;
+  s.nh = c.num_heads;
+  s.nkv = c.num_kv_heads;
+  s.hd = c.head_dim;
+  s.V = c.vocab_size;
+  s.L = c.num_layers;
+  s.q = s.nh * s.hd;
+  s.kv = s.nkv * s.hd;
+  s.qk_norm = c.qk_norm;
+  s.sinks = c.attention_sinks;
+  s.moe = c.is_moe();
+  if (s.moe) {
+    s.gpt_oss = c.moe == "gpt_oss";
+    s.E = c.num_experts;
+    s.k = c.experts_per_token;
+    s.Im = c.moe_intermediate_size;
+    s.dense_mlp = false;
+    for (int64_t l = 0; l < c.num_layers; ++l) s.dense_mlp = s.dense_mlp || !c.is_moe_layer(l);
+  }
+  return s;
+}
+
+}  // namespace megatrain::buffers
