@@ -10,6 +10,13 @@ jobs=${MEGATRAIN_JOBS:-$(nproc)}
 
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_TESTS=ON
 cmake --build "$build_dir" -j "$jobs"
+# The PyTorch side of the reference comparisons does not change between the reruns below: each
+# training run of the reference scripts is cached for this test run (tests/python/ref_cache.py).
+# A cache folder given by the caller is kept as it is (its keys cover everything a run reads).
+if [ -z "${MEGATRAIN_TORCH_CACHE:-}" ]; then
+  export MEGATRAIN_TORCH_CACHE="$(cd "$build_dir" && pwd)/torch-cache"
+  rm -rf "$MEGATRAIN_TORCH_CACHE"
+fi
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900
 
 # Every instruction-set path this code can take (docs/testing.md). The numerically sensitive tests

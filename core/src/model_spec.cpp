@@ -87,15 +87,19 @@ Result<StateFormat> parse_state_format(const std::string& s) {
   return invalid_argument("'" + s + "' is not a state format; accepted: fp32, bf16, q8, q4, q3, q2");
 }
 
-int64_t state_format_bytes(StateFormat f, const std::vector<int64_t>& tensor_numels, int64_t block_size) {
+std::vector<int64_t> moment_array_bytes(StateFormat f, const std::vector<int64_t>& tensor_numels, int64_t block_size) {
   int64_t numel = 0, blocks = 0;
-  for (int64_t n : tensor_numels) {
-    numel += n;
-    blocks += block_size > 0 ? (n + block_size - 1) / block_size : 0;
-  }
-  if (f == StateFormat::kFp32) return 4 * numel;
-  if (f == StateFormat::kBf16) return 2 * numel;
-  return blocks * block_size * state_format_bits(f) / 8 + 4 * blocks;
+  for (int64_t n : tensor_numels) numel += n;
+  if (f == StateFormat::kFp32) return {4 * numel};
+  if (f == StateFormat::kBf16) return {2 * numel};
+  for (int64_t n : tensor_numels) blocks += block_size > 0 ? (n + block_size - 1) / block_size : 0;
+  return {blocks * block_size * state_format_bits(f) / 8, 4 * blocks};
+}
+
+int64_t state_format_bytes(StateFormat f, const std::vector<int64_t>& tensor_numels, int64_t block_size) {
+  int64_t bytes = 0;
+  for (int64_t b : moment_array_bytes(f, tensor_numels, block_size)) bytes += b;
+  return bytes;
 }
 
 int state_format_bits(StateFormat f) {

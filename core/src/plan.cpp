@@ -143,21 +143,37 @@ std::vector<std::vector<int64_t>> unit_tensor_numels(const ModelSpec& model) {
 int64_t nvme_unit_transfer_bytes(const std::vector<std::vector<int64_t>>& unit_tensor_numels, bool master_on_nvme,
                                  bool states_on_nvme, StateFormat m_format, StateFormat v_format, int64_t block_size) {
   if (!master_on_nvme && !states_on_nvme) return 0;
-  // fp32 and bf16 moments need no per-tensor blocks: only the unit's total.
-  auto moment = [&](StateFormat f, const std::vector<int64_t>& numels, int64_t numel) {
-    if (f == StateFormat::kFp32) return 4 * numel;
-    if (f == StateFormat::kBf16) return 2 * numel;
-    return state_format_bytes(f, numels, block_size);
-  };
   int64_t largest = 0;
   for (const auto& numels : unit_tensor_numels) {
     int64_t numel = 0;
     for (int64_t n : numels) numel += n;
     int64_t bytes = master_on_nvme ? 4 * numel : 0;
-    if (states_on_nvme) bytes += moment(m_format, numels, numel) + moment(v_format, numels, numel);
+    if (states_on_nvme) bytes += state_format_bytes(m_format, numels, block_size) + state_format_bytes(v_format, numels, block_size);
     largest = std::max(largest, bytes);
   }
   return largest;
+}
+
+LayerBufferRange layer_buffer_range(int64_t prefetch_depth, int64_t checkpoint_every) {
+  const int64_t K = std::max<int64_t>(prefetch_depth, 1), c = std::max<int64_t>(checkpoint_every, 0);
+  return {std::max(K + 1, c + 1), std::max(K + 1, c + K)};
+}
+
+NvmeRegionLayout nvme_region_layout(const std::vector<int64_t>& tensor_numels, bool master_on_nvme, bool states_on_nvme,
+                                    StateFormat m_format, StateFormat v_format, int64_t block_size) {
+  auto aligned = [](int64_t b) { return (b + kNvmeArrayAlignment - 1) / kNvmeArrayAlignment * kNvmeArrayAlignment; };
+  NvmeRegionLayout r;
+  if (master_on_nvme) {
+    int64_t numel = 0;
+    for (int64_t n : tensor_numels) numel += n;
+    r.master = 0;
+    r.bytes = aligned(4 * numel);
+  }
+  if (states_on_nvme) {
+    for (int64_t b : moment_array_bytes(m_format, tensor_numels, block_size)) r.m.push_back(r.bytes), r.bytes += aligned(b);
+    for (int64_t b : moment_array_bytes(v_format, tensor_numels, block_size)) r.v.push_back(r.bytes), r.bytes += aligned(b);
+  }
+  return r;
 }
 
 int64_t nvme_unit_transfer_bytes(const ModelSpec& model, bool master_on_nvme, bool states_on_nvme,
@@ -190,13 +206,20 @@ Status check_plan_for_model(const Plan& p, const ModelSpec& model, const std::ve
   if (sc.checkpoint_every > mc.num_layers)
     return invalid_argument("schedule.checkpoint_every: " + std::to_string(sc.checkpoint_every) + " exceeds the model's " +
                             std::to_string(mc.num_layers) + " layers; accepted: 0 .. " + std::to_string(mc.num_layers));
-  // Backward recomputes a checkpoint block's layers from its checkpoint and keeps their weights
-  // on the device while it walks back through them, with the next layer prefetched beside them.
-  if (sc.checkpoint_every > 0 && sc.device_layer_buffers < sc.checkpoint_every + 1)
-    return invalid_argument("schedule.device_layer_buffers: " + std::to_string(sc.device_layer_buffers) +
-                            " cannot hold the " + std::to_string(sc.checkpoint_every) +
-                            " layers a checkpoint block recomputes (schedule.checkpoint_every) plus one in flight; "
-                            "accepted: >= " + std::to_string(sc.checkpoint_every + 1));
+  {
+    const int64_t least = layer_buffer_range(sc.prefetch_depth, sc.checkpoint_every).least;
+    if (sc.device_layer_buffers < least) {
+      // Backward recomputes a checkpoint block's layers from its checkpoint and keeps their weights
+      // on the device while it walks back through them, with the next layer loading beside them.
+      const std::string why = sc.prefetch_depth >= sc.checkpoint_every
+                                  ? "the layer being computed plus schedule.prefetch_depth " + std::to_string(sc.prefetch_depth) +
+                                        " layers in flight"
+                                  : "the " + std::to_string(sc.checkpoint_every) +
+                                        " layers a checkpoint block recomputes (schedule.checkpoint_every) plus one in flight";
+      return invalid_argument("schedule.device_layer_buffers: " + std::to_string(sc.device_layer_buffers) + " cannot hold " +
+                              why + "; accepted: >= " + std::to_string(least));
+    }
+  }
   const PlacementConfig& pc = p.placement;
   const bool master_nvme = pc.master_weights == Tier::kNvme, states_nvme = pc.optimizer_states == Tier::kNvme;
   if (master_nvme && p.precision.transfer != DType::kBf16)
@@ -290,11 +313,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     read_enum(sr, "checkpoint_location", c.checkpoint_location, checkpoint_location_names());
     if (Status s = sr.finish(); !s.ok()) return ctx(s);
   }
-  if (p.schedule.device_layer_buffers < p.schedule.prefetch_depth + 1)
-    return ctx(invalid_argument("schedule.device_layer_buffers: " + std::to_string(p.schedule.device_layer_buffers) +
-                                " cannot hold the layer being computed plus schedule.prefetch_depth " +
-                                std::to_string(p.schedule.prefetch_depth) + " layers in flight; accepted: >= " +
-                                std::to_string(p.schedule.prefetch_depth + 1)));
+
   if (!r.ok()) return ctx(r.finish());
 
   // placement

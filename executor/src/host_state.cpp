@@ -202,20 +202,13 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
   t.states = nvme.states;
   hs.build_units(model, m_format, v_format, block_size);
   std::vector<int64_t> region;
-  auto aligned = [](int64_t b) { return (b + kNvmeAlignment - 1) / kNvmeAlignment * kNvmeAlignment; };
+  static_assert(kNvmeArrayAlignment % kNvmeAlignment == 0, "every array of a region is aligned for O_DIRECT");
   for (const UnitState& us : hs.units_) {
-    Tier::Layout lay;
-    int64_t off = 0;
-    if (t.master) {
-      lay.master = off;
-      off += aligned(4 * us.numel);
-    }
-    if (t.states) {
-      for (int64_t b : us.m.array_bytes()) lay.m.push_back(off), off += aligned(b);
-      for (int64_t b : us.v.array_bytes()) lay.v.push_back(off), off += aligned(b);
-    }
-    t.layout.push_back(lay);
-    region.push_back(off);
+    std::vector<int64_t> numels;
+    for (const auto& tensor : us.tensors) numels.push_back(tensor.numel);
+    const NvmeRegionLayout r = nvme_region_layout(numels, t.master, t.states, m_format, v_format, block_size);
+    t.layout.push_back(Tier::Layout{r.master, r.m, r.v});
+    region.push_back(r.bytes);
   }
   // Buffers: as many whole units as the staging bytes hold, counted at the units' own NVMe bytes
   // (master, m, v) by the core function the simulator's staging rule uses; fewer than one unit is

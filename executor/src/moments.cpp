@@ -120,29 +120,25 @@ MomentStore MomentStore::create(StateFormat format, bool second, const std::vect
     case StateFormat::kFp32: s.f32_.resize(s.numel_); break;
     case StateFormat::kBf16: s.bf16_.resize(s.numel_); break;
     default: {
-      s.codes_.resize(blocks * block_size * state_format_bits(format) / 8);
-      s.scales_.resize(blocks);
+      const std::vector<int64_t> bytes = s.array_bytes();  // codes, then one fp32 scale per block
+      s.codes_.resize(bytes[0]);
+      s.scales_.resize(bytes[1] / 4);
       // Zero moments: every scale 0 decodes to 0 whatever the codes.
     }
   }
   return s;
 }
 
-std::vector<int64_t> MomentStore::array_bytes() const {
-  switch (format_) {
-    case StateFormat::kFp32: return {4 * numel_};
-    case StateFormat::kBf16: return {2 * numel_};
-    default: return {blocks_ * block_ * state_format_bits(format_) / 8, 4 * blocks_};
-  }
-}
+std::vector<int64_t> MomentStore::array_bytes() const { return moment_array_bytes(format_, tensor_numel_, block_); }
 
 void MomentStore::attach(const std::vector<void*>& arrays) {
   switch (format_) {
     case StateFormat::kFp32: f32_.view(static_cast<float*>(arrays.at(0)), numel_); break;
     case StateFormat::kBf16: bf16_.view(static_cast<uint16_t*>(arrays.at(0)), numel_); break;
     default:
-      codes_.view(static_cast<uint8_t*>(arrays.at(0)), blocks_ * block_ * state_format_bits(format_) / 8);
-      scales_.view(static_cast<float*>(arrays.at(1)), blocks_);
+      const std::vector<int64_t> bytes = array_bytes();
+      codes_.view(static_cast<uint8_t*>(arrays.at(0)), bytes[0]);
+      scales_.view(static_cast<float*>(arrays.at(1)), bytes[1] / 4);
   }
 }
 

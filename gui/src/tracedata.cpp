@@ -567,8 +567,10 @@ std::vector<LayerDiff> compareLayers(const TraceData& a, const TraceData& b) {
 Result<Plan> applyWhatIf(const Plan& base, const WhatIfEdits& e) {
   Plan p = base;
   if (e.prefetchDepth) {
+    // The buffers the planner would give this prefetch depth (layer_buffer_range): the whole
+    // window has slots, in the backward's checkpoint blocks too.
     p.schedule.prefetch_depth = *e.prefetchDepth;
-    p.schedule.device_layer_buffers = std::max(p.schedule.device_layer_buffers, *e.prefetchDepth + 1);
+    p.schedule.device_layer_buffers = layer_buffer_range(*e.prefetchDepth, p.schedule.checkpoint_every).most;
   }
   if (e.mFormat) {
     MT_ASSIGN_OR_RETURN(p.optimizer.m_format, parse_state_format(*e.mFormat));

@@ -81,7 +81,7 @@ Result<int64_t> prefetch_cap(const Space& s, Sizer& sizer, const Knobs& k) {
 
 Knobs at_prefetch(Knobs k, int64_t K) {
   k.prefetch = K;
-  k.buffers = std::max<int64_t>(K + 1, k.ckpt_every + K);
+  k.buffers = layer_buffer_range(K, k.ckpt_every).most;
   return k;
 }
 

@@ -82,40 +82,34 @@ void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, bool
 // The next step's GPU work and its H2D transfers both lie inside the measured period (the first
 // H2D of a step is the embedding's, which waits for its update, which waits for the previous
 // step's last GPU task), and a task never runs faster than its full-speed time.
-double lower_bound(const Plan& plan, const ModelSpec& model, const HardwareProfile& rig) {
+Result<double> lower_bound(const Plan& plan, const ModelSpec& model, const HardwareProfile& rig, const step::UnitTable* units) {
   const sim::CostModel cost(plan, model, rig);
-  const ModelConfig& mc = model.config();
-  const ParameterCounts pc = model.parameter_counts();
   const double A = static_cast<double>(plan.training.grad_accum);
   const int64_t c = plan.schedule.checkpoint_every;
   // Every layer's own time: MoE and dense layers (and windowed attention) differ.
   const double recompute = c > 0 ? cost.layers_forward_time() : 0;
   const double gpu = A * (cost.layers_forward_time() + cost.layers_backward_time() + recompute + cost.head_time() +
                           cost.embed_forward_time() + cost.embed_backward_time());
+  // The H2D queue of the compiled step, each copy at its full-speed time: every unit's weights in
+  // the transfer dtype (each layer twice, forward and backward; a tied head's table again), and the
+  // host checkpoints' restores in fp32, as the executor moves them.
+  const step::ActivationLayout layout = step::layout_for(step::backend_of_rig(rig), model, plan);
+  MT_ASSIGN_OR_RETURN(const step::StepSchedule s, step::compile(plan, model, layout, {.units = units}));
   const double tb = static_cast<double>(dtype_bytes(plan.precision.transfer));
-  const double head = static_cast<double>(mc.vocab_size * mc.hidden_size + pc.final_norm) * tb;
-  const double embed = static_cast<double>(pc.embedding) * tb;
-  // Each layer is streamed twice (forward, backward), every expert of it.
-  double layers = 0;
-  for (int64_t l = 0; l < mc.num_layers; ++l) {
-    const int64_t n = static_cast<size_t>(l) < pc.layer.size() ? pc.layer[static_cast<size_t>(l)] : pc.per_layer;
-    layers += 2 * cost.h2d_time(static_cast<double>(n) * tb);
+  double round = 0;
+  for (const step::Transfer& t : s.round.h2d) {
+    const double bytes = t.kind == step::Transfer::kWeights ? static_cast<double>(s.unit_numel[static_cast<size_t>(t.unit)]) * tb
+                                                            : 4.0 * static_cast<double>(s.buffers.hidden_floats);
+    round += cost.h2d_time(bytes);
   }
-  const double weights = cost.h2d_time(embed) + cost.h2d_time(head) + layers;
-  const bool layer_major = plan.schedule.order == ScheduleOrder::kLayerMajor;
-  double h2d = layer_major ? weights : A * weights;
-  if (c > 0 && plan.schedule.checkpoint_location == CheckpointLocation::kHost) {
-    const double n_ckpt = static_cast<double>((mc.num_layers + c - 1) / c);
-    const ActivationBytes act =
-        model.activation_bytes_per_token_per_layer(plan.training.seq_len, dtype_bytes(plan.precision.compute));
-    const double hidden = std::ceil(act.checkpoint * static_cast<double>(plan.training.micro_batch * plan.training.seq_len) - 1e-9);
-    h2d += n_ckpt * A * cost.h2d_time(hidden);
-  }
-  return std::max(gpu, h2d);
+  return std::max(gpu, s.rounds * round);
 }
 
 void order_by_bound(std::vector<Structural>& feasible, const Space& s) {
-  for (Structural& c : feasible) c.lb = lower_bound(make_plan(at_prefetch(c.k, 1), s), s.model, s.rig);
+  for (Structural& c : feasible) {
+    auto lb = lower_bound(make_plan(at_prefetch(c.k, 1), s), s.model, s.rig, &s.units);
+    c.lb = lb.ok() ? *lb : 0;  // a plan the step cannot compile is refused by its simulation, with the reason
+  }
   std::stable_sort(feasible.begin(), feasible.end(), [](const Structural& a, const Structural& b) {
     return a.lb != b.lb ? a.lb < b.lb : a.index < b.index;
   });

@@ -60,7 +60,8 @@ void blocked_relief(SearchResult& res, const Space& s, std::vector<Structural> b
   const Candidate& best = res.best;
   std::vector<Structural> promising;
   for (Structural& c : blocked) {
-    c.lb = lower_bound(make_plan(at_prefetch(c.k, 1), s), s.model, s.rig);
+    auto lb = lower_bound(make_plan(at_prefetch(c.k, 1), s), s.model, s.rig, &s.units);
+    c.lb = lb.ok() ? *lb : 0;
     if (c.lb < best.result.step_time_s * (1 - kReliefMinGain)) promising.push_back(c);
   }
   auto shortfall_total = [&](const step::TierBytes& n) {

@@ -82,7 +82,8 @@ Status simulate_best_first(const Space& s, const std::vector<Structural>& feasib
         break;
       }
       const int64_t c = st.k.ckpt_every;
-      const int64_t b_lo = std::max<int64_t>(K + 1, c + 1), b_hi = std::max<int64_t>(K + 1, c + K);
+      const LayerBufferRange range = layer_buffer_range(K, c);
+      const int64_t b_lo = range.least, b_hi = range.most;
       bool plateau = false, refused = false;
       const double prev_k_time = k_time;
       for (int64_t B = opt.exhaustive ? b_lo : b_hi; B <= b_hi; ++B) {

@@ -9,22 +9,7 @@
 namespace megatrain::step {
 namespace {
 
-constexpr int64_t kNvmeAlignment = 4096;  // every array of an NVMe region starts on a 4 KiB boundary
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-
-// One moment array as MomentStore keeps it: fp32, bf16, or codes plus one fp32 scale per block.
-// `n` is the unit's numel (the sum of `numels`); only quantised formats need the per-tensor blocks.
-std::vector<int64_t> moment_arrays(StateFormat f, const std::vector<int64_t>& numels, int64_t n, int64_t block) {
-  switch (f) {
-    case StateFormat::kFp32: return {4 * n};
-    case StateFormat::kBf16: return {2 * n};
-    default: {
-      int64_t blocks = 0;
-      for (int64_t x : numels) blocks += (x + block - 1) / block;
-      return {blocks * block * state_format_bits(f) / 8, 4 * blocks};
-    }
-  }
-}
 
 }  // namespace
 
@@ -61,20 +46,14 @@ Footprint footprint(const StepSchedule& s, const ActivationLayout& layout) {
   for (size_t u = 0; u < s.unit_numel.size(); ++u) {
     const int64_t n = s.unit_numel[u];
     max_unit = std::max(max_unit, n);
-    const auto m = moment_arrays(s.m_format, s.unit_tensor_numels[u], n, s.block_size);
-    const auto v = moment_arrays(s.v_format, s.unit_tensor_numels[u], n, s.block_size);
-    int64_t mv = 0;
-    for (int64_t x : m) mv += x;
-    for (int64_t x : v) mv += x;
+    const auto& numels = s.unit_tensor_numels[u];
+    const int64_t mv = state_format_bytes(s.m_format, numels, s.block_size) + state_format_bytes(s.v_format, numels, s.block_size);
     f.ram_state += n * ((s.lent_gradients == 0 ? 4 : 0) + (bf16 ? 2 : 0)) + (s.master_nvme ? 0 : 4 * n) + (s.states_nvme ? 0 : mv);
     f.peak.pinned += n * (bf16 ? 2 : 4) + (s.lent_gradients == 0 ? 4 * n : 0);
     if (s.master_nvme || s.states_nvme) {
-      int64_t region = s.master_nvme ? round_up(4 * n, kNvmeAlignment) : 0;
-      if (s.states_nvme) {
-        for (int64_t x : m) region += round_up(x, kNvmeAlignment);
-        for (int64_t x : v) region += round_up(x, kNvmeAlignment);
-      }
-      const int64_t capacity = round_up(region, s.nvme_block_bytes);
+      const NvmeRegionLayout region =
+          nvme_region_layout(numels, s.master_nvme, s.states_nvme, s.m_format, s.v_format, s.block_size);
+      const int64_t capacity = round_up(region.bytes, s.nvme_block_bytes);
       f.peak.nvme += capacity;
       max_region = std::max(max_region, capacity);
     }

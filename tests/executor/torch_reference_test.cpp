@@ -287,6 +287,14 @@ fs::path scratch_dir(const std::string& name) {
   return fs::temp_directory_path() / ("mt_torch_" + name + "_" + std::to_string(::getpid()));
 }
 
+// The slip catalogues rerun the reference script many times on one case: unless the caller caches
+// the PyTorch runs already (scripts/test.sh), they are cached in the case's folder, so that the
+// unmutated runs train once (tests/python/ref_cache.py).
+std::string with_cache(const std::string& cmd, const fs::path& dir) {
+  const char* set = std::getenv("MEGATRAIN_TORCH_CACHE");
+  return cmd.empty() || (set && *set) ? cmd : "MEGATRAIN_TORCH_CACHE=" + (dir / "torch-cache").string() + " " + cmd;
+}
+
 void run_against_torch(const std::string& model_name, double clip, Shape shape = {}) {
   if (!fs::exists("/usr/bin/python3") || !torch_available())
     GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
@@ -323,7 +331,7 @@ TEST(TorchReference, EverySemanticSlipIsCaught) {
   if (!fs::exists("/usr/bin/python3") || !torch_available())
     GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
   const fs::path dir = scratch_dir("mutations");
-  const std::string cmd = train_ours("tiny-qwen2", 0.5, dir);
+  const std::string cmd = with_cache(train_ours("tiny-qwen2", 0.5, dir), dir);
   if (cmd.empty()) return;
   int rc = 0;
   const std::string clean = run_command(cmd + " 2>&1", &rc);
@@ -352,7 +360,7 @@ TEST(TorchReference, EveryGptOssSlipIsCaught) {
   if (!fs::exists("/usr/bin/python3") || !torch_available())
     GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
   const fs::path dir = scratch_dir("gpt_oss_mutations");
-  const std::string cmd = train_ours("tiny-gpt-oss", 0.5, dir);
+  const std::string cmd = with_cache(train_ours("tiny-gpt-oss", 0.5, dir), dir);
   if (cmd.empty()) return;
   int rc = 0;
   const std::string clean = run_command(cmd + " 2>&1", &rc);

@@ -22,7 +22,7 @@ except ImportError as e:
     print(f"SKIP: PyTorch (or numpy) is not importable by {sys.executable}: {e}")
     sys.exit(77)
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # ctest runs two tests at once on two cores (docs/testing.md)
 
 # Bounds on max|ours - torch| / max|torch|. float64: both sides round at 1.1e-16 per operation and
 # sum in different orders over at most ~100 terms here (worst case ~1e-14, observed <= 4e-16); 1e-12

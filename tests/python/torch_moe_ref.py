@@ -61,11 +61,14 @@ except ImportError:
     print("SKIP: PyTorch is not installed for /usr/bin/python3")
     sys.exit(77)
 
+import ref_cache  # noqa: E402 (after the check for PyTorch, which it imports)
+
 # The same bounds as torch_train_ref.py, for the same reasons (docs/testing.md).
 F64_BOUND = 1e-9
 FP32_FACTOR = 8.0
 
-torch.set_num_threads(int(os.environ.get("MEGATRAIN_TORCH_THREADS", "2")))
+# One thread: ctest runs two tests at once on two cores (docs/testing.md).
+torch.set_num_threads(int(os.environ.get("MEGATRAIN_TORCH_THREADS", "1")))
 SLIPS = {
     "no_sinks": "attention without gpt-oss's sink logits",
     "no_window": "every layer attends to the whole causal prefix",
@@ -373,11 +376,16 @@ def rel_l2(a, b):
     return (a.double() - b.double()).norm().item() / max(b.double().norm().item(), 1e-300)
 
 
-losses64, aux64, unused64, loads64, final64 = train(torch.float64)
+def cached_train(dtype):
+    """train(dtype) with SLIP, through the cache of PyTorch runs (ref_cache.py)."""
+    return ref_cache.cached(d, [__file__], ("torch_moe_ref", str(dtype), SLIP), lambda: train(dtype))
+
+
+losses64, aux64, unused64, loads64, final64 = cached_train(torch.float64)
 if SLIP:  # only the float64 check is asked to catch a slip; the fp32 runs are skipped
     losses32, aux32, final32 = losses64, aux64, final64
 else:
-    losses32, aux32, unused32, _, final32 = train(torch.float32)
+    losses32, aux32, unused32, _, final32 = cached_train(torch.float32)
 ours32 = read_safetensors(os.path.join(d, "final.safetensors"))
 ours64 = read_safetensors(os.path.join(d, "final64.safetensors"))
 ok = True

@@ -19,8 +19,11 @@ int64_t drop_dominated_pairs(Space& s);
 // simulation); adds the dropped candidates' depths to `dominated`.
 void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, bool order_rule, int64_t& dominated);
 
-// A lower bound on the simulated step time of a plan (docs/planner.md, "Lower bound").
-double lower_bound(const Plan& plan, const ModelSpec& model, const HardwareProfile& rig);
+// A lower bound on the simulated step time of a plan (docs/planner.md, "Lower bound"). The H2D
+// side walks the compiled step's H2D queue (every weight load and checkpoint restore, at the bytes
+// the executor moves); `units` is the model's step::unit_table, or null to group the tensors here.
+Result<double> lower_bound(const Plan& plan, const ModelSpec& model, const HardwareProfile& rig,
+                           const step::UnitTable* units = nullptr);
 // Gives each candidate its bound at prefetch depth 1 and sorts by it (ties: enumeration order).
 void order_by_bound(std::vector<Structural>& feasible, const Space& s);
 

@@ -28,8 +28,12 @@ Result<StateFormat> parse_state_format(const std::string& s);  // fp32 | bf16 | 
 double state_format_bytes_per_element(StateFormat f, int64_t block_size);
 // Bits per code of a quantised format (q8 8, q4 4, q3 3, q2 2); 0 for fp32 and bf16.
 int state_format_bits(StateFormat f);
-// Exact bytes of one moment array over tensors of these element counts, as the executor stores it:
-// quantised formats pad each tensor to whole blocks of `block_size` and keep one fp32 scale per block.
+// The arrays of one moment over tensors of these element counts, in bytes, as the executor's
+// MomentStore keeps them: {4 n} fp32, {2 n} bf16, or {codes, scales} for a quantised format, which
+// pads each tensor to whole blocks of `block_size` and keeps one fp32 scale per block. The one
+// function every moment size comes from (the store, the footprint, the NVMe regions and transfers).
+std::vector<int64_t> moment_array_bytes(StateFormat f, const std::vector<int64_t>& tensor_numels, int64_t block_size);
+// Their sum: the bytes of one moment.
 int64_t state_format_bytes(StateFormat f, const std::vector<int64_t>& tensor_numels, int64_t block_size);
 
 struct ModelConfig {

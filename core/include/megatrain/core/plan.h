@@ -82,11 +82,22 @@ struct PrecisionConfig {
 struct ScheduleConfig {
   ScheduleOrder order = ScheduleOrder::kLayerMajor;
   int64_t prefetch_depth = 2;
-  int64_t device_layer_buffers = 3;    // >= prefetch_depth + 1
+  int64_t device_layer_buffers = 3;    // layer_buffer_range(prefetch_depth, checkpoint_every).least or more
   int64_t checkpoint_every = 1;        // layers between activation checkpoints; 0 keeps all activations
   CheckpointLocation checkpoint_location = CheckpointLocation::kHost;
   bool operator==(const ScheduleConfig&) const = default;
 };
+
+// The device layer buffers a schedule can run with: the one rule the parser, the planner, the
+// simulator and the GUI's what-if use. With prefetch depth K and checkpoint interval c:
+// - least = max(K + 1, c + 1): the layer being computed plus K loads ahead, and a backward block's c
+//   layers held at once plus one to refill (fewer would deadlock the loads);
+// - most = max(K + 1, c + K): every load of the prefetch window has a slot of its own through the
+//   backward too, so no load waits for a slot; more buffers buy nothing. The planner writes it.
+struct LayerBufferRange {
+  int64_t least = 2, most = 2;
+};
+LayerBufferRange layer_buffer_range(int64_t prefetch_depth, int64_t checkpoint_every);
 
 struct PlacementConfig {
   Tier master_weights = Tier::kRam;
@@ -145,6 +156,18 @@ int64_t nvme_unit_transfer_bytes(const std::vector<std::vector<int64_t>>& unit_t
 // Each unit's tensor sizes as the executor groups the tensors: 0 the embedding, l + 1 decoder layer
 // l, L + 1 the rest (final norm and head), in the model's tensor order.
 std::vector<std::vector<int64_t>> unit_tensor_numels(const ModelSpec& model);
+// One unit's region on the NVMe tier, as HostState lays it out and the footprint reserves it: its
+// fp32 master weights (when on nvme), then each array of m and of v (moment_array_bytes; when the
+// states are on nvme), each starting on a kNvmeArrayAlignment boundary. Offsets are -1 / empty for
+// what stays in RAM; `bytes` is the region before the store rounds it up to its blocks.
+inline constexpr int64_t kNvmeArrayAlignment = 4096;
+struct NvmeRegionLayout {
+  int64_t master = -1;
+  std::vector<int64_t> m, v;
+  int64_t bytes = 0;
+};
+NvmeRegionLayout nvme_region_layout(const std::vector<int64_t>& tensor_numels, bool master_on_nvme, bool states_on_nvme,
+                                    StateFormat m_format, StateFormat v_format, int64_t block_size);
 // The staging rule: with state on nvme, placement.pinned_staging_bytes must hold at least one unit's
 // transfer (nvme_unit_transfer_bytes); the error names the key, the value and the minimum in bytes.
 Status check_pinned_staging(int64_t pinned_staging_bytes, int64_t unit_transfer_bytes);
