@@ -172,21 +172,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     return invalid_argument("the training state lends gradients per unit (HostState created without all_gradients), which needs "
                             "the streamed pipeline in layer-major order without clipping (every gradient is needed until the "
                             "global norm or the last micro-batch otherwise); accepted: a HostState with all_gradients for this plan");
-  I.L = I.d.L;
-  I.U = I.L + 2;
-  I.A = plan.training.grad_accum;
-  I.K = plan.schedule.prefetch_depth;
-  I.B = plan.schedule.device_layer_buffers;
-  I.c = plan.schedule.checkpoint_every;
-  I.clip = plan.training.clip_grad_norm > 0;
-  I.host_ckpt = plan.schedule.checkpoint_location == CheckpointLocation::kHost && I.c > 0;
-  if (I.d.moe) {
-    I.moe_count.assign(static_cast<size_t>(I.A * I.L * I.d.E), 0.0);
-    I.moe_prob.assign(I.moe_count.size(), 0.0);
-    I.moe_grad.assign(static_cast<size_t>(I.A * I.d.E), 0.0);
-    I.moe_grad_ready.assign(static_cast<size_t>(I.A), 0);
-    I.chosen.assign(static_cast<size_t>(I.L + 2), std::vector<char>(static_cast<size_t>(I.d.E), 1));
-  }
   BackendOptions bo;
   bo.threads = options.threads;
   bo.transfer = state.transfer();
@@ -223,6 +208,22 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   step::CompileOptions co;
   co.lent_gradients = !state.all_gradients();
   MT_ASSIGN_OR_RETURN(I.sched, step::compile(plan, model, layout, co));
+  // The schedule's shape, as compiled: the trainer reads it from there, not from the plan.
+  I.L = I.sched.L;
+  I.U = I.sched.U;
+  I.A = I.sched.A;
+  I.K = I.sched.K;
+  I.B = I.sched.B;
+  I.c = I.sched.c;
+  I.clip = I.sched.clip;
+  I.host_ckpt = I.sched.host_checkpoints;
+  if (I.d.moe) {
+    I.moe_count.assign(static_cast<size_t>(I.A * I.L * I.d.E), 0.0);
+    I.moe_prob.assign(I.moe_count.size(), 0.0);
+    I.moe_grad.assign(static_cast<size_t>(I.A * I.d.E), 0.0);
+    I.moe_grad_ready.assign(static_cast<size_t>(I.A), 0);
+    I.chosen.assign(static_cast<size_t>(I.L + 2), std::vector<char>(static_cast<size_t>(I.d.E), 1));
+  }
   for (int64_t u = 0; u < I.U; ++u)
     if (state.units()[static_cast<size_t>(u)].numel != I.sched.unit_numel[static_cast<size_t>(u)])
       return internal_error("unit " + std::to_string(u) + " of the training state holds " +
@@ -713,15 +714,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // summed on the host, and the updates wait for the last round.
   Backend& be = *I.be;
   constexpr StreamKind kC = StreamKind::kCompute, kH = StreamKind::kH2D, kD = StreamKind::kD2H;
-  const bool layer_major = I.plan.schedule.order == ScheduleOrder::kLayerMajor;
+  const bool layer_major = I.sched.layer_major;
   double stall = 0;
-  const int64_t rounds = layer_major ? 1 : I.A;
+  const int64_t rounds = I.sched.rounds;
   // The NVMe tier's reads of this step, issued now in the optimizer's order: the staging buffers
   // bound how far ahead they run, and the forward pass overlaps them.
   if (I.nvme_read)
     for (int64_t u : I.sched.optimizer_order) I.nvme_read->post([&I, u, step] { nvme_read_unit(I, u, step); });
   for (int64_t round = 0; round < rounds; ++round) {
-  const int64_t AR = layer_major ? I.A : 1;   // micro-batches in this round
+  const int64_t AR = I.sched.round.micro_batches;  // micro-batches in this round
   const int64_t j0 = layer_major ? 0 : round;  // the round's first micro-batch of the step
   const bool last_round = round == rounds - 1;
   // The round's events; a deque keeps their addresses while it grows.
