@@ -1,0 +1,174 @@
+// step::compile and step::footprint against hand-computed op lists and byte counts (issue 30):
+// the compute stream and the H2D queue of a small layer-major step with host checkpoints, the tied
+// head's second load of the embedding, microbatch-major rounds, and the buffers of a model whose
+// decoder layers differ in size (a dense first layer of a Mixture-of-Experts model).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/plan.h"
+#include "megatrain/step/schedule.h"
+
+namespace {
+
+using namespace megatrain;
+using step::OpKind;
+namespace fs = std::filesystem;
+
+Plan plan_for(const std::string& model, int64_t grad_accum, int64_t K, int64_t B, int64_t c, bool host, bool layer_major = true) {
+  Plan p;
+  p.model = ProfileRef{false, model};
+  p.rig = ProfileRef{false, "cpu-dev-2core"};
+  p.training.seq_len = 16;
+  p.training.micro_batch = 2;
+  p.training.grad_accum = grad_accum;
+  p.training.steps = 1;
+  p.training.warmup_steps = 0;
+  p.training.clip_grad_norm = 0;
+  p.precision = PrecisionConfig{DType::kFp32, DType::kFp32, DType::kFp32};
+  p.schedule.order = layer_major ? ScheduleOrder::kLayerMajor : ScheduleOrder::kMicrobatchMajor;
+  p.schedule.prefetch_depth = K;
+  p.schedule.device_layer_buffers = B;
+  p.schedule.checkpoint_every = c;
+  p.schedule.checkpoint_location = host ? CheckpointLocation::kHost : CheckpointLocation::kDevice;
+  return p;
+}
+
+std::string text(const step::Op& o) {
+  switch (o.kind) {
+    case OpKind::kAcquire: return "acquire " + std::to_string(o.load);
+    case OpKind::kRelease: return "release " + std::to_string(o.load);
+    case OpKind::kCompute:
+      return std::string(span_kind_name(o.span)) + " L" + std::to_string(o.layer) + " mb" + std::to_string(o.mb) + " load" +
+             std::to_string(o.load) + (o.load2 >= 0 ? "+" + std::to_string(o.load2) : "");
+    case OpKind::kSaveCheckpoint: return "save L" + std::to_string(o.layer) + " mb" + std::to_string(o.mb) + " ck" + std::to_string(o.checkpoint);
+    case OpKind::kWaitCheckpoint: return "wait_ck L" + std::to_string(o.layer) + " mb" + std::to_string(o.mb) + " ck" + std::to_string(o.checkpoint);
+    case OpKind::kWaitRestore: return "wait_restore L" + std::to_string(o.layer) + " mb" + std::to_string(o.mb) + " b" + std::to_string(o.block);
+    case OpKind::kConsumed: return "consumed L" + std::to_string(o.layer) + " mb" + std::to_string(o.mb) + " b" + std::to_string(o.block);
+    case OpKind::kBackwardBegins: return "backward_begins";
+    case OpKind::kTakeGradBuffer: return "take_grad L" + std::to_string(o.layer);
+    case OpKind::kGradFinal: return "grad_final L" + std::to_string(o.layer);
+  }
+  return "?";
+}
+
+std::vector<std::string> ops_of(const step::StepSchedule& s) {
+  std::vector<std::string> v;
+  for (const step::Op& o : s.round.compute) v.push_back(text(o));
+  return v;
+}
+
+std::vector<std::string> h2d_of(const step::StepSchedule& s) {
+  std::vector<std::string> v;
+  for (const step::Transfer& t : s.round.h2d)
+    v.push_back(t.kind == step::Transfer::kWeights
+                    ? "weights U" + std::to_string(t.unit) + " load" + std::to_string(t.load)
+                    : "restore L" + std::to_string(t.unit) + " b" + std::to_string(t.block) + " ck" + std::to_string(t.checkpoint) +
+                          " mb" + std::to_string(t.mb));
+  return v;
+}
+
+step::StepSchedule compiled(const Plan& p) {
+  auto model = p.resolve_model();
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  auto s = step::compile(p, *model, step::cpu_layout(*model, p.training.micro_batch, p.training.seq_len));
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return *s;
+}
+
+// tiny-llama-gqa has two decoder layers: units 0 (embedding), 1, 2 and 3 (final norm and head).
+TEST(Compile, LayerMajorWithHostCheckpointsByHand) {
+  const step::StepSchedule s = compiled(plan_for("tiny-llama-gqa", 2, 1, 2, 1, true));
+  EXPECT_EQ(s.rounds, 1);
+  EXPECT_EQ(s.resident_mbs, 2);
+  EXPECT_EQ(s.checkpoints_per_mb, 2);
+  EXPECT_EQ(s.round.loads, (std::vector<int32_t>{0, 1, 2, 3, 2, 1}));
+  EXPECT_EQ(s.round.backward_first_load, 4);
+  EXPECT_EQ(h2d_of(s), (std::vector<std::string>{"weights U0 load0", "weights U1 load1", "weights U2 load2", "weights U3 load3",
+                                                 "weights U2 load4", "restore L2 b0 ck1 mb0", "restore L2 b0 ck1 mb1",
+                                                 "weights U1 load5", "restore L1 b1 ck0 mb0", "restore L1 b1 ck0 mb1"}));
+  const std::vector<std::string> want = {
+      "acquire 0", "embed_forward L0 mb0 load0", "embed_forward L0 mb1 load0", "release 0",
+      "acquire 1", "save L1 mb0 ck0", "forward L1 mb0 load1", "save L1 mb1 ck0", "forward L1 mb1 load1", "release 1",
+      "acquire 2", "wait_ck L2 mb0 ck0", "save L2 mb0 ck1", "forward L2 mb0 load2",
+      "wait_ck L2 mb1 ck0", "save L2 mb1 ck1", "forward L2 mb1 load2", "release 2",
+      "acquire 3", "head L3 mb0 load3", "head L3 mb1 load3", "release 3", "grad_final L3", "backward_begins",
+      "acquire 4", "take_grad L2",
+      "wait_restore L2 mb0 b0", "recompute L2 mb0 load4", "consumed L2 mb0 b0", "backward L2 mb0 load4",
+      "wait_restore L2 mb1 b0", "recompute L2 mb1 load4", "consumed L2 mb1 b0", "backward L2 mb1 load4",
+      "release 4", "grad_final L2",
+      "acquire 5", "take_grad L1",
+      "wait_restore L1 mb0 b1", "recompute L1 mb0 load5", "consumed L1 mb0 b1", "backward L1 mb0 load5",
+      "wait_restore L1 mb1 b1", "recompute L1 mb1 load5", "consumed L1 mb1 b1", "backward L1 mb1 load5",
+      "release 5", "grad_final L1",
+      "embed_backward L0 mb0 load-1", "embed_backward L0 mb1 load-1", "grad_final L0"};
+  EXPECT_EQ(ops_of(s), want);
+  // Without clipping the optimizer takes the units as their gradients become final.
+  EXPECT_EQ(s.optimizer_order, (std::vector<int32_t>{3, 2, 1, 0}));
+}
+
+TEST(Compile, ATiedHeadLoadsTheTableAgainAndNoRecomputeKeepsEveryLayer) {
+  // tiny-qwen2 ties its head to the embedding: the head's compute reads load 3 (final norm) and
+  // load 4 (the table, unit 0 again). checkpoint_every 0: no recompute, no checkpoints.
+  const step::StepSchedule s = compiled(plan_for("tiny-qwen2", 1, 1, 2, 0, false));
+  ASSERT_EQ(s.L, 2);
+  EXPECT_EQ(s.round.loads, (std::vector<int32_t>{0, 1, 2, 3, 0, 2, 1}));
+  EXPECT_EQ(s.round.backward_first_load, 5);
+  const std::vector<std::string> want = {
+      "acquire 0", "embed_forward L0 mb0 load0", "release 0",
+      "acquire 1", "forward L1 mb0 load1", "release 1",
+      "acquire 2", "forward L2 mb0 load2", "release 2",
+      "acquire 3", "acquire 4", "head L3 mb0 load3+4", "release 3", "release 4", "grad_final L3", "backward_begins",
+      "acquire 5", "take_grad L2", "backward L2 mb0 load5", "release 5", "grad_final L2",
+      "acquire 6", "take_grad L1", "backward L1 mb0 load6", "release 6", "grad_final L1",
+      "embed_backward L0 mb0 load-1", "grad_final L0"};
+  EXPECT_EQ(ops_of(s), want);
+  EXPECT_EQ(s.buffers.checkpoints, 0);
+  EXPECT_EQ(s.buffers.act_sets, 2) << "every layer's activations of the one micro-batch";
+  EXPECT_EQ(s.buffers.tied_grad, 256 * 64) << "vocab x hidden";
+}
+
+TEST(Compile, MicrobatchMajorIsOneRoundPerMicroBatch) {
+  const step::StepSchedule s = compiled(plan_for("tiny-llama-gqa", 3, 2, 3, 2, false, false));
+  EXPECT_EQ(s.rounds, 3);
+  EXPECT_EQ(s.resident_mbs, 1);
+  EXPECT_EQ(s.round.micro_batches, 1);
+  EXPECT_EQ(s.round.blocks, (std::vector<std::pair<int32_t, int32_t>>{{1, 2}}));
+  EXPECT_EQ(s.buffers.checkpoints, 1) << "one device checkpoint per block of 2 layers, one micro-batch resident";
+  EXPECT_EQ(s.buffers.grad_sets, 3) << "c + 1 accumulators";
+}
+
+TEST(Compile, EveryPerLayerBufferHoldsTheLargestLayer) {
+  // Qwen3-MoE with one dense layer: the gradient accumulators hold the largest decoder layer
+  // wherever the dense one is (sizing them by layer 0 corrupted training with a dense first layer).
+  std::ifstream in(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-qwen3-moe.json");
+  const auto base = nlohmann::json::parse(in);
+  const int64_t H = base["hidden_size"], I = base["intermediate_size"], E = base["num_experts"],
+                Im = base["moe_intermediate_size"], hd = base["head_dim"], nh = base["num_attention_heads"],
+                nkv = base["num_key_value_heads"], V = base["vocab_size"];
+  // q and o [H, nh hd], k and v [H, nkv hd], the q/k norms [hd], two RMSNorms [H]; then the MLP:
+  // gate, up, down [H, I], or the router [E, H] and E experts' gate, up, down [H, Im].
+  const int64_t attn = 2 * H * nh * hd + 2 * H * nkv * hd + 2 * hd + 2 * H;
+  const int64_t dense = attn + 3 * H * I, moe = attn + E * H + E * 3 * H * Im;
+  ASSERT_GT(moe, dense);
+  for (int64_t d : {0, 1, 2}) {
+    auto cfg = base;
+    cfg["mlp_only_layers"] = {d};
+    Plan p = plan_for("tiny-qwen3-moe", 1, 1, 2, 1, false);
+    p.model = ProfileRef{true, cfg.dump()};
+    SCOPED_TRACE("dense layer " + std::to_string(d));
+    const step::StepSchedule s = compiled(p);
+    ASSERT_EQ(s.L, 3);
+    for (int64_t l = 0; l < 3; ++l) EXPECT_EQ(s.unit_numel[static_cast<size_t>(l + 1)], l == d ? dense : moe) << "layer " << l;
+    EXPECT_EQ(s.buffers.grad_floats, moe);
+    EXPECT_EQ(s.buffers.slot_floats, std::max(moe, V * H + H));
+    EXPECT_EQ(s.buffers.embed_grad, V * H);
+    EXPECT_EQ(s.buffers.head_grad, V * H + H);
+  }
+}
+
+}  // namespace
