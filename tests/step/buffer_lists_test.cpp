@@ -292,8 +292,11 @@ TEST(BufferLists, TheMlpBuffersHoldTheLargerOfTheDenseAndTheExpertLayers) {
     const int64_t expected = std::max(dense.empty() ? 0 : s.N * c.intermediate_size, s.N * s.k * c.moe_intermediate_size);
     EXPECT_EQ(s.mlp_floats(), expected);
     const buffers::BufferList acts = buffers::cpu_layer_acts(s);
-    for (const auto& b : acts.items)
-      if (b.id == Buf::kGate || b.id == Buf::kUp || b.id == Buf::kAct) EXPECT_EQ(b.count, expected) << buffers::buf_name(b.id);
+    for (const auto& b : acts.items) {
+      if (b.id == Buf::kGate || b.id == Buf::kUp || b.id == Buf::kAct) {
+        EXPECT_EQ(b.count, expected) << buffers::buf_name(b.id);
+      }
+    }
   }
 }
 
