@@ -10,13 +10,13 @@
 #include "megatrain/executor/trainer.h"
 
 #include <algorithm>
-#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <tuple>
 
 #include <unistd.h>
 
