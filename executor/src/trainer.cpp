@@ -62,7 +62,7 @@ struct Trainer::Impl {
   std::vector<int> free_grads;
   std::vector<int> grad_of;  // per unit, -1 when it holds none
   std::unique_ptr<Backend> be;
-  int64_t L = 0, U = 0, A = 0, K = 1, B = 2, c = 1;
+  int64_t L = 0, U = 0, A = 0, c = 1;
   bool clip = false;
 
   // The device arena: one allocation of the compiled step's device footprint, carved at startup.
@@ -88,10 +88,9 @@ struct Trainer::Impl {
   // Pipeline state, guarded by mu.
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<int> free_slots;
-  std::vector<std::unique_ptr<Event>> slot_free;  // recorded on compute when a slot's last reader is issued
+  std::vector<std::unique_ptr<Event>> slot_free;  // per slot: recorded on compute when its reader's release is issued
+  std::vector<int32_t> carried_slots;             // the slots the next round's first loads fill (step::label_slots)
   std::vector<int64_t> updated_step;   // last step whose update of unit u has finished
-  std::vector<char> grad_buf_free;
   int64_t last_step = -1;  // the step run_step last ran
   bool aborting = false;  // an error mid-step: queued jobs give up instead of waiting forever
   std::unique_ptr<WorkQueue> h2d, d2h, optim;
@@ -212,8 +211,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   I.L = I.sched.L;
   I.U = I.sched.U;
   I.A = I.sched.A;
-  I.K = I.sched.K;
-  I.B = I.sched.B;
   I.c = I.sched.c;
   I.clip = I.sched.clip;
   I.host_ckpt = I.sched.host_checkpoints;
@@ -287,11 +284,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     if (d.tied) I.tied_grad = one[k1++];
     I.ws = one[k1++];
     I.x_scratch = one[k1++];
-    for (int64_t s = 0; s < I.B; ++s) {
-      I.free_slots.push_back(static_cast<int>(s));
-      I.slot_free.push_back(std::make_unique<Event>(true));
-    }
-    I.grad_buf_free.assign(static_cast<size_t>(grad_sets), 1);
+    for (int64_t s = 0; s < I.sched.B; ++s) I.slot_free.push_back(std::make_unique<Event>(true));
+    I.carried_slots = step::first_slots(I.sched.B);
     I.h2d = std::make_unique<WorkQueue>();
     I.d2h = std::make_unique<WorkQueue>();
     I.optim = std::make_unique<WorkQueue>();
@@ -669,12 +663,348 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
   return {};
 }
 
+// ---- the streamed pipeline: one round of the compiled step -------------------------------------
+// The caller's thread walks the round's compute ops, one small function per kind; the H2D and D2H
+// threads run the round's transfers. Every wait is one of the compiled step's edges
+// (megatrain/step/schedule.h): an edge to compute op k is the event recorded once the walk has
+// issued op k, an edge to a transfer is that transfer's completion event, and a slot's first load
+// of the round waits for the slot's last reader of the round before (the slot's own event).
+class RoundRun {
+ public:
+  RoundRun(Trainer::Impl& I, int64_t step, int64_t round, float grad_scale)
+      : I_(I), be_(*I.be), rd_(I.sched.round), slots_(step::label_slots(rd_, I.sched.B, I.carried_slots)), d_(I.d), step_(step), round_(round), AR_(rd_.micro_batches),
+        j0_(I.sched.mb_of(static_cast<int32_t>(round), 0)), NH_(I.d.N * I.d.H), last_round_(round == I.sched.rounds - 1),
+        grad_scale_(grad_scale) {
+    reached_.assign(rd_.compute.size(), nullptr);
+    auto mark = [&](int32_t k) {
+      if (k >= 0 && reached_[static_cast<size_t>(k)] == nullptr) reached_[static_cast<size_t>(k)] = &new_event();
+    };
+    for (const step::Transfer& t : rd_.h2d) {
+      for (int32_t k : {t.window, t.slot_freed, t.after_op, t.after_consumed}) mark(k);
+      h2d_done_.push_back(&new_event());
+    }
+    for (const step::Transfer& t : rd_.d2h) {
+      mark(t.after_op);
+      d2h_done_.push_back(&new_event());
+    }
+  }
+  RoundRun(const RoundRun&) = delete;
+  RoundRun& operator=(const RoundRun&) = delete;
+  // On an early return (an op's error), stop the queued jobs and wait for them: they refer to this
+  // round's events.
+  ~RoundRun() {
+    if (armed_) drain();
+  }
+
+  // Issues the H2D queue, walks the compute ops, and waits for the round's copies (its buffers and
+  // events are reused or freed by the next round).
+  Status run(double& loss_sum, int64_t& count, double& stall) {
+    loss_sum_ = &loss_sum;
+    count_ = &count;
+    stall_ = &stall;
+    for (size_t i = 0; i < rd_.h2d.size(); ++i) {
+      if (rd_.h2d[i].kind == step::Transfer::kWeights) post_load(i);
+      else post_restore(i);
+    }
+    for (size_t k = 0; k < rd_.compute.size(); ++k) {
+      MT_RETURN_IF_ERROR(issue(rd_.compute[k]));
+      if (reached_[k] != nullptr) be_.record(kC, *reached_[k]);
+    }
+    I_.h2d->synchronize();
+    I_.d2h->synchronize();
+    I_.carried_slots = slots_.carried;
+    armed_ = false;
+    return {};
+  }
+
+ private:
+  static constexpr StreamKind kC = StreamKind::kCompute, kH = StreamKind::kH2D, kD = StreamKind::kD2H;
+  Event& new_event() { return events_.emplace_back(); }
+  UnitState& unit(int64_t u) const { return I_.state->units()[static_cast<size_t>(u)]; }
+  bool aborted() const {
+    std::lock_guard<std::mutex> g(I_.mu);
+    return I_.aborting;
+  }
+
+  Status issue(const step::Op& op) {
+    switch (op.kind) {
+      case step::OpKind::kAcquire: wait(*h2d_done_[static_cast<size_t>(op.transfer)], "weights", op.layer, -1); break;
+      case step::OpKind::kRelease: be_.record(kC, *I_.slot_free[static_cast<size_t>(slot_of(op.load))]); break;
+      case step::OpKind::kSaveCheckpoint: save_checkpoint(op); break;
+      case step::OpKind::kWaitCheckpoint:
+        wait(*d2h_done_[static_cast<size_t>(op.transfer)], "checkpoint_copy", op.layer, j0_ + op.mb);
+        break;
+      case step::OpKind::kWaitRestore: wait(*h2d_done_[static_cast<size_t>(op.transfer)], "activations", op.layer, j0_ + op.mb); break;
+      case step::OpKind::kConsumed: break;  // its edge is the event recorded after it
+      case step::OpKind::kBackwardBegins: zero(I_.embed_grad, unit(0).numel, "the embedding gradient"); break;
+      case step::OpKind::kTakeGradBuffer: take_accumulator(op); break;
+      case step::OpKind::kGradFinal: grad_final(op); break;
+      case step::OpKind::kCompute: return compute(op);
+    }
+    return {};
+  }
+
+  // The compute stream waits for an event; a wait longer than 20 us is a stall with a reason.
+  void wait(Event& e, const char* reason, int64_t layer, int64_t mb) {
+    const auto a = Clock::now();
+    be_.wait(kC, e);
+    const auto b = Clock::now();
+    const double waited = std::chrono::duration<double>(b - a).count();
+    if (waited > 20e-6) {
+      *stall_ += waited;
+      I_.record_stall(reason, step_, layer, mb, a, b);
+    }
+  }
+  void zero(float* p, int64_t n, const char* what) {
+    I_.arena->check_view(p, n, what);
+    be_.fill_zero(kC, p, n);
+  }
+
+  // ---- the H2D queue ----
+  // A load waits for the prefetch window, for its slot's previous reader and for the unit's update
+  // of the previous step, then copies the unit's streamed weights into its slot.
+  void post_load(size_t i) {
+    I_.h2d->post([this, i] {
+      const step::Transfer& t = rd_.h2d[i];
+      if (t.window >= 0) be_.wait(kH, *reached_[static_cast<size_t>(t.window)]);
+      if (t.after_update) {
+        std::unique_lock<std::mutex> l(I_.mu);
+        I_.cv.wait(l, [&] { return I_.aborting || I_.nvme_failed || I_.updated_step[static_cast<size_t>(t.unit)] >= step_ - 1; });
+        if (I_.aborting) return;
+      }
+      // The slot's previous reader: a release of this round, or the previous round's last release
+      // of the slot, which its own event holds.
+      const int32_t s = slot_of(t.load);
+      be_.wait(kH, t.slot_freed >= 0 ? *reached_[static_cast<size_t>(t.slot_freed)] : *I_.slot_free[static_cast<size_t>(s)]);
+      if (aborted()) return;
+      const UnitState& us = unit(t.unit);
+      float* slot = I_.slots[static_cast<size_t>(s)];
+      I_.arena->check_view(slot, us.numel, "a unit's weight load");
+      const auto a = Clock::now();
+      be_.upload_unit(kH, us, I_.state->transfer(), slot);
+      be_.synchronize(kH);
+      I_.record(SpanKind::kH2D, step_, t.unit, -1, a, Clock::now(), us.numel * (I_.state->transfer() == DType::kBf16 ? 2 : 4));
+      be_.record(kH, *h2d_done_[i]);
+    });
+  }
+  // A checkpoint restore waits until backward has begun, the previous block's recompute of its
+  // micro-batch has read the buffer it overwrites, and the checkpoint is in host memory.
+  void post_restore(size_t i) {
+    I_.h2d->post([this, i] {
+      const step::Transfer& t = rd_.h2d[i];
+      be_.wait(kH, *reached_[static_cast<size_t>(t.after_op)]);
+      if (t.after_consumed >= 0) be_.wait(kH, *reached_[static_cast<size_t>(t.after_consumed)]);
+      be_.wait(kH, *d2h_done_[static_cast<size_t>(t.after_copy)]);
+      if (aborted()) return;
+      const auto a = Clock::now();
+      be_.copy_to_device(kH, I_.hid[0][static_cast<size_t>(t.mb)], I_.ckpt[static_cast<size_t>(t.checkpoint)][static_cast<size_t>(t.mb)], NH_);
+      be_.synchronize(kH);
+      I_.record(SpanKind::kH2DCheckpoint, step_, t.unit, j0_ + t.mb, a, Clock::now(), NH_ * 4);
+      be_.record(kH, *h2d_done_[i]);
+    });
+  }
+
+  // ---- the D2H queue ----
+  // A host checkpoint: layer `unit`'s input of the micro-batch, after the op that saves it.
+  void save_checkpoint(const step::Op& op) {
+    const auto jj = static_cast<size_t>(op.mb);
+    const float* x_in = I_.hid[cur_][jj];
+    if (op.transfer < 0) {  // a device checkpoint: a copy on the compute stream
+      be_.copy_on_device(kC, I_.ckpt[static_cast<size_t>(op.checkpoint)][jj], x_in, NH_);
+      return;
+    }
+    const auto i = static_cast<size_t>(op.transfer);
+    I_.d2h->post([this, i, x_in] {
+      const step::Transfer& t = rd_.d2h[i];
+      be_.wait(kD, *reached_[static_cast<size_t>(t.after_op)]);
+      if (aborted()) return;
+      const auto a = Clock::now();
+      be_.copy_to_host(kD, I_.ckpt[static_cast<size_t>(t.checkpoint)][static_cast<size_t>(t.mb)], x_in, NH_);
+      be_.synchronize(kD);
+      I_.record(SpanKind::kD2HCheckpoint, step_, t.unit, j0_ + t.mb, a, Clock::now(), NH_ * 4);
+      be_.record(kD, *d2h_done_[i]);
+    });
+  }
+  // A unit's gradient is final for the round: copy it to the RAM tier (microbatch-major: add it
+  // there after the first round), then, in the last round without clipping, update the unit.
+  void grad_final(const step::Op& op) {
+    const int64_t u = op.layer;
+    const auto i = static_cast<size_t>(op.transfer);
+    float* src;
+    if (u == I_.L + 1) {
+      src = I_.head_grad;
+    } else if (u == 0) {
+      if (d_.tied) be_.add(I_.embed_grad, I_.tied_grad, d_.V * d_.H);
+      src = I_.embed_grad;
+    } else {
+      mark_chosen(I_, u);
+      src = I_.grad_bufs[static_cast<size_t>(rd_.d2h[i].accumulator)];
+    }
+    I_.d2h->post([this, i, u, src] {
+      UnitState& us = unit(u);
+      be_.wait(kD, *reached_[static_cast<size_t>(rd_.d2h[i].after_op)]);
+      if (aborted()) return;
+      if (!I_.grad_pool.empty()) {  // lent gradients: take a buffer (the optimizer frees them in order)
+        std::unique_lock<std::mutex> l(I_.mu);
+        I_.cv.wait(l, [&] { return I_.aborting || !I_.free_grads.empty(); });
+        if (I_.aborting) return;
+        const int k = I_.free_grads.back();
+        I_.free_grads.pop_back();
+        I_.grad_of[static_cast<size_t>(u)] = k;
+        us.grad.view(I_.grad_pool[static_cast<size_t>(k)].data(), us.numel);
+      }
+      I_.arena->check_view(src, us.numel, "a unit's gradient copy to the host");
+      const auto a = Clock::now();
+      // microbatch-major: the first micro-batch's gradient is copied, the others are summed into the
+      // RAM tier in fp32 (the previous step's update of this unit finished before its load).
+      if (I_.sched.layer_major || round_ == 0) be_.copy_to_host(kD, us.grad.data(), src, us.numel);
+      else be_.add_to_host(kD, us.grad.data(), src, us.numel);
+      be_.synchronize(kD);  // the host reads the gradient next, and the accumulator is free again
+      I_.record(SpanKind::kD2H, step_, u, I_.sched.layer_major ? -1 : round_, a, Clock::now(), us.numel * 4);
+      be_.record(kD, *d2h_done_[i]);
+      if (I_.clip || !last_round_) return;
+      Trainer::Impl& I = I_;
+      const int64_t step = step_;
+      I_.optim->post([&I, u, step] { optimize_unit(I, u, step, 1.0f); });
+    });
+  }
+  // A decoder layer's gradient accumulator, once the copy of its previous layer's gradient is done.
+  void take_accumulator(const step::Op& op) {
+    if (op.transfer >= 0) d2h_done_[static_cast<size_t>(op.transfer)]->host_wait();
+    float* g = I_.grad_bufs[static_cast<size_t>(op.accumulator)];
+    I_.arena->check_view(g, unit(op.layer).numel, "a layer's gradient accumulator");
+    be_.fill_zero(kC, g, unit(op.layer).numel);
+  }
+
+  // ---- compute ----
+  int32_t slot_of(int32_t load) const { return slots_.of_load[static_cast<size_t>(load)]; }
+  const float* weights(int32_t load) const { return load >= 0 ? I_.slots[static_cast<size_t>(slot_of(load))] : nullptr; }
+  // Every view of weights or gradients handed to the backend is checked against its buffer.
+  UnitView weights_in(int64_t u, const float* w) const {
+    I_.arena->check_view(w, unit(u).numel, "a unit's weights");
+    return be_.view_weights(unit(u), w);
+  }
+  Status compute(const step::Op& op) {
+    const auto a = Clock::now();
+    switch (op.span) {
+      case SpanKind::kEmbedForward: MT_RETURN_IF_ERROR(embed_forward(op)); break;
+      case SpanKind::kForward: MT_RETURN_IF_ERROR(forward(op)); break;
+      case SpanKind::kHead: MT_RETURN_IF_ERROR(head(op)); break;
+      case SpanKind::kRecompute: MT_RETURN_IF_ERROR(recompute(op)); break;
+      case SpanKind::kBackward: MT_RETURN_IF_ERROR(backward(op)); break;
+      case SpanKind::kEmbedBackward: MT_RETURN_IF_ERROR(embed_backward(op)); break;
+      default: return internal_error("the compiled step has a compute op of kind " + std::string(span_kind_name(op.span)));
+    }
+    I_.record(op.span, step_, op.layer, j0_ + op.mb, a, Clock::now());
+    return {};
+  }
+  const int32_t* inputs(int32_t mb) const { return I_.inputs[static_cast<size_t>(j0_ + mb)].data(); }
+  Status embed_forward(const step::Op& op) {
+    return be_.embed(weights(op.load), inputs(op.mb), I_.hid[0][static_cast<size_t>(op.mb)]);
+  }
+  Status forward(const step::Op& op) {
+    const int64_t l = op.layer, j = op.mb;
+    float* act = I_.c > 0 ? I_.acts[0] : I_.acts[static_cast<size_t>((l - 1) * AR_ + j)];
+    MT_RETURN_IF_ERROR(be_.layer_forward(weights_in(l, weights(op.load)), I_.hid[cur_][static_cast<size_t>(j)],
+                                         I_.hid[1 - cur_][static_cast<size_t>(j)], moe_forward_acts(I_, be_.bind_acts(act), l, j0_ + j)));
+    if (j == AR_ - 1) cur_ = 1 - cur_;  // the layer is done for every micro-batch
+    return {};
+  }
+  Status head(const step::Op& op) {
+    const auto jj = static_cast<size_t>(op.mb);
+    const UnitState& hu = unit(I_.L + 1);
+    if (op.mb == 0) {
+      zero(I_.head_grad, hu.numel, "the head gradient");
+      if (d_.tied) zero(I_.tied_grad, d_.V * d_.H, "the tied head gradient");
+    }
+    const UnitView hv = weights_in(I_.L + 1, weights(op.load));
+    const float* lm = d_.tied ? weights_in(0, weights(op.load2))[TensorRole::kEmbedding] : hv[TensorRole::kHead];
+    float* dlm = d_.tied ? I_.tied_grad : I_.head_grad + hu.find(TensorRole::kHead)->offset;
+    return be_.head(hv[TensorRole::kFinalNorm], lm, I_.hid[cur_][jj], I_.targets[static_cast<size_t>(j0_ + op.mb)].data(), grad_scale_,
+                    I_.dhid[jj], I_.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, loss_sum_, count_, I_.ws);
+  }
+  // Layer l of a backward block again, from the block's checkpoint (restored into hid[0] when it
+  // lives in host memory) or the previous layer's recomputed output.
+  Status recompute(const step::Op& op) {
+    const int64_t l = op.layer;
+    const auto jj = static_cast<size_t>(op.mb);
+    const auto [lo, hi] = rd_.blocks[static_cast<size_t>(op.block)];
+    const float* x = I_.host_ckpt ? I_.hid[0][jj] : I_.ckpt[static_cast<size_t>(op.checkpoint)][jj];
+    float* out = l == hi ? I_.x_scratch : I_.acts[static_cast<size_t>(l - lo + 1)];  // the next layer's acts.x
+    const LayerActs acts = be_.bind_acts(I_.acts[static_cast<size_t>(l - lo)]);
+    return be_.layer_forward(weights_in(l, weights(op.load)), l == lo ? x : acts.x, out, acts);
+  }
+  Status backward(const step::Op& op) {
+    const int64_t l = op.layer, j = op.mb;
+    const int64_t lo = rd_.blocks[static_cast<size_t>(op.block)].first;
+    float* act = I_.c > 0 ? I_.acts[static_cast<size_t>(l - lo)] : I_.acts[static_cast<size_t>((l - 1) * AR_ + j)];
+    float* dx = I_.dhid[static_cast<size_t>(j)];
+    float* g = I_.grad_bufs[static_cast<size_t>(accumulator_of(l))];
+    I_.arena->check_view(g, unit(l).numel, "a unit's gradient");
+    return be_.layer_backward(weights_in(l, weights(op.load)), moe_backward_acts(I_, be_.bind_acts(act), l, j0_ + j), dx, dx,
+                              grad_unit(unit(l), g), I_.ws);
+  }
+  Status embed_backward(const step::Op& op) {
+    return be_.embed_backward(inputs(op.mb), I_.dhid[static_cast<size_t>(op.mb)], I_.embed_grad);
+  }
+  // The accumulator a decoder layer took for the round (its kTakeGradBuffer op).
+  int32_t accumulator_of(int64_t l) {
+    if (accumulator_.empty()) {
+      accumulator_.assign(static_cast<size_t>(I_.U), -1);
+      for (const step::Op& o : rd_.compute)
+        if (o.kind == step::OpKind::kTakeGradBuffer) accumulator_[static_cast<size_t>(o.layer)] = o.accumulator;
+    }
+    return accumulator_[static_cast<size_t>(l)];
+  }
+
+  void drain() {
+    {
+      std::lock_guard<std::mutex> g(I_.mu);
+      I_.aborting = true;
+      // The NVMe tier's reads and writes of an abandoned step stop too; the tier is then out of
+      // step with the weights, so later steps refuse to run (the run resumes from a checkpoint).
+      if (I_.nvme_read && !I_.nvme_failed) {
+        I_.nvme_failed = true;
+        I_.nvme_error = internal_error("a step was abandoned midway, so the NVMe tier no longer matches the weights");
+      }
+    }
+    I_.cv.notify_all();
+    for (Event& e : events_) e.signal();
+    I_.h2d->synchronize();
+    I_.d2h->synchronize();
+    if (I_.nvme_read) I_.nvme_read->synchronize();
+    I_.optim->synchronize();
+    if (I_.nvme_write) I_.nvme_write->synchronize();
+    std::lock_guard<std::mutex> g(I_.mu);
+    I_.aborting = false;
+    for (auto& e : I_.slot_free) e->signal();
+    for (size_t u = 0; u < I_.grad_of.size(); ++u) return_lent_gradient(I_, u);
+  }
+
+  Trainer::Impl& I_;
+  Backend& be_;
+  const step::Round& rd_;
+  const step::SlotLabels slots_;  // the slot each load fills (step::label_slots)
+  const Dims& d_;
+  const int64_t step_, round_, AR_, j0_, NH_;
+  const bool last_round_;
+  const float grad_scale_;
+  double* loss_sum_ = nullptr;
+  int64_t* count_ = nullptr;
+  double* stall_ = nullptr;
+  std::deque<Event> events_;  // a deque keeps their addresses while it grows
+  std::vector<Event*> reached_;  // per compute op that an edge names: recorded once the walk has issued it
+  std::vector<Event*> h2d_done_, d2h_done_;
+  std::vector<int32_t> accumulator_;
+  int cur_ = 0;  // hid[cur_] holds the hidden state the next layer reads
+  bool armed_ = true;
+};
+
 }  // namespace
 
 Result<StepResult> Trainer::run_step(int64_t step) {
   Impl& I = *impl_;
   const Dims& d = I.d;
-  const int64_t NH = d.N * d.H;
   const auto step_start = Clock::now();
   StepResult res;
   res.step = step;
@@ -700,8 +1030,6 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   moe_begin_step(I);
   double loss_sum = 0;
   int64_t count = 0;
-  auto units = [&](int64_t u) -> UnitState& { return I.state->units()[static_cast<size_t>(u)]; };
-
   if (!I.opt.streamed) {
     MT_RETURN_IF_ERROR(reference_step(I, step, grad_scale, res));
     res.time_s = std::chrono::duration<double>(Clock::now() - step_start).count();
@@ -712,347 +1040,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   // layer-major: one round with every micro-batch, weights cross the link twice per step.
   // microbatch-major: one round per micro-batch, weights cross twice per micro-batch, gradients are
   // summed on the host, and the updates wait for the last round.
-  Backend& be = *I.be;
-  constexpr StreamKind kC = StreamKind::kCompute, kH = StreamKind::kH2D, kD = StreamKind::kD2H;
-  const bool layer_major = I.sched.layer_major;
   double stall = 0;
-  const int64_t rounds = I.sched.rounds;
   // The NVMe tier's reads of this step, issued now in the optimizer's order: the staging buffers
   // bound how far ahead they run, and the forward pass overlaps them.
   if (I.nvme_read)
     for (int64_t u : I.sched.optimizer_order) I.nvme_read->post([&I, u, step] { nvme_read_unit(I, u, step); });
-  for (int64_t round = 0; round < rounds; ++round) {
-  const int64_t AR = I.sched.round.micro_batches;  // micro-batches in this round
-  const int64_t j0 = layer_major ? 0 : round;  // the round's first micro-batch of the step
-  const bool last_round = round == rounds - 1;
-  // The round's events; a deque keeps their addresses while it grows.
-  std::deque<Event> events;
-  auto new_event = [&]() -> Event& { return events.emplace_back(); };
-  // Loads of this step in issue order: the forward pass streams every unit (and the shared table
-  // again for a tied head); the backward pass streams the layers block by block from the last.
-  struct Load {
-    int64_t unit;
-    int slot = -1;
-    Event* loaded = nullptr;  // H2D: the weights are in the slot
-    Event* begun = nullptr;   // compute: has begun this load's unit (opens the prefetch window)
-  };
-  const step::Round& rd = I.sched.round;
-  std::vector<Load> loads;
-  for (int32_t u : rd.loads) loads.push_back({u});
-  const auto& blocks = rd.blocks;
-  for (Load& ld : loads) {
-    ld.loaded = &new_event();
-    ld.begun = &new_event();
+  for (int64_t round = 0; round < I.sched.rounds; ++round) {
+    RoundRun run(I, step, round, grad_scale);
+    MT_RETURN_IF_ERROR(run.run(loss_sum, count, stall));
   }
-  // Host checkpoints: copied out during forward (D2H), restored into hid[0][mb] during backward.
-  const int64_t n_ck = static_cast<int64_t>(I.ckpt.size());
-  std::vector<Event*> ckpt_copied, restored, consumed;
-  for (int64_t k = 0; k < n_ck * AR; ++k) ckpt_copied.push_back(&new_event());
-  for (size_t k = 0; k < blocks.size() * static_cast<size_t>(AR); ++k) {
-    restored.push_back(&new_event());
-    consumed.push_back(&new_event());  // block bi's recompute of a micro-batch has read hid[0][mb]
-  }
-  Event& backward_begun = new_event();
-  // On an early return (an op's error), stop the queued jobs and wait for them: they refer to
-  // this frame's locals.
-  struct Drain {
-    Impl& I;
-    std::deque<Event>& events;
-    bool armed = true;
-    ~Drain() {
-      if (!armed) return;
-      {
-        std::lock_guard<std::mutex> g(I.mu);
-        I.aborting = true;
-        // The NVMe tier's reads and writes of an abandoned step stop too; the tier is then out of
-        // step with the weights, so later steps refuse to run (the run resumes from a checkpoint).
-        if (I.nvme_read && !I.nvme_failed) {
-          I.nvme_failed = true;
-          I.nvme_error = internal_error("a step was abandoned midway, so the NVMe tier no longer matches the weights");
-        }
-      }
-      I.cv.notify_all();
-      for (Event& e : events) e.signal();
-      I.h2d->synchronize();
-      I.d2h->synchronize();
-      if (I.nvme_read) I.nvme_read->synchronize();
-      I.optim->synchronize();
-      if (I.nvme_write) I.nvme_write->synchronize();
-      std::lock_guard<std::mutex> g(I.mu);
-      I.aborting = false;
-      I.free_slots.clear();
-      for (int64_t s = 0; s < I.B; ++s) {
-        I.free_slots.push_back(static_cast<int>(s));
-        I.slot_free[static_cast<size_t>(s)]->signal();
-      }
-      std::fill(I.grad_buf_free.begin(), I.grad_buf_free.end(), 1);
-      for (size_t u = 0; u < I.grad_of.size(); ++u) return_lent_gradient(I, u);
-    }
-  } drain{I, events};
-  auto aborted = [&I] {
-    std::lock_guard<std::mutex> g(I.mu);
-    return I.aborting;
-  };
-
-  // H2D: each load waits for the prefetch window (compute has begun the load K places earlier),
-  // for a free slot and for the unit's update of the previous step, then copies. A checkpoint
-  // restore waits until backward has begun and the previous block's recompute of that micro-batch
-  // has read the buffer it overwrites.
-  auto post_load = [&](size_t i) {
-    I.h2d->post([&I, &be, &loads, &aborted, i, step] {
-      Load& ld = loads[i];
-      if (i >= static_cast<size_t>(I.K)) be.wait(kH, *loads[i - static_cast<size_t>(I.K)].begun);
-      {
-        std::unique_lock<std::mutex> l(I.mu);
-        I.cv.wait(l, [&] {
-          return I.aborting || (!I.free_slots.empty() && (I.nvme_failed || I.updated_step[static_cast<size_t>(ld.unit)] >= step - 1));
-        });
-        if (I.aborting) return;
-        ld.slot = I.free_slots.back();
-        I.free_slots.pop_back();
-      }
-      Event& slot_free = *I.slot_free[static_cast<size_t>(ld.slot)];
-      be.wait(kH, slot_free);  // the slot's last reader on the compute stream is done
-      slot_free.reset();
-      if (aborted()) return;
-      const UnitState& us = I.state->units()[static_cast<size_t>(ld.unit)];
-      I.arena->check_view(I.slots[static_cast<size_t>(ld.slot)], us.numel, "a unit's weight load");
-      const auto a = Clock::now();
-      be.upload_unit(kH, us, I.state->transfer(), I.slots[static_cast<size_t>(ld.slot)]);
-      be.synchronize(kH);
-      I.record(SpanKind::kH2D, step, ld.unit, -1, a, Clock::now(), us.numel * (I.state->transfer() == DType::kBf16 ? 2 : 4));
-      be.record(kH, *ld.loaded);
-    });
-  };
-  auto post_restore = [&](size_t bi, int64_t j, int64_t lo) {
-    I.h2d->post([&I, &be, &restored, &consumed, &backward_begun, &ckpt_copied, &aborted, bi, j, j0, lo, step, NH, AR] {
-      const size_t ck = static_cast<size_t>((lo - 1) / I.c);
-      be.wait(kH, backward_begun);
-      if (bi > 0) be.wait(kH, *consumed[(bi - 1) * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
-      be.wait(kH, *ckpt_copied[ck * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
-      if (aborted()) return;
-      const auto a = Clock::now();
-      be.copy_to_device(kH, I.hid[0][static_cast<size_t>(j)], I.ckpt[ck][static_cast<size_t>(j)], NH);
-      be.synchronize(kH);
-      I.record(SpanKind::kH2DCheckpoint, step, lo, j0 + j, a, Clock::now(), NH * 4);
-      be.record(kH, *restored[bi * static_cast<size_t>(AR) + static_cast<size_t>(j)]);
-    });
-  };
-  // The H2D queue in the compiled step's order: the forward's loads, then per backward block its
-  // loads and its checkpoint restores.
-  for (const step::Transfer& t : rd.h2d) {
-    if (t.kind == step::Transfer::kWeights) post_load(static_cast<size_t>(t.load));
-    else post_restore(static_cast<size_t>(t.block), t.mb, t.unit);
-  }
-  // The compute stream waits for an event; a wait longer than 20 us is a stall with a reason.
-  auto compute_wait = [&](Event& e, const char* reason, int64_t layer, int64_t mb) {
-    const auto a = Clock::now();
-    be.wait(kC, e);
-    const auto b = Clock::now();
-    const double waited = std::chrono::duration<double>(b - a).count();
-    if (waited > 20e-6) {
-      stall += waited;
-      I.record_stall(reason, step, layer, mb, a, b);
-    }
-  };
-  // Compute side: open the prefetch window, wait for load i (a late prefetch is a stall).
-  auto acquire = [&](size_t i) -> const float* {
-    be.record(kC, *loads[i].begun);
-    compute_wait(*loads[i].loaded, "weights", loads[i].unit, -1);
-    return I.slots[static_cast<size_t>(loads[i].slot)];
-  };
-  // The slot's readers have all been issued: once they are done, the slot may be refilled.
-  auto release = [&](size_t i) {
-    be.record(kC, *I.slot_free[static_cast<size_t>(loads[i].slot)]);
-    {
-      std::lock_guard<std::mutex> g(I.mu);
-      I.free_slots.push_back(loads[i].slot);
-    }
-    I.cv.notify_all();
-  };
-  auto compute_span = [&](SpanKind kind, int64_t layer, int64_t mb, Clock::time_point a) {
-    I.record(kind, step, layer, mb, a, Clock::now());
-  };
-  // A unit's gradient is final: copy it to the RAM tier, then (without clipping) update it.
-  auto finish_unit = [&](int64_t u, float* grad_buf, int grad_index) {
-    Event& ready = new_event();
-    be.record(kC, ready);
-    I.d2h->post([&I, &be, &ready, &aborted, u, grad_buf, grad_index, step, layer_major, round, last_round] {
-      UnitState& us = I.state->units()[static_cast<size_t>(u)];
-      be.wait(kD, ready);
-      if (aborted()) return;
-      if (!I.grad_pool.empty()) {  // lent gradients: take a buffer (the optimizer frees them in order)
-        std::unique_lock<std::mutex> l(I.mu);
-        I.cv.wait(l, [&] { return I.aborting || !I.free_grads.empty(); });
-        if (I.aborting) return;
-        const int k = I.free_grads.back();
-        I.free_grads.pop_back();
-        I.grad_of[static_cast<size_t>(u)] = k;
-        us.grad.view(I.grad_pool[static_cast<size_t>(k)].data(), us.numel);
-      }
-      I.arena->check_view(grad_buf, us.numel, "a unit's gradient copy to the host");
-      const auto a = Clock::now();
-      // microbatch-major: the first micro-batch's gradient is copied, the others are summed into the
-      // RAM tier in fp32 (the previous step's update of this unit finished before its load).
-      if (layer_major || round == 0)
-        be.copy_to_host(kD, us.grad.data(), grad_buf, us.numel);
-      else
-        be.add_to_host(kD, us.grad.data(), grad_buf, us.numel);
-      be.synchronize(kD);  // the host reads the gradient next
-      I.record(SpanKind::kD2H, step, u, layer_major ? -1 : round, a, Clock::now(), us.numel * 4);
-      if (grad_index >= 0) {
-        std::lock_guard<std::mutex> g(I.mu);
-        I.grad_buf_free[static_cast<size_t>(grad_index)] = 1;
-      }
-      I.cv.notify_all();
-      if (I.clip || !last_round) return;
-      I.optim->post([&I, u, step] { optimize_unit(I, u, step, 1.0f); });
-    });
-  };
-  auto take_grad_buf = [&](int64_t numel) -> std::pair<float*, int> {
-    std::unique_lock<std::mutex> l(I.mu);
-    I.cv.wait(l, [&] { return std::find(I.grad_buf_free.begin(), I.grad_buf_free.end(), 1) != I.grad_buf_free.end(); });
-    const auto k = static_cast<int>(std::find(I.grad_buf_free.begin(), I.grad_buf_free.end(), 1) - I.grad_buf_free.begin());
-    I.grad_buf_free[static_cast<size_t>(k)] = 0;
-    l.unlock();
-    float* g = I.grad_bufs[static_cast<size_t>(k)];
-    I.arena->check_view(g, numel, "a layer's gradient accumulator");
-    be.fill_zero(kC, g, numel);
-    return {g, k};
-  };
-
-  // The compute stream: a walk over the compiled step's ops (megatrain/step/schedule.h).
-  std::vector<const float*> w_of(loads.size(), nullptr);   // each load's slot once acquired
-  std::vector<std::pair<float*, int>> gb(static_cast<size_t>(I.U), {nullptr, -1});  // gradient accumulators per layer
-  int cur = 0;  // hid[cur] holds the hidden state the next layer reads
-  auto block_of = [&](int64_t l) {
-    const int64_t lo = I.c > 0 ? (l - 1) / I.c * I.c + 1 : l;
-    return std::pair<int64_t, int64_t>{lo, I.c > 0 ? std::min(I.L, lo + I.c - 1) : l};
-  };
-  const UnitState& hu = units(I.L + 1);
-  // Every view of weights or gradients handed to the backend is checked against its buffer.
-  auto weights_in = [&](int64_t u, const float* w) {
-    I.arena->check_view(w, units(u).numel, "a unit's weights");
-    return be.view_weights(units(u), w);
-  };
-  auto grads_in = [&](int64_t u, float* g) {
-    I.arena->check_view(g, units(u).numel, "a unit's gradient");
-    return grad_unit(units(u), g);
-  };
-  for (const step::Op& op : rd.compute) {
-    const int64_t l = op.layer, j = op.mb;
-    const auto jj = static_cast<size_t>(j);
-    switch (op.kind) {
-      case step::OpKind::kAcquire: w_of[static_cast<size_t>(op.load)] = acquire(static_cast<size_t>(op.load)); break;
-      case step::OpKind::kRelease: release(static_cast<size_t>(op.load)); break;
-      case step::OpKind::kWaitCheckpoint:
-        compute_wait(*ckpt_copied[static_cast<size_t>(op.checkpoint) * static_cast<size_t>(AR) + jj], "checkpoint_copy", l, j0 + j);
-        break;
-      case step::OpKind::kSaveCheckpoint: {
-        const auto ck = static_cast<size_t>(op.checkpoint);
-        float* x_in = I.hid[cur][jj];
-        if (!I.host_ckpt) {
-          be.copy_on_device(kC, I.ckpt[ck][jj], x_in, NH);
-          break;
-        }
-        Event& produced = new_event();
-        be.record(kC, produced);
-        Event& copied = *ckpt_copied[ck * static_cast<size_t>(AR) + jj];
-        I.d2h->post([&I, &be, &produced, &copied, &aborted, ck, j, j0, x_in, l, step, NH] {
-          be.wait(kD, produced);
-          if (aborted()) return;
-          const auto t_copy = Clock::now();
-          be.copy_to_host(kD, I.ckpt[ck][static_cast<size_t>(j)], x_in, NH);
-          be.synchronize(kD);
-          I.record(SpanKind::kD2HCheckpoint, step, l, j0 + j, t_copy, Clock::now(), NH * 4);
-          be.record(kD, copied);
-        });
-        break;
-      }
-      case step::OpKind::kWaitRestore:
-        compute_wait(*restored[static_cast<size_t>(op.block) * static_cast<size_t>(AR) + jj], "activations", l, j0 + j);
-        break;
-      case step::OpKind::kConsumed: be.record(kC, *consumed[static_cast<size_t>(op.block) * static_cast<size_t>(AR) + jj]); break;
-      case step::OpKind::kBackwardBegins:
-        be.record(kC, backward_begun);
-        I.arena->check_view(I.embed_grad, units(0).numel, "the embedding gradient");
-        be.fill_zero(kC, I.embed_grad, units(0).numel);
-        break;
-      case step::OpKind::kTakeGradBuffer: gb[static_cast<size_t>(l)] = take_grad_buf(units(l).numel); break;
-      case step::OpKind::kGradFinal:
-        if (l == I.L + 1) {
-          finish_unit(l, I.head_grad, -1);
-        } else if (l == 0) {
-          if (d.tied) be.add(I.embed_grad, I.tied_grad, d.V * d.H);
-          finish_unit(0, I.embed_grad, -1);
-        } else {
-          mark_chosen(I, l);
-          finish_unit(l, gb[static_cast<size_t>(l)].first, gb[static_cast<size_t>(l)].second);
-        }
-        break;
-      case step::OpKind::kCompute: {
-        const auto a = Clock::now();
-        const float* w = op.load >= 0 ? w_of[static_cast<size_t>(op.load)] : nullptr;
-        switch (op.span) {
-          case SpanKind::kEmbedForward:
-            MT_RETURN_IF_ERROR(be.embed(w, I.inputs[static_cast<size_t>(j0 + j)].data(), I.hid[0][jj]));
-            break;
-          case SpanKind::kForward: {
-            float* act = I.c > 0 ? I.acts[0] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-            MT_RETURN_IF_ERROR(be.layer_forward(weights_in(l, w), I.hid[cur][jj], I.hid[1 - cur][jj],
-                                                moe_forward_acts(I, be.bind_acts(act), l, j0 + j)));
-            if (j == AR - 1) cur = 1 - cur;  // the layer is done for every micro-batch
-            break;
-          }
-          case SpanKind::kHead: {
-            if (j == 0) {
-              I.arena->check_view(I.head_grad, hu.numel, "the head gradient");
-              be.fill_zero(kC, I.head_grad, hu.numel);
-              if (d.tied) {
-                I.arena->check_view(I.tied_grad, d.V * d.H, "the tied head gradient");
-                be.fill_zero(kC, I.tied_grad, d.V * d.H);
-              }
-            }
-            const UnitView hv = weights_in(I.L + 1, w);
-            const float* lm = d.tied ? weights_in(0, w_of[static_cast<size_t>(op.load2)])[TensorRole::kEmbedding]
-                                     : hv[TensorRole::kHead];
-            float* dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
-            MT_RETURN_IF_ERROR(be.head(hv[TensorRole::kFinalNorm], lm, I.hid[cur][jj], I.targets[static_cast<size_t>(j0 + j)].data(),
-                                       grad_scale, I.dhid[jj], I.head_grad + hu.find(TensorRole::kFinalNorm)->offset, dlm, &loss_sum,
-                                       &count, I.ws));
-            break;
-          }
-          case SpanKind::kRecompute: {
-            const auto [lo, hi] = block_of(l);
-            const float* x = I.host_ckpt ? I.hid[0][jj] : I.ckpt[static_cast<size_t>((lo - 1) / I.c)][jj];
-            float* out = l == hi ? I.x_scratch : I.acts[static_cast<size_t>(l - lo + 1)];  // the next layer's acts.x
-            const LayerActs acts = be.bind_acts(I.acts[static_cast<size_t>(l - lo)]);
-            MT_RETURN_IF_ERROR(be.layer_forward(weights_in(l, w), l == lo ? x : acts.x, out, acts));
-            break;
-          }
-          case SpanKind::kBackward: {
-            const int64_t lo = block_of(l).first;
-            float* act = I.c > 0 ? I.acts[static_cast<size_t>(l - lo)] : I.acts[static_cast<size_t>((l - 1) * AR + j)];
-            float* dx = I.dhid[jj];
-            MT_RETURN_IF_ERROR(be.layer_backward(weights_in(l, w), moe_backward_acts(I, be.bind_acts(act), l, j0 + j), dx, dx,
-                                                 grads_in(l, gb[static_cast<size_t>(l)].first), I.ws));
-            break;
-          }
-          case SpanKind::kEmbedBackward:
-            MT_RETURN_IF_ERROR(be.embed_backward(I.inputs[static_cast<size_t>(j0 + j)].data(), I.dhid[jj], I.embed_grad));
-            break;
-          default: return internal_error("the compiled step has a compute op of kind " + std::string(span_kind_name(op.span)));
-        }
-        compute_span(op.span, l, j0 + j, a);
-        break;
-      }
-    }
-  }
-  // The round's buffers and events are reused or freed by the next: wait for its copies.
-  I.h2d->synchronize();
-  I.d2h->synchronize();
-  drain.armed = false;
-  }  // rounds
   I.h2d->synchronize();
   I.d2h->synchronize();
   if (I.clip) {

@@ -20,19 +20,22 @@ int16_t kind_of(SpanKind k) { return static_cast<int16_t>(k); }
 struct Ids {
   int32_t lane[kLaneCount];
   int32_t pool_host = -1, pool_pcie = -1, pool_nvme = -1;
-  int32_t mem_device = -1, mem_slots = -1, mem_grad_buffers = -1, mem_lent = -1, mem_staging = -1;
+  // One memory per slot (mem_slot0 + k) and per gradient accumulator (mem_accumulator0 + k).
+  int32_t mem_device = -1, mem_slot0 = -1, mem_accumulator0 = -1, mem_lent = -1, mem_staging = -1;
 };
 
 // Adds the tasks of the compiled step (megatrain/step/schedule.h) to the engine, one step at a
-// time, with the executor's dependencies: the queues are in the schedule's order, a load waits
-// for the prefetch window, a free slot and the unit's previous update, and buffers the executor
-// waits for (slots, gradient accumulators, lent host gradients, NVMe staging) are counted memories.
+// time, with the compiled step's edges: the queues are in the schedule's order, a load waits for
+// the prefetch window, its slot and the unit's previous update, and the buffers the executor waits
+// for are memories (each slot and gradient accumulator; the lent host gradients and the NVMe
+// staging buffers, counted).
 class Builder {
  public:
   Builder(const Plan& plan, const ModelSpec& model, const CostModel& cost, const step::StepSchedule& s, Engine& e, const Ids& ids)
       : cost_(cost), s_(s), e_(e), id_(ids) {
     const auto U = static_cast<size_t>(s_.U);
     adam_prev_.assign(U, -1);
+    carried_ = step::first_slots(s_.B);
     nvme_write_prev_.assign(U, -1);
     const FlopsPerToken f = model.flops_per_token(plan.training.seq_len);
     const double T = static_cast<double>(s_.tokens_per_mb);
@@ -121,126 +124,112 @@ class Builder {
     }
   }
 
-  // One round of the compute walk, then its H2D queue.
+  // One round: the compute walk (each D2H copy follows the op that produces it), then the H2D
+  // queue. Every wait is a compiled edge (megatrain/step/schedule.h): a transfer waits for the
+  // compute task before the op it names, an op's wait holds back the next compute task, and a slot
+  // or gradient accumulator is a memory of one that its compiled user acquires and its compiled
+  // release gives back.
   void round(int32_t r) {
     const step::Round& rd = s_.round;
     const bool last_round = r == s_.rounds - 1;
-    const auto loads = rd.loads.size();
-    std::vector<TaskId> begun(loads, -1), slot_free(loads, -1);  // the GPU task before acquire / release
-    std::vector<std::vector<TaskId>> users(loads);
-    const auto cells = static_cast<size_t>(std::max(1, s_.checkpoints_per_mb)) * static_cast<size_t>(rd.micro_batches);
-    std::vector<TaskId> ckpt_copy(cells, -1);
-    std::vector<TaskId> consumed(rd.blocks.size() * static_cast<size_t>(rd.micro_batches), -1);
-    std::vector<TaskId> waiting_restore(consumed.size(), -1);  // the GPU task that waits for each restore
-    int64_t pending_restore = -1;
-    TaskId backward_begun = -1;
-    // The executor waits for the copy queues to drain at the end of every round (its events and
-    // buffers are reused by the next): this round's first copy and first compute wait for that.
+    const size_t n_ops = rd.compute.size();
+    const step::SlotLabels slots = step::label_slots(rd, s_.B, carried_);
+    carried_ = slots.carried;
+    std::vector<TaskId> reached(n_ops, -1);  // the compute task up to op k: done once the stream has issued op k
+    std::vector<TaskId> waiter(n_ops, -1);   // the compute task after op k: what op k's wait holds back
+    std::vector<TaskId> released(rd.loads.size(), -1);  // the task after which load i's slot is free
+    std::vector<TaskId> d2h(rd.d2h.size(), -1), h2d(rd.h2d.size(), -1);
+    // The executor drains the copy queues at the end of every round (its events and buffers are
+    // reused by the next): this round's first copy and first compute wait for that.
     const TaskId barrier[2] = {last_h2d_, last_d2h_};
     std::vector<TaskId> pending_deps(barrier, barrier + 2);
-    bool first_h2d = true;
-    int32_t take_buffers = 0;
-    std::vector<int32_t> buffer_layers;
-    std::vector<TaskId> grad_buffer_taker(static_cast<size_t>(s_.U), -1);
+    std::vector<size_t> pending_waiters;
+    std::vector<int32_t> pending_accumulators;
     auto mb_of = [&](int32_t j) { return s_.mb_of(r, j); };
-    for (const step::Op& op : rd.compute) {
+    for (size_t k = 0; k < n_ops; ++k) {
+      const step::Op& op = rd.compute[k];
+      reached[k] = last_gpu_;  // the ops other than compute add no compute task
       switch (op.kind) {
-        case step::OpKind::kAcquire: begun[static_cast<size_t>(op.load)] = last_gpu_; break;
-        case step::OpKind::kRelease: slot_free[static_cast<size_t>(op.load)] = last_gpu_; break;
         case step::OpKind::kCompute: {
           TaskId g = task(Lane::kCompute, compute_time(op.span, op.layer), op.span, op.layer, mb_of(op.mb), 0,
-                        compute_flops(op.span, op.layer));
+                          compute_flops(op.span, op.layer));
           after(last_gpu_, g);  // the compute stream is in order; explicit for the critical path
           for (TaskId d : pending_deps) after(d, g);
+          for (int32_t a : pending_accumulators) e_.acquire(g, id_.mem_accumulator0 + a, 1);
+          for (size_t w : pending_waiters) waiter[w] = g;
           pending_deps.clear();
-          if (take_buffers > 0) {  // the gradient accumulators the trainer took before this task
-            e_.acquire(g, id_.mem_grad_buffers, take_buffers);
-            for (int32_t l : buffer_layers) grad_buffer_taker[static_cast<size_t>(l)] = g;
-            take_buffers = 0;
-            buffer_layers.clear();
-          }
-          if (op.load >= 0) users[static_cast<size_t>(op.load)].push_back(g);
-          if (op.load2 >= 0) users[static_cast<size_t>(op.load2)].push_back(g);
-          if (pending_restore >= 0) waiting_restore[static_cast<size_t>(pending_restore)] = g;
-          pending_restore = -1;
-          last_gpu_ = g;
+          pending_accumulators.clear();
+          pending_waiters.clear();
+          last_gpu_ = reached[k] = g;
           break;
         }
-        case step::OpKind::kSaveCheckpoint: {
-          if (!s_.host_checkpoints) break;  // a device copy on the compute stream: no transfer
-          const double bytes = 4.0 * static_cast<double>(s_.buffers.hidden_floats);
-          TaskId d = task(Lane::kD2H, cost_.d2h_time(bytes), SpanKind::kD2HCheckpoint, op.layer, mb_of(op.mb), ceil_i(bytes));
-          dma(d, bytes, cost_.d2h_time(bytes));
-          after(last_gpu_, d);
-          last_d2h_ = d;
-          ckpt_copy[cell(op.checkpoint, op.mb)] = d;
+        case step::OpKind::kAcquire: case step::OpKind::kWaitRestore: pending_waiters.push_back(k); break;
+        case step::OpKind::kWaitCheckpoint: pending_deps.push_back(d2h[static_cast<size_t>(op.transfer)]); break;
+        case step::OpKind::kTakeGradBuffer: pending_accumulators.push_back(op.accumulator); break;
+        case step::OpKind::kRelease: released[static_cast<size_t>(op.load)] = last_gpu_; break;
+        case step::OpKind::kSaveCheckpoint:  // a device copy on the compute stream needs no transfer
+          if (op.transfer >= 0) d2h[static_cast<size_t>(op.transfer)] = copy_out(rd.d2h[static_cast<size_t>(op.transfer)], r, reached);
           break;
-        }
-        case step::OpKind::kWaitCheckpoint: pending_deps.push_back(ckpt_copy[cell(op.checkpoint, op.mb)]); break;
-        case step::OpKind::kWaitRestore: pending_restore = static_cast<int64_t>(restore_cell(op.block, op.mb)); break;
-        case step::OpKind::kConsumed: consumed[restore_cell(op.block, op.mb)] = last_gpu_; break;
-        case step::OpKind::kBackwardBegins: backward_begun = last_gpu_; break;
-        case step::OpKind::kTakeGradBuffer:
-          ++take_buffers;
-          buffer_layers.push_back(op.layer);
+        case step::OpKind::kGradFinal:
+          d2h[static_cast<size_t>(op.transfer)] = copy_out(rd.d2h[static_cast<size_t>(op.transfer)], r, reached);
+          if (last_round && !s_.clip) optimizer(op.layer, -1);
           break;
-        case step::OpKind::kGradFinal: {
-          const int32_t u = op.layer;
-          const double bytes = 4 * numel(u);  // fp32 gradients
-          double work = cost_.d2h_time(bytes);
-          const bool summed = !s_.layer_major && r > 0;  // later micro-batches are added into the host gradient
-          if (summed) work += cost_.host_pass_time(3 * bytes);
-          TaskId d = task(Lane::kD2H, work, SpanKind::kD2H, u, s_.layer_major ? -1 : r, ceil_i(bytes));
-          dma(d, bytes, work);
-          after(last_gpu_, d);
-          last_d2h_ = d;
-          if (TaskId& taker = grad_buffer_taker[static_cast<size_t>(u)]; taker >= 0) {
-            e_.release(d, id_.mem_grad_buffers, 1);
-            taker = -1;
-          }
-          if (s_.lent_gradients > 0) e_.acquire(d, id_.mem_lent, 1);
-          grad_ready_[static_cast<size_t>(u)] = d;
-          if (last_round && !s_.clip) optimizer(u, -1);
-          break;
-        }
+        case step::OpKind::kConsumed: case step::OpKind::kBackwardBegins: break;  // edges wait for reached[k]
       }
     }
     // The H2D queue in its issue order.
-    for (const step::Transfer& t : rd.h2d) {
-      const auto first = [&](TaskId h) {
-        if (first_h2d)
-          for (TaskId b : barrier) after(b, h);
-        first_h2d = false;
-        last_h2d_ = h;
-      };
-      if (t.kind == step::Transfer::kWeights) {
-        const auto i = static_cast<size_t>(t.load);
-        const double bytes = numel(t.unit) * tb_;
-        TaskId h = task(Lane::kH2D, cost_.h2d_time(bytes), SpanKind::kH2D, t.unit, -1, ceil_i(bytes));
-        first(h);
-        dma(h, bytes, cost_.h2d_time(bytes));
-        e_.acquire(h, id_.mem_slots, 1);
-        e_.release(slot_free[i], id_.mem_slots, 1);
-        after(prev_update_[static_cast<size_t>(t.unit)], h);  // a step streams the previous step's updated weights
-        if (i >= static_cast<size_t>(s_.K)) after(begun[i - static_cast<size_t>(s_.K)], h);  // the prefetch window
-        for (TaskId g : users[i]) after(h, g);
+    for (size_t i = 0; i < rd.h2d.size(); ++i) {
+      const step::Transfer& t = rd.h2d[i];
+      const bool weights = t.kind == step::Transfer::kWeights;
+      const double bytes = weights ? numel(t.unit) * tb_ : 4.0 * static_cast<double>(s_.buffers.hidden_floats);
+      TaskId h = weights ? task(Lane::kH2D, cost_.h2d_time(bytes), SpanKind::kH2D, t.unit, -1, ceil_i(bytes))
+                         : task(Lane::kH2D, cost_.h2d_time(bytes), SpanKind::kH2DCheckpoint, t.unit, mb_of(t.mb), ceil_i(bytes));
+      dma(h, bytes, cost_.h2d_time(bytes));
+      if (i == 0)
+        for (TaskId b : barrier) after(b, h);
+      if (weights) {
+        const int32_t slot = id_.mem_slot0 + slots.of_load[static_cast<size_t>(t.load)];
+        e_.acquire(h, slot, 1);  // free once the previous reader's release (slot_freed) is done
+        e_.release(released[static_cast<size_t>(t.load)], slot, 1);
+        if (t.after_update) after(prev_update_[static_cast<size_t>(t.unit)], h);  // the previous step's updated weights
+        if (t.window >= 0) after(reached[static_cast<size_t>(t.window)], h);     // the prefetch window
       } else {
-        const double bytes = 4.0 * static_cast<double>(s_.buffers.hidden_floats);
-        TaskId h = task(Lane::kH2D, cost_.h2d_time(bytes), SpanKind::kH2DCheckpoint, t.unit, mb_of(t.mb), ceil_i(bytes));
-        first(h);
-        dma(h, bytes, cost_.h2d_time(bytes));
-        after(backward_begun, h);
-        if (t.block > 0) after(consumed[restore_cell(t.block - 1, t.mb)], h);  // it overwrites what that recompute read
-        after(ckpt_copy[cell(t.checkpoint, t.mb)], h);
-        after(h, waiting_restore[restore_cell(t.block, t.mb)]);
+        after(reached[static_cast<size_t>(t.after_op)], h);
+        if (t.after_consumed >= 0) after(reached[static_cast<size_t>(t.after_consumed)], h);  // it overwrites what that recompute read
+        after(d2h[static_cast<size_t>(t.after_copy)], h);
       }
+      h2d[i] = h;
+      last_h2d_ = h;
+    }
+    for (size_t k = 0; k < n_ops; ++k) {
+      const step::Op& op = rd.compute[k];
+      if (op.kind == step::OpKind::kAcquire || op.kind == step::OpKind::kWaitRestore)
+        after(h2d[static_cast<size_t>(op.transfer)], waiter[k]);
     }
   }
-  size_t cell(int32_t checkpoint, int32_t mb) const {
-    return static_cast<size_t>(checkpoint) * static_cast<size_t>(s_.round.micro_batches) + static_cast<size_t>(mb);
-  }
-  size_t restore_cell(int32_t block, int32_t mb) const {
-    return static_cast<size_t>(block) * static_cast<size_t>(s_.round.micro_batches) + static_cast<size_t>(mb);
+
+  // A D2H copy of a gradient (summed into the host's in later micro-batch-major rounds) or of a
+  // host checkpoint, after the compute task before the op that issues it.
+  TaskId copy_out(const step::Transfer& t, int32_t r, const std::vector<TaskId>& reached) {
+    TaskId d;
+    if (t.kind == step::Transfer::kCheckpoint) {
+      const double bytes = 4.0 * static_cast<double>(s_.buffers.hidden_floats);
+      d = task(Lane::kD2H, cost_.d2h_time(bytes), SpanKind::kD2HCheckpoint, t.unit, s_.mb_of(r, t.mb), ceil_i(bytes));
+      dma(d, bytes, cost_.d2h_time(bytes));
+    } else {
+      const int32_t u = t.unit;
+      const double bytes = 4 * numel(u);  // fp32 gradients
+      double work = cost_.d2h_time(bytes);
+      if (!s_.layer_major && r > 0) work += cost_.host_pass_time(3 * bytes);  // added into the host gradient
+      d = task(Lane::kD2H, work, SpanKind::kD2H, u, s_.layer_major ? -1 : r, ceil_i(bytes));
+      dma(d, bytes, work);
+      if (t.accumulator >= 0) e_.release(d, id_.mem_accumulator0 + t.accumulator, 1);
+      if (s_.lent_gradients > 0) e_.acquire(d, id_.mem_lent, 1);
+      grad_ready_[static_cast<size_t>(u)] = d;
+    }
+    after(reached[static_cast<size_t>(t.after_op)], d);
+    last_d2h_ = d;
+    return d;
   }
 
   double nvme_bytes(int32_t u) const {
@@ -289,6 +278,7 @@ class Builder {
   std::vector<double> layer_flops_;  // per decoder layer, one micro-batch's forward
   double head_flops_ = 0, tb_ = 2, state_pp_ = 8;
   std::vector<TaskId> adam_prev_, prev_update_, nvme_write_prev_, grad_ready_, nvme_read_;
+  std::vector<int32_t> carried_;  // the slots the next round's first loads fill
 };
 
 }  // namespace
@@ -338,8 +328,14 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   // The device arena is carved once at start-up; what the pipeline waits for are its buffers.
   id.mem_device = e.add_memory({"device", cap.device, true});
   e.preallocate(id.mem_device, fp.peak.device);
-  id.mem_slots = e.add_memory({"device layer buffers", sched.B, false});
-  id.mem_grad_buffers = e.add_memory({"gradient accumulators", sched.buffers.grad_sets, false});
+  for (int32_t k = 0; k < sched.B; ++k) {
+    const int32_t m = e.add_memory({"device layer buffer " + std::to_string(k), 1, false});
+    if (k == 0) id.mem_slot0 = m;
+  }
+  for (int64_t k = 0; k < sched.buffers.grad_sets; ++k) {
+    const int32_t m = e.add_memory({"gradient accumulator " + std::to_string(k), 1, false});
+    if (k == 0) id.mem_accumulator0 = m;
+  }
   id.mem_lent = e.add_memory({"lent host gradients", std::max(1, sched.lent_gradients), false});
   id.mem_staging = e.add_memory({"NVMe staging buffers", std::max(1, sched.staging_buffers), false});
 

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -111,6 +112,111 @@ TEST(Compile, LayerMajorWithHostCheckpointsByHand) {
   EXPECT_EQ(s.optimizer_order, (std::vector<int32_t>{3, 2, 1, 0}));
 }
 
+// The same step's edges, by hand. Ops (index: op): 0 acquire 0, 3 release 0, 4 acquire 1, 5 and 7
+// save L1, 9 release 1, 10 acquire 2, 11 and 14 wait for checkpoint 0, 12 and 15 save L2,
+// 17 release 2, 18 acquire 3, 21 release 3, 22 grad_final L3, 23 backward_begins, 24 acquire 4,
+// 25 take_grad L2, 26 and 30 wait_restore b0, 28 and 32 consumed b0, 34 release 4, 35 grad_final
+// L2, 36 acquire 5, 37 take_grad L1, 38 and 42 wait_restore b1, 46 release 5, 47 grad_final L1,
+// 50 grad_final L0.
+TEST(Compile, LayerMajorWithHostCheckpointsEdgesByHand) {
+  const step::StepSchedule s = compiled(plan_for("tiny-llama-gqa", 2, 1, 2, 1, true));
+  const step::Round& r = s.round;
+  ASSERT_EQ(r.compute.size(), 51u);
+  // D2H: the four host checkpoints as the forward saves them, then the gradients as they become final.
+  struct Out { step::Transfer::Kind kind; int32_t unit, mb, checkpoint, after_op, accumulator; };
+  const std::vector<Out> d2h = {{step::Transfer::kCheckpoint, 1, 0, 0, 5, -1}, {step::Transfer::kCheckpoint, 1, 1, 0, 7, -1},
+                                {step::Transfer::kCheckpoint, 2, 0, 1, 12, -1}, {step::Transfer::kCheckpoint, 2, 1, 1, 15, -1},
+                                {step::Transfer::kGradient, 3, -1, -1, 22, -1}, {step::Transfer::kGradient, 2, -1, -1, 35, 0},
+                                {step::Transfer::kGradient, 1, -1, -1, 47, 1}, {step::Transfer::kGradient, 0, -1, -1, 50, -1}};
+  ASSERT_EQ(r.d2h.size(), d2h.size());
+  for (size_t i = 0; i < d2h.size(); ++i) {
+    SCOPED_TRACE("D2H " + std::to_string(i));
+    const step::Transfer& t = r.d2h[i];
+    EXPECT_EQ(t.kind, d2h[i].kind);
+    EXPECT_EQ(t.unit, d2h[i].unit);
+    EXPECT_EQ(t.mb, d2h[i].mb);
+    EXPECT_EQ(t.checkpoint, d2h[i].checkpoint);
+    EXPECT_EQ(t.after_op, d2h[i].after_op);
+    EXPECT_EQ(t.accumulator, d2h[i].accumulator);
+  }
+  // H2D: two slots, K = 1. Load n >= 2 waits for release number n - 2 (releases at ops 3, 9, 17,
+  // 21 free loads 0, 1, 2, 3), and until load n - 1's acquire is issued.
+  // Restores wait for backward_begins (op 23), the previous block's consumed op of their
+  // micro-batch, and the D2H copy of their checkpoint.
+  struct In { int32_t window, slot_freed, after_op, after_consumed, after_copy; };
+  const std::vector<In> h2d = {{-1, -1, -1, -1, -1}, {0, -1, -1, -1, -1}, {4, 3, -1, -1, -1},  {10, 9, -1, -1, -1},
+                               {18, 17, -1, -1, -1}, {-1, -1, 23, -1, 2}, {-1, -1, 23, -1, 3}, {24, 21, -1, -1, -1},
+                               {-1, -1, 23, 28, 0},  {-1, -1, 23, 32, 1}};
+  ASSERT_EQ(r.h2d.size(), h2d.size());
+  for (size_t i = 0; i < h2d.size(); ++i) {
+    SCOPED_TRACE("H2D " + std::to_string(i));
+    const step::Transfer& t = r.h2d[i];
+    EXPECT_EQ(t.window, h2d[i].window);
+    EXPECT_EQ(t.slot_freed, h2d[i].slot_freed);
+    EXPECT_EQ(t.after_update, t.kind == step::Transfer::kWeights);
+    EXPECT_EQ(t.after_op, h2d[i].after_op);
+    EXPECT_EQ(t.after_consumed, h2d[i].after_consumed);
+    EXPECT_EQ(t.after_copy, h2d[i].after_copy);
+  }
+  // What each waiting op waits for, and the accumulators the takes name.
+  const std::vector<std::pair<int, int32_t>> waits = {{0, 0},  {4, 1},  {10, 2}, {11, 0}, {14, 1}, {18, 3}, {22, 4}, {24, 4},
+                                                      {26, 5}, {30, 6}, {35, 5}, {36, 7}, {38, 8}, {42, 9}, {47, 6}, {50, 7}};
+  for (auto [k, transfer] : waits) EXPECT_EQ(r.compute[static_cast<size_t>(k)].transfer, transfer) << "op " << k;
+  // The slots: loads 0 and 1 fill slots 0 and 1, then each load the slot of the load two
+  // releases back; the round gives back slots 0 and 1 last, in that order.
+  const step::SlotLabels labels = step::label_slots(r, s.B, step::first_slots(s.B));
+  EXPECT_EQ(labels.of_load, (std::vector<int32_t>{0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(labels.carried, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(r.compute[25].accumulator, 0);
+  EXPECT_EQ(r.compute[25].transfer, -1);
+  EXPECT_EQ(r.compute[37].accumulator, 1);
+  EXPECT_EQ(r.compute[37].transfer, -1);
+}
+
+TEST(Compile, AGradientAccumulatorIsTakenAgainOnlyAfterItsCopy) {
+  // Three decoder layers, one per block, two accumulators: layer 1 takes the accumulator that
+  // layer 3's gradient copy gives back, and waits for that copy.
+  const step::StepSchedule s = compiled(plan_for("tiny-qwen3-moe", 1, 1, 2, 1, false));
+  ASSERT_EQ(s.L, 3);
+  ASSERT_EQ(s.buffers.grad_sets, 2);
+  std::vector<const step::Op*> takes;
+  for (const step::Op& o : s.round.compute)
+    if (o.kind == OpKind::kTakeGradBuffer) takes.push_back(&o);
+  ASSERT_EQ(takes.size(), 3u);
+  EXPECT_EQ(takes[0]->layer, 3);
+  EXPECT_EQ(takes[0]->accumulator, 0);
+  EXPECT_EQ(takes[1]->accumulator, 1);
+  EXPECT_EQ(takes[2]->layer, 1);
+  EXPECT_EQ(takes[2]->accumulator, 0);
+  ASSERT_GE(takes[2]->transfer, 0);
+  const step::Transfer& copy = s.round.d2h[static_cast<size_t>(takes[2]->transfer)];
+  EXPECT_EQ(copy.kind, step::Transfer::kGradient);
+  EXPECT_EQ(copy.unit, 3);
+  EXPECT_EQ(copy.accumulator, 0);
+}
+
+TEST(Compile, EdgesThatCouldHangTheExecutorAreRefused) {
+  const step::StepSchedule good = compiled(plan_for("tiny-llama-gqa", 2, 1, 2, 1, true));
+  ASSERT_TRUE(step::check_edges(good).ok());
+  auto expect_refused = [&](const std::function<void(step::StepSchedule&)>& edit, const std::string& says) {
+    step::StepSchedule s = good;
+    edit(s);
+    const Status st = step::check_edges(s);
+    ASSERT_FALSE(st.ok()) << says;
+    EXPECT_NE(st.message().find(says), std::string::npos) << st.message();
+  };
+  // Load 2 refilling a slot without waiting for load 0's release.
+  expect_refused([](step::StepSchedule& s) { s.round.h2d[2].slot_freed = -1; },
+                 "(load 2) takes the slot given back at op -1, but with 2 slots it must wait for op 3");
+  // Load 1 waiting for load 2's acquire, which waits for a load queued behind it.
+  expect_refused([](step::StepSchedule& s) { s.round.h2d[1].window = 10; }, "deadlocks");
+  // A restore waiting for a checkpoint copy that follows the recompute it feeds.
+  expect_refused([](step::StepSchedule& s) { s.round.h2d[5].after_consumed = 40; }, "deadlocks");
+  // Layer 1 taking layer 2's accumulator without waiting for its copy.
+  expect_refused([](step::StepSchedule& s) { s.round.compute[37].accumulator = 0; }, "without waiting for the copy");
+  expect_refused([](step::StepSchedule& s) { s.round.compute[0].transfer = 99; }, "out of range");
+}
+
 TEST(Compile, ATiedHeadLoadsTheTableAgainAndNoRecomputeKeepsEveryLayer) {
   // tiny-qwen2 ties its head to the embedding: the head's compute reads load 3 (final norm) and
   // load 4 (the table, unit 0 again). checkpoint_every 0: no recompute, no checkpoints.
@@ -127,6 +233,14 @@ TEST(Compile, ATiedHeadLoadsTheTableAgainAndNoRecomputeKeepsEveryLayer) {
       "acquire 6", "take_grad L1", "backward L1 mb0 load6", "release 6", "grad_final L1",
       "embed_backward L0 mb0 load-1", "grad_final L0"};
   EXPECT_EQ(ops_of(s), want);
+  // Seven loads through two slots: the head and the table hold both, so the slots the round gives
+  // back last are 1 then 0, and the next round's first load fills slot 1 (B interchangeable
+  // buffers: it takes the first one free).
+  const step::SlotLabels first = step::label_slots(s.round, s.B, step::first_slots(s.B));
+  EXPECT_EQ(first.of_load, (std::vector<int32_t>{0, 1, 0, 1, 0, 1, 0}));
+  EXPECT_EQ(first.carried, (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(step::label_slots(s.round, s.B, first.carried).of_load, (std::vector<int32_t>{1, 0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(s.round.h2d[6].slot_freed, 13) << "load 6 waits for release number 4, the table's";
   EXPECT_EQ(s.buffers.checkpoints, 0);
   EXPECT_EQ(s.buffers.act_sets, 2) << "every layer's activations of the one micro-batch";
   EXPECT_EQ(s.buffers.tied_grad, 256 * 64) << "vocab x hidden";

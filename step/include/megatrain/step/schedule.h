@@ -56,28 +56,49 @@ int64_t device_budget_of(const Plan& plan, const HardwareProfile& rig);
 
 // ---- the schedule ------------------------------------------------------------------------------
 
-// One copy into the device, in the H2D queue's order.
+// The waits are compiled with the work (docs/compiled-step.md): every transfer and every op that
+// waits names what it waits for as an index into the round's lists, and the trainer and the
+// simulator both interpret these edges. An edge to compute op k means "the compute stream has
+// issued op k, and the work issued up to it is complete".
+
+// One copy between host and device, in its queue's order: the H2D queue holds the weight loads and
+// the checkpoint restores, the D2H queue the gradients and the host checkpoints.
 struct Transfer {
-  enum Kind : int8_t { kWeights, kRestore } kind = kWeights;
-  int32_t unit = 0;       // kWeights: the unit; kRestore: the block's first layer
-  int32_t load = -1;      // kWeights: its index among the round's loads
-  int32_t block = -1;     // kRestore: the backward block, and the checkpoint it reads
-  int32_t checkpoint = -1;
-  int32_t mb = -1;        // kRestore: the micro-batch (within the round)
+  enum Kind : int8_t { kWeights, kRestore, kGradient, kCheckpoint } kind = kWeights;
+  int32_t unit = 0;        // kWeights, kGradient: the unit; kRestore, kCheckpoint: the block's first layer / the layer whose input it keeps
+  int32_t load = -1;       // kWeights: its index among the round's loads
+  int32_t block = -1;      // kRestore: the backward block
+  int32_t checkpoint = -1; // kRestore: the checkpoint it reads; kCheckpoint: the one it writes
+  int32_t mb = -1;         // kRestore, kCheckpoint: the micro-batch (within the round)
+  // kWeights: the compute op (the acquire of load - K) that opens the prefetch window, or -1; the
+  // release op whose slot it fills, or -1 for the first B loads of a round, which fill the slots
+  // that the previous round's last releases gave back (label_slots); and it waits for the previous
+  // step's update of its unit.
+  int32_t window = -1;
+  int32_t slot_freed = -1;
+  bool after_update = false;
+  // kRestore: the ops "backward has begun" and "the previous block's first recompute of mb has
+  // read the buffer" (-1 for the first block), and the D2H copy of the checkpoint it reads.
+  // kGradient, kCheckpoint: `after_op` is the op whose result it copies.
+  int32_t after_op = -1;
+  int32_t after_consumed = -1;
+  int32_t after_copy = -1;
+  int32_t accumulator = -1;  // kGradient of a decoder layer: the gradient accumulator it frees
 };
 
 // One step of the compute stream's walk, in issue order.
 enum class OpKind : int8_t {
-  kAcquire,         // wait for load `load` (compute has begun it: the prefetch window opens)
+  kAcquire,         // wait for H2D `transfer` (load `load`); issuing it opens the prefetch window
   kRelease,         // load `load`'s slot may be refilled once the ops issued so far are done
   kCompute,         // `span` (embed, forward, head, recompute, backward, embed backward) of `layer`, `mb`
-  kSaveCheckpoint,  // keep layer `layer`'s input of `mb`: a device copy, or a D2H into host memory
-  kWaitCheckpoint,  // host checkpoints: wait until checkpoint `checkpoint` of `mb` is in host memory
-  kWaitRestore,     // host checkpoints: wait until restore `block` of `mb` is on the device
+  kSaveCheckpoint,  // keep layer `layer`'s input of `mb`: a device copy, or D2H `transfer` into host memory
+  kWaitCheckpoint,  // host checkpoints: wait for D2H `transfer` (checkpoint `checkpoint` of `mb`)
+  kWaitRestore,     // host checkpoints: wait for H2D `transfer` (restore `block` of `mb`)
   kConsumed,        // the block's first recompute of `mb` has read the restored buffer
   kBackwardBegins,  // the head is done: restores may start
-  kTakeGradBuffer,  // take a gradient accumulator for `layer` (waits for a free one)
-  kGradFinal,       // unit `layer`'s gradient is final for the round: D2H (then, last round, update)
+  kTakeGradBuffer,  // gradient accumulator `accumulator` for `layer`, once D2H `transfer` (its previous
+                    // layer's gradient) is done, or at once when `transfer` is -1
+  kGradFinal,       // unit `layer`'s gradient is final for the round: D2H `transfer` (then, last round, update)
 };
 struct Op {
   OpKind kind = OpKind::kCompute;
@@ -86,17 +107,22 @@ struct Op {
   int32_t mb = -1;                     // within the round
   int32_t load = -1;                   // kAcquire/kRelease; kCompute: the load whose weights it reads
   int32_t load2 = -1;                  // kCompute of a tied head: the table's load
-  int32_t checkpoint = -1;             // kSaveCheckpoint/kWaitCheckpoint
-  int32_t block = -1;                  // kWaitRestore/kConsumed
+  int32_t checkpoint = -1;             // kSaveCheckpoint/kWaitCheckpoint; kRecompute: the checkpoint its block starts from
+  int32_t block = -1;                  // kWaitRestore/kConsumed; kRecompute/kBackward: the backward block
+  int32_t transfer = -1;               // the H2D or D2H transfer it waits for or issues (see OpKind)
+  int32_t accumulator = -1;            // kTakeGradBuffer
 };
 
 // The round: layer-major has one with every micro-batch; microbatch-major one per micro-batch,
-// all alike, so one Round describes each of them (micro-batch j of round r is r + j).
+// all alike, so one Round describes each of them (micro-batch j of round r is r + j). A round
+// starts with every gradient accumulator free (the executor drains its copy queues between
+// rounds); its first loads wait for the slots the previous round's last releases give back.
 struct Round {
   int32_t micro_batches = 1;
   std::vector<int32_t> loads;       // unit of each load, in issue order
   int32_t backward_first_load = 0;  // loads before it are the forward pass's
   std::vector<Transfer> h2d;        // the H2D queue: loads and restores
+  std::vector<Transfer> d2h;        // the D2H queue: gradients and host checkpoints
   std::vector<Op> compute;          // the compute stream
   std::vector<std::pair<int32_t, int32_t>> blocks;  // backward blocks (lo, hi), last first
 };
@@ -157,6 +183,26 @@ struct CompileOptions {
 };
 Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const ActivationLayout& layout,
                              const CompileOptions& options = {});
+
+// The device layer buffers (slots) free for loading form a queue: the B slots a round starts with
+// (`carried`, in order; 0 .. B-1 in the first round of a run), then each slot as a release op
+// gives it back. Load n takes the queue's n-th slot, which is what its `slot_freed` edge says: the
+// first B loads take the carried slots, load n >= B the slot of the load that release number
+// n - B gives back. The slots left in the queue after the round's loads are the next round's
+// `carried`. This is the timing of B interchangeable buffers, with each one named; the trainer and
+// the simulator both label their slots with it.
+struct SlotLabels {
+  std::vector<int32_t> of_load;  // the slot each load of the round fills
+  std::vector<int32_t> carried;  // what the next round starts with
+};
+SlotLabels label_slots(const Round& round, int32_t B, const std::vector<int32_t>& carried);
+std::vector<int32_t> first_slots(int32_t B);  // 0 .. B-1
+
+// The round's edges are well formed and the three queues, each in order, run to the end: every
+// index is in range, load n >= B waits for release number n - B, an accumulator is taken after
+// the copy that gives it back, and no queue waits for work that could only come after it (a deadlock).
+// compile() checks what it builds; the error names the first queue position that can never start.
+Status check_edges(const StepSchedule& schedule);
 
 // ---- the footprint -----------------------------------------------------------------------------
 
