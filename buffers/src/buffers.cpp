@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/attention_schedule.h"
+#include "megatrain/buffers/cuda_attention.h"
 #include "cuda/workspace_sizes.h"
 
 namespace megatrain::buffers {
@@ -135,11 +136,9 @@ BufferList cpu_head_workspace(const Shape& s, int32_t e) {
 
 // ---- CUDA ----------------------------------------------------------------------------------------
 
-namespace {
-cuda::AttnDims attn_dims(const Shape& s) { return cuda::AttnDims{s.B, s.T, s.nh, s.nkv, s.hd}; }
-}  // namespace
-
-int64_t cuda_attention_rows(const Shape& s) { return cuda::attention_block_rows(attn_dims(s), kCudaAttentionBudgetBytes); }
+int64_t cuda_attention_rows(const Shape& s) {
+  return cuda::attention_block_rows(cuda_attention_dims(s), kCudaAttentionBudgetBytes);
+}
 
 int64_t cuda_vocab_chunk(const Shape& s) {
   return std::clamp<int64_t>(kCudaLogitElems / std::max<int64_t>(s.N, 1) / 128 * 128, 128, s.V);
@@ -245,7 +244,7 @@ BufferList cuda_private(const Shape& s) {
   BufferList l;
   l.align = kCudaCarveAlign;
   l.add(Buf::kBlasWorkspace, kCudaBlasWorkspaceBytes, 1);
-  l.add(Buf::kAttentionWorkspace, cuda::attention_workspace_bytes(attn_dims(s), cuda_attention_rows(s)), 1);
+  l.add(Buf::kAttentionWorkspace, cuda::attention_workspace_bytes(cuda_attention_dims(s), cuda_attention_rows(s)), 1);
   l.add(Buf::kTokens, s.N, kI32);
   l.add(Buf::kTargets, s.N, kI32);
   l.add(Buf::kPositions, s.N, kI32);

@@ -60,6 +60,7 @@
 #include "cuda/rope.cuh"
 #include "cuda/swiglu.cuh"
 #include "megatrain/buffers/buffers.h"
+#include "megatrain/buffers/cuda_attention.h"
 #include "megatrain/core/units.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/kernels/cuda_device.h"
@@ -99,7 +100,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const Dims& d, const BackendOptions& o, std::vector<float> inv_freq, cuda::DeviceInfo dev)
       : Backend(d), opt_(o), inv_freq_(std::move(inv_freq)), dev_(std::move(dev)) {
-    attn_ = cuda::AttnDims{d.B, d.T, d.nh, d.nkv, d.hd};
+    attn_ = buffers::cuda_attention_dims(d);
     attn_rows_ = buffers::cuda_attention_rows(d);
     vocab_chunk_ = buffers::cuda_vocab_chunk(d);
     pinned_limit_ = o.pinned_limit_bytes >= 0 ? o.pinned_limit_bytes : physical_ram_bytes() / 2;
