@@ -8,7 +8,17 @@ cd "$(dirname "$0")/.."
 build_dir=${MEGATRAIN_BUILD_DIR:-build}
 jobs=${MEGATRAIN_JOBS:-$(nproc)}
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_TESTS=ON
+# The CPU kernels are also built for AVX2 (x86-64-v3, where this CPU runs it) and for the x86-64
+# baseline, in the same build: see the instruction-set runs below.
+cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+has() { [[ " $cpu_flags " == *" $1 "* ]]; }
+isa_variants=""
+for kisa in ${MEGATRAIN_ISA_BUILDS-avx2 baseline}; do
+  [ "$kisa" = avx2 ] && ! has avx2 && { echo "== no avx2 variant: this CPU has no AVX2"; continue; }
+  isa_variants="${isa_variants:+$isa_variants;}$kisa"
+done
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_TESTS=ON \
+      -DMEGATRAIN_ISA_VARIANTS="$isa_variants"
 cmake --build "$build_dir" -j "$jobs"
 # The PyTorch side of the reference comparisons does not change between the reruns below: each
 # training run of the reference scripts is cached for this test run (tests/python/ref_cache.py).
@@ -17,27 +27,27 @@ if [ -z "${MEGATRAIN_TORCH_CACHE:-}" ]; then
   export MEGATRAIN_TORCH_CACHE="$(cd "$build_dir" && pwd)/torch-cache"
   rm -rf "$MEGATRAIN_TORCH_CACHE"
 fi
-ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -LE '^isa_'
 
 # Every instruction-set path this code can take (docs/testing.md). The numerically sensitive tests
 # (every CPU kernel, the PyTorch references, the bit-exact training and resume tests, AdamW) run again
 # where an instruction set can change their numbers: with the CPU kernels compiled for AVX2
-# (x86-64-v3) and for the x86-64 baseline (MEGATRAIN_CPU_ISA), so that a machine without AVX-512 is
-# not a blind spot; only the two test programs of what an instruction set changes are built there.
-# MEGATRAIN_ISA_BUILDS="" skips the extra builds. MEGATRAIN_ISA forces the AdamW pass's copy at run
+# (x86-64-v3) and for the x86-64 baseline, so that a machine without AVX-512 is not a blind spot.
+# Those kernels are built in the main build (MEGATRAIN_ISA_VARIANTS) and linked with the same
+# executor into the two test programs of what an instruction set changes (megatrain_kernels_cpu_tests_<isa>
+# and megatrain_isa_tests_<isa>); nothing else is compiled twice. MEGATRAIN_ISA_BUILDS="" skips them. MEGATRAIN_ISA forces the AdamW pass's copy at run
 # time and changes nothing else: under each copy this CPU has run the tests that go through AdamW
 # (the copies give the same bits, which Moments.EveryInstructionSetGivesTheSameBits checks directly)
 # and one end-to-end PyTorch reference; the kernels' tests would only repeat themselves.
 numeric_exec='^(TorchReference|StreamedTraining|MoeTraining|MoeLayerFd|NvmeTraining|Moments|AdamW|CheckpointResume|GradNorm|CpuBackend|LearningRate)\.'
 adamw_exec='^((StreamedTraining|MoeTraining|NvmeTraining|Moments|AdamW|CheckpointResume|GradNorm)\.|TorchReference\.Qwen2WithBiasesTiedHeadAndClippingTrainsLikePyTorch$)'
 if /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1; then export MEGATRAIN_REQUIRE_TORCH=1; fi
-run_numeric() {  # build_dir label
-  echo "== numeric tests: $2"
-  ctest --test-dir "$1" --output-on-failure -j "$jobs" --timeout 900 -L kernels_cpu
-  ctest --test-dir "$1" --output-on-failure -j "$jobs" --timeout 900 -R "$numeric_exec" -E 'EverySemanticSlip|EveryGptOssSlip'
+run_numeric() {  # instruction set: its kernels' tests, then the numeric executor tests linked with them
+  echo "== numeric tests: kernels built for $1, AdamW auto (at most $1)"
+  ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -L "^isa_$1_kernels\$"
+  ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -L "^isa_$1_exec\$" \
+        -R "^$1/${numeric_exec#^}" -E 'EverySemanticSlip|EveryGptOssSlip'
 }
-cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-has() { [[ " $cpu_flags " == *" $1 "* ]]; }
 adamw_paths="scalar"
 has avx2 && adamw_paths="$adamw_paths avx2"
 has avx512f && has avx512bw && adamw_paths="$adamw_paths avx512"
@@ -45,14 +55,7 @@ for isa in $adamw_paths; do
   echo "== AdamW forced to $isa (kernels built for this CPU)"
   MEGATRAIN_ISA=$isa ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -R "$adamw_exec"
 done
-for kisa in ${MEGATRAIN_ISA_BUILDS-avx2 baseline}; do
-  [ "$kisa" = avx2 ] && ! has avx2 && { echo "== skipped the avx2 build: this CPU has no AVX2"; continue; }
-  isa_dir="$build_dir-isa-$kisa"
-  cmake -S . -B "$isa_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_TESTS=ON -DMEGATRAIN_CUDA=OFF \
-        -DMEGATRAIN_GUI=OFF -DMEGATRAIN_CPU_ISA="$kisa" -DMEGATRAIN_ISA_TESTS=ON >/dev/null
-  cmake --build "$isa_dir" -j "$jobs" --target megatrain_kernels_cpu_tests megatrain_isa_tests
-  run_numeric "$isa_dir" "kernels built for $kisa, AdamW auto (at most $kisa)"
-done
+for kisa in ${isa_variants//;/ }; do run_numeric "$kisa"; done
 
 # ctest does not show why a test skipped; say it once for the GPU tests.
 if [ -x "$build_dir/tests/megatrain_kernels_tests" ]; then

@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "megatrain/kernels/cpu/context.h"
 
 namespace megatrain::exec {
 
@@ -33,16 +36,16 @@ const char* isa_name(Isa isa) {
   return "?";
 }
 
-#ifndef MEGATRAIN_ISA_CAP
-#define MEGATRAIN_ISA_CAP 2
-#endif
-
+// The AdamW pass uses at most the instruction set the CPU kernels it is linked with were built for
+// (cpu::kernels_isa(): native and avx512 allow AVX-512, avx2 AVX2, baseline neither), so that one
+// build of the executor serves the kernels of every instruction set (scripts/test.sh).
 Isa best_isa() {
   __builtin_cpu_init();
   Isa cpu = Isa::kScalar;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) cpu = Isa::kAvx512;
   else if (__builtin_cpu_supports("avx2")) cpu = Isa::kAvx2;
-  constexpr Isa cap = MEGATRAIN_ISA_CAP >= 2 ? Isa::kAvx512 : MEGATRAIN_ISA_CAP == 1 ? Isa::kAvx2 : Isa::kScalar;
+  const std::string built = cpu::kernels_isa();
+  const Isa cap = built == "baseline" ? Isa::kScalar : built == "avx2" ? Isa::kAvx2 : Isa::kAvx512;
   return static_cast<int>(cpu) < static_cast<int>(cap) ? cpu : cap;
 }
 
