@@ -8,8 +8,7 @@ namespace megatrain::planner::detail {
 
 Sizer::Sizer(const Space& space) : space_(space) {}
 
-Result<step::Footprint> Sizer::compiled(const Knobs& k) {
-  const Plan plan = make_plan(k, space_);
+Result<step::Footprint> Sizer::compiled(const Knobs& k, const Plan& plan) {
   auto it = layouts_.find(k.micro_batch);
   if (it == layouts_.end())
     it = layouts_.emplace(k.micro_batch, step::layout_for(step::backend_of_rig(space_.rig), space_.model, plan)).first;
@@ -19,15 +18,14 @@ Result<step::Footprint> Sizer::compiled(const Knobs& k) {
 }
 
 Result<step::TierBytes> Sizer::need(const Knobs& k) {
-  const DeviceKey dk{k.micro_batch, k.grad_accum, k.layer_major, k.ckpt_every, k.ckpt_host, k.buffers};
-  const HostKey hk{k.micro_batch, k.grad_accum, k.layer_major, k.ckpt_every, k.ckpt_host, k.master_nvme, k.states_nvme,
-                   static_cast<int>(k.transfer), static_cast<int>(k.m_format), static_cast<int>(k.v_format), k.staging};
-  auto d = device_.find(dk);
-  auto h = host_.find(hk);
+  const Plan plan = make_plan(k, space_);
+  step::FootprintKeys key = step::footprint_keys(plan);
+  auto d = device_.find(key.device);
+  auto h = host_.find(key.host);
   if (d == device_.end() || h == host_.end()) {
-    MT_ASSIGN_OR_RETURN(step::Footprint f, compiled(k));
-    if (d == device_.end()) d = device_.emplace(dk, f.peak.device).first;
-    if (h == host_.end()) h = host_.emplace(hk, Host{f.peak.pinned, f.peak.ram - f.ram_arena, f.peak.nvme}).first;
+    MT_ASSIGN_OR_RETURN(step::Footprint f, compiled(k, plan));
+    if (d == device_.end()) d = device_.emplace(std::move(key.device), f.peak.device).first;
+    if (h == host_.end()) h = host_.emplace(std::move(key.host), Host{f.peak.pinned, f.peak.ram - f.ram_arena, f.peak.nvme}).first;
   }
   const bool arena_in_ram = layouts_.at(k.micro_batch).arena_in_ram;
   step::TierBytes n;

@@ -68,6 +68,26 @@ Footprint footprint(const StepSchedule& s, const ActivationLayout& layout) {
   return f;
 }
 
+FootprintKeys footprint_keys(const Plan& p) {
+  auto e = [](auto v) { return static_cast<int64_t>(v); };
+  const TrainingConfig& t = p.training;
+  const ScheduleConfig& sc = p.schedule;
+  // The step's shape: tokens per micro-batch, micro-batches (resident ones in layer-major order),
+  // and the checkpoints (their interval and place).
+  const std::vector<int64_t> shape = {t.micro_batch, t.seq_len, t.grad_accum, e(sc.order), sc.checkpoint_every,
+                                      e(sc.checkpoint_location)};
+  FootprintKeys k{shape, shape};
+  // Device: the layer buffers, and the compute dtype (the CUDA backend's activations and workspaces).
+  k.device.insert(k.device.end(), {sc.device_layer_buffers, e(p.precision.compute)});
+  // Host: the state's formats and places, the NVMe staging and request size, the streaming copy,
+  // and whether gradients are lent (no clipping, lends_gradients).
+  const PlacementConfig& pl = p.placement;
+  const OptimizerConfig& o = p.optimizer;
+  k.host.insert(k.host.end(), {e(pl.master_weights), e(pl.optimizer_states), pl.pinned_staging_bytes, pl.nvme_block_bytes,
+                               e(p.precision.transfer), e(o.m_format), e(o.v_format), o.block_size, e(lends_gradients(p))});
+  return k;
+}
+
 TierCapacity capacity_of(const Plan& plan, const HardwareProfile& rig) {
   TierCapacity c;
   c.device = device_budget_of(plan, rig);

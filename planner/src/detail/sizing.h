@@ -1,13 +1,13 @@
 // Internal: a candidate's bytes per tier, from the compiled step's footprint (step::compile with
 // ops = false, then step::footprint): the figures the simulator checks and the executor allocates.
 // The search asks for thousands of candidates that differ in one knob at a time, so the two halves
-// of the footprint are memoised on the knobs each depends on. Not a public header.
+// of the footprint are memoised on the plan fields each depends on (step::footprint_keys, checked
+// against the footprint by tests/step/footprint_key_test.cpp). Not a public header.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "search_space.h"
@@ -25,20 +25,17 @@ class Sizer {
   int64_t compiles() const { return compiles_; }
 
  private:
-  // The device arena depends on the micro-batch, the order (resident micro-batches), the
-  // checkpoints and the buffers; host memory and the drives on everything but the buffers, except
-  // that the CPU backend's arena is host memory too (Footprint::ram_arena).
-  using DeviceKey = std::tuple<int64_t, int64_t, bool, int64_t, bool, int64_t>;
-  using HostKey = std::tuple<int64_t, int64_t, bool, int64_t, bool, bool, bool, int, int, int, int64_t>;
+  // The host half leaves out the arena, which is host memory on the CPU backend
+  // (Footprint::ram_arena) and is added from the device half.
   struct Host {
     int64_t pinned = 0, ram_without_arena = 0, nvme = 0;
   };
-  Result<step::Footprint> compiled(const Knobs& k);
+  Result<step::Footprint> compiled(const Knobs& k, const Plan& plan);
 
   const Space& space_;
   std::map<int64_t, step::ActivationLayout> layouts_;  // per micro-batch size
-  std::map<DeviceKey, int64_t> device_;
-  std::map<HostKey, Host> host_;
+  std::map<std::vector<int64_t>, int64_t> device_;     // on step::FootprintKeys::device
+  std::map<std::vector<int64_t>, Host> host_;          // on step::FootprintKeys::host
   int64_t compiles_ = 0;
 };
 

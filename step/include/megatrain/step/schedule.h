@@ -222,6 +222,17 @@ struct Footprint {
 };
 Footprint footprint(const StepSchedule& schedule, const ActivationLayout& layout);
 
+// What footprint() depends on, as plan fields, for one model and one backend: `device` decides the
+// device arena, `host` the pinned, RAM (less the arena, which is RAM on the CPU backend) and NVMe
+// figures. Plans whose keys are equal have equal figures, so the planner memoises the two halves on
+// them instead of compiling each candidate; tests/step/footprint_key_test.cpp changes every field
+// of a plan's file in turn and checks it. A new plan field that compile() or footprint() reads
+// belongs here.
+struct FootprintKeys {
+  std::vector<int64_t> device, host;
+};
+FootprintKeys footprint_keys(const Plan& plan);
+
 // The capacities a footprint must fit: the plan's device budget, the rig's pinnable memory, RAM
 // and drives. The first tier over its capacity is an error naming the tier, both byte counts and
 // what would be accepted; `who` starts the message ("simulate", "megatrain-exec").
