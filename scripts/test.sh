@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
+stamp() { echo "== [${SECONDS} s] $*"; }  # the phases' times, for docs/testing.md
 build_dir=${MEGATRAIN_BUILD_DIR:-build}
 jobs=${MEGATRAIN_JOBS:-$(nproc)}
 
@@ -19,7 +20,9 @@ for kisa in ${MEGATRAIN_ISA_BUILDS-avx2 baseline}; do
 done
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_TESTS=ON \
       -DMEGATRAIN_ISA_VARIANTS="$isa_variants"
+stamp "build"
 cmake --build "$build_dir" -j "$jobs"
+stamp "the whole suite"
 # The PyTorch side of the reference comparisons does not change between the reruns below: each
 # training run of the reference scripts is cached for this test run (tests/python/ref_cache.py).
 # A cache folder given by the caller is kept as it is (its keys cover everything a run reads).
@@ -43,7 +46,7 @@ numeric_exec='^(TorchReference|StreamedTraining|MoeTraining|MoeLayerFd|NvmeTrain
 adamw_exec='^((StreamedTraining|MoeTraining|NvmeTraining|Moments|AdamW|CheckpointResume|GradNorm)\.|TorchReference\.Qwen2WithBiasesTiedHeadAndClippingTrainsLikePyTorch$)'
 if /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1; then export MEGATRAIN_REQUIRE_TORCH=1; fi
 run_numeric() {  # instruction set: its kernels' tests, then the numeric executor tests linked with them
-  echo "== numeric tests: kernels built for $1, AdamW auto (at most $1)"
+  stamp "numeric tests: kernels built for $1, AdamW auto (at most $1)"
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -L "^isa_$1_kernels\$"
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -L "^isa_$1_exec\$" \
         -R "^$1/${numeric_exec#^}" -E 'EverySemanticSlip|EveryGptOssSlip'
@@ -52,11 +55,12 @@ adamw_paths="scalar"
 has avx2 && adamw_paths="$adamw_paths avx2"
 has avx512f && has avx512bw && adamw_paths="$adamw_paths avx512"
 for isa in $adamw_paths; do
-  echo "== AdamW forced to $isa (kernels built for this CPU)"
+  stamp "AdamW forced to $isa (kernels built for this CPU)"
   MEGATRAIN_ISA=$isa ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -R "$adamw_exec"
 done
 for kisa in ${isa_variants//;/ }; do run_numeric "$kisa"; done
 
+stamp "done"
 # ctest does not show why a test skipped; say it once for the GPU tests.
 if [ -x "$build_dir/tests/megatrain_kernels_tests" ]; then
   reason=$("$build_dir/tests/megatrain_kernels_tests" --gtest_filter='CudaDevice.ListsDevicesOrSaysWhyNot' 2>&1 \
