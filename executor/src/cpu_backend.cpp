@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "megatrain/buffers/buffers.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/bf16.h"
 #include "megatrain/kernels/cpu/ops.h"
@@ -74,7 +75,8 @@ Arena::~Arena() {
 }
 
 Result<float*> Arena::take_floats(int64_t n, const char* what) {
-  const int64_t bytes = ((n * static_cast<int64_t>(sizeof(float)) + 63) / 64) * 64;
+  constexpr int64_t a = buffers::kPipelineCarveAlign;  // the footprint's ActivationLayout::carve_align
+  const int64_t bytes = (n * static_cast<int64_t>(sizeof(float)) + a - 1) / a * a;
   if (n < 0 || used_ + bytes > capacity_)
     return internal_error(std::string("device arena: ") + what + " needs " + std::to_string(bytes) + " bytes, but only " +
                           std::to_string(capacity_ - used_) + " of " + std::to_string(capacity_) + " are left");

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
 #include "megatrain/executor/checkpoint.h"
 
@@ -241,7 +242,7 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const NvmeStoreOptions& opt
     if (b < 0) return invalid_argument("NVMe region of negative size " + std::to_string(b));
     I.bytes.push_back(b);
     I.first_block.push_back(I.total_blocks);
-    const int64_t n = (b + options.block_bytes - 1) / options.block_bytes;
+    const int64_t n = nvme_region_blocks(b, options.block_bytes);
     I.blocks.push_back(n);
     I.total_blocks += n;
   }

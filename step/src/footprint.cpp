@@ -53,7 +53,7 @@ Footprint footprint(const StepSchedule& s, const ActivationLayout& layout) {
     if (s.master_nvme || s.states_nvme) {
       const NvmeRegionLayout region =
           nvme_region_layout(numels, s.master_nvme, s.states_nvme, s.m_format, s.v_format, s.block_size);
-      const int64_t capacity = round_up(region.bytes, s.nvme_block_bytes);
+      const int64_t capacity = nvme_region_blocks(region.bytes, s.nvme_block_bytes) * s.nvme_block_bytes;
       f.peak.nvme += capacity;
       max_region = std::max(max_region, capacity);
     }

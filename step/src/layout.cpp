@@ -18,8 +18,8 @@ ActivationLayout cpu_layout(const ModelSpec& model, int64_t micro_batch, int64_t
   a.private_bytes = 0;
   a.eager_attention = true;
   a.arena_in_ram = true;
-  a.carve_align = 64;
-  a.arena_align = 64;
+  a.carve_align = buffers::kPipelineCarveAlign;
+  a.arena_align = buffers::kPipelineCarveAlign;
   return a;
 }
 
@@ -35,7 +35,7 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
   a.private_bytes = buffers::cuda_private(s).bytes();
   a.eager_attention = false;
   a.arena_in_ram = false;
-  a.carve_align = 64;
+  a.carve_align = buffers::kPipelineCarveAlign;
   a.arena_align = buffers::kCudaCarveAlign;
   return a;
 }

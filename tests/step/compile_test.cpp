@@ -256,6 +256,51 @@ TEST(Compile, MicrobatchMajorIsOneRoundPerMicroBatch) {
   EXPECT_EQ(s.buffers.grad_sets, 3) << "c + 1 accumulators";
 }
 
+// The host side of the footprint with the whole state on NVMe, by hand. tiny-llama-gqa: hidden 64,
+// 4 heads and 2 KV heads of 16, intermediate 160, vocabulary 256. Units: the embedding 256 x 64 =
+// 16384; a layer q 4096 + k 2048 + v 2048 + o 4096 + gate, up, down 3 x 10240 + two norms 128 =
+// 43136; the head: final norm 64 + lm_head 16384 = 16448.
+TEST(Footprint, StateOnNvmeWithHostCheckpointsAndLentGradientsByHand) {
+  Plan p = plan_for("tiny-llama-gqa", 2, 1, 2, 1, true);
+  p.precision.transfer = DType::kBf16;
+  p.placement.master_weights = Tier::kNvme;
+  p.placement.optimizer_states = Tier::kNvme;
+  p.placement.nvme_dirs = {fs::temp_directory_path().string()};
+  p.placement.nvme_block_bytes = 65536;
+  p.placement.pinned_staging_bytes = 655360;
+  p.optimizer.m_format = StateFormat::kQ8;
+  p.optimizer.v_format = StateFormat::kQ8;
+  p.optimizer.block_size = 128;
+  const step::StepSchedule s = compiled(p);
+  ASSERT_EQ(s.unit_numel, (std::vector<int64_t>{16384, 43136, 43136, 16448}));
+  const step::Footprint f = step::footprint(s, s.layout);
+  // NVMe regions: master (4 B per parameter), then m and v in q8 (a code byte per element of
+  // whole 128-blocks per tensor, then a 4-byte scale per block), each array on a 4 KiB boundary,
+  // the region in whole 64 KiB blocks.
+  //   layer: 338 blocks (32 + 16 + 16 + 32 + 3 x 80 + 1 + 1); master 172544 B, m codes at 176128
+  //     (43264 B), m scales at 221184 (1352 B), v codes at 225280, v scales at 270336, end 271688:
+  //     5 blocks, 327680 B.
+  //   embedding: 128 blocks; master 65536 B, m codes 65536 .. 81920, scales at 81920 (512 B),
+  //     v codes at 86016 .. 102400, scales to 102912: 2 blocks, 131072 B.
+  //   head: 129 blocks; master 65792 B, m codes at 69632 (16512 B), m scales at 90112 (516 B),
+  //     v codes at 94208, v scales at 114688, end 115204: 2 blocks, 131072 B.
+  EXPECT_EQ(f.peak.nvme, 131072 + 2 * 327680 + 131072);
+  // Staging: 655360 B holds two of the largest unit's transfers, each buffer a whole region.
+  EXPECT_EQ(s.staging_buffers, 2);
+  EXPECT_EQ(f.ram_staging, 2 * 327680);
+  // RAM: the bf16 streaming copy of every parameter (master and states are on NVMe; gradients are
+  // lent: three buffers of the largest unit); host checkpoints: 2 per micro-batch x 2 resident
+  // micro-batches x 32 tokens x 64 x 4 B; token rows: inputs and targets of 2 x 32 tokens, int32.
+  const int64_t params = 16384 + 2 * 43136 + 16448;
+  EXPECT_EQ(f.ram_state, 2 * params);
+  EXPECT_EQ(f.ram_checkpoints, 2 * 2 * 32 * 64 * 4);
+  EXPECT_EQ(f.ram_gradients, 3 * 4 * 43136);
+  EXPECT_EQ(f.ram_data, 2 * 2 * 32 * 4);
+  EXPECT_EQ(f.peak.ram - f.ram_arena, 2 * params + 2 * 327680 + 2 * 2 * 32 * 64 * 4 + 3 * 4 * 43136 + 2 * 2 * 32 * 4);
+  // Pinned: what the copies read and write: the bf16 copy, the host checkpoints, the lent gradients.
+  EXPECT_EQ(f.peak.pinned, 2 * params + 2 * 2 * 32 * 64 * 4 + 3 * 4 * 43136);
+}
+
 TEST(Compile, EveryPerLayerBufferHoldsTheLargestLayer) {
   // Qwen3-MoE with one dense layer: the gradient accumulators hold the largest decoder layer
   // wherever the dense one is (sizing them by layer 0 corrupted training with a dense first layer).

@@ -78,6 +78,12 @@ BufferList cpu_layer_acts(const Shape& s, int32_t elem = 4);
 BufferList cpu_layer_workspace(const Shape& s, int32_t elem = 4);
 BufferList cpu_head_workspace(const Shape& s, int32_t elem = 4);
 
+// ---- the pipeline's buffers (executor/src/trainer.cpp) -----------------------------------------
+// Each buffer the trainer carves from the device arena (Arena::take_floats: weight slots, hidden
+// states, checkpoints, activations, gradients, workspaces) starts on a 64-byte boundary, and the
+// CPU backend rounds the pipeline's part of its arena to the same (step::ActivationLayout).
+inline constexpr int64_t kPipelineCarveAlign = 64;
+
 // ---- the CUDA backend (executor/src/cuda/cuda_backend.cpp) -------------------------------------
 // `t` is the compute dtype's bytes (4: fp32, 2: bf16). Every buffer is rounded up to 256 bytes.
 inline constexpr int64_t kCudaCarveAlign = 256;

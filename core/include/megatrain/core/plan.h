@@ -168,6 +168,11 @@ struct NvmeRegionLayout {
 };
 NvmeRegionLayout nvme_region_layout(const std::vector<int64_t>& tensor_numels, bool master_on_nvme, bool states_on_nvme,
                                     StateFormat m_format, StateFormat v_format, int64_t block_size);
+// Blocks of `block_bytes` that the NVMe store reserves for a region of `region_bytes`: whole
+// blocks, as it reads and writes them (NvmeStore, and step::footprint's NVMe figure).
+inline int64_t nvme_region_blocks(int64_t region_bytes, int64_t block_bytes) {
+  return (region_bytes + block_bytes - 1) / block_bytes;
+}
 // The staging rule: with state on nvme, placement.pinned_staging_bytes must hold at least one unit's
 // transfer (nvme_unit_transfer_bytes); the error names the key, the value and the minimum in bytes.
 Status check_pinned_staging(int64_t pinned_staging_bytes, int64_t unit_transfer_bytes);

@@ -105,7 +105,7 @@ class Arena {
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
-  // The next `n` floats (64-byte aligned). The pipeline sizes the arena first, so running out is
+  // The next `n` floats, on a buffers::kPipelineCarveAlign (64-byte) boundary. The pipeline sizes the arena first, so running out is
   // a programming error reported with `what` and the byte counts.
   Result<float*> take_floats(int64_t n, const char* what);
   int64_t capacity() const { return capacity_; }
