@@ -10,8 +10,6 @@
 # when CMake configures, are given theirs in tests/CMakeLists.txt.
 set(_megatrain_slow  # name, its suite's label, timeout in seconds
   CompiledStep.MeasuredSpansAndBytesEqualThePrediction executor 300  # 43 s
-  TorchReference.EverySemanticSlipIsCaught executor 300              # 31 s
-  TorchReference.EveryGptOssSlipIsCaught executor 300                # 27 s
   MoeSize.GptOssAndQwen3MoeGetTheSmallestH200Host planner 180        # 14 s
   Search.MoreRamNeverGivesASlowerBestPlan planner 120                # 9 s
   Size.TargetNeedsAtLeastAsBigARig planner 120                       # 9 s

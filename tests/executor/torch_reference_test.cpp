@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -287,14 +288,6 @@ fs::path scratch_dir(const std::string& name) {
   return fs::temp_directory_path() / ("mt_torch_" + name + "_" + std::to_string(::getpid()));
 }
 
-// The slip catalogues rerun the reference script many times on one case: unless the caller caches
-// the PyTorch runs already (scripts/test.sh), they are cached in the case's folder, so that the
-// unmutated runs train once (tests/python/ref_cache.py).
-std::string with_cache(const std::string& cmd, const fs::path& dir) {
-  const char* set = std::getenv("MEGATRAIN_TORCH_CACHE");
-  return cmd.empty() || (set && *set) ? cmd : "MEGATRAIN_TORCH_CACHE=" + (dir / "torch-cache").string() + " " + cmd;
-}
-
 void run_against_torch(const std::string& model_name, double clip, Shape shape = {}) {
   if (!fs::exists("/usr/bin/python3") || !torch_available())
     GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
@@ -326,57 +319,68 @@ TEST(TorchReference, Qwen3MoeWithUnchosenExpertsTrainsLikePyTorch) { run_against
 // check must report; and into a PyTorch fp32 run that stands in for our fp32 results, which the
 // fp32 check must report (a slip in the streamed pipeline alone, say in the fused AdamW pass, shows
 // there as our fp32 run leaving our float64 run far behind). Qwen2 has q/k/v biases, a tied head
-// and clipping, so every slip has something to act on.
-TEST(TorchReference, EverySemanticSlipIsCaught) {
-  if (!fs::exists("/usr/bin/python3") || !torch_available())
-    GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
-  const fs::path dir = scratch_dir("mutations");
-  const std::string cmd = with_cache(train_ours("tiny-qwen2", 0.5, dir), dir);
-  if (cmd.empty()) return;
-  int rc = 0;
-  const std::string clean = run_command(cmd + " 2>&1", &rc);
-  EXPECT_EQ(rc, 0) << "the unmutated reference must agree:\n" << clean;
-  for (const char* slip : {"rope_offset", "rope_interleaved", "rope_theta", "norm_eps", "no_qkv_bias",
-                           "attention_scale", "no_bias_correction", "decay_norms", "untied_head_grad"}) {
-    for (const std::string side : {"reference", "fp32"}) {
-      SCOPED_TRACE(std::string(slip) + " in the " + side + " side");
-      const std::string out = run_command(cmd + " --mutate " + slip + " --slip-in " + side + " 2>&1", &rc);
-      EXPECT_NE(out.find("mutation: " + std::string(slip)), std::string::npos) << out;
-      EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << "not caught:\n" << out;
-      const std::string check = side == "reference" ? "float64 mismatch: " : "fp32 mismatch: ";
-      EXPECT_NE(out.find(check), std::string::npos) << "the " << check << "check did not report it:\n" << out;
-      // One line per case for the log: which check caught it, and by how much.
-      const size_t worst = out.find(side == "reference" ? "float64: worst" : "fp32: PyTorch's error");
-      std::printf("slip %-18s in %-9s: %s\n", slip, side.c_str(),
-                  worst == std::string::npos ? "?" : out.substr(worst, out.find('\n', worst) - worst).c_str());
-    }
-  }
-  fs::remove_all(dir);
+// and clipping, so every slip has something to act on. gpt-oss's own semantics (and the router's
+// renormalisation) are slipped into the float64 reference, which the float64 check must report.
+// Each slip is a test of its own, so that ctest spreads the catalogue over the cores; the
+// unmutated runs are Qwen2WithBiasesTiedHeadAndClippingTrainsLikePyTorch and GptOssTrainsLikePyTorch.
+struct Slip {
+  const char* model;
+  const char* slip;
+  const char* side;  // "reference" or "fp32" (--slip-in), or "" for the float64 reference alone
+};
+void PrintTo(const Slip& c, std::ostream* os) { *os << c.model << ": " << c.slip << (*c.side ? std::string(" in ") + c.side : ""); }
+std::string slip_name(const testing::TestParamInfo<Slip>& info) {
+  return std::string(info.param.slip) + (*info.param.side ? std::string("_in_") + info.param.side : "");
 }
 
-// The same for gpt-oss's own semantics (and the router's renormalisation): each slip of
-// torch_moe_ref.py --mutate trains the float64 reference wrong, and the float64 check must report it.
-TEST(TorchReference, EveryGptOssSlipIsCaught) {
+// Our side is trained for each slip (a second on these models). The PyTorch runs are cached: in
+// the test run's cache (scripts/test.sh), or else in the build folder, so that the unmutated runs
+// the slips compare against train once for the whole catalogue (tests/python/ref_cache.py).
+void expect_slip_caught(const Slip& c) {
   if (!fs::exists("/usr/bin/python3") || !torch_available())
     GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
-  const fs::path dir = scratch_dir("gpt_oss_mutations");
-  const std::string cmd = with_cache(train_ours("tiny-gpt-oss", 0.5, dir), dir);
+  const std::string side = c.side;
+  const fs::path dir = scratch_dir(std::string(c.model) + "_slip_" + c.slip + (side.empty() ? "" : "_" + side));
+  std::string cmd = train_ours(c.model, 0.5, dir);
   if (cmd.empty()) return;
+  const char* set = std::getenv("MEGATRAIN_TORCH_CACHE");
+  if (!(set && *set)) cmd = "MEGATRAIN_TORCH_CACHE=" + (fs::path(MEGATRAIN_BINARY_DIR) / "torch-cache-slips").string() + " " + cmd;
   int rc = 0;
-  const std::string clean = run_command(cmd + " 2>&1", &rc);
-  EXPECT_EQ(rc, 0) << "the unmutated reference must agree:\n" << clean;
-  for (const char* slip : {"no_sinks", "no_window", "window_off_by_one", "yarn_no_scale", "yarn_no_ramp", "no_clamp",
-                           "gate_up_halves", "no_expert_bias", "no_o_bias", "no_renorm", "sinks_no_decay", "aux_on_weights"}) {
-    SCOPED_TRACE(slip);
-    const std::string out = run_command(cmd + " --mutate " + slip + " 2>&1", &rc);
-    EXPECT_NE(out.find("mutation: " + std::string(slip)), std::string::npos) << out;
-    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << "not caught:\n" << out;
-    EXPECT_NE(out.find("float64 mismatch: "), std::string::npos) << "the float64 check did not report it:\n" << out;
-    const size_t worst = out.find("float64: worst");
-    std::printf("slip %-18s: %s\n", slip, worst == std::string::npos ? "?" : out.substr(worst, out.find('\n', worst) - worst).c_str());
-  }
+  const std::string out = run_command(cmd + " --mutate " + c.slip + (side.empty() ? "" : " --slip-in " + side) + " 2>&1", &rc);
   fs::remove_all(dir);
+  EXPECT_NE(out.find("mutation: " + std::string(c.slip)), std::string::npos) << out;
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << "not caught:\n" << out;
+  const bool fp32 = side == "fp32";
+  const std::string check = fp32 ? "fp32 mismatch: " : "float64 mismatch: ";
+  EXPECT_NE(out.find(check), std::string::npos) << "the " << check << "check did not report it:\n" << out;
+  // One line for the log: which check caught it, and by how much.
+  const size_t worst = out.find(fp32 ? "fp32: PyTorch's error" : "float64: worst");
+  std::printf("slip %-18s %-13s: %s\n", c.slip, side.empty() ? "" : ("in " + side).c_str(),
+              worst == std::string::npos ? "?" : out.substr(worst, out.find('\n', worst) - worst).c_str());
 }
+
+std::vector<Slip> qwen2_slips() {
+  std::vector<Slip> v;
+  for (const char* slip : {"rope_offset", "rope_interleaved", "rope_theta", "norm_eps", "no_qkv_bias", "attention_scale",
+                           "no_bias_correction", "decay_norms", "untied_head_grad"})
+    for (const char* side : {"reference", "fp32"}) v.push_back({"tiny-qwen2", slip, side});
+  return v;
+}
+std::vector<Slip> gpt_oss_slips() {
+  std::vector<Slip> v;
+  for (const char* slip : {"no_sinks", "no_window", "window_off_by_one", "yarn_no_scale", "yarn_no_ramp", "no_clamp",
+                           "gate_up_halves", "no_expert_bias", "no_o_bias", "no_renorm", "sinks_no_decay", "aux_on_weights"})
+    v.push_back({"tiny-gpt-oss", slip, ""});
+  return v;
+}
+
+class Qwen2Slip : public testing::TestWithParam<Slip> {};
+TEST_P(Qwen2Slip, IsCaught) { expect_slip_caught(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(TorchReference, Qwen2Slip, testing::ValuesIn(qwen2_slips()), slip_name);
+
+class GptOssSlip : public testing::TestWithParam<Slip> {};
+TEST_P(GptOssSlip, IsCaught) { expect_slip_caught(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(TorchReference, GptOssSlip, testing::ValuesIn(gpt_oss_slips()), slip_name);
 
 }  // namespace
 }  // namespace megatrain::exec
