@@ -15,12 +15,16 @@ mkdir -p gpu-bundle
 for t in megatrain-exec megatrain-plan megatrain-bench-cuda; do cp "build-gpu/bin/$t" gpu-bundle/; done
 for t in megatrain_kernels_tests megatrain_executor_tests; do cp "build-gpu/tests/$t" gpu-bundle/; done
 strip --strip-unneeded gpu-bundle/*
+# What the bundle was built with, which scripts/gpu-check.sh prints beside the machine's driver.
+nvcc=$(grep -m1 '^CMAKE_CUDA_COMPILER:' build-gpu/CMakeCache.txt | cut -d= -f2)
+echo "CUDA $("$nvcc" --version 2>/dev/null | grep -o 'release [0-9.]*' | grep -o '[0-9.]*$' || echo '?') (runtime linked statically), \
+commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" >gpu-bundle/BUILD-INFO.txt
 echo "gpu-bundle/ ($(du -sh gpu-bundle | cut -f1)):"
-for f in gpu-bundle/*; do
+for f in gpu-bundle/megatrain*; do
   echo "  $(basename "$f"): $(du -h "$f" | cut -f1); needs $(ldd "$f" | awk '/=>/ {print $1}' | grep -v -E '^(linux-vdso|ld-linux)' | tr '\n' ' ')"
 done
 # The newest glibc symbol version the binaries need (the GPU machine's glibc must be at least this).
-echo "  newest glibc symbol: $(objdump -T gpu-bundle/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V -u | tail -1)"
+echo "  newest glibc symbol: $(objdump -T gpu-bundle/megatrain* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -V -u | tail -1)"
 size=$(du -sb gpu-bundle | cut -f1)
 if [ "$size" -gt $((64 * 1024 * 1024)) ]; then
   echo "gpu-bundle/ is $size bytes, over the 64 MiB the device tool carries" >&2
