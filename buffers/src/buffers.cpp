@@ -141,7 +141,8 @@ int64_t cuda_attention_rows(const Shape& s) {
 }
 
 int64_t cuda_vocab_chunk(const Shape& s) {
-  return std::clamp<int64_t>(kCudaLogitElems / std::max<int64_t>(s.N, 1) / 128 * 128, 128, s.V);
+  // At least 128 columns, at most the vocabulary (min after max: a vocabulary below 128 caps it).
+  return std::min<int64_t>(std::max<int64_t>(kCudaLogitElems / std::max<int64_t>(s.N, 1) / 128 * 128, 128), s.V);
 }
 
 BufferList cuda_layer_acts(const Shape& s, int32_t t) {

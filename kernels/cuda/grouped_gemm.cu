@@ -36,11 +36,13 @@ namespace {
 
 std::atomic<bool> g_force_loop{false};
 
-// Per (T, C): 0 not used yet, 1 the grouped call works, 2 the loop (with the refusing status).
+// Per (T, C): 0 not used yet, 1 the grouped call works, 2 the loop (with the refusing status);
+// and how many calls ran as the loop because an operand was not 16-byte aligned.
 template <typename T, typename C>
 struct PathState {
   static inline std::atomic<int> mode{0};
   static inline std::atomic<int> refused{CUBLAS_STATUS_SUCCESS};
+  static inline std::atomic<int64_t> misaligned{0};
 };
 
 // One row-major problem C[m, n] = alpha op(A) op(B) + beta C (all problems share op and alpha/beta).
@@ -84,6 +86,12 @@ Status run_grouped(cublasHandle_t h, bool ta, bool tb, float alpha, float beta, 
   if (ps.empty()) return {};
   using S = PathState<T, C>;
   if (g_force_loop.load() || S::mode.load() == 2) return run_loop<T, C>(h, ta, tb, alpha, beta, ps);
+  for (const Problem& p : ps)
+    if (!grouped_operand_aligned(p.a, p.lda, sizeof(T)) || !grouped_operand_aligned(p.b, p.ldb, sizeof(T)) ||
+        !grouped_operand_aligned(p.c, p.ldc, sizeof(C))) {
+      S::misaligned.fetch_add(1);
+      return run_loop<T, C>(h, ta, tb, alpha, beta, ps);
+    }
   const int groups = static_cast<int>(ps.size());
   // Column-major arguments (operands swapped, see the file comment).
   std::vector<cublasOperation_t> opa(ps.size(), cublas_op(tb)), opb(ps.size(), cublas_op(ta));
@@ -134,12 +142,15 @@ template <typename T, typename C>
 std::string grouped_gemm_path() {
   using S = PathState<T, C>;
   if (g_force_loop.load()) return "one cublasGemmEx per expert (forced)";
+  const int64_t loose = S::misaligned.load();
+  const std::string misaligned =
+      loose > 0 ? "; " + std::to_string(loose) + " calls with an operand off a 16-byte boundary ran as one cublasGemmEx per expert" : "";
   switch (S::mode.load()) {
-    case 1: return "cublasGemmGroupedBatchedEx";
+    case 1: return "cublasGemmGroupedBatchedEx" + misaligned;
     case 2:
       return std::string("one cublasGemmEx per expert (cublasGemmGroupedBatchedEx refused this type pair: ") +
              cublas_status_name(static_cast<cublasStatus_t>(S::refused.load())) + ")";
-    default: return "not used yet";
+    default: return loose > 0 ? "one cublasGemmEx per expert" + misaligned : "not used yet";
   }
 }
 

@@ -1435,6 +1435,18 @@ TEST(CudaHostSide, MoeScratchAndPointerSlotsCoverEveryChunkAndExpert) {
   EXPECT_EQ(grouped_gemm_pointer_slots(8), 24);
 }
 
+// The grouped call's operands must start on 16-byte boundaries with leading dimensions a multiple of
+// 16 bytes (issue 31): a bf16 expert weight behind gpt-oss's 4-element sinks (8 bytes) does not.
+TEST(CudaHostSide, GroupedGemmOperandsMustBeOn16ByteBoundaries) {
+  alignas(16) static unsigned char buf[256];
+  EXPECT_TRUE(grouped_operand_aligned(buf, 2880, 2)) << "a 16-byte boundary, 2880 bf16 columns (5760 B)";
+  EXPECT_TRUE(grouped_operand_aligned(buf + 64, 4, 4)) << "4 fp32 columns: 16 B";
+  EXPECT_FALSE(grouped_operand_aligned(buf + 8, 2880, 2)) << "a bf16 weight after 4 bf16 sinks";
+  EXPECT_FALSE(grouped_operand_aligned(buf + 4, 64, 4)) << "an fp32 matrix 4 bytes off";
+  EXPECT_FALSE(grouped_operand_aligned(buf, 2884, 2)) << "rows of 5768 B: the second row is 8 bytes off";
+  EXPECT_FALSE(grouped_operand_aligned(buf, 6, 2)) << "rows of 12 B";
+}
+
 // Expert indices with a skew: expert 0 is frequent, expert e-1 never occurs (an empty group), and a
 // token's k choices are distinct, as the router makes them.
 std::vector<int32_t> random_routes(int64_t n, int64_t e, int64_t k, std::mt19937& g) {

@@ -254,6 +254,23 @@ TEST(BufferLists, TinyLlamaByHand) {
             (int64_t{32} << 20) + attn + 5 * up(4 * N) + up(4 * (N + 1)) + up(4 * (c.head_dim / 2)) + 2 * 256);
 }
 
+// The CUDA head's logit chunk: 16 Mi logits over the rows, in whole 128-column steps, at least 128
+// columns and at most the vocabulary, also when the vocabulary is below 128 (std::clamp's bounds
+// would be the wrong way round there, which is undefined behaviour).
+TEST(BufferLists, TheLogitChunkFitsEveryVocabulary) {
+  auto model = ModelSpec::load("tiny-llama-gqa");
+  ASSERT_TRUE(model.ok());
+  ModelConfig c = model->config();
+  const buffers::Shape small = buffers::shape_of(c, 2, 16);  // 32 rows: the whole vocabulary of 256
+  EXPECT_EQ(buffers::cuda_vocab_chunk(small), 256);
+  c.vocab_size = 100;
+  EXPECT_EQ(buffers::cuda_vocab_chunk(buffers::shape_of(c, 2, 16)), 100);
+  c.vocab_size = 1 << 20;  // 16 Mi logits / 4096 rows = 4096 columns
+  EXPECT_EQ(buffers::cuda_vocab_chunk(buffers::shape_of(c, 4, 1024)), 4096);
+  c.vocab_size = 50;  // rows beyond 16 Mi / 128 would ask for under 128 columns: the vocabulary caps it
+  EXPECT_EQ(buffers::cuda_vocab_chunk(buffers::shape_of(c, 256, 1024)), 50);
+}
+
 TEST(BufferLists, CarvingLaysTheListOutAndRefusesWhatItDoesNotHold) {
   buffers::BufferList l;
   l.align = 256;

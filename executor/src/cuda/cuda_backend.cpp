@@ -163,6 +163,9 @@ class CudaBackend final : public Backend {
     for (int64_t i = 0; i < dims_.N; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i % dims_.T);
     MT_CUDA_RETURN(cudaMemcpy(positions_, pos.data(), sizeof(int32_t) * pos.size(), cudaMemcpyHostToDevice));
     MT_CUDA_RETURN(cudaMemcpy(inv_freq_dev_, inv_freq_.data(), sizeof(float) * inv_freq_.size(), cudaMemcpyHostToDevice));
+    // The memset and the copies above ran on the legacy stream, which the backend's own streams do
+    // not wait for: finish them before any of those streams reads the arena.
+    MT_CUDA_RETURN(cudaDeviceSynchronize());
     return std::make_unique<Arena>(base, pipeline, [](void* p) { cudaFree(p); });
   }
 
