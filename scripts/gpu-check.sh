@@ -13,6 +13,8 @@
 #   4. streamed training steps of a ~1B model (TinyLlama-1.1B's shape) and a 7B-shaped model
 #      (Llama-2-7B's layers, 8 of its 32, so that its training state fits the machine's RAM), with
 #      achieved TFLOP/s, MFU, the ratio to the GEMM rate, and the simulator's prediction;
+#   5. compute-sanitizer memcheck on the attention, MoE and cross-entropy op tests, when a minute
+#      or more is left;
 # as far as the deadline allows. It prints its table however it ends (an EXIT trap): a step that
 # hung, failed or was not reached is a row that says so. Build on the Debian machine first
 # (scripts/build-gpu-bundle.sh), carry gpu-bundle/, and run from the repository root:
@@ -278,5 +280,21 @@ train() {  # label, model, tokens per step
 }
 train 1b tinyllama-1.1b 65536
 train 7b-shaped "$OUT/llama-2-7b-8l.json" 65536
+
+# ---- compute-sanitizer, with what time is left ----------------------------------------------------------
+# memcheck on the kernels most likely to read out of bounds (attention blocks, the MoE sort and
+# gather, the chunked cross-entropy), when the tool is there and a minute or more is left; skipped
+# otherwise (not a failure: the tests above already ran these ops).
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+if [ -n "$sanitizer" ] && [ "$(budget 600)" -ge 60 ]; then
+  say "compute-sanitizer memcheck"
+  within 600 "$sanitizer" --tool memcheck --error-exitcode 3 "$B/megatrain_kernels_tests" \
+    --gtest_filter='CudaOpsT/*.Attention*:CudaOpsT/*.Moe*:CudaOpsT/*.CrossEntropy*' >"$OUT/memcheck.log" 2>&1
+  rc=$?
+  echo "memcheck rc=$rc ($(grep -c '^========= Invalid' "$OUT/memcheck.log") invalid accesses)" >>"$OUT/tests.txt"
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || fail "compute-sanitizer memcheck (rc $rc): $(grep -m3 '^========= Invalid' "$OUT/memcheck.log" | tr '\n' ' ')"
+else
+  echo "memcheck not run (${sanitizer:-no compute-sanitizer}; $(budget 600) s left)" >>"$OUT/tests.txt"
+fi
 say "done in $(elapsed) s"
 exit 0
