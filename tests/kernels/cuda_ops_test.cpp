@@ -1515,6 +1515,38 @@ TEST(CudaHostSide, MoeSortAsTheGridRunsItEqualsTheCpuSort) {
   }
 }
 
+// A NaN router logit (a diverged run) must not send a slot to a non-existent expert (issue 31,
+// row 9): the repeated selection takes the first untaken expert before comparing, so every index
+// stays in [0, e), distinct within a token, and the GPU's routing equals the CPU op's.
+TEST(CudaHostSide, MoeRoutingWithNanLogitsKeepsEveryExpertIndexValid) {
+  cpu::CpuContext ctx(1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t e = 8, k = 2;
+  // Token 0: one NaN; token 1: all NaN; token 2: NaN first and last; token 3: an infinity.
+  std::vector<float> z = {0.1f, nan, 0.3f, 0.2f, 0.0f, 0.5f, 0.4f, 0.6f,
+                          nan,  nan, nan,  nan,  nan,  nan,  nan,  nan,
+                          nan,  0.2f, 0.3f, 0.9f, 0.1f, 0.0f, 0.5f, nan,
+                          0.1f, std::numeric_limits<float>::infinity(), 0.3f, 0.2f, 0.0f, 0.5f, 0.4f, 0.6f};
+  const int64_t n = static_cast<int64_t>(z.size()) / e;
+  for (bool renorm : {true, false}) {
+    std::vector<int32_t> ex_ref(static_cast<size_t>(n * k)), ex(ex_ref.size());
+    std::vector<float> w_ref(ex_ref.size()), p_ref(z.size()), w(ex_ref.size()), p(z.size());
+    cpu::moe_route_forward<float>(ctx, z.data(), n, e, k, renorm, ex_ref.data(), w_ref.data(), p_ref.data());
+    for (int64_t t = 0; t < n; ++t)
+      moe_math::route_forward_token(z.data() + t * e, static_cast<int>(e), static_cast<int>(k), renorm, ex.data() + t * k,
+                                    w.data() + t * k, p.data() + t * e);
+    EXPECT_EQ(ex, ex_ref);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t x = ex[static_cast<size_t>(t * k + j)];
+        EXPECT_GE(x, 0) << "token " << t;
+        EXPECT_LT(x, e) << "token " << t;
+      }
+      EXPECT_NE(ex[static_cast<size_t>(t * k)], ex[static_cast<size_t>(t * k + 1)]) << "token " << t;
+    }
+  }
+}
+
 TEST(CudaHostSide, MoeRoutingAsTheGpuRunsItEqualsTheCpuOpBitForBit) {
   // moe_math.h's per-token functions, run on the host, against cpu::moe_route_forward/backward in
   // fp32: the same operations in the same order (only expf differs on the GPU), so the same bits.
