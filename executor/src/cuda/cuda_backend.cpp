@@ -667,6 +667,13 @@ class CudaBackend final : public Backend {
     MT_CUDA_RETURN(cudaMemcpyAsync(offsets_host_.data(), offsets_dev, sizeof(int32_t) * offsets_host_.size(),
                                    cudaMemcpyDeviceToHost, compute()));
     MT_CUDA_RETURN(cudaStreamSynchronize(compute()));
+    // The sort places every one of the N x k slots: anything else would send the grouped GEMMs
+    // outside the permuted buffers.
+    const int64_t slots = dims_.N * dims_.k;
+    if (offsets_host_.front() != 0 || offsets_host_.back() != slots)
+      return internal_error("MoE sort: the experts' offsets run from " + std::to_string(offsets_host_.front()) + " to " +
+                            std::to_string(offsets_host_.back()) + ", not from 0 to the " + std::to_string(slots) +
+                            " slots (tokens x experts per token)");
     return {};
   }
 
