@@ -37,9 +37,10 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -LE '
 # where an instruction set can change their numbers: with the CPU kernels compiled for AVX2
 # (x86-64-v3) and for the x86-64 baseline, so that a machine without AVX-512 is not a blind spot.
 # Those kernels are built in the main build (MEGATRAIN_ISA_VARIANTS) and linked with the same
-# executor into the two test programs of what an instruction set changes (megatrain_kernels_cpu_tests_<isa>
-# and megatrain_isa_tests_<isa>); nothing else is compiled twice. MEGATRAIN_ISA_BUILDS="" skips them. MEGATRAIN_ISA forces the AdamW pass's copy at run
-# time and changes nothing else: under each copy this CPU has run the tests that go through AdamW
+# executor into the two test programs of what an instruction set changes
+# (megatrain_kernels_cpu_tests_<isa> and megatrain_isa_tests_<isa>); nothing else is compiled twice.
+# MEGATRAIN_ISA_BUILDS="" skips them. MEGATRAIN_ISA forces the AdamW pass's copy at run time and
+# changes nothing else: under each copy this CPU has run the tests that go through AdamW
 # (the copies give the same bits, which Moments.EveryInstructionSetGivesTheSameBits checks directly)
 # and one end-to-end PyTorch reference; the kernels' tests would only repeat themselves.
 numeric_exec='^(TorchReference|StreamedTraining|MoeTraining|MoeLayerFd|NvmeTraining|Moments|AdamW|CheckpointResume|GradNorm|CpuBackend|LearningRate)\.'

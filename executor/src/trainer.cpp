@@ -672,9 +672,10 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
 class RoundRun {
  public:
   RoundRun(Trainer::Impl& I, int64_t step, int64_t round, float grad_scale)
-      : I_(I), be_(*I.be), rd_(I.sched.round), slots_(step::label_slots(rd_, I.sched.B, I.carried_slots)), d_(I.d), step_(step), round_(round), AR_(rd_.micro_batches),
-        j0_(I.sched.mb_of(static_cast<int32_t>(round), 0)), NH_(I.d.N * I.d.H), last_round_(round == I.sched.rounds - 1),
-        grad_scale_(grad_scale) {
+      : I_(I), be_(*I.be), rd_(I.sched.round), slots_(step::label_slots(rd_, I.sched.B, I.carried_slots)), d_(I.d),
+        step_(step), round_(round), AR_(rd_.micro_batches), j0_(I.sched.mb_of(static_cast<int32_t>(round), 0)),
+        NH_(I.d.N * I.d.H), last_round_(round == I.sched.rounds - 1), grad_scale_(grad_scale) {
+    grad_of_.assign(static_cast<size_t>(I.U), nullptr);
     reached_.assign(rd_.compute.size(), nullptr);
     auto mark = [&](int32_t k) {
       if (k >= 0 && reached_[static_cast<size_t>(k)] == nullptr) reached_[static_cast<size_t>(k)] = &new_event();
@@ -838,7 +839,7 @@ class RoundRun {
       src = I_.embed_grad;
     } else {
       mark_chosen(I_, u);
-      src = I_.grad_bufs[static_cast<size_t>(rd_.d2h[i].accumulator)];
+      src = grad_of_[static_cast<size_t>(u)];
     }
     I_.d2h->post([this, i, u, src] {
       UnitState& us = unit(u);
@@ -874,6 +875,7 @@ class RoundRun {
     float* g = I_.grad_bufs[static_cast<size_t>(op.accumulator)];
     I_.arena->check_view(g, unit(op.layer).numel, "a layer's gradient accumulator");
     be_.fill_zero(kC, g, unit(op.layer).numel);
+    grad_of_[static_cast<size_t>(op.layer)] = g;
   }
 
   // ---- compute ----
@@ -939,7 +941,7 @@ class RoundRun {
     const int64_t lo = rd_.blocks[static_cast<size_t>(op.block)].first;
     float* act = I_.c > 0 ? I_.acts[static_cast<size_t>(l - lo)] : I_.acts[static_cast<size_t>((l - 1) * AR_ + j)];
     float* dx = I_.dhid[static_cast<size_t>(j)];
-    float* g = I_.grad_bufs[static_cast<size_t>(accumulator_of(l))];
+    float* g = grad_of_[static_cast<size_t>(l)];
     I_.arena->check_view(g, unit(l).numel, "a unit's gradient");
     return be_.layer_backward(weights_in(l, weights(op.load)), moe_backward_acts(I_, be_.bind_acts(act), l, j0_ + j), dx, dx,
                               grad_unit(unit(l), g), I_.ws);
@@ -947,16 +949,6 @@ class RoundRun {
   Status embed_backward(const step::Op& op) {
     return be_.embed_backward(inputs(op.mb), I_.dhid[static_cast<size_t>(op.mb)], I_.embed_grad);
   }
-  // The accumulator a decoder layer took for the round (its kTakeGradBuffer op).
-  int32_t accumulator_of(int64_t l) {
-    if (accumulator_.empty()) {
-      accumulator_.assign(static_cast<size_t>(I_.U), -1);
-      for (const step::Op& o : rd_.compute)
-        if (o.kind == step::OpKind::kTakeGradBuffer) accumulator_[static_cast<size_t>(o.layer)] = o.accumulator;
-    }
-    return accumulator_[static_cast<size_t>(l)];
-  }
-
   void drain() {
     {
       std::lock_guard<std::mutex> g(I_.mu);
@@ -995,7 +987,7 @@ class RoundRun {
   std::deque<Event> events_;  // a deque keeps their addresses while it grows
   std::vector<Event*> reached_;  // per compute op that an edge names: recorded once the walk has issued it
   std::vector<Event*> h2d_done_, d2h_done_;
-  std::vector<int32_t> accumulator_;
+  std::vector<float*> grad_of_;  // per decoder layer: the accumulator its take op gave it this round
   int cur_ = 0;  // hid[cur_] holds the hidden state the next layer reads
   bool armed_ = true;
 };
