@@ -140,14 +140,22 @@ std::vector<std::vector<int64_t>> unit_tensor_numels(const ModelSpec& model) {
   return units;
 }
 
+UnitLayout unit_layout(const std::vector<int64_t>& tensor_numels) {
+  UnitLayout l;
+  l.offsets.reserve(tensor_numels.size());
+  for (int64_t n : tensor_numels) {
+    l.offsets.push_back(l.numel);
+    l.numel += (n + kUnitTensorAlignment - 1) / kUnitTensorAlignment * kUnitTensorAlignment;
+  }
+  return l;
+}
+
 int64_t nvme_unit_transfer_bytes(const std::vector<std::vector<int64_t>>& unit_tensor_numels, bool master_on_nvme,
                                  bool states_on_nvme, StateFormat m_format, StateFormat v_format, int64_t block_size) {
   if (!master_on_nvme && !states_on_nvme) return 0;
   int64_t largest = 0;
   for (const auto& numels : unit_tensor_numels) {
-    int64_t numel = 0;
-    for (int64_t n : numels) numel += n;
-    int64_t bytes = master_on_nvme ? 4 * numel : 0;
+    int64_t bytes = master_on_nvme ? 4 * unit_layout(numels).numel : 0;
     if (states_on_nvme) bytes += state_format_bytes(m_format, numels, block_size) + state_format_bytes(v_format, numels, block_size);
     largest = std::max(largest, bytes);
   }
@@ -164,10 +172,8 @@ NvmeRegionLayout nvme_region_layout(const std::vector<int64_t>& tensor_numels, b
   auto aligned = [](int64_t b) { return (b + kNvmeArrayAlignment - 1) / kNvmeArrayAlignment * kNvmeArrayAlignment; };
   NvmeRegionLayout r;
   if (master_on_nvme) {
-    int64_t numel = 0;
-    for (int64_t n : tensor_numels) numel += n;
     r.master = 0;
-    r.bytes = aligned(4 * numel);
+    r.bytes = aligned(4 * unit_layout(tensor_numels).numel);
   }
   if (states_on_nvme) {
     for (int64_t b : moment_array_bytes(m_format, tensor_numels, block_size)) r.m.push_back(r.bytes), r.bytes += aligned(b);

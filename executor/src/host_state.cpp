@@ -246,18 +246,19 @@ void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateF
     if (t.layer >= 0) u = static_cast<size_t>(t.layer + 1);
     else if (t.role == TensorRole::kEmbedding) u = 0;
     else u = static_cast<size_t>(L + 1);
-    UnitState& us = units_[u];
-    us.tensors.push_back(TensorSlot{t.name, t.shape, t.role, us.numel, t.numel, !is_norm_or_bias(t.role), t.expert, t.layer});
-    us.numel += t.numel;
+    units_[u].tensors.push_back(TensorSlot{t.name, t.shape, t.role, 0, t.numel, !is_norm_or_bias(t.role), t.expert, t.layer});
   }
   for (UnitState& us : units_) {
+    std::vector<int64_t> sizes;
+    for (const TensorSlot& t : us.tensors) sizes.push_back(t.numel);
+    const UnitLayout layout = unit_layout(sizes);  // each tensor on an aligned offset (core/plan.h)
+    for (size_t a = 0; a < us.tensors.size(); ++a) us.tensors[a].offset = layout.offsets[a];
+    us.numel = layout.numel;
     int64_t experts = 0;
     for (const TensorSlot& t : us.tensors) experts = std::max(experts, t.expert + 1);
     us.expert_steps.assign(static_cast<size_t>(experts), 0);
     if (master_ram) us.master.resize(us.numel);
     if (all_gradients_) us.grad.resize(us.numel);
-    std::vector<int64_t> sizes;
-    for (const TensorSlot& t : us.tensors) sizes.push_back(t.numel);
     us.m = MomentStore::create(m_format, false, sizes, block_size, states_ram);
     us.v = MomentStore::create(v_format, true, sizes, block_size, states_ram);
     if (transfer_ == DType::kBf16) us.stream_bf16.resize(us.numel);

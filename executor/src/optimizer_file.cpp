@@ -51,7 +51,9 @@ Result<std::vector<MomentSpan>> checked_spans(const UnitState& us, const MomentS
   std::vector<MomentSpan> spans = moment_spans(us, ms);
   int64_t elems = 0, blocks = 0, codes = 0;
   for (const MomentSpan& sp : spans) elems += sp.numel, blocks += sp.blocks, codes += sp.code_bytes;
-  bool fits = elems == us.numel && ms.numel() == us.numel;
+  int64_t params = 0;  // the moments pack the tensors; us.numel also counts the gaps of unit_layout
+  for (const TensorSlot& t : us.tensors) params += t.numel;
+  bool fits = elems == params && ms.numel() == params;
   // array_bytes, not the arrays: a unit on NVMe has none until it is paged in.
   const std::vector<int64_t> arrays = ms.array_bytes();
   switch (ms.format()) {

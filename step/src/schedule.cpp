@@ -238,11 +238,7 @@ Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const Act
   s.lent_gradients = options.lent_gradients && lends_gradients(plan) ? kLentGradientBuffers : 0;
   s.tokens_per_mb = plan.training.micro_batch * plan.training.seq_len;
   s.unit_tensor_numels = units.tensor_numels;
-  for (const auto& t : s.unit_tensor_numels) {
-    int64_t n = 0;
-    for (int64_t x : t) n += x;
-    s.unit_numel.push_back(n);
-  }
+  for (const auto& t : s.unit_tensor_numels) s.unit_numel.push_back(unit_layout(t).numel);
   if (s.master_nvme || s.states_nvme) {
     const int64_t unit = nvme_unit_transfer_bytes(units.tensor_numels, s.master_nvme, s.states_nvme, plan.optimizer.m_format,
                                                   plan.optimizer.v_format, plan.optimizer.block_size);

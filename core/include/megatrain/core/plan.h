@@ -156,8 +156,22 @@ int64_t nvme_unit_transfer_bytes(const std::vector<std::vector<int64_t>>& unit_t
 // Each unit's tensor sizes as the executor groups the tensors: 0 the embedding, l + 1 decoder layer
 // l, L + 1 the rest (final norm and head), in the model's tensor order.
 std::vector<std::vector<int64_t>> unit_tensor_numels(const ModelSpec& model);
+// Where each tensor of a unit starts inside the unit's arrays (the fp32 master weights, the
+// gradients, the streamed copy, and so the device's layer buffers), in elements: in order, each on
+// a kUnitTensorAlignment-element boundary, 64 bytes in fp32 and 32 in bf16. A tensor that follows
+// a small one (gpt-oss's 4-element sinks lead each layer of tiny-gpt-oss) would otherwise start off
+// the 16-byte alignment that cuBLAS's pointer-array GEMMs and vector loads need. `numel` is the
+// unit's whole extent, gaps included (they hold zeros and get zero gradients). Adam's moments are
+// not laid out this way: their stores pack the tensors (moment_array_bytes). The one layout that
+// HostState, the compiled step, the footprint and the NVMe regions all use.
+inline constexpr int64_t kUnitTensorAlignment = 16;
+struct UnitLayout {
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+};
+UnitLayout unit_layout(const std::vector<int64_t>& tensor_numels);
 // One unit's region on the NVMe tier, as HostState lays it out and the footprint reserves it: its
-// fp32 master weights (when on nvme), then each array of m and of v (moment_array_bytes; when the
+// fp32 master weights (when on nvme; unit_layout's extent), then each array of m and of v (moment_array_bytes; when the
 // states are on nvme), each starting on a kNvmeArrayAlignment boundary. Offsets are -1 / empty for
 // what stays in RAM; `bytes` is the region before the store rounds it up to its blocks.
 inline constexpr int64_t kNvmeArrayAlignment = 4096;
