@@ -12,7 +12,8 @@
 #   3. H2D/D2H bandwidth by size, bf16 GEMM TFLOP/s at the layer shapes of a ~1B and a 7B model;
 #   4. streamed training steps of a ~1B model (TinyLlama-1.1B's shape) and a 7B-shaped model
 #      (Llama-2-7B's layers, 8 of its 32, so that its training state fits the machine's RAM), with
-#      achieved TFLOP/s, MFU, the ratio to the GEMM rate, and the simulator's prediction;
+#      achieved TFLOP/s, MFU, the ratio to the GEMM rate, and the simulator's prediction; the
+#      first loss must be within 1 of ln V and the loss must fall (check_loss);
 #   5. compute-sanitizer memcheck on the attention, MoE and cross-entropy op tests, when a minute
 #      or more is left;
 # as far as the deadline allows. It prints its table however it ends (an EXIT trap): a step that
@@ -257,9 +258,38 @@ cfg["num_hidden_layers"] = 8  # Llama-2-7B's layer shapes; 8 of its 32 layers ke
 json.dump(cfg, open(os.path.join(out, "llama-2-7b-8l.json"), "w"), indent=1)
 rng = random.Random(1)
 n = 1 << 22  # 4M tokens, more than the steps read
+# 1024 of the 32000 token ids, uniformly: at initialisation the model spreads its probability over
+# all 32000 (loss near ln 32000 = 10.37), and a working step learns within a few steps that only
+# 1024 occur (towards ln 1024 = 6.93), so the loss must fall.
+ids = rng.sample(range(32000), 1024)
 with open(os.path.join(out, "tokens.u16"), "wb") as f:
-    f.write(struct.pack("<%dH" % n, *(rng.randrange(32000) for _ in range(n))))
+    f.write(struct.pack("<%dH" % n, *(rng.choice(ids) for _ in range(n))))
 PYEOF
+# The losses of a training run: the first close to ln V, as an initialised model's must be, and the
+# last below the first. With init std 0.02 the logits spread by sigma = 0.02 sqrt(hidden), 0.9 at a
+# hidden size of 2048, and the first loss is about ln V + sigma^2 / 2, 0.4 above ln V: within 1 of
+# it. The 1024 ids of the tokens make a working step lower the loss by more than 0.05 in 6 steps.
+check_loss() {  # label, model (a profile name or a config path)
+  within 20 python3 - "$OUT/exec-$1.log" "$2" >"$OUT/loss-$1.txt" 2>&1 <<'PYEOF'
+import json, math, os, re, sys
+log, model = sys.argv[1], sys.argv[2]
+path = model if os.path.exists(model) else os.path.join(os.environ["MEGATRAIN_PROFILES_DIR"], "models", model + ".json")
+vocab = json.load(open(path))["vocab_size"]
+losses = [float(x) for x in re.findall(r"step\s+\d+/\d+\s+loss\s+([-\d.naif]+)", open(log, errors="replace").read())]
+if len(losses) < 2:
+    sys.exit("%d losses in %s; 2 or more were expected" % (len(losses), log))
+first, last = losses[0], losses[-1]
+if not all(math.isfinite(x) for x in losses):
+    sys.exit("a loss is not finite: %s" % losses)
+if abs(first - math.log(vocab)) > 1.0:
+    sys.exit("the first loss %.3f is not within 1 of ln V = %.3f (V = %d)" % (first, math.log(vocab), vocab))
+if not last < first - 0.05:
+    sys.exit("the loss did not fall: %.3f -> %.3f over %d steps" % (first, last, len(losses)))
+print("loss %.3f (ln V = %.3f) -> %.3f" % (first, math.log(vocab), last))
+PYEOF
+  local rc=$?
+  [ "$rc" -eq 125 ] || [ "$rc" -eq 0 ] || fail "train $1: $(tail -1 "$OUT/loss-$1.txt")"
+}
 train() {  # label, model, tokens per step
   local label=$1 model=$2 tps=$3 plan="$OUT/plan-$1.json"
   say "plan $label"
@@ -275,8 +305,11 @@ train() {  # label, model, tokens per step
   say "train $label"
   echo "$label $plan $OUT/sim-$label.json $OUT/exec-$label.log" >>"$OUT/runs.txt"
   within 240 "$B/megatrain-exec" "$plan" --data "$OUT/tokens.u16" --steps 6 --backend cuda \
-    --trace "$OUT/measured-$label.mtrace" >"$OUT/exec-$label.log" 2>&1 || not_run ||
-    fail "exec $label: $(tail -3 "$OUT/exec-$label.log" | tr '\n' ' ')"
+    --trace "$OUT/measured-$label.mtrace" >"$OUT/exec-$label.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ]; then check_loss "$label" "$model"
+  elif [ "$rc" -ne 125 ]; then fail "exec $label: $(tail -3 "$OUT/exec-$label.log" | tr '\n' ' ')"
+  fi
 }
 train 1b tinyllama-1.1b 65536
 train 7b-shaped "$OUT/llama-2-7b-8l.json" 65536

@@ -137,12 +137,14 @@ BufferList cpu_head_workspace(const Shape& s, int32_t e) {
 // ---- CUDA ----------------------------------------------------------------------------------------
 
 int64_t cuda_attention_rows(const Shape& s) {
-  return cuda::attention_block_rows(cuda_attention_dims(s), kCudaAttentionBudgetBytes);
+  const int64_t rows = cuda::attention_block_rows(cuda_attention_dims(s), kCudaAttentionBudgetBytes);
+  return s.caps.attention_rows > 0 ? std::min(rows, s.caps.attention_rows) : rows;
 }
 
 int64_t cuda_vocab_chunk(const Shape& s) {
   // At least 128 columns, at most the vocabulary (min after max: a vocabulary below 128 caps it).
-  return std::min<int64_t>(std::max<int64_t>(kCudaLogitElems / std::max<int64_t>(s.N, 1) / 128 * 128, 128), s.V);
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(kCudaLogitElems / std::max<int64_t>(s.N, 1) / 128 * 128, 128), s.V);
+  return s.caps.vocab_chunk > 0 ? std::min(chunk, s.caps.vocab_chunk) : chunk;
 }
 
 BufferList cuda_layer_acts(const Shape& s, int32_t t) {

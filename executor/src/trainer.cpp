@@ -149,6 +149,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   // The plan's rules, the same function Plan reading and the simulator apply (core/plan.h).
   MT_RETURN_IF_ERROR(check_plan_for_model(plan, model));
   MT_ASSIGN_OR_RETURN(I.d, make_dims(model, plan.training.micro_batch, plan.training.seq_len));
+  I.d.caps = options.block_caps;
   {
     const bool master_nvme = plan.placement.master_weights == Tier::kNvme, states_nvme = plan.placement.optimizer_states == Tier::kNvme;
     auto where = [](bool nvme) { return name(nvme ? Tier::kNvme : Tier::kRam); };
@@ -194,7 +195,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   // (step::layout_for). The backend carves by the same buffer lists (megatrain/buffers), so its own
   // figures are the layout's; a backend that disagreed would be refused here, by name.
   const step::ActivationLayout layout =
-      step::layout_for(I.be->name() == "cpu" ? step::BackendKind::kCpu : step::BackendKind::kCuda, model, plan);
+      step::layout_for(I.be->name() == "cpu" ? step::BackendKind::kCpu : step::BackendKind::kCuda, model, plan, options.block_caps);
   for (const auto& [what, own, planned] :
        {std::tuple<const char*, int64_t, int64_t>{"layer activations (floats)", I.be->layer_act_floats(), layout.layer_act_floats},
         {"layer workspace (floats)", I.be->layer_workspace_floats(), layout.layer_workspace_floats},
@@ -224,7 +225,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   for (int64_t u = 0; u < I.U; ++u)
     if (state.units()[static_cast<size_t>(u)].numel != I.sched.unit_numel[static_cast<size_t>(u)])
       return internal_error("unit " + std::to_string(u) + " of the training state holds " +
-                            std::to_string(state.units()[static_cast<size_t>(u)].numel) + " parameters, the compiled step " +
+                            std::to_string(state.units()[static_cast<size_t>(u)].numel) + " elements, the compiled step " +
                             std::to_string(I.sched.unit_numel[static_cast<size_t>(u)]));
   I.fp = step::footprint(I.sched, layout);
   const step::Buffers& sb = I.sched.buffers;
@@ -496,7 +497,7 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
         n += us.tensors[b++].numel;
       if (!skipped(t)) {
         AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, count_of(t), grad_scale};
-        adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.data() + t.offset, us.v.data() + t.offset, n,
+        adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.tensor(a).f32, us.v.tensor(a).f32, n,
                      s, nullptr, stream ? stream + t.offset : nullptr, threads);
       }
       a = b;

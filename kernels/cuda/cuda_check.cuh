@@ -9,9 +9,33 @@
 #include "megatrain/core/status.h"
 
 namespace megatrain::cuda::detail {
+// Errors a kernel raises while it runs. They are reported by whatever call next waits on the device
+// (often a copy stream's synchronize on another thread), not by the launch, and they are sticky:
+// the context is unusable afterwards and every later CUDA call in the process fails the same way.
+inline bool is_asynchronous_fault(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidPc:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+      return true;
+    default:
+      return false;
+  }
+}
 inline Status cuda_status(cudaError_t err, const char* stmt, const char* file, int line) {
-  return internal_error(std::string(stmt) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                        cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  std::string msg = std::string(stmt) + " failed at " + file + ":" + std::to_string(line) + ": " + cudaGetErrorName(err) + " (" +
+                    cudaGetErrorString(err) + ")";
+  if (is_asynchronous_fault(err))
+    msg += ". This is a fault of a kernel that ran before this call, on any stream, not necessarily of this statement; "
+           "the CUDA context is now unusable and every later CUDA call in this process fails. To find the kernel, rerun "
+           "with CUDA_LAUNCH_BLOCKING=1 (each launch then reports its own fault) or under compute-sanitizer --tool memcheck";
+  return internal_error(msg);
 }
 }  // namespace megatrain::cuda::detail
 

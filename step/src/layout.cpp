@@ -23,8 +23,10 @@ ActivationLayout cpu_layout(const ModelSpec& model, int64_t micro_batch, int64_t
   return a;
 }
 
-ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, DType compute) {
-  const buffers::Shape s = buffers::shape_of(model.config(), micro_batch, seq_len);
+ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, DType compute,
+                             const buffers::BlockCaps& caps) {
+  buffers::Shape s = buffers::shape_of(model.config(), micro_batch, seq_len);
+  s.caps = caps;
   const int32_t t = compute == DType::kBf16 ? 2 : 4;  // the compute dtype's bytes
   ActivationLayout a;
   a.backend = BackendKind::kCuda;
@@ -40,9 +42,10 @@ ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_
   return a;
 }
 
-ActivationLayout layout_for(BackendKind backend, const ModelSpec& model, const Plan& plan) {
-  return backend == BackendKind::kCpu ? cpu_layout(model, plan.training.micro_batch, plan.training.seq_len)
-                                      : cuda_layout(model, plan.training.micro_batch, plan.training.seq_len, plan.precision.compute);
+ActivationLayout layout_for(BackendKind backend, const ModelSpec& model, const Plan& plan, const buffers::BlockCaps& caps) {
+  return backend == BackendKind::kCpu
+             ? cpu_layout(model, plan.training.micro_batch, plan.training.seq_len)
+             : cuda_layout(model, plan.training.micro_batch, plan.training.seq_len, plan.precision.compute, caps);
 }
 
 int64_t device_context_reserve(BackendKind backend, int64_t device_memory_bytes) {

@@ -48,7 +48,7 @@ struct Run {
   std::vector<std::vector<float>> first_grads;  // every unit's gradient of step 0
 };
 
-Run train(const Json& pj, const std::string& backend, int steps = 3) {
+Run train(const Json& pj, const std::string& backend, int steps = 3, const buffers::BlockCaps& caps = {}) {
   auto plan = Plan::from_json_text(pj.dump());
   EXPECT_TRUE(plan.ok()) << plan.status().to_string();
   auto model = plan->resolve_model();
@@ -63,6 +63,7 @@ Run train(const Json& pj, const std::string& backend, int steps = 3) {
   EXPECT_TRUE(loader.ok()) << loader.status().to_string();
   TrainerOptions o;
   o.backend = backend;
+  o.block_caps = caps;
   auto trainer = Trainer::create(*plan, *model, hs, *loader, o);
   EXPECT_TRUE(trainer.ok()) << trainer.status().to_string();
   Run r;
@@ -90,10 +91,10 @@ double normalised_error(const std::vector<float>& a, const std::vector<float>& b
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
-void compare(const Json& pj, double loss_rel, double grad_rel) {
+void compare(const Json& pj, double loss_rel, double grad_rel, const buffers::BlockCaps& caps = {}) {
   Json reference = pj;  // the CPU backend computes in fp32 from the same streamed weights
   reference["precision"]["compute"] = "fp32";
-  const Run cpu = train(reference, "cpu"), gpu = train(pj, "cuda");
+  const Run cpu = train(reference, "cpu"), gpu = train(pj, "cuda", 3, caps);
   ASSERT_EQ(cpu.losses.size(), gpu.losses.size());
   for (size_t i = 0; i < cpu.losses.size(); ++i)
     EXPECT_NEAR(gpu.losses[i], cpu.losses[i], loss_rel * cpu.losses[i]) << "step " << i;
@@ -170,6 +171,22 @@ TEST(CudaTraining, Bf16GptOssStepsMatchWithinBf16Error) {
   if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << "no GPU here: " << why;
   // As the other MoE models in bf16: a few routings (and clamps) flip against the fp32 reference.
   compare(plan_for("tiny-gpt-oss", "bf16"), 1e-2, 0.15);
+}
+
+// Issue 31, row 8: at these shapes the backend's own rule puts the whole vocabulary (256) in one
+// logit chunk and the whole sequence (24) in one attention block, so the steps above never run the
+// head's chunked log-sum-exp and gradient or attention over several query blocks. Capped at 96
+// columns and 8 rows, every step runs 3 chunks (96, 96, 64) and 3 blocks, through whole steps with
+// GQA, biases, q/k norms, sinks and a sliding window (16 < 24: gpt-oss's second and third blocks
+// start past key 0), held to the same bounds as the uncapped steps.
+TEST(CudaTraining, ChunkedHeadAndBlockedAttentionMatchTheCpuBackend) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << "no GPU here: " << why;
+  const buffers::BlockCaps caps{96, 8};
+  for (const char* model : {"tiny-llama-gqa", "tiny-qwen2", "tiny-qwen3", "tiny-gpt-oss"}) {
+    SCOPED_TRACE(model);
+    compare(plan_for(model, "fp32"), 1e-5, 1e-4, caps);
+    compare(plan_for(model, "bf16"), 1e-2, std::string(model) == "tiny-gpt-oss" ? 0.15 : 5e-2, caps);
+  }
 }
 
 TEST(CudaTraining, GptOssIsNoLongerRefused) {
@@ -275,6 +292,32 @@ TEST(CudaLayout, TheBackendsFiguresEqualTheCudaLayoutWithoutAGpu) {
           EXPECT_EQ(got[2], l.head_workspace_floats);
           EXPECT_EQ(got[3], l.private_bytes);
         }
+  }
+}
+
+// The tests' block caps reach the backend's figures and the layout alike (the trainer refuses a
+// backend whose figures differ from the layout's): smaller logit chunks shrink the head workspace,
+// smaller attention blocks the private region.
+TEST(CudaLayout, TheBlockCapsReachTheBackendAndTheLayoutAlike) {
+  auto model = ModelSpec::load("tiny-gpt-oss");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto inv = rope_inv_freq_for<float>(*model);
+  ASSERT_TRUE(inv.ok()) << inv.status().to_string();
+  const buffers::BlockCaps caps{96, 8};
+  for (DType compute : {DType::kFp32, DType::kBf16}) {
+    auto d = make_dims(*model, 2, 24);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    int64_t plain[4] = {}, capped[4] = {};
+    cuda_backend_figures(*d, compute, *inv, plain);
+    d->caps = caps;
+    cuda_backend_figures(*d, compute, *inv, capped);
+    const step::ActivationLayout l = step::cuda_layout(*model, 2, 24, compute, caps);
+    EXPECT_EQ(capped[0], l.layer_act_floats);
+    EXPECT_EQ(capped[1], l.layer_workspace_floats);
+    EXPECT_EQ(capped[2], l.head_workspace_floats);
+    EXPECT_EQ(capped[3], l.private_bytes);
+    EXPECT_LT(capped[2], plain[2]) << "the head's logit chunk should shrink from 256 to 96 columns";
+    EXPECT_LT(capped[3], plain[3]) << "the attention block should shrink from 24 to 8 rows";
   }
 }
 #endif

@@ -38,6 +38,7 @@
 #include "cuda/cast.cuh"
 #include "cuda/common.cuh"
 #include "cuda/cross_entropy.cuh"
+#include "cuda/cuda_check.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/embedding.cuh"
 #include "cuda/gemm.cuh"
@@ -1445,6 +1446,23 @@ TEST(CudaHostSide, GroupedGemmOperandsMustBeOn16ByteBoundaries) {
   EXPECT_FALSE(grouped_operand_aligned(buf + 4, 64, 4)) << "an fp32 matrix 4 bytes off";
   EXPECT_FALSE(grouped_operand_aligned(buf, 2884, 2)) << "rows of 5768 B: the second row is 8 bytes off";
   EXPECT_FALSE(grouped_operand_aligned(buf, 6, 2)) << "rows of 12 B";
+}
+
+// Issue 31, row 5: a kernel's fault surfaces at the next call that waits (a copy thread's
+// synchronize, say), which would be blamed for it. The error says so and names the ways to find the
+// kernel; an ordinary API error (a bad argument of this very call) does not.
+TEST(CudaHostSide, AnAsynchronousFaultIsNotBlamedOnTheCallThatReportsIt) {
+  for (cudaError_t e : {cudaErrorIllegalAddress, cudaErrorMisalignedAddress, cudaErrorLaunchFailure}) {
+    const std::string m = megatrain::cuda::detail::cuda_status(e, "cudaStreamSynchronize(copy)", "x.cpp", 7).message();
+    EXPECT_NE(m.find("cudaStreamSynchronize(copy) failed at x.cpp:7"), std::string::npos) << m;
+    EXPECT_NE(m.find(cudaGetErrorName(e)), std::string::npos) << m;
+    EXPECT_NE(m.find("a kernel that ran before this call"), std::string::npos) << m;
+    EXPECT_NE(m.find("CUDA_LAUNCH_BLOCKING=1"), std::string::npos) << m;
+    EXPECT_NE(m.find("compute-sanitizer"), std::string::npos) << m;
+  }
+  const std::string m = megatrain::cuda::detail::cuda_status(cudaErrorInvalidValue, "cudaMemcpyAsync(a)", "x.cpp", 9).message();
+  EXPECT_NE(m.find("cudaErrorInvalidValue"), std::string::npos) << m;
+  EXPECT_EQ(m.find("CUDA_LAUNCH_BLOCKING"), std::string::npos) << m;
 }
 
 // Expert indices with a skew: expert 0 is frequent, expert e-1 never occurs (an empty group), and a

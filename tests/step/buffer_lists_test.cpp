@@ -271,6 +271,21 @@ TEST(BufferLists, TheLogitChunkFitsEveryVocabulary) {
   EXPECT_EQ(buffers::cuda_vocab_chunk(buffers::shape_of(c, 256, 1024)), 50);
 }
 
+// The tests' caps (buffers::BlockCaps) only ever lower the rule's sizes.
+TEST(BufferLists, TheBlockCapsLowerTheChunkAndTheAttentionBlockOnly) {
+  auto model = ModelSpec::load("tiny-llama-gqa");
+  ASSERT_TRUE(model.ok());
+  buffers::Shape s = buffers::shape_of(model->config(), 2, 24);
+  EXPECT_EQ(buffers::cuda_vocab_chunk(s), 256);
+  EXPECT_EQ(buffers::cuda_attention_rows(s), 24);
+  s.caps = {96, 8};
+  EXPECT_EQ(buffers::cuda_vocab_chunk(s), 96);
+  EXPECT_EQ(buffers::cuda_attention_rows(s), 8);
+  s.caps = {1000, 1000};  // above the rule's sizes: no effect
+  EXPECT_EQ(buffers::cuda_vocab_chunk(s), 256);
+  EXPECT_EQ(buffers::cuda_attention_rows(s), 24);
+}
+
 TEST(BufferLists, CarvingLaysTheListOutAndRefusesWhatItDoesNotHold) {
   buffers::BufferList l;
   l.align = 256;

@@ -90,8 +90,8 @@ inline constexpr int64_t kCudaCarveAlign = 256;
 inline constexpr int64_t kCudaBlasWorkspaceBytes = int64_t{32} << 20;     // cuBLAS's recommendation for Hopper
 inline constexpr int64_t kCudaAttentionBudgetBytes = int64_t{256} << 20;  // attention score blocks
 inline constexpr int64_t kCudaLogitElems = int64_t{16} << 20;            // logits of one vocabulary chunk
-int64_t cuda_attention_rows(const Shape& s);  // query rows per attention block
-int64_t cuda_vocab_chunk(const Shape& s);     // vocabulary columns per logit chunk
+int64_t cuda_attention_rows(const Shape& s);  // query rows per attention block (at most s.caps.attention_rows)
+int64_t cuda_vocab_chunk(const Shape& s);     // vocabulary columns per logit chunk (at most s.caps.vocab_chunk)
 BufferList cuda_layer_acts(const Shape& s, int32_t t);
 BufferList cuda_layer_workspace(const Shape& s, int32_t t);
 BufferList cuda_head_workspace(const Shape& s, int32_t t);

@@ -8,6 +8,18 @@
 
 namespace megatrain::buffers {
 
+// Caps on how the CUDA backend blocks its work, for tests: the most vocabulary columns one chunk
+// of the head's logits holds, and the most query rows one block of attention holds. 0 leaves the
+// backend's own rule (buffers.h: cuda_vocab_chunk, cuda_attention_rows), which at a test's tiny
+// shapes puts the whole vocabulary in one chunk and the whole sequence in one block; a whole-step
+// test sets them small to run the head's chunked accumulation and multi-block attention. The
+// layout and the backend read the same Shape, so the footprint follows.
+struct BlockCaps {
+  int64_t vocab_chunk = 0;
+  int64_t attention_rows = 0;
+  bool operator==(const BlockCaps&) const = default;
+};
+
 struct Shape {
   int64_t B = 0, T = 0, N = 0;  // micro-batch rows, sequence length, tokens (B*T)
   int64_t H = 0, I = 0, nh = 0, nkv = 0, hd = 0, V = 0, L = 0;
@@ -27,6 +39,7 @@ struct Shape {
     const int64_t dense = dense_mlp ? N * I : 0;
     return moe ? (dense > N * k * Im ? dense : N * k * Im) : dense;
   }
+  BlockCaps caps;               // tests only; none by default
 };
 
 // The shape of `config` for micro_batch x seq_len tokens. Plain arithmetic: whether the executor

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/buffers/shape.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/core/status.h"
 #include "megatrain/core/trace_store.h"
@@ -43,6 +44,10 @@ struct TrainerOptions {
   std::string backend = "cpu";  // auto | cpu | cuda (make_backend in backend.h)
   int64_t pinned_limit_bytes = -1;  // page-locked host memory of the CUDA backend; -1: half of RAM
   bool record_trace = false;
+  // Tests only: caps on the CUDA backend's vocabulary chunks and attention blocks (buffers::BlockCaps),
+  // so that a whole step at a test's small shapes runs several of each. The compiled step's layout
+  // takes the same caps.
+  buffers::BlockCaps block_caps;
 };
 
 // What a trainer holds, per tier, measured from its own allocations: the arena it carved (and the

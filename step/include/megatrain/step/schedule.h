@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/buffers/shape.h"
 #include "megatrain/core/hardware_profile.h"
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/plan.h"
@@ -42,9 +43,11 @@ struct ActivationLayout {
 };
 // The CPU backend's layout (executor/src/model.cpp binds the activations in this order).
 ActivationLayout cpu_layout(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
-// The CUDA backend's layout for a compute dtype (fp32 or bf16; executor/src/cuda/cuda_backend.cpp).
-ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, DType compute);
-ActivationLayout layout_for(BackendKind backend, const ModelSpec& model, const Plan& plan);
+// The CUDA backend's layout for a compute dtype (fp32 or bf16; executor/src/cuda/cuda_backend.cpp),
+// with the tests' caps on its blocking (buffers::BlockCaps; none by default).
+ActivationLayout cuda_layout(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, DType compute,
+                             const buffers::BlockCaps& caps = {});
+ActivationLayout layout_for(BackendKind backend, const ModelSpec& model, const Plan& plan, const buffers::BlockCaps& caps = {});
 
 // Device memory the CUDA runtime keeps outside the arena (context, module images, allocator
 // slack): min(1 GiB, memory / 16). The CPU backend has none.
@@ -152,7 +155,7 @@ struct StepSchedule {
   int32_t lent_gradients = 0;           // 0: every unit has its host gradient; else the pool's size
   int32_t staging_buffers = 0;          // NVMe staging buffers (whole units)
   int64_t tokens_per_mb = 0;
-  std::vector<int64_t> unit_numel;      // per unit, as HostState lays them out
+  std::vector<int64_t> unit_numel;      // per unit, as HostState lays them out (unit_layout: gaps included)
   std::vector<std::vector<int64_t>> unit_tensor_numels;
   Round round;
   std::vector<int32_t> optimizer_order; // units, as the optimizer takes them (and NVMe reads them)
