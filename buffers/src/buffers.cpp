@@ -20,7 +20,8 @@ const char* buf_name(Buf b) {
       "dv", "dscores", "more", "dxp", "dyp", "dweight", "dlogits", "dlogits_t",
       "head_xn", "head_rstd", "head_dxn", "run_max", "run_sum", "target_logit", "head_lse", "logits", "dlogits_head",
       "blas_workspace", "attention_workspace", "tokens", "targets", "positions", "unique_tokens", "token_offsets",
-      "token_positions", "inv_freq", "loss_sum", "token_count", "sort_scratch", "gemm_pointers", "aux_stats", "aux_grad"};
+      "token_positions", "inv_freq", "loss_sum", "token_count", "column_partials", "sort_scratch", "gemm_pointers", "aux_stats",
+      "aux_grad"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Buf::kCount));
   return kNames[static_cast<size_t>(b)];
 }
@@ -58,6 +59,8 @@ namespace {
 constexpr int32_t kI32 = 4, kF32 = 4, kF64 = 8;
 int64_t probs_of(const Shape& s) { return s.B * s.nh * s.T * s.T; }
 }  // namespace
+
+int64_t cuda_column_sum_cols(const Shape& s) { return std::max({s.H, s.q, s.kv, s.hd, s.moe ? s.E : int64_t{0}}); }
 
 BufferList cpu_layer_acts(const Shape& s, int32_t e) {
   BufferList l;
@@ -257,6 +260,9 @@ BufferList cuda_private(const Shape& s) {
   l.add(Buf::kInvFreq, s.hd / 2, kF32);    // RoPE's inverse frequencies
   l.add(Buf::kLossSum, 1, kF64);
   l.add(Buf::kTokenCount, 1, 8);
+  // The two-stage column sums' partials (RMSNorm weight gradients, bias gradients, the routing
+  // statistics): one call at a time on the compute stream, over at most the widest of them.
+  l.add(Buf::kColumnPartials, cuda::column_sum_scratch_bytes(cuda_column_sum_cols(s)), 1);
   // MoE: the counting sort's per-chunk counts, the grouped GEMMs' A/B/C pointer arrays, the routing
   // statistics (count and probability sums per expert, doubles) and the load-balancing gradient.
   const int64_t E = s.moe ? s.E : 0;

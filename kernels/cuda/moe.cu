@@ -21,13 +21,15 @@
 //   added in j order (as the CPU op).
 // - combine_backward: one block per slot; the dot product dout . yp is a fixed-order block
 //   reduction (block_reduce), so it is reproducible but not in the CPU's sequential order.
-// - aux_stats: one thread per expert; the count adds the expert's row count (offsets[x+1] -
-//   offsets[x], an integer, equal to adding 1.0 per slot) and the probabilities are added token by
-//   token in double, in order, onto the value uploaded from the host: the CPU op's sums exactly.
+// - aux_stats: one thread per expert adds the expert's row count (offsets[x+1] - offsets[x], an
+//   integer, equal to adding 1.0 per slot: the CPU op's count exactly); the probabilities are a
+//   two-stage column sum in double over the tokens in a fixed order (column_sum.cuh), onto the value
+//   uploaded from the host: deterministic, and within double rounding of the CPU op's sequential sum.
 #include "cuda/moe.cuh"
 
 #include <string>
 
+#include "cuda/column_sum.cuh"
 #include "cuda/device_util.cuh"
 #include "cuda/moe_math.h"
 
@@ -152,15 +154,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
-    aux_stats_kernel(const float* probs, const int32_t* offsets, int64_t n, int e, double* count, double* prob_sum) {
+__global__ void __launch_bounds__(kThreads) aux_count_kernel(const int32_t* offsets, int e, double* count) {
   const int x = static_cast<int>(blockIdx.x) * kThreads + threadIdx.x;
   if (x >= e) return;
   count[x] = __dadd_rn(count[x], static_cast<double>(offsets[x + 1] - offsets[x]));
-  double acc = prob_sum[x];
-  for (int64_t t = 0; t < n; ++t) acc = __dadd_rn(acc, static_cast<double>(probs[t * e + x]));
-  prob_sum[x] = acc;
 }
+
+struct ProbabilityOf {
+  const float* probs;
+  int64_t e;
+  __device__ double operator()(int64_t t, int64_t x) const { return static_cast<double>(probs[t * e + x]); }
+};
 
 Status check_route(const char* what, int64_t n, int64_t e, int64_t k) {
   if (n < 0 || e < 1 || k < 1 || k > e || e > kMoeMaxExperts)
@@ -251,13 +255,12 @@ Status moe_scatter_add(const float* dxp, const int32_t* row_of_slot, int64_t n, 
 }
 
 Status moe_aux_stats(const float* probs, const int32_t* offsets, int64_t n, int64_t e, double* count, double* prob_sum,
-                     cudaStream_t s) {
+                     void* scratch, cudaStream_t s) {
   if (e < 1) return {};
-  aux_stats_kernel<<<static_cast<unsigned int>((e + kThreads - 1) / kThreads), kThreads, 0, s>>>(probs, offsets, n,
-                                                                                               static_cast<int>(e), count,
-                                                                                               prob_sum);
-  MT_CUDA_LAUNCH_CHECK("moe_aux_stats");
-  return {};
+  aux_count_kernel<<<static_cast<unsigned int>((e + kThreads - 1) / kThreads), kThreads, 0, s>>>(offsets, static_cast<int>(e),
+                                                                                                 count);
+  MT_CUDA_LAUNCH_CHECK("moe_aux_stats (counts)");
+  return detail::column_sum_two_stage<double>(ProbabilityOf{probs, e}, n, e, prob_sum, scratch, s, "moe_aux_stats (probabilities)");
 }
 
 #define MT_INSTANTIATE(T)                                                                                                \

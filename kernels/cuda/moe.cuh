@@ -17,7 +17,8 @@
 //   route_backward  dlogits from d_weight (through the renorm) and, when non-null, d_probs_const[e]
 //                   added to every token's probability gradient (the load-balancing loss)
 //   aux_stats       count[x] += slots routed to x; prob_sum[x] += sum_t probs[t, x] (doubles on
-//                   the device, in and out; tokens added in order, as cpu::moe_aux_stats)
+//                   the device, in and out; the tokens in a two-stage sum of fixed order,
+//                   column_sum.cuh; scratch: column_sum_scratch_bytes(e) bytes)
 // Deterministic: no atomics; every sum has a fixed order.
 #pragma once
 
@@ -54,7 +55,7 @@ Status moe_route_backward(const float* probs, const int32_t* expert, const float
                           cudaStream_t s);
 
 Status moe_aux_stats(const float* probs, const int32_t* offsets, int64_t n, int64_t e, double* count, double* prob_sum,
-                     cudaStream_t s);
+                     void* scratch, cudaStream_t s);
 
 // gpt-oss's expert biases over the sorted rows (offsets on the DEVICE, e + 1 entries):
 //   bias_fill  y[r, :] = bias_g for every row r of expert g (the grouped GEMM's initial C, beta 1,

@@ -11,11 +11,12 @@
 //   The order depends only on n, so the result is bit-reproducible. n == 0 writes *out = 0 with a
 //   cudaMemsetAsync (0.0 is all zero bits) and launches nothing.
 //
-// column_sum_accumulate: one thread per column j; it loads db[j] once, adds float(dy[r, j]) for
-//   r = 0..rows-1 in order (one fp32 add each), and stores it: the CPU op's order (linear.cpp adds
-//   the rows one by one straight into db), so deterministic and bit-identical to it.
+// column_sum_accumulate: db[j] += sum over r of float(dy[r, j]), as a two-stage column sum in a
+//   fixed order (column_sum.cuh): deterministic, though not the CPU op's order (rows one by one
+//   straight into db), which on one thread per column walked every row of the micro-batch.
 #include "cuda/reduce.cuh"
 
+#include "cuda/column_sum.cuh"
 #include "cuda/device_util.cuh"
 
 namespace megatrain::cuda {
@@ -23,7 +24,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kColThreads = 64;  // small blocks: cols / 64 blocks spread the serial column loops over more SMs
 
 __global__ void __launch_bounds__(kThreads) sum_squares_chunks_kernel(const float* x, int64_t n, double* scratch) {
   __shared__ double smem[kWarps];
@@ -47,15 +47,11 @@ __global__ void __launch_bounds__(kThreads) sum_partials_kernel(const double* sc
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kColThreads)
-    column_sum_kernel(const T* dy, int64_t rows, int64_t cols, float* db) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
-  if (j >= cols) return;
-  float acc = db[j];
-#pragma unroll 8
-  for (int64_t r = 0; r < rows; ++r) acc = __fadd_rn(acc, to_f(dy[r * cols + j]));
-  db[j] = acc;
-}
+struct ElementOf {
+  const T* y;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t j) const { return to_f(y[r * cols + j]); }
+};
 
 }  // namespace
 
@@ -78,15 +74,11 @@ Status sum_of_squares(const float* x, int64_t n, double* scratch, double* out, c
 }
 
 template <typename T>
-Status column_sum_accumulate(const T* dy, int64_t rows, int64_t cols, float* db, cudaStream_t s) {
-  if (rows <= 0 || cols <= 0) return {};
-  const auto blocks = static_cast<unsigned int>((cols + kColThreads - 1) / kColThreads);
-  column_sum_kernel<T><<<blocks, kColThreads, 0, s>>>(dy, rows, cols, db);
-  MT_CUDA_LAUNCH_CHECK("column_sum_accumulate");
-  return {};
+Status column_sum_accumulate(const T* dy, int64_t rows, int64_t cols, float* db, void* scratch, cudaStream_t s) {
+  return detail::column_sum_two_stage<float>(ElementOf<T>{dy, cols}, rows, cols, db, scratch, s, "column_sum_accumulate");
 }
 
-template Status column_sum_accumulate<float>(const float*, int64_t, int64_t, float*, cudaStream_t);
-template Status column_sum_accumulate<bf16>(const bf16*, int64_t, int64_t, float*, cudaStream_t);
+template Status column_sum_accumulate<float>(const float*, int64_t, int64_t, float*, void*, cudaStream_t);
+template Status column_sum_accumulate<bf16>(const bf16*, int64_t, int64_t, float*, void*, cudaStream_t);
 
 }  // namespace megatrain::cuda

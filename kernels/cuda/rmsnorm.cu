@@ -8,9 +8,11 @@
 //   timing, so results are bit-reproducible. rstd = 1 / sqrtf(sum / dim + eps) (IEEE division and
 //   square root, as the CPU op), y[i] = T(w[i] * (x[i] * rstd)) (HF's order: normalise, then scale).
 //
-// backward: two kernels, dw first (dx may alias dy, and the dx kernel overwrites dy's rows).
-//   dw: one thread per column j; the thread adds rows r = 0..n-1 in order into dw[j]
-//       (dw[j] += dy[r,j] * (x[r,j] * rstd[r])), exactly the CPU op's order.
+// backward: dw first (dx may alias dy, and the dx kernel overwrites dy's rows).
+//   dw: dw[j] += sum over r of dy[r,j] * (x[r,j] * rstd[r]), as a two-stage column sum in a fixed
+//       order (column_sum.cuh): chunks of rows summed in order, then the chunks' partials added to
+//       dw[j] in order. Not the CPU op's order (rows one by one into dw[j]), which on one thread
+//       per column took tens of milliseconds for Qwen3's per-head norms (a million rows).
 //   dx: one block per row as in forward; c = (1/dim) sum_i (dy[i] * w[i]) * x[i] with the same
 //       fixed-order block reduction; then each thread rewrites its own elements
 //       dx[i] = rstd * (g[i] - x[i] * (rstd * rstd * c)). Every element of dy is read only by the
@@ -21,6 +23,7 @@
 // (16 interleaved lanes there, 256 strided threads + a tree here).
 #include "cuda/rmsnorm.cuh"
 
+#include "cuda/column_sum.cuh"
 #include "cuda/device_util.cuh"
 
 namespace megatrain::cuda {
@@ -28,7 +31,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kDwThreads = 64;  // small blocks: dim / 64 blocks spread the serial column loops over more SMs
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -50,19 +52,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dw[j] += sum over r = 0..n-1 (in order) of dy[r,j] * (x[r,j] * rstd[r]).
-__global__ void __launch_bounds__(kDwThreads)
-    rmsnorm_dw_kernel(const float* dy, const float* x, const float* rstd, int64_t n, int64_t dim, float* dw) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kDwThreads + threadIdx.x;
-  if (j >= dim) return;
-  float acc = dw[j];
-#pragma unroll 8
-  for (int64_t r = 0; r < n; ++r) {
+// One term of dw[j]: dy[r,j] * (x[r,j] * rstd[r]).
+struct NormWeightTerm {
+  const float* dy;
+  const float* x;
+  const float* rstd;
+  int64_t dim;
+  __device__ float operator()(int64_t r, int64_t j) const {
     const int64_t k = r * dim + j;
-    acc = __fadd_rn(acc, __fmul_rn(dy[k], __fmul_rn(x[k], rstd[r])));
+    return __fmul_rn(dy[k], __fmul_rn(x[k], rstd[r]));
   }
-  dw[j] = acc;
-}
+};
 
 // dx may alias dy (no __restrict__): see the file comment.
 template <typename T>
@@ -100,14 +100,11 @@ Status rmsnorm_forward(const float* x, const T* w, int64_t n, int64_t dim, float
 
 template <typename T>
 Status rmsnorm_backward(const float* dy, const float* x, const T* w, const float* rstd, int64_t n, int64_t dim, float* dx,
-                        float* dw, cudaStream_t s) {
+                        float* dw, void* scratch, cudaStream_t s) {
   if (n <= 0 || dim <= 0) return {};
   // dw first: the dx kernel may overwrite dy (dx == dy).
-  if (dw) {
-    const auto blocks = static_cast<unsigned int>((dim + kDwThreads - 1) / kDwThreads);
-    rmsnorm_dw_kernel<<<blocks, kDwThreads, 0, s>>>(dy, x, rstd, n, dim, dw);
-    MT_CUDA_LAUNCH_CHECK("rmsnorm_backward (dw)");
-  }
+  if (dw) MT_RETURN_IF_ERROR(detail::column_sum_two_stage<float>(NormWeightTerm{dy, x, rstd, dim}, n, dim, dw, scratch, s,
+                                                                  "rmsnorm_backward (dw)"));
   if (dx) {
     rmsnorm_dx_kernel<T><<<row_grid(n), kThreads, 0, s>>>(dy, x, w, rstd, n, dim, dx);
     MT_CUDA_LAUNCH_CHECK("rmsnorm_backward (dx)");
@@ -118,7 +115,7 @@ Status rmsnorm_backward(const float* dy, const float* x, const T* w, const float
 #define MT_INSTANTIATE(T)                                                                                          \
   template Status rmsnorm_forward<T>(const float*, const T*, int64_t, int64_t, float, T*, float*, cudaStream_t); \
   template Status rmsnorm_backward<T>(const float*, const float*, const T*, const float*, int64_t, int64_t, float*, \
-                                      float*, cudaStream_t);
+                                      float*, void*, cudaStream_t);
 MT_INSTANTIATE(float)
 MT_INSTANTIATE(bf16)
 #undef MT_INSTANTIATE

@@ -26,4 +26,25 @@ inline bool grouped_operand_aligned(const void* p, int64_t ld, int64_t elem_byte
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld * elem_bytes % 16 == 0;
 }
 
+// Column sums over many rows (RMSNorm's weight gradient, bias gradients, the MoE routing
+// statistics) run in two stages in a fixed order (column_sum.cuh): the rows are cut into
+// column_sum_chunks(rows) chunks of column_sum_chunk_rows(rows) rows (the last one shorter, never
+// empty); stage 1 sums each chunk's rows in order, one thread per (chunk, column), into a partial;
+// stage 2 adds the partials to the output in chunk order. The cut depends on the row count alone,
+// so the result is the same bits on every run. A chunk holds 256 rows or more (all of them when
+// there are fewer), and there are at most 128 chunks: Qwen3's per-head norm at 16k tokens and 64
+// heads (1M rows of 128 columns) runs 256 blocks instead of 2 blocks walking a million rows each.
+inline constexpr int64_t kColumnSumMinChunkRows = 256;
+inline constexpr int64_t kColumnSumMaxChunks = 128;
+inline int64_t column_sum_chunks(int64_t rows) {
+  const int64_t c = rows / kColumnSumMinChunkRows;
+  return c < 1 ? 1 : c > kColumnSumMaxChunks ? kColumnSumMaxChunks : c;
+}
+inline int64_t column_sum_chunk_rows(int64_t rows) {
+  const int64_t c = column_sum_chunks(rows);
+  return rows > 0 ? (rows + c - 1) / c : 1;
+}
+// The partials of one call: one per chunk and column, doubles at most (8 bytes).
+inline int64_t column_sum_scratch_bytes(int64_t cols) { return kColumnSumMaxChunks * cols * 8; }
+
 }  // namespace megatrain::cuda

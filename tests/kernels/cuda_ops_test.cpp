@@ -335,6 +335,23 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
+// The two-stage column sum's order (kernels/cuda/column_sum.cuh, workspace_sizes.h) on the host:
+// out[j] += the partials of each chunk of rows, each summed from zero in row order, added in chunk
+// order. Adds only, so float and double give the GPU's bits (no product for a compiler to contract).
+template <typename Acc, typename F>
+void column_sum_two_stage_host(F value, int64_t rows, int64_t cols, Acc* out) {
+  const int64_t chunks = column_sum_chunks(rows), chunk = column_sum_chunk_rows(rows);
+  std::vector<Acc> partial(static_cast<size_t>(chunks * cols), Acc(0));
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < cols; ++j) {
+      Acc acc = Acc(0);
+      for (int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) acc = acc + value(r, j);
+      partial[static_cast<size_t>(c * cols + j)] = acc;
+    }
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t c = 0; c < chunks; ++c) out[j] = out[j] + partial[static_cast<size_t>(c * cols + j)];
+}
+
 // Whether this machine has a GPU (asked once).
 const Status& gpu_status() {
   static const Status s = [] {
@@ -511,7 +528,7 @@ TYPED_TEST(CudaOpsT, RmsNormMatchesCpu) {
     int64_t n, dim;
   };
   bool checked_variants = false;
-  for (const Case c : {Case{1, 8}, Case{7, 24}, Case{33, 96}, Case{130, 136}, Case{3, 4104}}) {
+  for (const Case c : {Case{1, 8}, Case{7, 24}, Case{33, 96}, Case{130, 136}, Case{3, 4104}, Case{2100, 40}}) {  // 2100: 8 row chunks
     SCOPED_TRACE("n x dim = " + shape_str({c.n, c.dim}));
     const size_t nd = static_cast<size_t>(c.n * c.dim), n = static_cast<size_t>(c.n), dim = static_cast<size_t>(c.dim);
     const Input<float> x = random_input<float>(nd, g, 2.0);
@@ -540,8 +557,9 @@ TYPED_TEST(CudaOpsT, RmsNormMatchesCpu) {
     cpu::rmsnorm_backward<double>(this->ctx_, dy.ref.data(), x.ref.data(), w.ref.data(), rstd_in_ref.data(), c.n, c.dim,
                                   dx_ref.data(), dw_ref.data());
     DeviceBuffer<float> d_dy(dy.dev), d_rstd_in(rstd_in), d_dx(nan_filled<float>(nd)), d_dw(dw0.dev);
+    DeviceBuffer<char> d_cs(static_cast<size_t>(column_sum_scratch_bytes(c.dim)));  // the dw sum's partials
     ASSERT_STATUS_OK(rmsnorm_backward<T>(d_dy.get(), d_x.get(), d_w.get(), d_rstd_in.get(), c.n, c.dim, d_dx.get(),
-                                         d_dw.get(), this->stream_));
+                                         d_dw.get(), d_cs.get(), this->stream_));
     const std::vector<float> dx = d_dx.download(this->stream_), dw = d_dw.download(this->stream_);
     // dx and dw are fp32 outputs of fp32 arithmetic on exact inputs on both paths (w is only read).
     EXPECT_REL_ERR_LE(to_doubles(dx), dx_ref, kRmsNormDxFp32, "rmsnorm dx");
@@ -552,24 +570,24 @@ TYPED_TEST(CudaOpsT, RmsNormMatchesCpu) {
     // Deterministic: the same call again gives the same bits.
     d_dw.upload(dw0.dev);
     ASSERT_STATUS_OK(rmsnorm_backward<T>(d_dy.get(), d_x.get(), d_w.get(), d_rstd_in.get(), c.n, c.dim, d_dx.get(),
-                                         d_dw.get(), this->stream_));
+                                         d_dw.get(), d_cs.get(), this->stream_));
     EXPECT_SAME_BITS(d_dx.download(this->stream_), dx, "rmsnorm dx, second run");
     EXPECT_SAME_BITS(d_dw.download(this->stream_), dw, "rmsnorm dw, second run");
     // dx may alias dy (dw must still read the original dy).
     DeviceBuffer<float> d_dy_alias(dy.dev);
     d_dw.upload(dw0.dev);
     ASSERT_STATUS_OK(rmsnorm_backward<T>(d_dy_alias.get(), d_x.get(), d_w.get(), d_rstd_in.get(), c.n, c.dim,
-                                         d_dy_alias.get(), d_dw.get(), this->stream_));
+                                         d_dy_alias.get(), d_dw.get(), d_cs.get(), this->stream_));
     EXPECT_SAME_BITS(d_dy_alias.download(this->stream_), dx, "rmsnorm dx written over dy");
     EXPECT_SAME_BITS(d_dw.download(this->stream_), dw, "rmsnorm dw with dx aliasing dy");
     // dx or dw null skips it and leaves the other unchanged.
     d_dw.upload(dw0.dev);
     ASSERT_STATUS_OK(rmsnorm_backward<T>(d_dy.get(), d_x.get(), d_w.get(), d_rstd_in.get(), c.n, c.dim, nullptr,
-                                         d_dw.get(), this->stream_));
+                                         d_dw.get(), d_cs.get(), this->stream_));
     EXPECT_SAME_BITS(d_dw.download(this->stream_), dw, "rmsnorm dw with dx null");
     DeviceBuffer<float> d_dx2(nan_filled<float>(nd));
     ASSERT_STATUS_OK(rmsnorm_backward<T>(d_dy.get(), d_x.get(), d_w.get(), d_rstd_in.get(), c.n, c.dim, d_dx2.get(),
-                                         nullptr, this->stream_));
+                                         nullptr, nullptr, this->stream_));
     EXPECT_SAME_BITS(d_dx2.download(this->stream_), dx, "rmsnorm dx with dw null");
   }
 }
@@ -899,8 +917,9 @@ TEST_F(CudaOpsTest, SumOfSquaresMatchesDouble) {
 TYPED_TEST(CudaOpsT, ColumnSumAccumulateMatchesDouble) {
   using T = TypeParam;
   std::mt19937 g(72);
-  for (const auto& [rows, cols] :
-       std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {7, 24}, {33, 96}, {130, 136}, {1000, 5}, {3, 4100}}) {
+  // 1000, 5: 3 chunks; 40000 x 3: the most chunks (128) of 312 rows and a longer last one... of 316.
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 8}, {7, 24}, {33, 96}, {130, 136}, {1000, 5}, {3, 4100}, {40000, 3}, {600, 200}}) {
     SCOPED_TRACE("rows x cols = " + shape_str({rows, cols}));
     const Input<T> dy = random_input<T>(static_cast<size_t>(rows * cols), g);
     const Input<float> db0 = random_input<float>(static_cast<size_t>(cols), g);
@@ -909,11 +928,17 @@ TYPED_TEST(CudaOpsT, ColumnSumAccumulateMatchesDouble) {
       for (int64_t c = 0; c < cols; ++c) ref[static_cast<size_t>(c)] += dy.ref[static_cast<size_t>(r * cols + c)];
     DeviceBuffer<T> d_dy(dy.dev);
     DeviceBuffer<float> d_db(db0.dev);
-    ASSERT_STATUS_OK(column_sum_accumulate<T>(d_dy.get(), rows, cols, d_db.get(), this->stream_));
+    DeviceBuffer<char> d_cs(static_cast<size_t>(column_sum_scratch_bytes(cols)));
+    ASSERT_STATUS_OK(column_sum_accumulate<T>(d_dy.get(), rows, cols, d_db.get(), d_cs.get(), this->stream_));
     const std::vector<float> db = d_db.download(this->stream_);
     EXPECT_REL_ERR_LE(to_doubles(db), ref, kShortReduceFp32, "column_sum_accumulate (fp32 sums on both paths)");
+    // Adds only (no products to contract): the host emulation of the two-stage order gives the same bits.
+    std::vector<float> order = db0.dev;
+    column_sum_two_stage_host<float>([&](int64_t r, int64_t c) { return static_cast<float>(dy.ref[static_cast<size_t>(r * cols + c)]); },
+                                     rows, cols, order.data());
+    EXPECT_SAME_BITS(db, order, "column_sum_accumulate against its order on the host");
     d_db.upload(db0.dev);
-    ASSERT_STATUS_OK(column_sum_accumulate<T>(d_dy.get(), rows, cols, d_db.get(), this->stream_));
+    ASSERT_STATUS_OK(column_sum_accumulate<T>(d_dy.get(), rows, cols, d_db.get(), d_cs.get(), this->stream_));
     EXPECT_SAME_BITS(d_db.download(this->stream_), db, "column_sum_accumulate, second run");
   }
 }
@@ -1438,6 +1463,21 @@ TEST(CudaHostSide, MoeScratchAndPointerSlotsCoverEveryChunkAndExpert) {
 
 // The grouped call's operands must start on 16-byte boundaries with leading dimensions a multiple of
 // 16 bytes (issue 31): a bf16 expert weight behind gpt-oss's 4-element sinks (8 bytes) does not.
+TEST(CudaHostSide, ColumnSumChunksCoverEveryRowOnce) {
+  for (int64_t rows : {int64_t{1}, int64_t{255}, int64_t{256}, int64_t{511}, int64_t{512}, int64_t{2100}, int64_t{32768},
+                       int64_t{40000}, int64_t{1} << 20, int64_t{3} << 20}) {
+    const int64_t chunks = column_sum_chunks(rows), chunk = column_sum_chunk_rows(rows);
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    EXPECT_GE(chunks, 1);
+    EXPECT_LE(chunks, kColumnSumMaxChunks);
+    EXPECT_GE(chunks * chunk, rows) << "every row in a chunk";
+    EXPECT_LT((chunks - 1) * chunk, rows) << "the last chunk is not empty";
+    EXPECT_GE(chunk, std::min<int64_t>(rows, kColumnSumMinChunkRows)) << "chunks long enough to pay for their partials";
+  }
+  EXPECT_EQ(column_sum_chunks(1 << 20), kColumnSumMaxChunks);
+  EXPECT_EQ(column_sum_chunk_rows(1 << 20), 8192);
+}
+
 TEST(CudaHostSide, GroupedGemmOperandsMustBeOn16ByteBoundaries) {
   alignas(16) static unsigned char buf[256];
   EXPECT_TRUE(grouped_operand_aligned(buf, 2880, 2)) << "a 16-byte boundary, 2880 bf16 columns (5760 B)";
@@ -1677,9 +1717,17 @@ TEST_F(CudaOpsTest, MoeRoutingMatchesCpu) {
     cpu::moe_aux_stats<float>(p.data(), ex_ref.data(), c.n, c.e, c.k, count_ref.data(), prob_ref.data());
     DeviceBuffer<int32_t> d_off(off);
     DeviceBuffer<double> d_count(count0), d_prob(prob0);
-    ASSERT_STATUS_OK(moe_aux_stats(d_p.get(), d_off.get(), c.n, c.e, d_count.get(), d_prob.get(), stream_));
+    DeviceBuffer<char> d_cs(static_cast<size_t>(column_sum_scratch_bytes(c.e)));
+    ASSERT_STATUS_OK(moe_aux_stats(d_p.get(), d_off.get(), c.n, c.e, d_count.get(), d_prob.get(), d_cs.get(), stream_));
     EXPECT_SAME_BITS(d_count.download(stream_), count_ref, "slots per expert");
-    EXPECT_SAME_BITS(d_prob.download(stream_), prob_ref, "summed probabilities");
+    // The probabilities: the two-stage order (column_sum.cuh), emulated on the host in double (adds
+    // only, so the same bits), and within double rounding of the CPU op's sequential sum.
+    const std::vector<double> prob = d_prob.download(stream_);
+    std::vector<double> order = prob0;
+    column_sum_two_stage_host<double>([&](int64_t t, int64_t x) { return static_cast<double>(p[static_cast<size_t>(t * c.e + x)]); },
+                                      c.n, c.e, order.data());
+    EXPECT_SAME_BITS(prob, order, "summed probabilities against their order on the host");
+    EXPECT_REL_ERR_LE(prob, prob_ref, 1e-13, "summed probabilities against the CPU op");
   }
 }
 
@@ -1958,8 +2006,9 @@ TYPED_TEST(CudaOpsT, QkNormPerHeadMatchesCpu) {
     cpu::rmsnorm_backward<double>(this->ctx_, dy.ref.data(), pre_d.data(), nw.ref.data(), rstd_in.data(), rows, hd, dx_ref.data(),
                                   dw_ref.data());
     DeviceBuffer<float> d_g(dy.dev), d_dw(dw0.dev);
-    ASSERT_STATUS_OK(
-        rmsnorm_backward<T>(d_g.get(), d_pre.get(), d_nw.get(), d_rstd.get(), rows, hd, d_g.get(), d_dw.get(), this->stream_));
+    DeviceBuffer<char> d_cs(static_cast<size_t>(column_sum_scratch_bytes(hd)));
+    ASSERT_STATUS_OK(rmsnorm_backward<T>(d_g.get(), d_pre.get(), d_nw.get(), d_rstd.get(), rows, hd, d_g.get(), d_dw.get(),
+                                         d_cs.get(), this->stream_));
     EXPECT_REL_ERR_LE(to_doubles(d_g.download(this->stream_)), dx_ref, kRmsNormDxFp32, "d q before the norm (in place)");
     // dw sums tokens * heads rows in fp32: a longer sum than the other norms'
     EXPECT_REL_ERR_LE(to_doubles(d_dw.download(this->stream_)), dw_ref, 4 * kShortReduceFp32, "d q_norm weight");

@@ -365,14 +365,14 @@ class CudaBackend final : public Backend {
       MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, ws.dup, xn2, d.N, d.H, d.I, g[TensorRole::kUp]));
     }
     MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dxn, a.h, wt(w, TensorRole::kMlpNorm), a.rstd2, d.N, d.H, ws.tmp,
-                                                 g[TensorRole::kMlpNorm], s));
+                                                 g[TensorRole::kMlpNorm], col_ws(d.H), s));
     MT_RETURN_IF_ERROR(cuda::add(dout, ws.tmp, NH, ws.dh, s));  // the residual
     // Attention: h = x + o_proj(attn)
     const T* dh_t = to_t(ws.dh, ws.dh_t, NH);
     MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, T>(blas_, dh_t, wt(w, TensorRole::kO), d.N, d.q, d.H, ws.dattn, false)));
     MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dh_t, attn, d.N, d.q, d.H, g[TensorRole::kO]));
-    if (g[TensorRole::kOBias] != nullptr)  // from the fp32 gradient, rows in order
-      MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(ws.dh, d.N, d.H, g[TensorRole::kOBias], s));
+    if (g[TensorRole::kOBias] != nullptr)  // from the fp32 gradient
+      MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(ws.dh, d.N, d.H, g[TensorRole::kOBias], col_ws(d.H), s));
     const T* sinks = wt(w, TensorRole::kSinks);
     if (sinks != nullptr && g[TensorRole::kSinks] == nullptr)
       return internal_error("CUDA backend: a layer with attention sinks was given no gradient for them");
@@ -382,15 +382,15 @@ class CudaBackend final : public Backend {
     MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dk, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s, rope_scale()));
     if (d.qk_norm) {  // through the per-head norms, in place, to the projections' outputs
       MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dq, a.q_pre, wt(w, TensorRole::kQNorm), a.rstd_q, d.N * d.nh, d.hd, ws.dq,
-                                                   g[TensorRole::kQNorm], s));
+                                                   g[TensorRole::kQNorm], col_ws(d.hd), s));
       MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dk, a.k_pre, wt(w, TensorRole::kKNorm), a.rstd_k, d.N * d.nkv, d.hd, ws.dk,
-                                                   g[TensorRole::kKNorm], s));
+                                                   g[TensorRole::kKNorm], col_ws(d.hd), s));
     }
     MT_RETURN_IF_ERROR(project_backward(ws.dq, ws.dq_t, xn1, w, g, TensorRole::kQ, TensorRole::kQBias, d.q, ws.dxn, false));
     MT_RETURN_IF_ERROR(project_backward(ws.dk, ws.dk_t, xn1, w, g, TensorRole::kK, TensorRole::kKBias, d.kv, ws.dxn, true));
     MT_RETURN_IF_ERROR(project_backward(ws.dv, ws.dv_t, xn1, w, g, TensorRole::kV, TensorRole::kVBias, d.kv, ws.dxn, true));
     MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dxn, a.x, wt(w, TensorRole::kAttnNorm), a.rstd1, d.N, d.H, ws.tmp,
-                                                 g[TensorRole::kAttnNorm], s));
+                                                 g[TensorRole::kAttnNorm], col_ws(d.H), s));
     MT_RETURN_IF_ERROR(cuda::add(ws.dh, ws.tmp, NH, dx, s));
     return finish();
   }
@@ -424,7 +424,7 @@ class CudaBackend final : public Backend {
       MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, hw.dlogits, lm + v0 * d.H, d.N, d.H, vc, hw.dxn, v0 > 0)));
       MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, hw.dlogits, hw.xn, d.N, d.H, vc, d_lm_head + v0 * d.H));
     }
-    MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(hw.dxn, x, norm, hw.rstd, d.N, d.H, dx, d_final_norm, s));
+    MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(hw.dxn, x, norm, hw.rstd, d.N, d.H, dx, d_final_norm, col_ws(d.H), s));
     double loss = 0;
     long long n = 0;
     MT_CUDA_RETURN(cudaMemcpyAsync(&loss, loss_dev_, sizeof(double), cudaMemcpyDeviceToHost, s));
@@ -592,6 +592,7 @@ class CudaBackend final : public Backend {
     inv_freq_dev_ = c.get<float>(Buf::kInvFreq);
     loss_dev_ = c.get<double>(Buf::kLossSum);
     count_dev_ = c.get<long long>(Buf::kTokenCount);
+    col_ws_ = c.raw(Buf::kColumnPartials);  // the two-stage column sums' partials
     // MoE: the counting sort's per-chunk counts, the grouped GEMMs' pointer arrays, the routing
     // statistics (count, probability sums; doubles) and the load-balancing gradient (fp32).
     sort_scratch_ = c.get<int32_t>(Buf::kSortScratch);
@@ -603,6 +604,14 @@ class CudaBackend final : public Backend {
   // ---- helpers ----------------------------------------------------------------------------
   cudaStream_t stream(StreamKind s) const { return streams_[static_cast<int>(s)]; }
   cudaStream_t compute() const { return stream(StreamKind::kCompute); }
+  // The two-stage column sums' partials, for a sum over `cols` columns (buffers::cuda_column_sum_cols
+  // sized them for the widest this backend makes).
+  void* col_ws(int64_t cols) const {
+    MT_CHECK(cols <= buffers::cuda_column_sum_cols(dims_),
+             "CUDA backend: a column sum over " + std::to_string(cols) + " columns, but the partials hold " +
+                 std::to_string(buffers::cuda_column_sum_cols(dims_)));
+    return col_ws_;
+  }
   float eps() const { return static_cast<float>(dims_.eps); }
   float rope_scale() const { return static_cast<float>(dims_.rope_scale); }
   bool has_window() const {
@@ -655,7 +664,7 @@ class CudaBackend final : public Backend {
     const T* dy_t = to_t(dy, dy_t_buf, dims_.N * out);
     MT_RETURN_IF_ERROR((cuda::linear_backward_data<T, float>(blas_, dy_t, wt(w, weight), dims_.N, dims_.H, out, dxn, accumulate)));
     MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dy_t, xn, dims_.N, dims_.H, out, g[weight]));
-    if (g[bias] != nullptr) MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(dy, dims_.N, out, g[bias], compute()));
+    if (g[bias] != nullptr) MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(dy, dims_.N, out, g[bias], col_ws(out), compute()));
     return {};
   }
 
@@ -716,7 +725,7 @@ class CudaBackend final : public Backend {
       const size_t bytes = sizeof(double) * static_cast<size_t>(d.E);
       MT_CUDA_RETURN(cudaMemcpyAsync(aux_dev_, a.aux_count, bytes, cudaMemcpyHostToDevice, s));
       MT_CUDA_RETURN(cudaMemcpyAsync(aux_dev_ + d.E, a.aux_prob, bytes, cudaMemcpyHostToDevice, s));
-      MT_RETURN_IF_ERROR(cuda::moe_aux_stats(a.rprobs, a.offsets, d.N, d.E, aux_dev_, aux_dev_ + d.E, s));
+      MT_RETURN_IF_ERROR(cuda::moe_aux_stats(a.rprobs, a.offsets, d.N, d.E, aux_dev_, aux_dev_ + d.E, col_ws(d.E), s));
       MT_CUDA_RETURN(cudaMemcpyAsync(a.aux_count, aux_dev_, bytes, cudaMemcpyDeviceToHost, s));
       MT_CUDA_RETURN(cudaMemcpyAsync(a.aux_prob, aux_dev_ + d.E, bytes, cudaMemcpyDeviceToHost, s));
     }
@@ -774,7 +783,7 @@ class CudaBackend final : public Backend {
         (cuda::linear_backward_data<T, float>(blas_, dlogits_t, wt(w, TensorRole::kRouter), d.N, d.H, d.E, ws.dxn, true)));
     MT_RETURN_IF_ERROR(cuda::linear_backward_weight<T>(blas_, dlogits_t, xn2, d.N, d.H, d.E, g[TensorRole::kRouter]));
     if (g[TensorRole::kRouterBias] != nullptr)
-      MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(ws.dlogits, d.N, d.E, g[TensorRole::kRouterBias], s));
+      MT_RETURN_IF_ERROR(cuda::column_sum_accumulate<float>(ws.dlogits, d.N, d.E, g[TensorRole::kRouterBias], col_ws(d.E), s));
     return {};
   }
 
@@ -867,7 +876,7 @@ class CudaBackend final : public Backend {
   cudaStream_t streams_[kStreamCount] = {};
   cublasHandle_t blas_ = nullptr;
   // the private region
-  void *blas_ws_ = nullptr, *attn_ws_ = nullptr;
+  void *blas_ws_ = nullptr, *attn_ws_ = nullptr, *col_ws_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr, *positions_ = nullptr;
   int32_t *g_unique_ = nullptr, *g_offsets_ = nullptr, *g_positions_ = nullptr;
   float* inv_freq_dev_ = nullptr;

@@ -25,7 +25,7 @@ enum class Buf : int16_t {
   kHeadXn, kHeadRstd, kHeadDxn, kRunMax, kRunSum, kTargetLogit, kHeadLse, kLogits, kDlogitsHead,
   // the CUDA backend's private region
   kBlasWorkspace, kAttentionWorkspace, kTokens, kTargets, kPositions, kUniqueTokens, kTokenOffsets, kTokenPositions,
-  kInvFreq, kLossSum, kTokenCount, kSortScratch, kGemmPointers, kAuxStats, kAuxGrad,
+  kInvFreq, kLossSum, kTokenCount, kColumnPartials, kSortScratch, kGemmPointers, kAuxStats, kAuxGrad,
   kCount
 };
 const char* buf_name(Buf b);
@@ -91,6 +91,10 @@ inline constexpr int64_t kCudaBlasWorkspaceBytes = int64_t{32} << 20;     // cuB
 inline constexpr int64_t kCudaAttentionBudgetBytes = int64_t{256} << 20;  // attention score blocks
 inline constexpr int64_t kCudaLogitElems = int64_t{16} << 20;            // logits of one vocabulary chunk
 int64_t cuda_attention_rows(const Shape& s);  // query rows per attention block (at most s.caps.attention_rows)
+// The widest column sum the CUDA backend makes (its partials' buffer holds that many columns):
+// RMSNorm weights (hidden, head_dim), the q/k/v/o biases, the router's bias and the routing
+// statistics (experts). The backend refuses a wider one.
+int64_t cuda_column_sum_cols(const Shape& s);
 int64_t cuda_vocab_chunk(const Shape& s);     // vocabulary columns per logit chunk (at most s.caps.vocab_chunk)
 BufferList cuda_layer_acts(const Shape& s, int32_t t);
 BufferList cuda_layer_workspace(const Shape& s, int32_t t);
