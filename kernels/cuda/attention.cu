@@ -7,12 +7,12 @@
 // Sinks (gpt-oss): a per-head logit in every row's softmax denominator with no value, so lse
 // includes it; P = exp(S - lse) then leaves it out, and d sink_h = -sum_rows exp(sink_h - lse) D.
 //
-//   forward   S_h   = scale * Q_h K_g^T                  (cuBLAS, batched over kv heads g; the
-//                                                         query heads h = g * rep + r of a group
-//                                                         are a fixed stride apart)
+//   forward   S_h   = scale * Q_h K_g^T                  (cuBLAS, one call for every head: the
+//                                                         query heads h = g * rep + r as a two-level
+//                                                         batch, gemm2 below)
 //             P_h   = softmax over the visible keys j <= r0 + i, and lse = max + log(sum)
 //                                                        (softmax_rows: one block per row)
-//             O_h   = P_h V_g                            (cuBLAS, written into out in place)
+//             O_h   = P_h V_g                            (cuBLAS, one call, written into out in place)
 //   backward  Drow  = rowsum(dO * O)                     (one warp per row, for all rows first)
 //             per block: S again, P = exp(S - lse) (the saved log-sum-exp: no second softmax)
 //             dP_h  = dO_h V_g^T
@@ -32,6 +32,7 @@
 #include <cmath>
 
 #include "cuda/device_util.cuh"
+#include "cuda/workspace_sizes.h"
 #include "cuda/gemm.cuh"
 
 namespace megatrain::cuda {
@@ -141,10 +142,27 @@ template <typename T>
 struct GpuOps {
   cublasHandle_t h;
   cudaStream_t s;
+  void** pointers;  // gemm2's pointer arrays (3 x n_heads), in the workspace
   template <typename A, typename C>
   Status gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const A* a, int64_t lda, int64_t sa, const A* b,
               int64_t ldb, int64_t sb, float beta, C* c, int64_t ldc, int64_t sc, int64_t batch) {
     return gemm_strided_batched<A, C>(h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
+  }
+  // The (kv group, head in group) grid: one pointer-array call when every matrix of it is 16-byte
+  // aligned (always without a sliding window when seq and the head size are multiples of 8: see
+  // attention_block_rows), else one strided-batched call over the groups per head in the group.
+  template <typename A, typename C>
+  Status gemm2(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const A* a, int64_t lda, Stride2 sa, const A* b,
+               int64_t ldb, Stride2 sb, C* c, int64_t ldc, Stride2 sc, int64_t n_outer, int64_t n_inner) {
+    if (n_inner == 1) return gemm<A, C>(ta, tb, m, n, k, alpha, a, lda, sa.outer, b, ldb, sb.outer, 0.0f, c, ldc, sc.outer, n_outer);
+    if (batched_operand_aligned(a, lda, sizeof(A), sa.outer, sa.inner) && batched_operand_aligned(b, ldb, sizeof(A), sb.outer, sb.inner) &&
+        batched_operand_aligned(c, ldc, sizeof(C), sc.outer, sc.inner))
+      return gemm_batched_2d<A, C>(h, s, ta, tb, m, n, k, alpha, a, lda, sa.outer, sa.inner, b, ldb, sb.outer, sb.inner, 0.0f, c, ldc,
+                                   sc.outer, sc.inner, n_outer, n_inner, pointers);
+    for (int64_t i = 0; i < n_inner; ++i)
+      MT_RETURN_IF_ERROR((gemm<A, C>(ta, tb, m, n, k, alpha, a + i * sa.inner, lda, sa.outer, b + i * sb.inner, ldb, sb.outer, 0.0f,
+                                     c + i * sc.inner, ldc, sc.outer, n_outer)));
+    return {};
   }
   Status softmax_rows(const float* sc, T* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0,
                       int64_t window, int64_t seq, int64_t lse_base, const T* sinks) {
@@ -190,7 +208,9 @@ struct Regions {
   float* s;
   void* p;
   float* drow;
+  void** pointers;
 };
+// As attention_workspace_bytes lays it out.
 Regions carve(const AttnDims& d, int64_t rows, void* workspace) {
   char* base = static_cast<char*>(workspace);
   const int64_t block = d.n_heads * rows * d.seq;
@@ -198,6 +218,7 @@ Regions carve(const AttnDims& d, int64_t rows, void* workspace) {
   r.s = reinterpret_cast<float*>(base);
   r.p = base + align_up(block * 4);
   r.drow = reinterpret_cast<float*>(base + 2 * align_up(block * 4));
+  r.pointers = reinterpret_cast<void**>(base + 2 * align_up(block * 4) + align_up(d.batch * d.n_heads * d.seq * 4));
   return r;
 }
 
@@ -208,7 +229,7 @@ Status attention_forward(cublasHandle_t h, const AttnDims& d, const T* q, const 
                          void* workspace, int64_t rows_per_block, cudaStream_t s, const T* sinks) {
   MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
   const Regions w = carve(d, std::min(rows_per_block, d.seq), workspace);
-  GpuOps<T> ops{h, s};
+  GpuOps<T> ops{h, s, w.pointers};
   return attention_forward_schedule<T>(ops, d, q, k, v, out, lse, w.s, static_cast<T*>(w.p), rows_per_block, sinks);
 }
 
@@ -218,7 +239,7 @@ Status attention_backward(cublasHandle_t h, const AttnDims& d, const T* q, const
                           int64_t rows_per_block, cudaStream_t s, const T* sinks, float* d_sinks) {
   MT_RETURN_IF_ERROR(check_attention(d, rows_per_block));
   const Regions w = carve(d, std::min(rows_per_block, d.seq), workspace);
-  GpuOps<T> ops{h, s};
+  GpuOps<T> ops{h, s, w.pointers};
   return attention_backward_schedule<T>(ops, d, q, k, v, out, dout, lse, dq, dk, dv, w.s, static_cast<T*>(w.p), w.drow,
                                         rows_per_block, sinks, d_sinks);
 }

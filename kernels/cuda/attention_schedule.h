@@ -7,6 +7,12 @@
 // Ops provides, all row-major with leading dimensions and batch strides in elements:
 //   gemm<A, C>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch)
 //       c[i] = alpha * op(a[i]) op(b[i]) + beta * c[i] for each of `batch` problems
+//   gemm2<A, C>(ta, tb, m, n, k, alpha, a, lda, Stride2 sa, b, ldb, Stride2 sb, c, ldc, Stride2 sc, n_outer, n_inner)
+//       the same for n_outer x n_inner problems, problem (o, i) at x + o * sx.outer + i * sx.inner
+//       for each operand x, with beta 0; no two problems write the same c. One launch (GpuOps:
+//       one pointer-array cuBLAS call where the operands allow it, else one call per inner index).
+//       The query heads h = g * rep + r of a GQA group are such a grid: outer g (n_kv_heads), inner
+//       r (rep), the group's K and V at inner stride 0.
 //   softmax_rows(s, p, lse, n_heads, rows, keys, r0, k0, window, seq, lse_base, sinks)
 //       per score row (h, i) of s [n_heads, rows, keys], whose column c is key j = k0 + c: softmax
 //       over the keys the query t = r0 + i sees (visible(t, j, window) below) into p (0 elsewhere),
@@ -33,6 +39,11 @@
 
 namespace megatrain::cuda {
 
+// The two strides of a gemm2 operand, in elements.
+struct Stride2 {
+  int64_t outer = 0, inner = 0;
+};
+
 struct AttnDims {
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   // The sliding window (gpt-oss, Mistral): query t sees key j when t - window < j <= t; 0 for the
@@ -50,19 +61,24 @@ inline bool attention_visible(int64_t t, int64_t j, int64_t window) {
 inline int64_t attention_first_key(int64_t r0, int64_t window) { return window > 0 ? std::max<int64_t>(0, r0 - window + 1) : 0; }
 
 // Bytes of workspace forward and backward need with `rows` query rows per block: S (fp32) and
-// P/dS (sized for fp32 so that one size serves both paths), then the D rows; 256-byte aligned.
+// P/dS (sized for fp32 so that one size serves both paths), the D rows, then gemm2's pointer
+// arrays (A, B and C for each of the n_heads problems of one call); 256-byte aligned.
 inline int64_t attention_align_up(int64_t x) { return (x + 255) / 256 * 256; }
 inline int64_t attention_workspace_bytes(const AttnDims& d, int64_t rows) {
   rows = std::min(rows, d.seq);
   const int64_t block = d.n_heads * rows * d.seq;
-  return 2 * attention_align_up(block * 4) + attention_align_up(d.batch * d.n_heads * d.seq * 4);
+  return 2 * attention_align_up(block * 4) + attention_align_up(d.batch * d.n_heads * d.seq * 4) +
+         attention_align_up(3 * 8 * d.n_heads);
 }
-// Query rows per block for a workspace of `budget_bytes` (at least 16 rows, at most seq).
+// Query rows per block for a workspace of `budget_bytes` (at least 16 rows, at most seq). Below seq
+// it is a multiple of 8: then without a sliding window every block's key count (r0 + rows) and
+// score block (rows x keys) are multiples of 8 when seq is, so each head's scores start on a
+// 32-byte boundary and gemm2 can issue one pointer-array call (GpuOps).
 inline int64_t attention_block_rows(const AttnDims& d, int64_t budget_bytes) {
-  const int64_t fixed = attention_align_up(d.batch * d.n_heads * d.seq * 4) + 2 * 256;
+  const int64_t fixed = attention_align_up(d.batch * d.n_heads * d.seq * 4) + 2 * 256 + attention_align_up(24 * d.n_heads);
   const int64_t per_row = 8 * d.n_heads * d.seq;
   int64_t rows = per_row > 0 ? (budget_bytes - fixed) / per_row : d.seq;
-  rows = std::max<int64_t>(rows, 16);
+  rows = std::max<int64_t>(rows / 8 * 8, 16);
   return std::min(rows, d.seq);
 }
 
@@ -92,19 +108,15 @@ Status attention_forward_schedule(Ops& ops, const AttnDims& d, const T* q, const
       const int64_t rows = std::min(rows_per_block, seq - r0);
       const int64_t k0 = attention_first_key(r0, d.window), keys = r0 + rows - k0;  // causal: keys < r0 + rows
       const int64_t hb = rows * keys;                                                // one head's scores
-      // Query head h = g * rep + r reads kv head g: for a fixed r, the heads of all groups are
-      // rep * head_dim apart in q and head_dim apart in k, so one batched GEMM covers them.
-      for (int64_t r = 0; r < rep; ++r) {
-        const T* qh = q + (b * seq + r0) * qld + r * hd;
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kb + k0 * kld, kld,
-                                                        hd, 0.0f, s + r * hb, keys, rep * hb, d.n_kv_heads)));
-      }
+      // Query head h = g * rep + r reads kv head g: heads are head_dim apart in q (rep * head_dim
+      // from group to group), hb apart in the scores, and a group's rep heads share its k and v
+      // (inner stride 0): one gemm2 over the (g, r) grid.
+      const Stride2 sq{rep * hd, hd}, skv{hd, 0}, ss{rep * hb, hb};
+      MT_RETURN_IF_ERROR((ops.template gemm2<T, float>(false, true, rows, keys, hd, scale, q + (b * seq + r0) * qld, qld, sq,
+                                                       kb + k0 * kld, kld, skv, s, keys, ss, d.n_kv_heads, rep)));
       MT_RETURN_IF_ERROR(ops.softmax_rows(s, p, lse, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq, sinks));
-      for (int64_t r = 0; r < rep; ++r) {
-        T* oh = out + (b * seq + r0) * qld + r * hd;
-        MT_RETURN_IF_ERROR((ops.template gemm<T, T>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, vb + k0 * kld,
-                                                    kld, hd, 0.0f, oh, qld, rep * hd, d.n_kv_heads)));
-      }
+      MT_RETURN_IF_ERROR((ops.template gemm2<T, T>(false, false, rows, hd, keys, 1.0f, p, keys, ss, vb + k0 * kld, kld, skv,
+                                                   out + (b * seq + r0) * qld, qld, sq, d.n_kv_heads, rep)));
     }
   }
   return {};
@@ -140,32 +152,28 @@ Status attention_backward_schedule(Ops& ops, const AttnDims& d, const T* q, cons
       const T* vw = vb + k0 * kld;
       float* dkw = dkb + k0 * kld;
       float* dvw = dvb + k0 * kld;
-      for (int64_t r = 0; r < rep; ++r) {  // the scores again
-        const T* qh = q + (b * seq + r0) * qld + r * hd;
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, scale, qh, qld, rep * hd, kw, kld, hd, 0.0f,
-                                                        s + r * hb, keys, rep * hb, d.n_kv_heads)));
-      }
+      const Stride2 sq{rep * hd, hd}, skv{hd, 0}, ss{rep * hb, hb};
+      const T* qb = q + (b * seq + r0) * qld;
+      const T* dob = dout + (b * seq + r0) * qld;
+      // The scores again, over the (g, r) grid of heads (as the forward).
+      MT_RETURN_IF_ERROR((ops.template gemm2<T, float>(false, true, rows, keys, hd, scale, qb, qld, sq, kw, kld, skv, s, keys, ss,
+                                                       d.n_kv_heads, rep)));
       MT_RETURN_IF_ERROR(ops.probs_from_lse(s, lse, p, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq));
-      for (int64_t r = 0; r < rep; ++r) {
-        const T* doh = dout + (b * seq + r0) * qld + r * hd;
-        // dP_h = dO_h V_g^T, over the scores (no longer needed)
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, true, rows, keys, hd, 1.0f, doh, qld, rep * hd, vw, kld, hd, 0.0f,
-                                                        s + r * hb, keys, rep * hb, d.n_kv_heads)));
-        // dV_g += P_h^T dO_h (heads r of a group in order)
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb, doh, qld,
-                                                        rep * hd, 1.0f, dvw, kld, hd, d.n_kv_heads)));
-      }
+      // dP_h = dO_h V_g^T, over the scores (no longer needed): every head at once.
+      MT_RETURN_IF_ERROR((ops.template gemm2<T, float>(false, true, rows, keys, hd, 1.0f, dob, qld, sq, vw, kld, skv, s, keys, ss,
+                                                       d.n_kv_heads, rep)));
+      // dV_g += P_h^T dO_h: the heads r of a group add into the same dV_g, so one call per r, in order.
+      for (int64_t r = 0; r < rep; ++r)
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb,
+                                                        dob + r * hd, qld, rep * hd, 1.0f, dvw, kld, hd, d.n_kv_heads)));
       MT_RETURN_IF_ERROR(ops.scores_grad(p, s, drow, d.n_heads, rows, keys, r0, seq, b * d.n_heads * seq, scale));
-      for (int64_t r = 0; r < rep; ++r) {
-        const T* qh = q + (b * seq + r0) * qld + r * hd;
-        float* dqh = dq + (b * seq + r0) * qld + r * hd;
-        // dQ_h = dS_h K_g
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(false, false, rows, hd, keys, 1.0f, p + r * hb, keys, rep * hb, kw, kld, hd,
-                                                        0.0f, dqh, qld, rep * hd, d.n_kv_heads)));
-        // dK_g += dS_h^T Q_h
-        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb, qh, qld,
-                                                        rep * hd, 1.0f, dkw, kld, hd, d.n_kv_heads)));
-      }
+      // dQ_h = dS_h K_g: every head at once.
+      MT_RETURN_IF_ERROR((ops.template gemm2<T, float>(false, false, rows, hd, keys, 1.0f, p, keys, ss, kw, kld, skv,
+                                                       dq + (b * seq + r0) * qld, qld, sq, d.n_kv_heads, rep)));
+      // dK_g += dS_h^T Q_h: as dV, one call per r, in order.
+      for (int64_t r = 0; r < rep; ++r)
+        MT_RETURN_IF_ERROR((ops.template gemm<T, float>(true, false, keys, hd, rows, 1.0f, p + r * hb, keys, rep * hb,
+                                                        qb + r * hd, qld, rep * hd, 1.0f, dkw, kld, hd, d.n_kv_heads)));
     }
   }
   return {};

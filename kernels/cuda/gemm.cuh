@@ -33,6 +33,18 @@ Status gemm_strided_batched(cublasHandle_t h, bool trans_a, bool trans_b, int64_
                             const T* a, int64_t lda, int64_t stride_a, const T* b, int64_t ldb, int64_t stride_b,
                             float beta, C* c, int64_t ldc, int64_t stride_c, int64_t batch);
 
+// The GEMM for n_outer x n_inner problems, problem (o, i) at x + o * stride_outer + i * stride_inner
+// for each operand x, in one pointer-array call (cublasGemmBatchedEx): a kernel on stream s writes
+// the A, B and C addresses into `pointers` (device memory for 3 * n_outer * n_inner of them) first.
+// The caller checks that every matrix is 16-byte aligned (batched_operand_aligned in
+// workspace_sizes.h: cuBLAS cannot check addresses it reads from device memory) and that no two
+// problems write the same C.
+template <typename T, typename C>
+Status gemm_batched_2d(cublasHandle_t h, cudaStream_t s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const T* a, int64_t lda, int64_t sa_outer, int64_t sa_inner, const T* b, int64_t ldb,
+                       int64_t sb_outer, int64_t sb_inner, float beta, C* c, int64_t ldc, int64_t sc_outer, int64_t sc_inner,
+                       int64_t n_outer, int64_t n_inner, void** pointers);
+
 // torch.nn.Linear with weights [out, in]:
 //   forward   y[n, out] = x[n, in] W^T (+ bias)              (beta 1 adds into y: the residual)
 //   backward  dx (=|+=) dy W;  dW += dy^T x                  (dW fp32, accumulated)

@@ -25,6 +25,11 @@ inline int64_t grouped_gemm_pointer_slots(int64_t e) { return 3 * e; }
 inline bool grouped_operand_aligned(const void* p, int64_t ld, int64_t elem_bytes) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld * elem_bytes % 16 == 0;
 }
+// The same for every matrix of a two-level batch (gemm_batched_2d): p + o * stride_outer +
+// i * stride_inner (elements) for every o and i, which holds when p and both strides are aligned.
+inline bool batched_operand_aligned(const void* p, int64_t ld, int64_t elem_bytes, int64_t stride_outer, int64_t stride_inner) {
+  return grouped_operand_aligned(p, ld, elem_bytes) && stride_outer * elem_bytes % 16 == 0 && stride_inner * elem_bytes % 16 == 0;
+}
 
 // Column sums over many rows (RMSNorm's weight gradient, bias gradients, the MoE routing
 // statistics) run in two stages in a fixed order (column_sum.cuh): the rows are cut into

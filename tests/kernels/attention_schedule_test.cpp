@@ -9,8 +9,10 @@
 // (cuda_ops_test.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/attention_schedule.h"
@@ -36,6 +38,26 @@ struct HostOps {
           out = static_cast<C>(alpha * acc + (beta != 0.0f ? beta * static_cast<double>(out) : 0.0));
         }
     ++gemms;
+    return {};
+  }
+  // One launch for the whole grid, as on the GPU. Its problems must write disjoint outputs (they
+  // run in no particular order there): every problem's C rows are checked against the others'.
+  template <typename A, typename C>
+  Status gemm2(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const A* a, int64_t lda, Stride2 sa, const A* b,
+               int64_t ldb, Stride2 sb, C* c, int64_t ldc, Stride2 sc, int64_t n_outer, int64_t n_inner) {
+    std::vector<std::pair<int64_t, int64_t>> spans;  // [first, last] element of each C row
+    for (int64_t o = 0; o < n_outer; ++o)
+      for (int64_t i = 0; i < n_inner; ++i)
+        for (int64_t r = 0; r < m; ++r) spans.emplace_back(o * sc.outer + i * sc.inner + r * ldc, o * sc.outer + i * sc.inner + r * ldc + n - 1);
+    std::sort(spans.begin(), spans.end());
+    for (size_t x = 1; x < spans.size(); ++x)
+      if (spans[x].first <= spans[x - 1].second) return internal_error("gemm2: two problems write the same output");
+    const int64_t before = gemms;
+    for (int64_t o = 0; o < n_outer; ++o)
+      for (int64_t i = 0; i < n_inner; ++i)
+        MT_RETURN_IF_ERROR((gemm<A, C>(ta, tb, m, n, k, alpha, a + o * sa.outer + i * sa.inner, lda, 0, b + o * sb.outer + i * sb.inner,
+                                       ldb, 0, 0.0f, c + o * sc.outer + i * sc.inner, ldc, 0, 1)));
+    gemms = before + 1;
     return {};
   }
   Status softmax_rows(const float* s, float* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0,
@@ -195,6 +217,31 @@ TEST_P(AttentionSchedule, EqualsTheCpuOpForEveryBlockSize) {
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionSchedule,
                          ::testing::Values(Case{1, 1, 2, 1, 8}, Case{2, 5, 4, 2, 8}, Case{1, 37, 6, 2, 16}, Case{2, 19, 3, 3, 8},
                                            Case{1, 33, 8, 1, 4}));
+
+// Issue 31, row 7: the launches no longer grow with the heads of a GQA group. Per sequence and
+// block of rows the forward issues 2 GEMM launches (scores, values) whatever the group size, and
+// the backward 3 + 2 x rep (the dV and dK accumulations stay per head, in order, for determinism).
+TEST(AttentionSchedule, GemmLaunchesPerBlockDoNotGrowWithTheGroup) {
+  for (const Case c : {Case{2, 24, 8, 2, 8}, Case{1, 24, 8, 8, 8}, Case{3, 24, 8, 1, 8}}) {
+    const AttnDims d{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim};
+    const int64_t rep = c.heads / c.kv_heads, rows = 8, blocks = c.batch * ((c.seq + rows - 1) / rows);
+    std::mt19937 g(5);
+    const int64_t nq = c.batch * c.seq * c.heads * c.head_dim, nk = c.batch * c.seq * c.kv_heads * c.head_dim;
+    const std::vector<float> q = randn(nq, g), k = randn(nk, g), v = randn(nk, g), dout = randn(nq, g);
+    std::vector<float> s(static_cast<size_t>(c.heads * rows * c.seq)), p(s.size());
+    std::vector<float> out(static_cast<size_t>(nq)), lse(static_cast<size_t>(c.batch * c.heads * c.seq));
+    HostOps fwd;
+    ASSERT_TRUE(attention_forward_schedule<float>(fwd, d, q.data(), k.data(), v.data(), out.data(), lse.data(), s.data(), p.data(), rows).ok());
+    EXPECT_EQ(fwd.gemms, 2 * blocks) << "rep " << rep;
+    HostOps bwd;
+    std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)), dv(static_cast<size_t>(nk));
+    std::vector<float> drow(static_cast<size_t>(c.batch * c.heads * c.seq));
+    ASSERT_TRUE(attention_backward_schedule<float>(bwd, d, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(),
+                                                   dq.data(), dk.data(), dv.data(), s.data(), p.data(), drow.data(), rows)
+                    .ok());
+    EXPECT_EQ(bwd.gemms, (3 + 2 * rep) * blocks) << "rep " << rep;
+  }
+}
 
 TEST(AttentionSchedule, RefusesBadShapes) {
   HostOps ops;

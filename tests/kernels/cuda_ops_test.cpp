@@ -452,9 +452,24 @@ TEST(CudaHostSide, AttentionBlockRowsFitTheBudget) {
       EXPECT_LE(rows, d.seq);
       EXPECT_GE(rows, prev) << "more budget, fewer rows";
       EXPECT_LE(attention_workspace_bytes(d, rows), budget) << "rows " << rows << " overrun the budget";
+      if (rows < d.seq) {
+        EXPECT_EQ(rows % 8, 0) << "a block short of the sequence is a multiple of 8 rows";
+      }
       prev = rows;
     }
   }
+}
+
+// gemm2's pointer-array call only for matrices on 16-byte boundaries at every (outer, inner) step.
+TEST(CudaHostSide, TwoLevelBatchesNeedEveryMatrixAligned) {
+  alignas(16) static unsigned char buf[64];
+  EXPECT_TRUE(batched_operand_aligned(buf, 64, 2, 8 * 128, 128)) << "bf16 q heads of 128";
+  EXPECT_TRUE(batched_operand_aligned(buf, 64, 2, 128, 0)) << "a group's shared k (inner stride 0)";
+  EXPECT_TRUE(batched_operand_aligned(buf, 24, 4, 4 * 8 * 24, 8 * 24)) << "fp32 scores of 8 rows x 24 keys";
+  EXPECT_FALSE(batched_operand_aligned(buf, 21, 4, 4 * 8 * 21, 8 * 21)) << "21 keys: rows 84 bytes apart";
+  EXPECT_FALSE(batched_operand_aligned(buf, 64, 2, 128, 4)) << "an inner step of 4 bf16: 8 bytes";
+  EXPECT_FALSE(batched_operand_aligned(buf, 64, 2, 12, 0)) << "an outer step of 12 bf16: 24 bytes";
+  EXPECT_FALSE(batched_operand_aligned(buf + 8, 64, 2, 128, 0)) << "a base 8 bytes off";
 }
 
 TEST(CudaHostSide, SumOfSquaresScratchHoldsOnePartialPerChunk) {
@@ -1175,6 +1190,40 @@ TYPED_TEST(CudaGemmT, GemmStridedBatchedMatchesCpu) {
           if (!inside[i] && std::memcmp(&got[i], &c0.dev[i], sizeof(C)) != 0) ++touched;
         EXPECT_EQ(touched, 0) << "elements outside the batch entries were written";
       }
+}
+
+// gemm_batched_2d on the attention's grid: 3 groups x 4 heads, the heads of a group sharing its B
+// (inner stride 0), each problem's A and C at their own two-level offsets, aligned as gemm2 requires;
+// alpha scales and beta 0 overwrites (the NaN-filled C must not leak through).
+TYPED_TEST(CudaGemmT, GemmBatched2dMatchesCpu) {
+  using A = typename TypeParam::A;
+  using C = typename TypeParam::C;
+  std::mt19937 g(94);
+  const int64_t n_outer = 3, n_inner = 4, m = 8, n = 24, k = 16;
+  for (const bool tb : {false, true}) {
+    SCOPED_TRACE(tb ? "B^T" : "B");
+    const int64_t lda = k, ldb = tb ? k : n, ldc = n, b_rows = tb ? n : k;
+    const int64_t sa_i = m * lda, sa_o = n_inner * sa_i, sb_o = b_rows * ldb + 8, sc_i = m * ldc, sc_o = n_inner * sc_i;
+    const Input<A> a = random_batched<A>(n_outer * n_inner, sa_i, m, k, lda, g);
+    const Input<A> b = random_batched<A>(n_outer, sb_o, b_rows, tb ? k : n, ldb, g);
+    const std::vector<C> c0 = nan_filled<C>(static_cast<size_t>(n_outer * sc_o));
+    std::vector<double> ref(c0.size(), 0.0);
+    for (int64_t o = 0; o < n_outer; ++o)
+      for (int64_t i = 0; i < n_inner; ++i)
+        cpu::gemm<double>(this->ctx_, false, tb, m, n, k, 0.5, a.ref.data() + o * sa_o + i * sa_i, lda, b.ref.data() + o * sb_o, ldb,
+                          0.0, ref.data() + o * sc_o + i * sc_i, ldc);
+    ASSERT_TRUE(batched_operand_aligned(reinterpret_cast<void*>(256), lda, sizeof(A), sa_o, sa_i));
+    ASSERT_TRUE(batched_operand_aligned(reinterpret_cast<void*>(256), ldb, sizeof(A), sb_o, 0));
+    ASSERT_TRUE(batched_operand_aligned(reinterpret_cast<void*>(256), ldc, sizeof(C), sc_o, sc_i));
+    DeviceBuffer<A> d_a(a.dev), d_b(b.dev);
+    DeviceBuffer<C> d_c(c0);
+    DeviceBuffer<void*> d_ptrs(static_cast<size_t>(3 * n_outer * n_inner));
+    ASSERT_STATUS_OK((gemm_batched_2d<A, C>(this->blas_, this->stream_, false, tb, m, n, k, 0.5f, d_a.get(), lda, sa_o, sa_i,
+                                            d_b.get(), ldb, sb_o, 0, 0.0f, d_c.get(), ldc, sc_o, sc_i, n_outer, n_inner,
+                                            d_ptrs.get())));
+    const std::vector<C> got = d_c.download(this->stream_);
+    EXPECT_REL_ERR_LE(to_doubles(got), ref, (gemm_bound<A, C>(ref)), "gemm_batched_2d");
+  }
 }
 
 TYPED_TEST(CudaGemmT, LinearMatchesCpu) {
