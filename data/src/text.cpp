@@ -1,0 +1,152 @@
+// Text helpers of the tokenizers: valid UTF-8, Unicode normalization forms (utf8proc), and
+// regexes with Unicode properties (PCRE2).
+#include "text.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utf8proc.h>
+
+namespace megatrain::data {
+
+std::string valid_utf8(std::string_view s) {
+  static constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
+  std::string out;
+  out.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char b = p[i];
+    if (b < 0x80) {
+      out.push_back(static_cast<char>(b));
+      ++i;
+      continue;
+    }
+    int need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) {
+      need = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      need = 2;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;  // no surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      need = 3;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    } else {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    // The maximal subpart: the lead byte and the continuation bytes that may follow it.
+    size_t j = i + 1;
+    int got = 0;
+    while (got < need && j < n && p[j] >= lo && p[j] <= hi) {
+      lo = 0x80;
+      hi = 0xBF;
+      ++j;
+      ++got;
+    }
+    if (got == need) out.append(s.data() + i, j - i);
+    else out += kReplacement;
+    i = j;
+  }
+  return out;
+}
+
+std::string utf8_of(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    s.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+  return s;
+}
+
+size_t utf8_length(unsigned char lead) {
+  return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+}
+
+std::string normalize(std::string_view s, NormalForm form) {
+  int options = UTF8PROC_STABLE;
+  switch (form) {
+    case NormalForm::kNfc: options |= UTF8PROC_COMPOSE; break;
+    case NormalForm::kNfd: options |= UTF8PROC_DECOMPOSE; break;
+    case NormalForm::kNfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    case NormalForm::kNfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+  }
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                                          &out, static_cast<utf8proc_option_t>(options));
+  if (n < 0) return std::string(s);  // only on invalid UTF-8, which callers never pass
+  std::string r(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return r;
+}
+
+// ---- regexes ---------------------------------------------------------------------------------------
+
+Regex::~Regex() {
+  if (code_) pcre2_code_free(code_);
+}
+Regex::Regex(Regex&& o) noexcept : code_(o.code_), jit_(o.jit_) { o.code_ = nullptr; }
+Regex& Regex::operator=(Regex&& o) noexcept {
+  std::swap(code_, o.code_);
+  std::swap(jit_, o.jit_);
+  return *this;
+}
+
+Result<Regex> Regex::compile(std::string_view pattern) {
+  int err = 0;
+  PCRE2_SIZE at = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err, &at,
+                                   nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof(msg));
+    return invalid_argument("the regex /" + std::string(pattern) + "/ does not compile at offset " + std::to_string(at) + ": " +
+                            reinterpret_cast<const char*>(msg));
+  }
+  Regex r;
+  r.code_ = code;
+  r.jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+  return r;
+}
+
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+  size_t start = 0;
+  while (start <= s.size()) {
+    const int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), start, 0, md, nullptr)
+                        : pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is one gap
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const size_t b = ov[0], e = ov[1];
+    if (e > b) {
+      out.emplace_back(b, e);
+      start = e;
+    } else {
+      // An empty match: step over one character, as an iterator over matches does.
+      if (b >= s.size()) break;
+      start = b + utf8_length(static_cast<unsigned char>(s[b]));
+    }
+  }
+  pcre2_match_data_free(md);
+  return out;
+}
+
+}  // namespace megatrain::data

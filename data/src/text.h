@@ -1,0 +1,44 @@
+// Text helpers of the tokenizers (text.cpp): UTF-8, Unicode normalization forms, and regexes.
+#pragma once
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "megatrain/core/status.h"
+#include "megatrain/data/tokenizer.h"
+
+namespace megatrain::data {
+
+std::string utf8_of(uint32_t codepoint);
+// Bytes of the UTF-8 character that starts with `lead` (valid UTF-8 only).
+size_t utf8_length(unsigned char lead);
+
+enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
+// `s` (valid UTF-8) in a Unicode normalization form.
+std::string normalize(std::string_view s, NormalForm form);
+
+// A regex with Unicode properties (PCRE2, UTF and UCP), JIT-compiled where the platform allows.
+class Regex {
+ public:
+  Regex() = default;
+  ~Regex();
+  Regex(Regex&&) noexcept;
+  Regex& operator=(Regex&&) noexcept;
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  static Result<Regex> compile(std::string_view pattern);
+  // The [begin, end) byte ranges of the non-overlapping matches in `s` (valid UTF-8), left to right.
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
+
+ private:
+  pcre2_code* code_ = nullptr;
+  bool jit_ = false;
+};
+
+}  // namespace megatrain::data

@@ -1,0 +1,672 @@
+// Hugging Face tokenizer.json, read and run (tokenizer.h gives what is supported and the order).
+#include "megatrain/data/tokenizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+#include "text.h"
+
+namespace megatrain::data {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// ---- the pipeline's parts, as data --------------------------------------------------------------
+
+struct NormalizerStep {
+  enum Kind { kForm, kPrepend, kReplace } kind = kForm;
+  NormalForm form = NormalForm::kNfc;
+  std::string a, b;  // Prepend: a; Replace: a -> b
+};
+
+struct PreTokenizerStep {
+  enum Kind { kSplit, kByteLevel } kind = kSplit;
+  enum Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext } behavior = kIsolated;
+  std::shared_ptr<Regex> regex;  // Split (a literal is compiled quoted); ByteLevel with use_regex
+  bool add_prefix_space = false;
+};
+
+struct DecoderStep {
+  enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip } kind = kByteLevel;
+  std::string a, b;  // Replace: a -> b; Strip: a is the character
+  int64_t start = 0, stop = 0;
+};
+
+struct AddedToken {
+  std::string content;
+  int32_t id = 0;
+  bool special = false, lstrip = false, rstrip = false, single_word = false;
+};
+
+// GPT-2's bytes-to-characters table: the printable bytes stand for themselves, the others for
+// code points from 256 up, in byte order.
+struct ByteTable {
+  std::string to_char[256];
+  std::unordered_map<std::string, unsigned char> to_byte;
+  ByteTable() {
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      to_char[b] = utf8_of(static_cast<uint32_t>(printable ? b : next++));
+      to_byte[to_char[b]] = static_cast<unsigned char>(b);
+    }
+  }
+};
+const ByteTable& byte_table() {
+  static const ByteTable t;
+  return t;
+}
+
+// GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string quote_regex(std::string_view literal) {
+  std::string out = "\\Q";
+  for (size_t i = 0; i < literal.size(); ++i) {
+    if (literal.compare(i, 2, "\\E") == 0) {
+      out += "\\E\\\\E\\Q";
+      ++i;
+    } else {
+      out.push_back(literal[i]);
+    }
+  }
+  return out + "\\E";
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t at = 0;
+  for (size_t f; (f = s.find(from, at)) != std::string::npos; at = f + from.size()) out.append(s, at, f - at) += to;
+  out.append(s, at);
+  s = std::move(out);
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string what;
+  // model
+  std::unordered_map<std::string, int32_t> vocab;
+  std::vector<std::string> tokens;  // id -> text (vocabulary and added tokens)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
+  bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
+  int32_t unk = -1;
+  int32_t byte_ids[256];
+  // pipeline
+  std::vector<NormalizerStep> normalizers;
+  std::vector<PreTokenizerStep> pre_tokenizers;
+  std::vector<DecoderStep> decoders;
+  std::vector<int32_t> prefix, suffix;  // the post-processor's template around the sequence
+  std::vector<AddedToken> added;        // longest first
+  std::vector<char> special;            // by id
+
+  Status fail(const std::string& path, const std::string& msg) const { return invalid_argument(what + ": " + path + ": " + msg); }
+
+  Status load_model(const Json& m);
+  Status load_normalizer(const Json& j, const std::string& path);
+  Status load_pre_tokenizer(const Json& j, const std::string& path);
+  Status load_decoder(const Json& j, const std::string& path);
+  Status load_post_processor(const Json& j, const std::string& path);
+  Status load_added(const Json& j);
+
+  void bpe(std::string_view word, std::vector<int32_t>& out) const;
+  std::string normalized(std::string piece) const;
+  std::vector<std::string> pre_tokenized(std::string piece) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+};
+
+// ---- loading -------------------------------------------------------------------------------------
+
+namespace {
+std::string type_of(const Json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
+bool flag(const Json& j, const char* key, bool fallback = false) {
+  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : fallback;
+}
+}  // namespace
+
+Status Tokenizer::Impl::load_model(const Json& m) {
+  if (type_of(m) != "BPE")
+    return fail("model.type", "'" + type_of(m) + "' is not supported; supported: BPE (byte-level, or SentencePiece-style with byte_fallback)");
+  if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0)
+    return fail("model.dropout", "BPE dropout is for training tokenizers; accepted: null or 0");
+  if (m.contains("end_of_word_suffix") && m["end_of_word_suffix"].is_string() && !m["end_of_word_suffix"].get<std::string>().empty())
+    return fail("model.end_of_word_suffix", "not supported; accepted: null or \"\"");
+  if (m.contains("continuing_subword_prefix") && m["continuing_subword_prefix"].is_string() &&
+      !m["continuing_subword_prefix"].get<std::string>().empty())
+    return fail("model.continuing_subword_prefix", "not supported; accepted: null or \"\"");
+  if (!m.contains("vocab") || !m["vocab"].is_object()) return fail("model.vocab", "missing; expected an object of token: id");
+  for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > (1 << 30))
+      return fail("model.vocab[\"" + it.key() + "\"]", "expected a non-negative integer id");
+    const auto id = it.value().get<int32_t>();
+    vocab[it.key()] = id;
+    if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
+    tokens[static_cast<size_t>(id)] = it.key();
+  }
+  ignore_merges = flag(m, "ignore_merges");
+  byte_fallback = flag(m, "byte_fallback");
+  fuse_unk = flag(m, "fuse_unk");
+  if (m.contains("unk_token") && m["unk_token"].is_string()) {
+    const auto u = vocab.find(m["unk_token"].get<std::string>());
+    if (u == vocab.end()) return fail("model.unk_token", "'" + m["unk_token"].get<std::string>() + "' is not in the vocabulary");
+    unk = u->second;
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    const auto f = vocab.find(name);
+    byte_ids[b] = f == vocab.end() ? -1 : f->second;
+  }
+  if (!m.contains("merges") || !m["merges"].is_array()) return fail("model.merges", "missing; expected an array");
+  const Json& ms = m["merges"];
+  merges.reserve(ms.size());
+  for (size_t r = 0; r < ms.size(); ++r) {
+    std::string a, b;
+    if (ms[r].is_string()) {
+      const std::string s = ms[r].get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        return fail("model.merges[" + std::to_string(r) + "]", "'" + s + "': expected two tokens separated by one space");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (ms[r].is_array() && ms[r].size() == 2 && ms[r][0].is_string() && ms[r][1].is_string()) {
+      a = ms[r][0].get<std::string>();
+      b = ms[r][1].get<std::string>();
+    } else {
+      return fail("model.merges[" + std::to_string(r) + "]", "expected \"a b\" or [\"a\", \"b\"]");
+    }
+    const auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
+    if (ia == vocab.end() || ib == vocab.end() || iab == vocab.end())
+      return fail("model.merges[" + std::to_string(r) + "]", "'" + a + "' + '" + b + "': a part or the merged token is not in the vocabulary");
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
+    merges.try_emplace(key, static_cast<int32_t>(r), iab->second);  // the first (lowest) rank wins
+  }
+  return {};
+}
+
+Status Tokenizer::Impl::load_normalizer(const Json& j, const std::string& path) {
+  if (j.is_null()) return {};
+  const std::string t = type_of(j);
+  NormalizerStep s;
+  if (t == "Sequence") {
+    if (!j.contains("normalizers") || !j["normalizers"].is_array()) return fail(path + ".normalizers", "missing; expected an array");
+    for (size_t i = 0; i < j["normalizers"].size(); ++i)
+      MT_RETURN_IF_ERROR(load_normalizer(j["normalizers"][i], path + ".normalizers[" + std::to_string(i) + "]"));
+    return {};
+  }
+  if (t == "NFC" || t == "NFD" || t == "NFKC" || t == "NFKD") {
+    s.form = t == "NFC" ? NormalForm::kNfc : t == "NFD" ? NormalForm::kNfd : t == "NFKC" ? NormalForm::kNfkc : NormalForm::kNfkd;
+  } else if (t == "Prepend" && j.contains("prepend") && j["prepend"].is_string()) {
+    s.kind = NormalizerStep::kPrepend;
+    s.a = j["prepend"].get<std::string>();
+  } else if (t == "Replace" && j.contains("pattern") && j["pattern"].contains("String") && j.contains("content")) {
+    s.kind = NormalizerStep::kReplace;
+    s.a = j["pattern"]["String"].get<std::string>();
+    s.b = j["content"].get<std::string>();
+  } else {
+    return fail(path, "the normalizer '" + (t.empty() ? j.dump() : t) +
+                          "' is not supported; supported: NFC, NFD, NFKC, NFKD, Prepend, Replace (a String pattern), Sequence");
+  }
+  normalizers.push_back(std::move(s));
+  return {};
+}
+
+Status Tokenizer::Impl::load_pre_tokenizer(const Json& j, const std::string& path) {
+  if (j.is_null()) return {};
+  const std::string t = type_of(j);
+  PreTokenizerStep s;
+  if (t == "Sequence") {
+    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array()) return fail(path + ".pretokenizers", "missing; expected an array");
+    for (size_t i = 0; i < j["pretokenizers"].size(); ++i)
+      MT_RETURN_IF_ERROR(load_pre_tokenizer(j["pretokenizers"][i], path + ".pretokenizers[" + std::to_string(i) + "]"));
+    return {};
+  }
+  if (t == "Split") {
+    if (flag(j, "invert")) return fail(path + ".invert", "an inverted Split is not supported; accepted: false");
+    std::string pattern;
+    if (j.contains("pattern") && j["pattern"].contains("Regex") && j["pattern"]["Regex"].is_string())
+      pattern = j["pattern"]["Regex"].get<std::string>();
+    else if (j.contains("pattern") && j["pattern"].contains("String") && j["pattern"]["String"].is_string())
+      pattern = quote_regex(j["pattern"]["String"].get<std::string>());
+    else
+      return fail(path + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+    auto re = Regex::compile(pattern);
+    if (!re.ok()) return fail(path + ".pattern", re.status().message());
+    s.regex = std::make_shared<Regex>(std::move(*re));
+    const std::string b = j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : "";
+    if (b == "Isolated") s.behavior = PreTokenizerStep::kIsolated;
+    else if (b == "Removed") s.behavior = PreTokenizerStep::kRemoved;
+    else if (b == "MergedWithPrevious") s.behavior = PreTokenizerStep::kMergedWithPrevious;
+    else if (b == "MergedWithNext") s.behavior = PreTokenizerStep::kMergedWithNext;
+    else return fail(path + ".behavior", "'" + b + "' is not supported; supported: Isolated, Removed, MergedWithPrevious, MergedWithNext");
+  } else if (t == "ByteLevel") {
+    s.kind = PreTokenizerStep::kByteLevel;
+    s.add_prefix_space = flag(j, "add_prefix_space", true);
+    if (flag(j, "use_regex", true)) {
+      auto re = Regex::compile(kGpt2Pattern);
+      if (!re.ok()) return re.status();
+      s.regex = std::make_shared<Regex>(std::move(*re));
+    }
+  } else {
+    return fail(path, "the pre-tokenizer '" + (t.empty() ? j.dump() : t) + "' is not supported; supported: Split, ByteLevel, Sequence");
+  }
+  pre_tokenizers.push_back(std::move(s));
+  return {};
+}
+
+Status Tokenizer::Impl::load_decoder(const Json& j, const std::string& path) {
+  if (j.is_null()) return {};
+  const std::string t = type_of(j);
+  DecoderStep s;
+  if (t == "Sequence") {
+    if (!j.contains("decoders") || !j["decoders"].is_array()) return fail(path + ".decoders", "missing; expected an array");
+    for (size_t i = 0; i < j["decoders"].size(); ++i)
+      MT_RETURN_IF_ERROR(load_decoder(j["decoders"][i], path + ".decoders[" + std::to_string(i) + "]"));
+    return {};
+  }
+  if (t == "ByteLevel") {
+    s.kind = DecoderStep::kByteLevel;
+  } else if (t == "Replace" && j.contains("pattern") && j["pattern"].contains("String") && j.contains("content")) {
+    s.kind = DecoderStep::kReplace;
+    s.a = j["pattern"]["String"].get<std::string>();
+    s.b = j["content"].get<std::string>();
+  } else if (t == "ByteFallback") {
+    s.kind = DecoderStep::kByteFallback;
+  } else if (t == "Fuse") {
+    s.kind = DecoderStep::kFuse;
+  } else if (t == "Strip" && j.contains("content") && j["content"].is_string()) {
+    s.kind = DecoderStep::kStrip;
+    s.a = j["content"].get<std::string>();
+    s.start = j.value("start", int64_t{0});
+    s.stop = j.value("stop", int64_t{0});
+  } else {
+    return fail(path, "the decoder '" + (t.empty() ? j.dump() : t) +
+                          "' is not supported; supported: ByteLevel, Replace (a String pattern), ByteFallback, Fuse, Strip, Sequence");
+  }
+  decoders.push_back(std::move(s));
+  return {};
+}
+
+Status Tokenizer::Impl::load_post_processor(const Json& j, const std::string& path) {
+  if (j.is_null()) return {};
+  const std::string t = type_of(j);
+  if (t == "Sequence") {
+    if (!j.contains("processors") || !j["processors"].is_array()) return fail(path + ".processors", "missing; expected an array");
+    for (size_t i = 0; i < j["processors"].size(); ++i)
+      MT_RETURN_IF_ERROR(load_post_processor(j["processors"][i], path + ".processors[" + std::to_string(i) + "]"));
+    return {};
+  }
+  if (t == "ByteLevel") return {};  // offsets only: the ids are unchanged
+  if (t != "TemplateProcessing")
+    return fail(path, "the post-processor '" + (t.empty() ? j.dump() : t) + "' is not supported; supported: TemplateProcessing, ByteLevel, Sequence");
+  if (!j.contains("single") || !j["single"].is_array()) return fail(path + ".single", "missing; expected an array");
+  bool seen_sequence = false;
+  for (size_t i = 0; i < j["single"].size(); ++i) {
+    const Json& piece = j["single"][i];
+    const std::string at = path + ".single[" + std::to_string(i) + "]";
+    if (piece.contains("Sequence")) {
+      seen_sequence = true;
+      continue;
+    }
+    if (!piece.contains("SpecialToken") || !piece["SpecialToken"].contains("id")) return fail(at, "expected a SpecialToken or the Sequence");
+    const std::string name = piece["SpecialToken"]["id"].get<std::string>();
+    if (!j.contains("special_tokens") || !j["special_tokens"].contains(name) || !j["special_tokens"][name].contains("ids"))
+      return fail(path + ".special_tokens", "'" + name + "' has no ids");
+    for (const Json& id : j["special_tokens"][name]["ids"]) (seen_sequence ? suffix : prefix).push_back(id.get<int32_t>());
+  }
+  return {};
+}
+
+Status Tokenizer::Impl::load_added(const Json& j) {
+  if (j.is_null()) return {};
+  if (!j.is_array()) return fail("added_tokens", "expected an array");
+  for (size_t i = 0; i < j.size(); ++i) {
+    const Json& a = j[i];
+    if (!a.contains("id") || !a.contains("content") || !a["content"].is_string() || !a["id"].is_number_integer())
+      return fail("added_tokens[" + std::to_string(i) + "]", "expected an id and a content");
+    AddedToken t;
+    t.content = a["content"].get<std::string>();
+    t.id = a["id"].get<int32_t>();
+    t.special = flag(a, "special");
+    t.lstrip = flag(a, "lstrip");
+    t.rstrip = flag(a, "rstrip");
+    t.single_word = flag(a, "single_word");
+    if (t.content.empty()) return fail("added_tokens[" + std::to_string(i) + "].content", "empty");
+    if (static_cast<size_t>(t.id) >= tokens.size()) tokens.resize(static_cast<size_t>(t.id) + 1);
+    tokens[static_cast<size_t>(t.id)] = t.content;
+    vocab[t.content] = t.id;
+    added.push_back(std::move(t));
+  }
+  std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+  return {};
+}
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+Result<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string& what) {
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
+    return invalid_argument(what + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) return invalid_argument(what + ": expected a JSON object (a Hugging Face tokenizer.json)");
+  Tokenizer t;
+  t.impl_ = std::make_unique<Impl>();
+  Impl& I = *t.impl_;
+  I.what = what;
+  try {
+    if (!j.contains("model")) return I.fail("model", "missing");
+    MT_RETURN_IF_ERROR(I.load_model(j["model"]));
+    MT_RETURN_IF_ERROR(I.load_added(j.value("added_tokens", Json())));
+    MT_RETURN_IF_ERROR(I.load_normalizer(j.value("normalizer", Json()), "normalizer"));
+    MT_RETURN_IF_ERROR(I.load_pre_tokenizer(j.value("pre_tokenizer", Json()), "pre_tokenizer"));
+    MT_RETURN_IF_ERROR(I.load_post_processor(j.value("post_processor", Json()), "post_processor"));
+    MT_RETURN_IF_ERROR(I.load_decoder(j.value("decoder", Json()), "decoder"));
+  } catch (const Json::exception& e) {
+    return invalid_argument(what + ": a field of the wrong type: " + e.what());
+  }
+  I.special.assign(I.tokens.size(), 0);
+  for (const AddedToken& a : I.added) I.special[static_cast<size_t>(a.id)] = a.special;
+  return t;
+}
+
+Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return not_found(file.string() + ": cannot be read; expected a model folder with tokenizer.json, or the file itself");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return from_json(ss.str(), file.string());
+}
+
+// ---- encoding ------------------------------------------------------------------------------------
+
+// BPE over one word: its characters (or their byte tokens), then the lowest-ranked adjacent pair
+// merged, the leftmost of equal ranks first, until no pair has a merge.
+void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) const {
+  if (ignore_merges) {
+    if (const auto f = vocab.find(std::string(word)); f != vocab.end()) {
+      out.push_back(f->second);
+      return;
+    }
+  }
+  struct Sym {
+    int32_t id;
+    int32_t prev, next;
+  };
+  std::vector<Sym> syms;
+  syms.reserve(word.size());
+  std::string ch;
+  for (size_t i = 0; i < word.size();) {
+    const size_t len = std::min(utf8_length(static_cast<unsigned char>(word[i])), word.size() - i);
+    ch.assign(word.data() + i, len);
+    i += len;
+    if (const auto f = vocab.find(ch); f != vocab.end()) {
+      syms.push_back({f->second, 0, 0});
+      continue;
+    }
+    bool bytes = byte_fallback;
+    for (char c : ch) bytes = bytes && byte_ids[static_cast<unsigned char>(c)] >= 0;
+    if (bytes) {
+      for (char c : ch) syms.push_back({byte_ids[static_cast<unsigned char>(c)], 0, 0});
+    } else if (unk >= 0) {
+      if (!(fuse_unk && !syms.empty() && syms.back().id == unk)) syms.push_back({unk, 0, 0});
+    }
+  }
+  const auto n = static_cast<int32_t>(syms.size());
+  for (int32_t i = 0; i < n; ++i) {
+    syms[static_cast<size_t>(i)].prev = i - 1;
+    syms[static_cast<size_t>(i)].next = i + 1 < n ? i + 1 : -1;
+  }
+  auto merge_of = [&](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
+    const auto f = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b));
+    return f == merges.end() ? nullptr : &f->second;
+  };
+  struct Cand {
+    int32_t rank, pos, left, right;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  for (int32_t i = 0; i + 1 < n; ++i)
+    if (const auto* m = merge_of(syms[static_cast<size_t>(i)].id, syms[static_cast<size_t>(i + 1)].id))
+      heap.push({m->first, i, syms[static_cast<size_t>(i)].id, syms[static_cast<size_t>(i + 1)].id});
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    Sym& l = syms[static_cast<size_t>(c.pos)];
+    if (l.id != c.left || l.next < 0 || syms[static_cast<size_t>(l.next)].id != c.right) continue;  // stale
+    const auto* m = merge_of(l.id, syms[static_cast<size_t>(l.next)].id);
+    Sym& r = syms[static_cast<size_t>(l.next)];
+    l.id = m->second;
+    r.id = -1;  // gone
+    l.next = r.next;
+    if (r.next >= 0) syms[static_cast<size_t>(r.next)].prev = c.pos;
+    if (l.prev >= 0)
+      if (const auto* pm = merge_of(syms[static_cast<size_t>(l.prev)].id, l.id))
+        heap.push({pm->first, l.prev, syms[static_cast<size_t>(l.prev)].id, l.id});
+    if (l.next >= 0)
+      if (const auto* nm = merge_of(l.id, syms[static_cast<size_t>(l.next)].id))
+        heap.push({nm->first, c.pos, l.id, syms[static_cast<size_t>(l.next)].id});
+  }
+  for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = syms[static_cast<size_t>(i)].next) out.push_back(syms[static_cast<size_t>(i)].id);
+}
+
+std::string Tokenizer::Impl::normalized(std::string piece) const {
+  for (const NormalizerStep& s : normalizers) {
+    switch (s.kind) {
+      case NormalizerStep::kForm: piece = normalize(piece, s.form); break;
+      case NormalizerStep::kPrepend:
+        if (!piece.empty()) piece = s.a + piece;
+        break;
+      case NormalizerStep::kReplace: replace_all(piece, s.a, s.b); break;
+    }
+  }
+  return piece;
+}
+
+std::vector<std::string> Tokenizer::Impl::pre_tokenized(std::string piece) const {
+  std::vector<std::string> words;
+  if (!piece.empty()) words.push_back(std::move(piece));
+  const ByteTable& bt = byte_table();
+  for (const PreTokenizerStep& s : pre_tokenizers) {
+    std::vector<std::string> next;
+    for (std::string& w : words) {
+      if (s.kind == PreTokenizerStep::kByteLevel && s.add_prefix_space && w[0] != ' ') w.insert(w.begin(), ' ');
+      if (!s.regex) {
+        next.push_back(std::move(w));
+        continue;
+      }
+      const auto matches = s.regex->find_all(w);
+      const auto behavior = s.kind == PreTokenizerStep::kByteLevel ? PreTokenizerStep::kIsolated : s.behavior;
+      size_t at = 0;
+      std::string pending;  // MergedWithNext: a match waiting for the gap after it
+      for (const auto& [b, e] : matches) {
+        std::string gap = w.substr(at, b - at), match = w.substr(b, e - b);
+        switch (behavior) {
+          case PreTokenizerStep::kIsolated:
+            if (!gap.empty()) next.push_back(std::move(gap));
+            next.push_back(std::move(match));
+            break;
+          case PreTokenizerStep::kRemoved:
+            if (!gap.empty()) next.push_back(std::move(gap));
+            break;
+          case PreTokenizerStep::kMergedWithPrevious:
+            next.push_back(gap + match);
+            break;
+          case PreTokenizerStep::kMergedWithNext:
+            if (!pending.empty() || !gap.empty()) next.push_back(pending + gap);
+            pending = std::move(match);
+            break;
+        }
+        at = e;
+      }
+      std::string tail = w.substr(at);
+      if (behavior == PreTokenizerStep::kMergedWithNext) tail = pending + tail;
+      if (!tail.empty()) next.push_back(std::move(tail));
+    }
+    if (s.kind == PreTokenizerStep::kByteLevel)
+      for (std::string& w : next) {
+        std::string mapped;
+        mapped.reserve(w.size() * 2);
+        for (char c : w) mapped += bt.to_char[static_cast<unsigned char>(c)];
+        w = std::move(mapped);
+      }
+    words = std::move(next);
+  }
+  return words;
+}
+
+void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.empty()) return;
+  for (const std::string& w : pre_tokenized(normalized(std::string(piece)))) bpe(w, out);
+}
+
+namespace {
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+bool is_word_char(unsigned char c) { return std::isalnum(c) || c == '_' || c >= 0x80; }
+}  // namespace
+
+std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_tokens) const {
+  const Impl& I = *impl_;
+  const std::string text = valid_utf8(raw);
+  std::vector<int32_t> out;
+  if (add_special_tokens) out = I.prefix;
+  // Added tokens first: at each position the longest one that matches (the list is longest first).
+  size_t piece = 0, i = 0;
+  while (i < text.size()) {
+    const AddedToken* hit = nullptr;
+    for (const AddedToken& a : I.added) {
+      if (text.compare(i, a.content.size(), a.content) != 0) continue;
+      if (a.single_word && ((i > 0 && is_word_char(static_cast<unsigned char>(text[i - 1]))) ||
+                            (i + a.content.size() < text.size() && is_word_char(static_cast<unsigned char>(text[i + a.content.size()])))))
+        continue;
+      hit = &a;
+      break;
+    }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    size_t begin = i, end = i + hit->content.size();
+    if (hit->lstrip)
+      while (begin > piece && is_space(text[begin - 1])) --begin;
+    if (hit->rstrip)
+      while (end < text.size() && is_space(text[end])) ++end;
+    I.encode_piece(std::string_view(text).substr(piece, begin - piece), out);
+    out.push_back(hit->id);
+    piece = i = end;
+  }
+  I.encode_piece(std::string_view(text).substr(piece), out);
+  if (add_special_tokens) out.insert(out.end(), I.suffix.begin(), I.suffix.end());
+  return out;
+}
+
+// ---- decoding ------------------------------------------------------------------------------------
+
+Result<std::string> Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  const Impl& I = *impl_;
+  std::vector<std::string> toks;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= I.tokens.size() || I.tokens[static_cast<size_t>(id)].empty())
+      return invalid_argument("decode: id " + std::to_string(id) + " is not in the vocabulary of " + I.what + " (" +
+                              std::to_string(I.tokens.size()) + " ids)");
+    if (skip_special_tokens && I.special[static_cast<size_t>(id)]) continue;
+    toks.push_back(I.tokens[static_cast<size_t>(id)]);
+  }
+  if (I.decoders.empty()) {
+    std::string s;
+    for (size_t k = 0; k < toks.size(); ++k) s += (k ? " " : "") + toks[k];
+    return s;
+  }
+  const ByteTable& bt = byte_table();
+  for (const DecoderStep& d : I.decoders) {
+    switch (d.kind) {
+      case DecoderStep::kByteLevel: {
+        std::string bytes;
+        for (const std::string& t : toks)
+          for (size_t i = 0; i < t.size();) {
+            const size_t len = utf8_length(static_cast<unsigned char>(t[i]));
+            const auto f = bt.to_byte.find(t.substr(i, len));
+            if (f != bt.to_byte.end()) bytes.push_back(static_cast<char>(f->second));
+            else bytes.append(t, i, len);
+            i += len;
+          }
+        toks = {valid_utf8(bytes)};
+        break;
+      }
+      case DecoderStep::kReplace:
+        for (std::string& t : toks) replace_all(t, d.a, d.b);
+        break;
+      case DecoderStep::kByteFallback: {
+        std::vector<std::string> next;
+        std::string run;  // consecutive byte tokens
+        size_t run_tokens = 0;
+        auto flush = [&] {
+          if (run_tokens == 0) return;
+          if (valid_utf8(run) == run) next.push_back(run);
+          else
+            for (size_t k = 0; k < run_tokens; ++k) next.push_back("\xEF\xBF\xBD");
+          run.clear();
+          run_tokens = 0;
+        };
+        for (const std::string& t : toks) {
+          unsigned v = 0;
+          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::sscanf(t.c_str() + 3, "%2X", &v) == 1) {
+            run.push_back(static_cast<char>(v));
+            ++run_tokens;
+          } else {
+            flush();
+            next.push_back(t);
+          }
+        }
+        flush();
+        toks = std::move(next);
+        break;
+      }
+      case DecoderStep::kFuse: {
+        std::string s;
+        for (const std::string& t : toks) s += t;
+        toks = {s};
+        break;
+      }
+      case DecoderStep::kStrip:
+        for (std::string& t : toks) {
+          for (int64_t k = 0; k < d.start && t.compare(0, d.a.size(), d.a) == 0; ++k) t.erase(0, d.a.size());
+          for (int64_t k = 0; k < d.stop && t.size() >= d.a.size() && t.compare(t.size() - d.a.size(), d.a.size(), d.a) == 0; ++k)
+            t.erase(t.size() - d.a.size());
+        }
+        break;
+    }
+  }
+  std::string s;
+  for (const std::string& t : toks) s += t;
+  return s;
+}
+
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
+int32_t Tokenizer::token_to_id(std::string_view token) const {
+  const auto f = impl_->vocab.find(std::string(token));
+  return f == impl_->vocab.end() ? -1 : f->second;
+}
+std::string Tokenizer::id_to_token(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->tokens.size() ? impl_->tokens[static_cast<size_t>(id)] : std::string();
+}
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[static_cast<size_t>(id)];
+}
+
+}  // namespace megatrain::data

@@ -1,0 +1,115 @@
+// The tokenizer's parts on small hand-made tokenizer.json files, without the npm references:
+// valid UTF-8 by the standard's maximal subparts, BPE merge order by hand, byte-level mapping,
+// byte fallback, added tokens, decoding, and the errors that name what is not supported.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "megatrain/data/tokenizer.h"
+
+namespace {
+
+using megatrain::data::Tokenizer;
+using megatrain::data::valid_utf8;
+using Json = nlohmann::json;
+
+TEST(ValidUtf8, EachMaximalSubpartBecomesOneReplacement) {
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(valid_utf8("abc"), "abc");
+  EXPECT_EQ(valid_utf8("\xC3\xA9"), "\xC3\xA9");
+  EXPECT_EQ(valid_utf8("\xFF"), r);
+  EXPECT_EQ(valid_utf8("\xC3"), r) << "a truncated sequence at the end";
+  EXPECT_EQ(valid_utf8("\xE2\x82"), r) << "a lead and one continuation: one subpart";
+  EXPECT_EQ(valid_utf8("\xE2\x82x"), r + "x");
+  EXPECT_EQ(valid_utf8("\xED\xA0\x80"), r + r + r) << "a surrogate: the lead cannot take A0";
+  EXPECT_EQ(valid_utf8("\xF0\x80\x80"), r + r + r) << "an overlong 4-byte form";
+  EXPECT_EQ(valid_utf8("\xC0\xAF"), r + r);
+  EXPECT_EQ(valid_utf8("\xF4\x90\x80\x80"), r + r + r + r) << "above U+10FFFF";
+  EXPECT_EQ(valid_utf8("\xF0\x9F\xA4\x97"), "\xF0\x9F\xA4\x97");
+  EXPECT_EQ(valid_utf8(std::string("a\0b", 3)), std::string("a\0b", 3));
+}
+
+// A byte-level BPE over "abc" and spaces: the merges' ranks decide the order by hand.
+Json byte_level() {
+  Json vocab = Json::object();
+  int id = 0;
+  for (const char* t : {"a", "b", "c", "\xC4\xA0", "ab", "bc", "abc", "\xC4\xA0" "a", "x"}) vocab[t] = id++;
+  return Json{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"b c", "a b", "ab c", "\xC4\xA0 a"}}}},
+              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+              {"decoder", {{"type", "ByteLevel"}}},
+              {"added_tokens", Json::array({{{"id", 9}, {"content", "<|end|>"}, {"special", true}}})},
+              {"post_processor", {{"type", "TemplateProcessing"},
+                                  {"single", Json::array({{{"SpecialToken", {{"id", "<|end|>"}}}}, {{"Sequence", {{"id", "A"}}}}})},
+                                  {"special_tokens", {{"<|end|>", {{"id", "<|end|>"}, {"ids", {9}}}}}}}}};
+}
+
+TEST(Tokenizer, MergesTheLowestRankFirst) {
+  auto t = Tokenizer::from_json(byte_level().dump());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  // "abc": "b c" (rank 0) before "a b" (rank 1), so a + bc, which no merge joins.
+  EXPECT_EQ(t->encode("abc"), (std::vector<int32_t>{0, 5}));
+  // "ab": only "a b".
+  EXPECT_EQ(t->encode("ab"), (std::vector<int32_t>{4}));
+  // " a b": the regex splits " a" and " b"; the space is Ġ (U+0120) and "Ġ a" merges.
+  EXPECT_EQ(t->encode(" a b"), (std::vector<int32_t>{7, 3, 1}));
+  EXPECT_EQ(t->encode("ab<|end|>c"), (std::vector<int32_t>{4, 9, 2}));
+  EXPECT_EQ(t->encode("c", true), (std::vector<int32_t>{9, 2}));
+  auto d = t->decode({7, 3, 1, 9, 2});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, " a b<|end|>c");
+  EXPECT_EQ(*t->decode({7, 9, 2}, true), " ac");
+  EXPECT_FALSE(t->decode({99}).ok());
+  EXPECT_EQ(t->vocab_size(), 10);
+  EXPECT_EQ(t->token_to_id("<|end|>"), 9);
+  EXPECT_TRUE(t->is_special(9));
+}
+
+TEST(Tokenizer, ByteFallbackSpellsUnknownCharactersInBytes) {
+  Json vocab = {{"<unk>", 0}, {"\xE2\x96\x81", 1}, {"h", 2}, {"i", 3}, {"hi", 4}, {"\xE2\x96\x81hi", 5}};
+  int id = 6;
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab[name] = id++;
+  }
+  const Json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h i", "\xE2\x96\x81 hi"}}, {"byte_fallback", true},
+                             {"unk_token", "<unk>"}, {"fuse_unk", true}}},
+                  {"normalizer", {{"type", "Sequence"}, {"normalizers", Json::array({{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
+                                                                                    {{"type", "Replace"}, {"pattern", {{"String", " "}}},
+                                                                                     {"content", "\xE2\x96\x81"}}})}}},
+                  {"decoder", {{"type", "Sequence"}, {"decoders", Json::array({{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}},
+                                                                                {"content", " "}},
+                                                                               {{"type", "ByteFallback"}}, {{"type", "Fuse"}},
+                                                                               {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}}};
+  auto t = Tokenizer::from_json(j.dump());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  // "hi é": ▁hi ▁ then é as its two bytes C3 A9.
+  const std::vector<int32_t> ids = t->encode("hi \xC3\xA9");
+  EXPECT_EQ(ids, (std::vector<int32_t>{5, 1, 6 + 0xC3, 6 + 0xA9}));
+  EXPECT_EQ(*t->decode(ids), "hi \xC3\xA9");
+}
+
+TEST(Tokenizer, WhatIsNotSupportedIsNamedWithItsPath) {
+  Json j = byte_level();
+  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", Json::array({{{"type", "Digits"}, {"individual_digits", true}}})}};
+  auto t = Tokenizer::from_json(j.dump(), "model/tokenizer.json");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("model/tokenizer.json: pre_tokenizer.pretokenizers[0]"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("'Digits' is not supported"), std::string::npos) << t.status().message();
+  j = byte_level();
+  j["model"]["type"] = "WordPiece";
+  t = Tokenizer::from_json(j.dump());
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("model.type"), std::string::npos) << t.status().message();
+  j = byte_level();
+  j["model"]["merges"][1] = "a q";
+  t = Tokenizer::from_json(j.dump());
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("model.merges[1]"), std::string::npos) << t.status().message();
+  EXPECT_FALSE(Tokenizer::from_json("{not json").ok());
+  EXPECT_FALSE(Tokenizer::load("/nonexistent/model").ok());
+}
+
+}  // namespace
