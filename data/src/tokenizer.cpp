@@ -2,6 +2,7 @@
 #include "megatrain/data/tokenizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -91,8 +92,13 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> g_tokenizers{0};  // Impl serials
+}  // namespace
+
 struct Tokenizer::Impl {
   std::string what;
+  const uint64_t serial = ++g_tokenizers;  // tells a thread's word cache which tokenizer filled it
   // model
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::string> tokens;  // id -> text (vocabulary and added tokens)
@@ -106,6 +112,7 @@ struct Tokenizer::Impl {
   std::vector<DecoderStep> decoders;
   std::vector<int32_t> prefix, suffix;  // the post-processor's template around the sequence
   std::vector<AddedToken> added;        // longest first
+  bool added_first_byte[256] = {};      // whether an added token starts with this byte
   std::vector<char> special;            // by id
 
   Status fail(const std::string& path, const std::string& msg) const { return invalid_argument(what + ": " + path + ": " + msg); }
@@ -346,6 +353,7 @@ Status Tokenizer::Impl::load_added(const Json& j) {
     added.push_back(std::move(t));
   }
   std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+  for (const AddedToken& a : added) added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
   return {};
 }
 
@@ -530,9 +538,30 @@ std::vector<std::string> Tokenizer::Impl::pre_tokenized(std::string piece) const
   return words;
 }
 
+// Words repeat, so each thread keeps the ids of the words it has seen, for one tokenizer at a time
+// (bounded: it starts again when full).
+struct WordCache {
+  uint64_t owner = 0;  // Impl::serial: never reused, unlike an address
+  std::unordered_map<std::string, std::vector<int32_t>> ids;
+};
+constexpr size_t kWordCacheEntries = 1 << 18;
+
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
-  for (const std::string& w : pre_tokenized(normalized(std::string(piece)))) bpe(w, out);
+  thread_local WordCache cache;
+  if (cache.owner != serial || cache.ids.size() >= kWordCacheEntries) {
+    cache.ids.clear();
+    cache.owner = serial;
+  }
+  for (const std::string& w : pre_tokenized(normalized(std::string(piece)))) {
+    if (w.size() > 64) {  // long words are rare and would crowd the cache
+      bpe(w, out);
+      continue;
+    }
+    auto [it, fresh] = cache.ids.try_emplace(w);
+    if (fresh) bpe(w, it->second);
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  }
 }
 
 namespace {
@@ -549,6 +578,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_to
   size_t piece = 0, i = 0;
   while (i < text.size()) {
     const AddedToken* hit = nullptr;
+    if (!I.added_first_byte[static_cast<unsigned char>(text[i])]) {
+      ++i;
+      continue;
+    }
     for (const AddedToken& a : I.added) {
       if (text.compare(i, a.content.size(), a.content) != 0) continue;
       if (a.single_word && ((i > 0 && is_word_char(static_cast<unsigned char>(text[i - 1]))) ||
