@@ -7,7 +7,15 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include <chrono>
+
 #include "megatrain/core/detail/cli11_flags.h"
+#include "megatrain/core/output_path.h"
+#include "megatrain/core/units.h"
+#include "megatrain/data/dataset.h"
+#include "megatrain/data/sequence_file.h"
 #include "megatrain/data/tokenizer.h"
 
 namespace {
@@ -39,6 +47,96 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+std::string thousands(int64_t v) { return megatrain::format_thousands(static_cast<uint64_t>(v)); }
+
+// A row of a prepared dataset as text, the parts that do not count marked ⟦like this⟧.
+std::string marked_row(const megatrain::data::Tokenizer& tok, const megatrain::data::SequenceFile& f, int64_t row) {
+  const uint32_t* t = f.row_tokens(row);
+  const uint8_t* m = f.row_mask(row);
+  std::string out;
+  std::vector<int32_t> run;
+  bool counted = true;
+  auto flush = [&] {
+    if (run.empty()) return;
+    auto s = tok.decode(run);
+    const std::string text = s.ok() ? *s : "<" + s.status().message() + ">";
+    out += counted ? text : "\u27e6" + text + "\u27e7";
+    run.clear();
+  };
+  for (int64_t i = 0; i <= f.seq_len(); ++i) {
+    const bool c = m[i] != 0;
+    if (c != counted) flush();
+    counted = c;
+    run.push_back(static_cast<int32_t>(t[i]));
+  }
+  flush();
+  return out;
+}
+
+int run_prepare(const std::string& tokenizer_path, const std::vector<std::string>& inputs, std::string format,
+                const megatrain::data::FieldNames& fields, const megatrain::data::PrepareOptions& options, const std::string& out) {
+  using namespace megatrain::data;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (auto s = megatrain::check_output("--output", out, megatrain::OutputKind::kFile); !s.ok()) return fail(s.to_string());
+  auto tok = Tokenizer::load(tokenizer_path);
+  if (!tok.ok()) return fail(tok.status().to_string());
+  std::vector<Document> docs;
+  std::string found;
+  int64_t bytes = 0;
+  for (const std::string& in : inputs) {
+    std::string f = format;
+    auto d = read_documents(in, f, fields);
+    if (!d.ok()) return fail(d.status().to_string());
+    if (!found.empty() && f != found) return fail(in + ": " + f + " records, but the files before it hold " + found + " records");
+    found = f;
+    for (Document& doc : *d) {
+      bytes += static_cast<int64_t>(doc.prompt.size() + doc.answer.size());
+      docs.push_back(std::move(doc));
+    }
+  }
+  PrepareOptions o = options;
+  const bool tty = ::isatty(2) != 0;
+  if (tty)
+    o.progress = [](int64_t done, int64_t total) {
+      std::fprintf(stderr, "\rprepare: %s / %s documents", thousands(done).c_str(), thousands(total).c_str());
+    };
+  SequenceHeader h;
+  auto rows = build_rows(*tok, docs, found, o, h);
+  if (tty) std::fputc('\n', stderr);
+  if (!rows.ok()) return fail(rows.status().to_string());
+  h.sources = inputs;
+  if (auto s = write_sequence_file(out, h, *rows); !s.ok()) return fail(s.to_string());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("wrote %s: %s rows of %lld tokens (%s, train on %s)\n", out.c_str(), thousands(static_cast<int64_t>(rows->tokens.size()) / (o.seq_len + 1)).c_str(),
+              static_cast<long long>(o.seq_len + 1), o.pack ? "packed" : "padded", h.train_on.c_str());
+  std::printf("documents %s (%s format), tokens %s, counted targets %s, truncated %s, split %s\n", thousands(h.documents).c_str(),
+              found.c_str(), thousands(h.tokens).c_str(), thousands(h.counted).c_str(), thousands(h.truncated).c_str(),
+              thousands(h.split).c_str());
+  std::printf("time %s, %s of text at %.1f MB/s\n", megatrain::format_duration(secs).c_str(),
+              megatrain::format_bytes(static_cast<double>(bytes)).c_str(), static_cast<double>(bytes) / 1e6 / secs);
+  return 0;
+}
+
+int run_inspect(const std::string& path, const std::string& tokenizer_path, int64_t rows_to_show) {
+  using namespace megatrain::data;
+  auto f = SequenceFile::open(path);
+  if (!f.ok()) return fail(f.status().to_string());
+  const SequenceHeader& h = f->header();
+  std::printf("%s: %s rows of %lld tokens (%s), vocabulary %s\n", path.c_str(), thousands(h.rows).c_str(),
+              static_cast<long long>(h.seq_len + 1), h.packing.c_str(), thousands(h.vocab_size).c_str());
+  std::printf("documents %s, tokens %s, counted targets %s (train on %s), truncated %s, split %s\n", thousands(h.documents).c_str(),
+              thousands(h.tokens).c_str(), thousands(h.counted).c_str(), h.train_on.c_str(), thousands(h.truncated).c_str(),
+              thousands(h.split).c_str());
+  std::printf("tokenizer %s; eos %d, pad %d\n", h.tokenizer.c_str(), h.eos_id, h.pad_id);
+  for (const std::string& s : h.sources) std::printf("source %s\n", s.c_str());
+  if (rows_to_show <= 0 || h.rows == 0) return 0;
+  auto tok = Tokenizer::load(tokenizer_path.empty() ? h.tokenizer : tokenizer_path);
+  if (!tok.ok()) return fail(tok.status().to_string() + " (give the tokenizer with --tokenizer to see the rows)");
+  for (int64_t r = 0; r < std::min(rows_to_show, h.rows); ++r)
+    std::printf("\n-- row %lld (\u27e6not counted\u27e7):\n%s\n", static_cast<long long>(r), marked_row(*tok, *f, r).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,7 +162,47 @@ int main(int argc, char** argv) {
   decode->add_flag("--skip-special-tokens", skip_special, "Leave out the special added tokens");
   decode->add_flag("--json", json, "Print {\"text\": \"...\"}");
 
+  std::vector<std::string> inputs;
+  std::string format = "auto", out_path, train_on;
+  megatrain::data::FieldNames fields;
+  megatrain::data::PrepareOptions prep;
+  bool pad = false;
+  int64_t threads = 0, show = 1;
+  CLI::App* prepare = app.add_subcommand("prepare", "Tokenize dataset files into training rows with a mask of the counted targets");
+  prepare->add_option("--tokenizer", tokenizer_path, "A model folder with tokenizer.json (and tokenizer_config.json)")->required();
+  prepare->add_option("--input", inputs, "Dataset files: .jsonl, .json, or plain text")->required();
+  prepare->add_option("--format", format, "auto | text | alpaca | plain");
+  prepare->add_option("--seq", prep.seq_len, "Sequence length of a training row (the plan's training.seq_len)")
+      ->required()
+      ->check(megatrain::cli::int_range(1, int64_t{1} << 24));
+  bool pack = false;
+  auto* pack_flag = prepare->add_flag("--pack", pack, "Lay the documents end to end, EOS between them (the default)");
+  auto* pad_flag = prepare->add_flag("--pad", pad, "One document per row, padded; the padding never counts");
+  pack_flag->excludes(pad_flag);
+  prepare->add_flag("--split-long", prep.split_long, "With --pad: continue a document longer than a row on further rows");
+  prepare->add_option("--train-on", train_on, "all | answer (the default for alpaca: only the answers and their EOS count)");
+  prepare->add_option("--text-field", fields.text, "The text field of text records");
+  prepare->add_option("--instruction-field", fields.instruction, "The instruction field of alpaca records");
+  prepare->add_option("--input-field", fields.input, "The input field of alpaca records");
+  prepare->add_option("--output-field", fields.output, "The output field of alpaca records");
+  prepare->add_option("--threads", threads, "Tokenizer threads (0: every core)")->check(megatrain::cli::int_range(0, 1024));
+  prepare->add_option("-o,--output", out_path, "The prepared dataset to write")->required();
+
+  std::string inspect_path;
+  CLI::App* inspect = app.add_subcommand("inspect", "Counts of a prepared dataset, and its first rows decoded with what does not count marked");
+  inspect->add_option("dataset", inspect_path, "A file written by prepare")->required();
+  inspect->add_option("--tokenizer", tokenizer_path, "The tokenizer (default: the one the header names)");
+  inspect->add_option("--rows", show, "Rows to show decoded")->check(megatrain::cli::int_range(0, 1000));
+
   if (const int rc = megatrain::cli::parse(app, argc, argv, "megatrain-data"); rc >= 0) return rc;
+  if (prepare->parsed()) {
+    prep.pack = !pad;
+    prep.train_on = train_on;
+    prep.threads = static_cast<int>(threads);
+    if (prep.split_long && prep.pack) return fail("--split-long goes with --pad (packed documents always continue on the next row)");
+    return run_prepare(tokenizer_path, inputs, format, fields, prep, out_path);
+  }
+  if (inspect->parsed()) return run_inspect(inspect_path, tokenizer_path, show);
   auto tok = Tokenizer::load(tokenizer_path);
   if (!tok.ok()) return fail(tok.status().to_string());
 

@@ -114,6 +114,12 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;        // longest first
   bool added_first_byte[256] = {};      // whether an added token starts with this byte
   std::vector<char> special;            // by id
+  // SentencePiece-style vocabularies without a pre-tokenizer (Llama-2) make the whole normalized
+  // text one word. When no token has a ▁ after another character, no merge can join across the
+  // place before such a ▁, so the word is cut there first: the same ids, found word by word.
+  bool cut_at_metaspace = false;
+  int32_t bos = -1, eos = -1, pad = -1;  // tokenizer_config.json
+  std::string chat_template;
 
   Status fail(const std::string& path, const std::string& msg) const { return invalid_argument(what + ": " + path + ": " + msg); }
 
@@ -385,6 +391,16 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string&
   } catch (const Json::exception& e) {
     return invalid_argument(what + ": a field of the wrong type: " + e.what());
   }
+  if (I.pre_tokenizers.empty()) {
+    static const std::string kMeta = "\xE2\x96\x81";  // ▁
+    bool inner = false;
+    for (const auto& [token, id] : I.vocab) {
+      for (size_t p = token.find(kMeta, 1); p != std::string::npos && !inner; p = token.find(kMeta, p + 1))
+        inner = p < kMeta.size() || token.compare(p - kMeta.size(), kMeta.size(), kMeta) != 0;
+      if (inner) break;
+    }
+    I.cut_at_metaspace = !inner;
+  }
   I.special.assign(I.tokens.size(), 0);
   for (const AddedToken& a : I.added) I.special[static_cast<size_t>(a.id)] = a.special;
   return t;
@@ -398,7 +414,46 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   if (!in) return not_found(file.string() + ": cannot be read; expected a model folder with tokenizer.json, or the file itself");
   std::ostringstream ss;
   ss << in.rdbuf();
-  return from_json(ss.str(), file.string());
+  MT_ASSIGN_OR_RETURN(Tokenizer t, from_json(ss.str(), file.string()));
+  const std::filesystem::path config = file.parent_path() / "tokenizer_config.json";
+  std::ifstream cin(config, std::ios::binary);
+  if (!cin) return t;
+  std::ostringstream cs;
+  cs << cin.rdbuf();
+  Json c;
+  try {
+    c = Json::parse(cs.str());
+  } catch (const Json::exception& e) {
+    return invalid_argument(config.string() + ": not valid JSON: " + e.what());
+  }
+  if (!c.is_object()) return invalid_argument(config.string() + ": expected a JSON object");
+  Impl& I = *t.impl_;
+  auto token_of = [&](const char* key, int32_t& id) -> Status {
+    if (!c.contains(key) || c[key].is_null()) return {};
+    const Json& v = c[key];
+    const std::string text = v.is_string() ? v.get<std::string>() : v.is_object() && v.contains("content") && v["content"].is_string()
+                                                                          ? v["content"].get<std::string>()
+                                                                          : std::string();
+    if (text.empty()) return invalid_argument(config.string() + ": " + key + ": expected a token (a string, or {\"content\": ...})");
+    const auto f = I.vocab.find(text);
+    if (f == I.vocab.end()) return invalid_argument(config.string() + ": " + key + " '" + text + "' is not a token of " + file.string());
+    id = f->second;
+    return {};
+  };
+  MT_RETURN_IF_ERROR(token_of("bos_token", I.bos));
+  MT_RETURN_IF_ERROR(token_of("eos_token", I.eos));
+  MT_RETURN_IF_ERROR(token_of("pad_token", I.pad));
+  if (c.contains("chat_template")) {
+    const Json& ct = c["chat_template"];
+    if (ct.is_string()) {
+      I.chat_template = ct.get<std::string>();
+    } else if (ct.is_array()) {
+      for (const Json& e : ct)
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+          I.chat_template = e["template"].get<std::string>();
+    }
+  }
+  return t;
 }
 
 // ---- encoding ------------------------------------------------------------------------------------
@@ -553,7 +608,22 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
     cache.ids.clear();
     cache.owner = serial;
   }
-  for (const std::string& w : pre_tokenized(normalized(std::string(piece)))) {
+  std::vector<std::string> words = pre_tokenized(normalized(std::string(piece)));
+  if (cut_at_metaspace) {
+    static const std::string kMeta = "\xE2\x96\x81";
+    std::vector<std::string> cut;
+    for (const std::string& w : words) {
+      size_t begin = 0;
+      for (size_t p = w.find(kMeta, 1); p != std::string::npos; p = w.find(kMeta, p + 1))
+        if (p < kMeta.size() || w.compare(p - kMeta.size(), kMeta.size(), kMeta) != 0) {
+          cut.push_back(w.substr(begin, p - begin));
+          begin = p;
+        }
+      cut.push_back(w.substr(begin));
+    }
+    words = std::move(cut);
+  }
+  for (const std::string& w : words) {
     if (w.size() > 64) {  // long words are rare and would crowd the cache
       bpe(w, out);
       continue;
@@ -698,6 +768,12 @@ int32_t Tokenizer::token_to_id(std::string_view token) const {
 std::string Tokenizer::id_to_token(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->tokens.size() ? impl_->tokens[static_cast<size_t>(id)] : std::string();
 }
+const std::vector<int32_t>& Tokenizer::special_prefix() const { return impl_->prefix; }
+int32_t Tokenizer::bos_id() const { return impl_->bos; }
+int32_t Tokenizer::eos_id() const { return impl_->eos; }
+int32_t Tokenizer::pad_id() const { return impl_->pad; }
+const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+const std::string& Tokenizer::source() const { return impl_->what; }
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[static_cast<size_t>(id)];
 }

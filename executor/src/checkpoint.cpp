@@ -55,7 +55,7 @@ fs::path checkpoint_step_dir(const fs::path& checkpoint_dir, int64_t next_step) 
 DataPosition data_position(const DataLoader& loader) {
   const DataLoaderOptions& o = loader.options();
   return DataPosition{o.seq_len, o.micro_batch, o.grad_accum, data_order_name(o.order), o.seed,
-                      loader.tokens().name(), loader.tokens().size()};
+                      loader.source_name(), loader.source_tokens()};
 }
 
 // ---- saving --------------------------------------------------------------------------------------

@@ -402,6 +402,36 @@ Result<DataLoader> DataLoader::create(std::shared_ptr<const TokenFile> tokens, c
   return d;
 }
 
+Result<DataLoader> DataLoader::create(std::shared_ptr<const data::SequenceFile> rows, const DataLoaderOptions& options) {
+  if (!rows) return invalid_argument("data loader: no prepared dataset");
+  if (options.micro_batch <= 0 || options.grad_accum <= 0 || options.vocab_size < 0)
+    return invalid_argument("data loader: micro_batch and grad_accum must be positive, vocab_size >= 0");
+  if (rows->seq_len() != options.seq_len)
+    return invalid_argument("prepared dataset '" + rows->name() + "' has rows of seq_len " + std::to_string(rows->seq_len()) +
+                            ", the plan's training.seq_len is " + std::to_string(options.seq_len) +
+                            "; prepare it again with --seq " + std::to_string(options.seq_len));
+  if (options.vocab_size > 0 && rows->header().vocab_size > options.vocab_size)
+    return invalid_argument("prepared dataset '" + rows->name() + "' was tokenized with a vocabulary of " +
+                            std::to_string(rows->header().vocab_size) + " tokens (" + rows->header().tokenizer + "), the model has " +
+                            std::to_string(options.vocab_size) + "; accepted: a tokenizer of this model");
+  if (rows->rows() < 1) return invalid_argument("prepared dataset '" + rows->name() + "' has no rows");
+  if (options.micro_batch > INT64_MAX / options.grad_accum / options.seq_len)
+    return invalid_argument("data loader: micro_batch x grad_accum x seq_len overflows 64 bits");
+  DataLoader d;
+  d.sequences_ = std::move(rows);
+  d.options_ = options;
+  d.rows_per_epoch_ = d.sequences_->rows();
+  if (options.order == DataOrder::kShuffled && d.rows_per_epoch_ > int64_t{UINT32_MAX})
+    return unsupported("prepared dataset '" + d.sequences_->name() + "' has more than 2^32 - 1 rows; the shuffled order supports fewer");
+  d.cache_ = std::make_unique<PermutationCache>();
+  return d;
+}
+
+const std::string& DataLoader::source_name() const { return sequences_ ? sequences_->name() : tokens_->name(); }
+int64_t DataLoader::source_tokens() const {
+  return sequences_ ? sequences_->rows() * (sequences_->seq_len() + 1) : tokens_->size();
+}
+
 RowSource DataLoader::row_source(int64_t global_row) const {
   MT_CHECK(global_row >= 0, "negative global row");
   RowSource s;
@@ -452,6 +482,10 @@ Status DataLoader::fill(int64_t step, int64_t micro, int32_t* inputs, int32_t* t
   const int64_t first = (step * options_.grad_accum + micro) * options_.micro_batch;
   for (int64_t b = 0; b < options_.micro_batch; ++b) {
     const RowSource src = row_source(first + b);
+    if (sequences_) {
+      sequences_->fill_row(src.file_row, inputs + b * t_len, targets + b * t_len);
+      continue;
+    }
     const int64_t start = src.file_row * t_len;
     int32_t* in = inputs + b * t_len;
     int32_t* tg = targets + b * t_len;

@@ -176,17 +176,36 @@ Status write_trace(const RunOptions& o, const Trainer& trainer, const std::strin
 
 }  // namespace
 
+namespace {
+
+// The run's data: a prepared dataset (megatrain-data prepare: rows with a mask of the counted
+// targets) or a token file (every next token counts).
+Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelSpec& model) {
+  DataLoaderOptions d;
+  d.seq_len = plan.training.seq_len;
+  d.micro_batch = plan.training.micro_batch;
+  d.grad_accum = plan.training.grad_accum;
+  d.order = plan.training.data_order;
+  d.seed = static_cast<uint64_t>(plan.training.seed);
+  d.vocab_size = model.config().vocab_size;
+  if (data::SequenceFile::is_sequence_file(o.data_path)) {
+    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(o.data_path));
+    return DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
+  }
+  MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.data_path));
+  auto tokens = std::make_shared<const TokenFile>(std::move(file));
+  MT_RETURN_IF_ERROR(tokens->check_vocab(model.config().vocab_size));
+  return DataLoader::create(tokens, d);
+}
+
+}  // namespace
+
 Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const RunCallbacks& callbacks) {
   MT_RETURN_IF_ERROR(check_before_loading(o));
   MT_ASSIGN_OR_RETURN(Plan plan, Plan::load(o.plan_path));
   MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
   MT_RETURN_IF_ERROR(check_compression(o, plan));
-  MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.data_path));
-  auto tokens = std::make_shared<const TokenFile>(std::move(file));
-  MT_RETURN_IF_ERROR(tokens->check_vocab(model.config().vocab_size));
-  MT_ASSIGN_OR_RETURN(DataLoader loader,
-                      DataLoader::create(tokens, plan.training.seq_len, plan.training.micro_batch, plan.training.grad_accum,
-                                         plan.training.data_order, static_cast<uint64_t>(plan.training.seed), model.config().vocab_size));
+  MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model));
   MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, out));
   RunSummary summary;
   MT_RETURN_IF_ERROR(start_state(o, plan, model, loader, state, summary, out));

@@ -1019,7 +1019,13 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   I.last_step = step;
   for (int64_t j = 0; j < I.A; ++j)
     MT_RETURN_IF_ERROR(I.data->fill(step, j, I.inputs[static_cast<size_t>(j)].data(), I.targets[static_cast<size_t>(j)].data()));
-  const float grad_scale = 1.0f / static_cast<float>(d.N * I.A);
+  // The loss is the mean over the step's counted targets (a prepared dataset's mask leaves prompts
+  // and padding out as -1), as transformers' Trainer divides by the items in the whole batch: so
+  // the gradient is scaled by one over their number, not over every token.
+  int64_t counted = 0;
+  for (int64_t j = 0; j < I.A; ++j)
+    for (int32_t t : I.targets[static_cast<size_t>(j)]) counted += t >= 0;
+  const float grad_scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
   moe_begin_step(I);
   double loss_sum = 0;
   int64_t count = 0;

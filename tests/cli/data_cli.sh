@@ -46,5 +46,37 @@ check "an unsupported pre-tokenizer: exit 1, its JSON path named" "[ $? -eq 1 ] 
 check "encode without a text: exit 1" "[ $? -eq 1 ] && grep -q 'give --text or --text-file' $tmp/err"
 "$data" decode --tokenizer "$tmp/model" --ids -3 >"$tmp/out" 2>"$tmp/err"
 check "a negative id: exit 1" "[ $? -eq 1 ]"
+# prepare: alpaca records into padded rows of seq 128 (the tiny plan's), the answers counted; inspect
+# marks what does not count; megatrain-exec trains on the file; a damaged file is refused by name.
+cat >"$tmp/sft.jsonl" <<'JL'
+{"instruction": "ab", "input": "c", "output": "abc abc"}
+{"instruction": "ba", "output": "cab"}
+
+{"instruction": "a b c", "output": " a"}
+JL
+printf '{"instruction": "ab"}\n' >"$tmp/bad.jsonl"
+python3 - "$tmp/model" <<'PY'
+import json, sys
+json.dump({"eos_token": "<|end|>"}, open(sys.argv[1] + "/tokenizer_config.json", "w"))
+PY
+"$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 128 --pad -o "$tmp/sft.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare: exit 0 and a summary" "[ $? -eq 0 ] && grep -q 'documents 3 (alpaca format)' $tmp/out && grep -q 'train on answer' $tmp/out"
+"$data" inspect "$tmp/sft.mtseq" --rows 1 >"$tmp/out" 2>&1
+check "inspect: counts and a row with the prompt marked" "grep -q '3 rows of 129 tokens (pad)' $tmp/out && grep -q 'counted targets' $tmp/out && grep -q \"\$(printf '\\u27e6')\" $tmp/out"
+"$data" prepare --tokenizer "$tmp/model" --input "$tmp/bad.jsonl" --format alpaca --seq 128 -o "$tmp/x.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare of a record without its output: exit 1, file:line and field named, nothing written" \
+  "[ $? -eq 1 ] && grep -q \"bad.jsonl:1: no 'output' field\" $tmp/err && [ ! -e $tmp/x.mtseq ]"
+exec_bin=$(dirname "$1")/megatrain-exec
+if [ -x "$exec_bin" ]; then
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.mtseq" --steps 2 >"$tmp/out" 2>&1
+  check "megatrain-exec trains on a prepared dataset" "[ $? -eq 0 ] && grep -Eq 'step +2/2  loss [0-9]' $tmp/out"
+  cp "$tmp/sft.mtseq" "$tmp/damaged.mtseq"
+  printf '\x07' | dd of="$tmp/damaged.mtseq" bs=1 seek=5000 conv=notrunc 2>/dev/null
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/damaged.mtseq" --steps 1 >"$tmp/out" 2>&1
+  check "megatrain-exec refuses a damaged prepared dataset, naming it" "[ $? -ne 0 ] && grep -q 'damaged.mtseq: the checksum of its rows' $tmp/out"
+  "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 64 -o "$tmp/s64.mtseq" >/dev/null 2>&1
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/s64.mtseq" --steps 1 >"$tmp/out" 2>&1
+  check "a prepared dataset of another seq_len: refused with both numbers" "[ $? -ne 0 ] && grep -q 'seq_len 64, the plan.s training.seq_len is 128' $tmp/out"
+fi
 echo "$fails failed"
 [ "$fails" -eq 0 ]

@@ -96,6 +96,12 @@ Result<Float64Run> train_float64(const Plan& plan, const ModelSpec& model, const
     double* dlm = d.tied ? dtied.data() : g[static_cast<size_t>(L + 1)].data() + hu.find(TensorRole::kHead)->offset;
     double loss_sum = 0;
     int64_t tokens = 0;
+    // The mean is over the step's counted targets (a prepared dataset's mask leaves some out).
+    int64_t counted = 0;
+    for (int64_t j = 0; j < A; ++j) {
+      MT_RETURN_IF_ERROR(data.fill(step, j, inputs.data(), targets.data()));
+      for (int32_t t : targets) counted += t >= 0;
+    }
     for (int64_t j = 0; j < A; ++j) {
       MT_RETURN_IF_ERROR(data.fill(step, j, inputs.data(), targets.data()));
       MT_RETURN_IF_ERROR(math.embed(run.w[0].data(), inputs.data(), x[0].data()));
@@ -125,7 +131,7 @@ Result<Float64Run> train_float64(const Plan& plan, const ModelSpec& model, const
           agrad[static_cast<size_t>(e)] = coef / static_cast<double>(A) * static_cast<double>(E) * c[static_cast<size_t>(e)] / (R * R);
       }
       MT_RETURN_IF_ERROR(math.head(run.w[static_cast<size_t>(L + 1)].data() + fn_off, lm, x[static_cast<size_t>(L)].data(),
-                                   targets.data(), 1.0 / static_cast<double>(d.N * A), dx.data(),
+                                   targets.data(), 1.0 / static_cast<double>(counted), dx.data(),
                                    g[static_cast<size_t>(L + 1)].data() + fn_off, dlm, &loss_sum, &tokens, ws.data()));
       for (int64_t l = L; l >= 1; --l) {
         LayerActsT<double> a = bind_layer_acts(d, acts[static_cast<size_t>(l - 1)].data());
@@ -207,7 +213,31 @@ std::string run_command(const std::string& cmd, int* rc) {
 // The batch shape: 32 x 2 x 2 by default; a smaller one leaves some experts unchosen in a step.
 struct Shape {
   int64_t seq = 32, micro_batch = 2, grad_accum = 2;
+  bool masked = false;  // supervised fine-tuning: a prepared dataset whose mask leaves prompts and padding out
 };
+
+// Rows of seq + 1 tokens as megatrain-data prepare lays out padded SFT data: a prompt of 3 to 12
+// tokens that does not count, an answer that does, then padding that does not (none in every third
+// row), for every row the run reads.
+std::shared_ptr<const data::SequenceFile> masked_rows(const fs::path& dir, int64_t seq, int64_t rows, int64_t vocab) {
+  data::SequenceRows r;
+  for (int64_t k = 0; k < rows; ++k) {
+    const int64_t prompt = 3 + (k * 5) % 10, end = k % 3 == 0 ? seq + 1 : seq + 1 - (k % 7) - 2;
+    for (int64_t t = 0; t <= seq; ++t) {
+      r.tokens.push_back(static_cast<uint32_t>(((k * 131 + t) * 2654435761u >> 9) % static_cast<uint64_t>(vocab)));
+      r.mask.push_back(t >= prompt && t < end ? 1 : 0);
+    }
+  }
+  data::SequenceHeader h;
+  h.seq_len = seq;
+  h.vocab_size = vocab;
+  h.packing = "pad";
+  h.train_on = "answer";
+  EXPECT_TRUE(data::write_sequence_file(dir / "sft.mtseq", h, r).ok());
+  auto f = data::SequenceFile::open(dir / "sft.mtseq");
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  return std::make_shared<const data::SequenceFile>(std::move(*f));
+}
 
 std::string train_ours(const std::string& model_name, double clip, const fs::path& dir, Shape shape = {}) {
   fs::create_directories(dir);
@@ -236,17 +266,38 @@ std::string train_ours(const std::string& model_name, double clip, const fs::pat
   for (size_t u = 0; u < hs.units().size(); ++u)
     for (int64_t i = 0; i < hs.units()[u].numel; ++i) EXPECT_EQ(hs.units()[u].master[i], again.units()[u].master[i]);
 
-  std::vector<uint32_t> toks;
-  for (uint32_t i = 0; i < 2000; ++i) toks.push_back((i * 2654435761u >> 9) % 97 + (i % 7) * 20);
-  {
-    std::ofstream f(dir / "tokens.u32", std::ios::binary);
-    f.write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(toks.size() * 4));
+  Result<DataLoader> loader = invalid_argument("no data");
+  if (shape.masked) {
+    DataLoaderOptions lo;
+    lo.seq_len = shape.seq;
+    lo.micro_batch = shape.micro_batch;
+    lo.grad_accum = shape.grad_accum;
+    lo.vocab_size = model->config().vocab_size;
+    loader = DataLoader::create(masked_rows(dir, shape.seq, 10 * shape.micro_batch * shape.grad_accum, model->config().vocab_size), lo);
+    EXPECT_TRUE(loader.ok()) << loader.status().to_string();
+    if (!loader.ok()) return "";
+    // The reference reads the very batches (inputs, then targets with -1 where not counted).
+    std::ofstream f(dir / "batches.i32", std::ios::binary);
+    std::vector<int32_t> in(static_cast<size_t>(shape.micro_batch * shape.seq)), tg(in.size());
+    for (int64_t s = 0; s < 10; ++s)
+      for (int64_t j = 0; j < shape.grad_accum; ++j) {
+        EXPECT_TRUE(loader->fill(s, j, in.data(), tg.data()).ok());
+        f.write(reinterpret_cast<const char*>(in.data()), static_cast<std::streamsize>(in.size() * 4));
+        f.write(reinterpret_cast<const char*>(tg.data()), static_cast<std::streamsize>(tg.size() * 4));
+      }
+  } else {
+    std::vector<uint32_t> toks;
+    for (uint32_t i = 0; i < 2000; ++i) toks.push_back((i * 2654435761u >> 9) % 97 + (i % 7) * 20);
+    {
+      std::ofstream f(dir / "tokens.u32", std::ios::binary);
+      f.write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(toks.size() * 4));
+    }
+    auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks));
+    loader = DataLoader::create(file, shape.seq, shape.micro_batch, shape.grad_accum, DataOrder::kSequential, 1,
+                                model->config().vocab_size);
+    EXPECT_TRUE(loader.ok()) << loader.status().to_string();
+    if (!loader.ok()) return "";
   }
-  auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks));
-  auto loader = DataLoader::create(file, shape.seq, shape.micro_batch, shape.grad_accum, DataOrder::kSequential, 1,
-                                   model->config().vocab_size);
-  EXPECT_TRUE(loader.ok()) << loader.status().to_string();
-  if (!loader.ok()) return "";
 
   // float64: the layer templates in double, from the same initial weights.
   auto f64 = train_float64(*plan, *model, hs, *loader);
@@ -302,6 +353,11 @@ void run_against_torch(const std::string& model_name, double clip, Shape shape =
 }
 
 TEST(TorchReference, LlamaWithGqaTrainsLikePyTorch) { run_against_torch("tiny-llama-gqa", 0.0); }
+// Issue 19: supervised fine-tuning on a prepared dataset, the loss over the counted targets only
+// (prompts and padding masked), normalised by their number in the whole step, with clipping.
+TEST(TorchReference, SupervisedFineTuningWithMasksTrainsLikePyTorch) {
+  run_against_torch("tiny-qwen2", 0.5, Shape{32, 2, 2, true});
+}
 TEST(TorchReference, Qwen2WithBiasesTiedHeadAndClippingTrainsLikePyTorch) { run_against_torch("tiny-qwen2", 0.5); }
 TEST(TorchReference, Qwen3WithQkNormsTrainsLikePyTorch) { run_against_torch("tiny-qwen3", 0.0); }
 TEST(TorchReference, Qwen3MoeWithADenseLayerAndTheAuxLossTrainsLikePyTorch) { run_against_torch("tiny-qwen3-moe", 0.5); }

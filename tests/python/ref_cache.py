@@ -14,7 +14,7 @@ import os
 
 import torch
 
-CASE_FILES = ("config.json", "spec.json", "init.safetensors", "tokens.u32")
+CASE_FILES = ("config.json", "spec.json", "init.safetensors", "tokens.u32", "batches.i32")
 
 
 def cached(case_dir, scripts, what, train):

@@ -3,7 +3,7 @@
 Hugging Face defines them), written for MegaTrain's tests; not a test on its own.
 
 Usage: torch_train_ref.py DIR [--mutate SLIP [--slip-in reference|fp32]]
-DIR holds config.json, init.safetensors, tokens.u32, spec.json and MegaTrain's results: ours.json
+DIR holds config.json, init.safetensors, tokens.u32 (or batches.i32), spec.json and MegaTrain's results: ours.json
 (per-step losses in fp32 and float64), final.safetensors (fp32, the streamed trainer) and
 final64.safetensors (float64, the same layer templates in double). This script trains the same
 model on the same sequential batches twice, in fp32 and in float64, with torch.optim.AdamW, and
@@ -18,6 +18,12 @@ checks:
     BLAS and instruction set it runs on; FP32_FACTOR is derived in docs/testing.md. (Per-tensor
     maxima, the old measure, are dominated by the few elements whose Adam step took its sign from
     rounding, a rare event whose count varies from tensor to tensor: their ratio has a heavy tail.)
+
+With batches.i32 (supervised fine-tuning on a prepared dataset: issue 19) the batches are read from
+it instead of cut from tokens.u32: for each step and micro-batch, B x T inputs then B x T targets
+(int32), a target of -1 not counted. The loss of a step is then the sum of the counted targets'
+cross-entropy over their number in the whole step (transformers' Trainer with num_items_in_batch),
+and each micro-batch's backward takes its share of that sum.
 
 --mutate SLIP trains the reference with one deliberate semantic slip, to show the checks catch it
 (the exit status must then be 1). Exit 0 when everything agrees, 1 otherwise, 77 when torch is
@@ -116,9 +122,14 @@ def set_slip(s):
     if slip == "rope_theta":
         theta = 500000.0 if theta != 500000.0 else 10000.0
 init = read_safetensors(os.path.join(d, "init.safetensors"))
-raw = open(os.path.join(d, "tokens.u32"), "rb").read()
-tokens = torch.tensor(struct.unpack(f"<{len(raw) // 4}I", raw), dtype=torch.int64)
 T, B, A = spec["seq_len"], spec["micro_batch"], spec["grad_accum"]
+batches = None
+if os.path.exists(os.path.join(d, "batches.i32")):
+    raw = open(os.path.join(d, "batches.i32"), "rb").read()
+    batches = torch.tensor(struct.unpack(f"<{len(raw) // 4}i", raw), dtype=torch.int64).reshape(spec["steps"], A, 2, B, T)
+else:
+    raw = open(os.path.join(d, "tokens.u32"), "rb").read()
+    tokens = torch.tensor(struct.unpack(f"<{len(raw) // 4}I", raw), dtype=torch.int64)
 
 
 def rmsnorm(x, w):
@@ -229,7 +240,17 @@ def train(dtype):
             group["lr"] = lr_at(step)
         opt.zero_grad()
         total = 0.0
+        if batches is not None:
+            counted = int((batches[step, :, 1] >= 0).sum())
         for j in range(A):
+            if batches is not None:
+                x, y = batches[step, j, 0], batches[step, j, 1]
+                logits = forward(W, x, dtype)
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-1,
+                                                         reduction="sum")
+                (loss / counted).backward()
+                total += loss.item() / counted
+                continue
             rows = [(step * A + j) * B + b for b in range(B)]
             x = torch.stack([tokens[r * T: r * T + T] for r in rows])
             y = torch.stack([tokens[r * T + 1: r * T + T + 1] for r in rows])

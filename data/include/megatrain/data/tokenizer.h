@@ -37,7 +37,8 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  // A model folder holding tokenizer.json, or the path of a tokenizer.json.
+  // A model folder holding tokenizer.json, or the path of a tokenizer.json. A tokenizer_config.json
+  // beside it gives the BOS, EOS and padding tokens and the chat template.
   static Result<Tokenizer> load(const std::filesystem::path& path);
   // `what` names the source in error messages.
   static Result<Tokenizer> from_json(std::string_view json_text, const std::string& what = "tokenizer.json");
@@ -56,6 +57,16 @@ class Tokenizer {
   // The text of an id; empty for an id out of range.
   std::string id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
+  // The ids the post-processor's template puts before a sequence (a BOS token, say).
+  const std::vector<int32_t>& special_prefix() const;
+  // From tokenizer_config.json (bos_token, eos_token, pad_token); -1 when it names none.
+  int32_t bos_id() const;
+  int32_t eos_id() const;
+  int32_t pad_id() const;
+  // tokenizer_config.json's chat_template (the "default" one of a list); empty when there is none.
+  const std::string& chat_template() const;
+  // Where the tokenizer was read from.
+  const std::string& source() const;
 
  private:
   struct Impl;

@@ -13,6 +13,7 @@
 
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/plan.h"
+#include "megatrain/core/xxh64.h"
 #include "megatrain/core/status.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
@@ -110,20 +111,8 @@ Result<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path
 Status check_resume_compatible(const CheckpointInfo& saved, const Plan& plan, const ModelSpec& model,
                                const DataLoader& data);
 
-// XXH64 (xxHash's 64-bit hash, seed 0 by default), the checksum of every checkpoint file.
-class Xxh64 {
- public:
-  explicit Xxh64(uint64_t seed = 0);
-  void update(const void* data, size_t len);
-  uint64_t digest() const;
-
- private:
-  uint64_t acc_[4];
-  uint64_t seed_;
-  uint64_t total_ = 0;
-  unsigned char buf_[32];
-  size_t buffered_ = 0;
-};
-uint64_t xxh64(const void* data, size_t len, uint64_t seed = 0);
+// XXH64, the checksum of every checkpoint file (core/xxh64.h).
+using ::megatrain::Xxh64;
+using ::megatrain::xxh64;
 
 }  // namespace megatrain::exec

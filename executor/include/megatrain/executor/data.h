@@ -10,6 +10,7 @@
 
 #include "megatrain/core/plan.h"
 #include "megatrain/core/status.h"
+#include "megatrain/data/sequence_file.h"
 
 namespace megatrain::exec {
 
@@ -114,13 +115,22 @@ class DataLoader {
   static Result<DataLoader> create(std::shared_ptr<const TokenFile> tokens, const DataLoaderOptions& options);
   static Result<DataLoader> create(std::shared_ptr<const TokenFile> tokens, int64_t seq_len, int64_t micro_batch,
                                    int64_t grad_accum, DataOrder order, uint64_t seed, int64_t vocab_size = 0);
+  // A prepared dataset (megatrain-data prepare, data/sequence_file.h): its rows are the file's rows,
+  // each with its own T + 1 tokens, and a target that does not count is -1 (the loss leaves it
+  // out). Refused when its seq_len is not options.seq_len or its vocabulary is larger than
+  // options.vocab_size, naming both numbers.
+  static Result<DataLoader> create(std::shared_ptr<const data::SequenceFile> rows, const DataLoaderOptions& options);
 
   DataLoader(DataLoader&&) noexcept;
   DataLoader& operator=(DataLoader&&) noexcept;
   ~DataLoader();
 
   const DataLoaderOptions& options() const { return options_; }
-  const TokenFile& tokens() const { return *tokens_; }
+  const TokenFile& tokens() const { return *tokens_; }  // a token file's loader only
+  bool prepared() const { return sequences_ != nullptr; }
+  // The data as it was named, and its size in tokens (a checkpoint records both).
+  const std::string& source_name() const;
+  int64_t source_tokens() const;
   // Whole rows in the file: a row needs T+1 tokens starting at k*T, so floor((N - 1) / T).
   int64_t rows_per_epoch() const { return rows_per_epoch_; }
   int64_t tokens_per_step() const { return options_.micro_batch * options_.grad_accum * options_.seq_len; }
@@ -137,6 +147,7 @@ class DataLoader {
   Status check_position(int64_t step, int64_t micro) const;
 
   std::shared_ptr<const TokenFile> tokens_;
+  std::shared_ptr<const data::SequenceFile> sequences_;
   DataLoaderOptions options_;
   int64_t rows_per_epoch_ = 0;
   std::unique_ptr<PermutationCache> cache_;

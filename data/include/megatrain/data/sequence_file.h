@@ -1,0 +1,87 @@
+// A prepared dataset (issue 19): training rows of seq_len + 1 tokens, each with a mask of the
+// positions whose token counts as a target, written by `megatrain-data prepare` and read by
+// megatrain-exec's loader. Row k gives inputs tok[k][0, T) and targets tok[k][1, T] where the mask
+// is set, -1 (not counted) elsewhere.
+//
+// The file (docs/data.md):
+//   bytes 0-7      "MTSEQ001"
+//   bytes 8-15     the header's length in bytes, uint64 little-endian
+//   bytes 16-      the header: one JSON object (SequenceHeader), then zeros up to byte 4096
+//   4096-          tokens: rows x (seq_len + 1) uint32 little-endian
+//   then           mask:   rows x (seq_len + 1) uint8, 1 where the token is a counted target
+// The header's xxh64 covers the tokens and the mask, and its sizes fix the file's length: a file
+// cut short, grown or changed is refused by name. The writer publishes it atomically (a temporary
+// beside it, fsync, rename), so a partial write never looks complete.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain::data {
+
+inline constexpr char kSequenceMagic[8] = {'M', 'T', 'S', 'E', 'Q', '0', '0', '1'};
+inline constexpr int64_t kSequenceDataOffset = 4096;
+
+struct SequenceHeader {
+  int64_t rows = 0;
+  int64_t seq_len = 0;     // T: a row holds T + 1 tokens
+  int64_t vocab_size = 0;  // the tokenizer's: every token is below it
+  int32_t eos_id = -1, pad_id = -1;
+  std::string packing = "pack";   // pack | pad
+  std::string train_on = "all";   // all | answer
+  int64_t documents = 0;          // documents read
+  int64_t truncated = 0;          // documents cut at the row length (pad) ...
+  int64_t split = 0;              // ... or split over several rows (pad with split)
+  int64_t tokens = 0;             // real tokens in the rows (no padding)
+  int64_t counted = 0;            // counted targets
+  std::string tokenizer;          // where the tokenizer came from
+  std::vector<std::string> sources;
+  uint64_t xxh64 = 0;             // of the tokens, then the mask
+};
+
+// Rows to write: tokens and mask, rows x (seq_len + 1) each.
+struct SequenceRows {
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;
+};
+
+// Writes `rows` with `header` (whose rows and xxh64 it fills in) to `path`, atomically.
+Status write_sequence_file(const std::filesystem::path& path, SequenceHeader header, const SequenceRows& rows);
+
+// A prepared dataset, memory-mapped read-only. open() checks the magic, the header, the length and
+// the checksum; errors name the file and what was expected.
+class SequenceFile {
+ public:
+  static Result<SequenceFile> open(const std::filesystem::path& path);
+  // Whether `path` starts with the magic (a cheap test for the loader's format detection).
+  static bool is_sequence_file(const std::filesystem::path& path);
+  SequenceFile(SequenceFile&&) noexcept;
+  SequenceFile& operator=(SequenceFile&&) noexcept;
+  SequenceFile(const SequenceFile&) = delete;
+  SequenceFile& operator=(const SequenceFile&) = delete;
+  ~SequenceFile();
+
+  const SequenceHeader& header() const { return header_; }
+  const std::string& name() const { return name_; }
+  int64_t rows() const { return header_.rows; }
+  int64_t seq_len() const { return header_.seq_len; }
+  const uint32_t* row_tokens(int64_t row) const { return tokens_ + row * (header_.seq_len + 1); }
+  const uint8_t* row_mask(int64_t row) const { return mask_ + row * (header_.seq_len + 1); }
+  // inputs[t] = token t, targets[t] = token t + 1 where counted, else -1; t < seq_len.
+  void fill_row(int64_t row, int32_t* inputs, int32_t* targets) const;
+
+ private:
+  SequenceFile() = default;
+  std::string name_;
+  SequenceHeader header_;
+  const uint32_t* tokens_ = nullptr;
+  const uint8_t* mask_ = nullptr;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+};
+
+}  // namespace megatrain::data

@@ -1,0 +1,228 @@
+// Reading datasets and laying them into training rows (dataset.h).
+#include "megatrain/data/dataset.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+namespace megatrain::data {
+
+namespace {
+
+using Json = nlohmann::json;
+
+std::string read_all(const std::filesystem::path& p, Status& st) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) {
+    st = not_found(p.string() + ": cannot be read");
+    return {};
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string keys_of(const Json& j) {
+  std::string s;
+  for (auto it = j.begin(); it != j.end(); ++it) s += (s.empty() ? "" : ", ") + it.key();
+  return s.empty() ? "none" : s;
+}
+
+// The document of one record; `where` is "file:line" or "file record n".
+Result<Document> document_of(const Json& j, const std::string& format, const FieldNames& f, const std::string& where) {
+  if (!j.is_object()) return invalid_argument(where + ": expected a JSON object, got " + std::string(j.type_name()));
+  auto field = [&](const std::string& key, bool required, std::string& out) -> Status {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (!required) return {};
+      return invalid_argument(where + ": no '" + key + "' field (the " + format + " format needs it; fields here: " + keys_of(j) +
+                              "; map another name with --" + (format == "text" ? "text" : key) + "-field)");
+    }
+    if (!j[key].is_string()) return invalid_argument(where + ": '" + key + "' is a " + j[key].type_name() + "; expected a string");
+    out = j[key].get<std::string>();
+    return {};
+  };
+  Document d;
+  if (format == "text") {
+    MT_RETURN_IF_ERROR(field(f.text, true, d.answer));
+    return d;
+  }
+  std::string instruction, input;
+  MT_RETURN_IF_ERROR(field(f.instruction, true, instruction));
+  MT_RETURN_IF_ERROR(field(f.input, false, input));
+  MT_RETURN_IF_ERROR(field(f.output, true, d.answer));
+  d.prompt = instruction + (input.empty() ? "" : "\n\n" + input) + "\n\n";
+  return d;
+}
+
+// The format of a record, from its fields.
+std::string format_of(const Json& j, const FieldNames& f) {
+  if (!j.is_object()) return "";
+  if (j.contains(f.instruction) && j.contains(f.output)) return "alpaca";
+  if (j.contains(f.text)) return "text";
+  return "";
+}
+
+Status check_format(const std::string& format, const std::string& where) {
+  if (format == "text" || format == "alpaca" || format == "plain" || format == "auto") return {};
+  return invalid_argument(where + ": format '" + format + "'; accepted: auto, text, alpaca, plain");
+}
+
+Status unknown_shape(const Json& j, const std::string& where) {
+  const bool chat = j.is_object() && (j.contains("messages") || j.contains("conversations"));
+  return invalid_argument(where + ": cannot tell the format from the fields (" + (j.is_object() ? keys_of(j) : std::string(j.type_name())) +
+                          "); accepted: text ({\"text\"}), alpaca ({\"instruction\", \"output\"}), or --format with the field flags" +
+                          (chat ? "; chat datasets (messages, conversations) need the chat template, not supported yet" : ""));
+}
+
+}  // namespace
+
+Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields) {
+  const std::string name = path.string();
+  MT_RETURN_IF_ERROR(check_format(format, name));
+  Status st;
+  const std::string bytes = read_all(path, st);
+  if (!st.ok()) return st;
+  const std::string ext = path.extension().string();
+  std::vector<Document> docs;
+  if (format == "plain" || (format == "auto" && ext != ".jsonl" && ext != ".json")) {
+    format = "plain";
+    docs.push_back(Document{"", bytes});
+    return docs;
+  }
+  if (ext == ".json") {
+    Json j;
+    try {
+      j = Json::parse(bytes);
+    } catch (const Json::exception& e) {
+      return invalid_argument(name + ": not valid JSON: " + e.what());
+    }
+    if (!j.is_array()) return invalid_argument(name + ": expected a JSON array of records (or a .jsonl file with one per line)");
+    for (size_t i = 0; i < j.size(); ++i) {
+      const std::string where = name + " record " + std::to_string(i);
+      if (format == "auto") {
+        format = format_of(j[i], fields);
+        if (format.empty()) return unknown_shape(j[i], where);
+      }
+      MT_ASSIGN_OR_RETURN(Document d, document_of(j[i], format, fields, where));
+      docs.push_back(std::move(d));
+    }
+    return docs;
+  }
+  // JSON Lines: one record per line; blank lines are skipped.
+  size_t at = 0;
+  for (int64_t line = 1; at < bytes.size(); ++line) {
+    size_t end = bytes.find('\n', at);
+    if (end == std::string::npos) end = bytes.size();
+    std::string_view text(bytes.data() + at, end - at);
+    at = end + 1;
+    if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string where = name + ":" + std::to_string(line);
+    Json j;
+    try {
+      j = Json::parse(text);
+    } catch (const Json::exception& e) {
+      return invalid_argument(where + ": not valid JSON: " + e.what());
+    }
+    if (format == "auto") {
+      format = format_of(j, fields);
+      if (format.empty()) return unknown_shape(j, where);
+    }
+    MT_ASSIGN_OR_RETURN(Document d, document_of(j, format, fields, where));
+    docs.push_back(std::move(d));
+  }
+  if (format == "auto") format = "text";  // an empty file
+  return docs;
+}
+
+Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document>& docs, const std::string& format,
+                                const PrepareOptions& o, SequenceHeader& h) {
+  if (o.seq_len < 1) return invalid_argument("--seq must be at least 1");
+  const std::string train_on = o.train_on.empty() ? (format == "alpaca" ? "answer" : "all") : o.train_on;
+  if (train_on != "all" && train_on != "answer") return invalid_argument("--train-on '" + train_on + "'; accepted: all, answer");
+  if (tok.eos_id() < 0)
+    return invalid_argument(tok.source() + ": no eos_token (tokenizer_config.json): documents need one between them");
+  const int32_t pad = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+  const int64_t width = o.seq_len + 1;
+  // Tokenize in parallel, each thread a strided share of the documents.
+  std::vector<std::vector<int32_t>> ids(docs.size());
+  std::vector<std::vector<uint8_t>> counted(docs.size());
+  const int threads = std::max(1, std::min<int>(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency()),
+                                                static_cast<int>(std::max<size_t>(docs.size(), 1))));
+  std::atomic<int64_t> done{0};
+  auto work = [&](int k) {
+    for (size_t i = static_cast<size_t>(k); i < docs.size(); i += static_cast<size_t>(threads)) {
+      std::vector<int32_t>& v = ids[i];
+      std::vector<uint8_t>& m = counted[i];
+      v = tok.special_prefix();
+      m.assign(v.size(), train_on == "all");
+      const std::vector<int32_t> p = tok.encode(docs[i].prompt), a = tok.encode(docs[i].answer);
+      v.insert(v.end(), p.begin(), p.end());
+      m.insert(m.end(), p.size(), train_on == "all");
+      v.insert(v.end(), a.begin(), a.end());
+      v.push_back(tok.eos_id());
+      m.insert(m.end(), a.size() + 1, 1);
+      ++done;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int k = 1; k < threads; ++k) pool.emplace_back(work, k);
+  std::thread reporter;
+  std::atomic<bool> finished{false};
+  if (o.progress)
+    reporter = std::thread([&] {
+      while (!finished) {
+        o.progress(done, static_cast<int64_t>(docs.size()));
+        for (int s = 0; s < 5 && !finished; ++s) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  work(0);
+  for (std::thread& t : pool) t.join();
+  finished = true;
+  if (reporter.joinable()) reporter.join();
+  if (o.progress) o.progress(static_cast<int64_t>(docs.size()), static_cast<int64_t>(docs.size()));
+
+  SequenceRows rows;
+  h = SequenceHeader{};
+  h.seq_len = o.seq_len;
+  h.vocab_size = tok.vocab_size();
+  h.eos_id = tok.eos_id();
+  h.pad_id = pad;
+  h.packing = o.pack ? "pack" : "pad";
+  h.train_on = train_on;
+  h.tokenizer = tok.source();
+  h.documents = static_cast<int64_t>(docs.size());
+  auto pad_row = [&] {
+    const int64_t rem = static_cast<int64_t>(rows.tokens.size()) % width;
+    if (rem == 0) return;
+    rows.tokens.insert(rows.tokens.end(), static_cast<size_t>(width - rem), static_cast<uint32_t>(pad));
+    rows.mask.insert(rows.mask.end(), static_cast<size_t>(width - rem), 0);
+  };
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const std::vector<int32_t>& v = ids[i];
+    const std::vector<uint8_t>& m = counted[i];
+    size_t n = v.size();
+    if (!o.pack && static_cast<int64_t>(n) > width) {
+      if (o.split_long) ++h.split;
+      else {
+        ++h.truncated;
+        n = static_cast<size_t>(width);
+      }
+    }
+    rows.tokens.insert(rows.tokens.end(), v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n));
+    rows.mask.insert(rows.mask.end(), m.begin(), m.begin() + static_cast<std::ptrdiff_t>(n));
+    h.tokens += static_cast<int64_t>(n);
+    if (!o.pack) pad_row();
+  }
+  pad_row();
+  const int64_t nrows = static_cast<int64_t>(rows.tokens.size()) / width;
+  for (int64_t r = 0; r < nrows; ++r)
+    for (int64_t t = 1; t < width; ++t) h.counted += rows.mask[static_cast<size_t>(r * width + t)];
+  h.rows = nrows;
+  return rows;
+}
+
+}  // namespace megatrain::data

@@ -1,0 +1,186 @@
+// Prepared datasets on disk (sequence_file.h).
+#include "megatrain/data/sequence_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "megatrain/core/durable_file.h"
+#include "megatrain/core/xxh64.h"
+
+namespace megatrain::data {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string hex(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof(b), "%016" PRIx64, v);
+  return b;
+}
+
+Json header_json(const SequenceHeader& h) {
+  return Json{{"format", "megatrain.sequences/1"},
+              {"rows", h.rows},
+              {"seq_len", h.seq_len},
+              {"vocab_size", h.vocab_size},
+              {"eos_id", h.eos_id},
+              {"pad_id", h.pad_id},
+              {"packing", h.packing},
+              {"train_on", h.train_on},
+              {"documents", h.documents},
+              {"truncated", h.truncated},
+              {"split", h.split},
+              {"tokens", h.tokens},
+              {"counted", h.counted},
+              {"tokenizer", h.tokenizer},
+              {"sources", h.sources},
+              {"xxh64", hex(h.xxh64)}};
+}
+
+}  // namespace
+
+Status write_sequence_file(const std::filesystem::path& path, SequenceHeader header, const SequenceRows& rows) {
+  const int64_t width = header.seq_len + 1;
+  if (header.seq_len < 1) return invalid_argument("a prepared dataset needs seq_len >= 1");
+  if (rows.tokens.size() != rows.mask.size() || static_cast<int64_t>(rows.tokens.size()) % width != 0)
+    return internal_error("write_sequence_file: tokens and mask must be whole rows of seq_len + 1");
+  header.rows = static_cast<int64_t>(rows.tokens.size()) / width;
+  Xxh64 x;
+  x.update(rows.tokens.data(), rows.tokens.size() * sizeof(uint32_t));
+  x.update(rows.mask.data(), rows.mask.size());
+  header.xxh64 = x.digest();
+  const std::string text = header_json(header).dump(1) + "\n";
+  if (16 + static_cast<int64_t>(text.size()) > kSequenceDataOffset)
+    return invalid_argument(path.string() + ": the header (" + std::to_string(text.size()) +
+                            " bytes: too many source files named?) does not fit in 4080 bytes");
+  MT_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::create(path));
+  std::string head(static_cast<size_t>(kSequenceDataOffset), '\0');
+  std::memcpy(head.data(), kSequenceMagic, 8);
+  const uint64_t n = text.size();
+  std::memcpy(head.data() + 8, &n, 8);
+  std::memcpy(head.data() + 16, text.data(), text.size());
+  MT_RETURN_IF_ERROR(f.write(head.data(), head.size()));
+  MT_RETURN_IF_ERROR(f.write(rows.tokens.data(), rows.tokens.size() * sizeof(uint32_t)));
+  MT_RETURN_IF_ERROR(f.write(rows.mask.data(), rows.mask.size()));
+  return f.commit();
+}
+
+bool SequenceFile::is_sequence_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char m[8] = {};
+  return in.read(m, 8) && std::memcmp(m, kSequenceMagic, 8) == 0;
+}
+
+Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return not_found(name + ": cannot be opened: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return invalid_argument(name + ": not a regular file; expected a dataset written by megatrain-data prepare");
+  }
+  const auto size = static_cast<size_t>(st.st_size);
+  if (size < static_cast<size_t>(kSequenceDataOffset)) {
+    ::close(fd);
+    return invalid_argument(name + ": " + std::to_string(size) + " bytes, shorter than a prepared dataset's 4096-byte header");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return invalid_argument(name + ": cannot be mapped: " + std::strerror(errno));
+  SequenceFile f;
+  f.name_ = name;
+  f.map_ = map;
+  f.map_bytes_ = size;
+  const auto* base = static_cast<const char*>(map);
+  if (std::memcmp(base, kSequenceMagic, 8) != 0)
+    return invalid_argument(name + ": not a prepared dataset (no MTSEQ001 magic); expected the output of megatrain-data prepare");
+  uint64_t n = 0;
+  std::memcpy(&n, base + 8, 8);
+  if (n == 0 || n > static_cast<uint64_t>(kSequenceDataOffset - 16))
+    return invalid_argument(name + ": the header length " + std::to_string(n) + " is not in [1, 4080]");
+  Json j;
+  try {
+    j = Json::parse(std::string(base + 16, n));
+    SequenceHeader& h = f.header_;
+    if (j.at("format").get<std::string>() != "megatrain.sequences/1")
+      return invalid_argument(name + ": format '" + j.at("format").get<std::string>() + "'; this build reads megatrain.sequences/1");
+    h.rows = j.at("rows").get<int64_t>();
+    h.seq_len = j.at("seq_len").get<int64_t>();
+    h.vocab_size = j.at("vocab_size").get<int64_t>();
+    h.eos_id = j.at("eos_id").get<int32_t>();
+    h.pad_id = j.at("pad_id").get<int32_t>();
+    h.packing = j.at("packing").get<std::string>();
+    h.train_on = j.at("train_on").get<std::string>();
+    h.documents = j.at("documents").get<int64_t>();
+    h.truncated = j.at("truncated").get<int64_t>();
+    h.split = j.at("split").get<int64_t>();
+    h.tokens = j.at("tokens").get<int64_t>();
+    h.counted = j.at("counted").get<int64_t>();
+    h.tokenizer = j.at("tokenizer").get<std::string>();
+    h.sources = j.at("sources").get<std::vector<std::string>>();
+    h.xxh64 = std::stoull(j.at("xxh64").get<std::string>(), nullptr, 16);
+  } catch (const std::exception& e) {
+    return invalid_argument(name + ": the header is damaged: " + e.what());
+  }
+  const SequenceHeader& h = f.header_;
+  if (h.rows < 0 || h.seq_len < 1 || h.seq_len > (int64_t{1} << 24) || h.rows > (int64_t{1} << 40))
+    return invalid_argument(name + ": rows " + std::to_string(h.rows) + " and seq_len " + std::to_string(h.seq_len) + " are out of range");
+  const auto cells = static_cast<size_t>(h.rows * (h.seq_len + 1));
+  const size_t want = static_cast<size_t>(kSequenceDataOffset) + cells * 5;
+  if (size != want)
+    return invalid_argument(name + ": " + std::to_string(size) + " bytes, but its header's " + std::to_string(h.rows) + " rows of " +
+                            std::to_string(h.seq_len + 1) + " tokens make " + std::to_string(want) +
+                            " (a file cut short or grown: prepare it again)");
+  f.tokens_ = reinterpret_cast<const uint32_t*>(base + kSequenceDataOffset);
+  f.mask_ = reinterpret_cast<const uint8_t*>(base + kSequenceDataOffset + cells * 4);
+  Xxh64 x;
+  x.update(f.tokens_, cells * 4);
+  x.update(f.mask_, cells);
+  if (x.digest() != h.xxh64)
+    return invalid_argument(name + ": the checksum of its rows is " + hex(x.digest()) + ", the header says " + hex(h.xxh64) +
+                            " (the file was changed or damaged: prepare it again)");
+  for (size_t i = 0; i < cells; ++i)
+    if (f.tokens_[i] >= static_cast<uint64_t>(h.vocab_size))
+      return invalid_argument(name + ": token " + std::to_string(f.tokens_[i]) + " at row " + std::to_string(i / (h.seq_len + 1)) +
+                              " is not below the vocabulary size " + std::to_string(h.vocab_size));
+  return f;
+}
+
+SequenceFile::SequenceFile(SequenceFile&& o) noexcept
+    : name_(std::move(o.name_)), header_(std::move(o.header_)), tokens_(o.tokens_), mask_(o.mask_), map_(o.map_), map_bytes_(o.map_bytes_) {
+  o.map_ = nullptr;
+  o.map_bytes_ = 0;
+}
+SequenceFile& SequenceFile::operator=(SequenceFile&& o) noexcept {
+  std::swap(name_, o.name_);
+  std::swap(header_, o.header_);
+  std::swap(tokens_, o.tokens_);
+  std::swap(mask_, o.mask_);
+  std::swap(map_, o.map_);
+  std::swap(map_bytes_, o.map_bytes_);
+  return *this;
+}
+SequenceFile::~SequenceFile() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+void SequenceFile::fill_row(int64_t row, int32_t* inputs, int32_t* targets) const {
+  const uint32_t* t = row_tokens(row);
+  const uint8_t* m = row_mask(row);
+  for (int64_t i = 0; i < header_.seq_len; ++i) {
+    inputs[i] = static_cast<int32_t>(t[i]);
+    targets[i] = m[i + 1] ? static_cast<int32_t>(t[i + 1]) : -1;
+  }
+}
+
+}  // namespace megatrain::data

@@ -1,0 +1,209 @@
+// Datasets in (issue 19), without the npm references: a hand-made tokenizer folder, records in every
+// accepted shape and the errors for bad ones (file, line, field), rows and masks laid out by hand
+// for packing and padding, and the prepared file's checks (checksum, length, magic).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "megatrain/data/dataset.h"
+#include "megatrain/data/sequence_file.h"
+#include "megatrain/data/tokenizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace megatrain::data;
+using Json = nlohmann::json;
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() / ("mt-dataset-" + std::to_string(::getpid()) + "-" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  fs::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return dir / name;
+  }
+};
+
+// One token per lowercase letter and per space (ids 0-26), "<eos>" 27 and "<pad>" 28, no merges:
+// a text of n characters is n tokens, so rows can be laid out by hand.
+fs::path letters_tokenizer(const Scratch& s) {
+  Json vocab = Json::object();
+  for (int c = 0; c < 26; ++c) vocab[std::string(1, static_cast<char>('a' + c))] = c;
+  vocab[" "] = 26;
+  const Json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
+                  {"added_tokens", Json::array({{{"id", 27}, {"content", "<eos>"}, {"special", true}},
+                                                {{"id", 28}, {"content", "<pad>"}, {"special", true}}})}};
+  fs::create_directories(s.dir / "tok");
+  std::ofstream(s.dir / "tok" / "tokenizer.json") << j.dump();
+  std::ofstream(s.dir / "tok" / "tokenizer_config.json") << Json{{"eos_token", "<eos>"}, {"pad_token", {{"content", "<pad>"}}}}.dump();
+  return s.dir / "tok";
+}
+
+TEST(Datasets, EveryShapeIsRead) {
+  Scratch s;
+  FieldNames f;
+  std::string format = "auto";
+  auto d = read_documents(s.write("a.jsonl", R"({"instruction": "say", "input": "hi", "output": "ok"})" "\n\n"
+                                             R"({"instruction": "go", "output": "done"})" "\n"),
+                          format, f);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(format, "alpaca");
+  ASSERT_EQ(d->size(), 2u);
+  EXPECT_EQ((*d)[0].prompt, "say\n\nhi\n\n");
+  EXPECT_EQ((*d)[0].answer, "ok");
+  EXPECT_EQ((*d)[1].prompt, "go\n\n");
+  format = "auto";
+  d = read_documents(s.write("t.json", R"([{"text": "one"}, {"text": "two"}])"), format, f);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(format, "text");
+  EXPECT_EQ((*d)[1].answer, "two");
+  format = "auto";
+  d = read_documents(s.write("p.txt", "plain text\n"), format, f);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(format, "plain");
+  EXPECT_EQ((*d)[0].answer, "plain text\n");
+  // A column mapping.
+  FieldNames g;
+  g.text = "body";
+  format = "text";
+  d = read_documents(s.write("b.jsonl", R"({"body": "mapped"})"), format, g);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ((*d)[0].answer, "mapped");
+}
+
+TEST(Datasets, BadRecordsAreNamedByFileLineAndField) {
+  Scratch s;
+  FieldNames f;
+  auto error_of = [&](const std::string& name, const std::string& text, std::string format = "auto") {
+    auto d = read_documents(s.write(name, text), format, f);
+    return d.ok() ? std::string("(accepted)") : d.status().message();
+  };
+  std::string e = error_of("x.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"\n");
+  EXPECT_NE(e.find("x.jsonl:2: not valid JSON"), std::string::npos) << e;
+  e = error_of("y.jsonl", "{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \"c\"}\n");
+  EXPECT_NE(e.find("y.jsonl:2: no 'output' field"), std::string::npos) << e;
+  EXPECT_NE(e.find("fields here: instruction"), std::string::npos) << e;
+  e = error_of("z.jsonl", "{\"text\": 5}\n");
+  EXPECT_NE(e.find("z.jsonl:1: 'text' is a number; expected a string"), std::string::npos) << e;
+  e = error_of("m.jsonl", "{\"messages\": []}\n");
+  EXPECT_NE(e.find("m.jsonl:1: cannot tell the format"), std::string::npos) << e;
+  EXPECT_NE(e.find("chat template"), std::string::npos) << e;
+  e = error_of("r.json", "[1, 2]");
+  EXPECT_NE(e.find("r.json record 0"), std::string::npos) << e;
+  e = error_of("f.jsonl", "{}", "sharegpt");
+  EXPECT_NE(e.find("format 'sharegpt'; accepted: auto, text, alpaca, plain"), std::string::npos) << e;
+  std::string format = "auto";
+  EXPECT_EQ(read_documents(s.dir / "missing.jsonl", format, f).status().code(), megatrain::StatusCode::kNotFound);
+}
+
+TEST(Datasets, PackedRowsAndTheirMaskByHand) {
+  Scratch s;
+  auto tok = Tokenizer::load(letters_tokenizer(s));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  ASSERT_EQ(tok->eos_id(), 27);
+  ASSERT_EQ(tok->pad_id(), 28);
+  // Two alpaca documents: "ab" + "c" + eos and "d" + "ef" + eos; rows of 4 tokens (seq 3).
+  const std::vector<Document> docs = {{"ab", "c"}, {"d", "ef"}};
+  PrepareOptions o;
+  o.seq_len = 3;
+  o.threads = 2;
+  SequenceHeader h;
+  auto rows = build_rows(*tok, docs, "alpaca", o, h);
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  // The stream: a b c <eos> d e f <eos>, counted 0 0 1 1 0 1 1 1.
+  EXPECT_EQ(rows->tokens, (std::vector<uint32_t>{0, 1, 2, 27, 3, 4, 5, 27}));
+  EXPECT_EQ(rows->mask, (std::vector<uint8_t>{0, 0, 1, 1, 0, 1, 1, 1}));
+  EXPECT_EQ(h.train_on, "answer");
+  EXPECT_EQ(h.tokens, 8);
+  EXPECT_EQ(h.counted, 2 + 3) << "a row's first token is no one's target";
+  // train_on all: every token but the rows' first.
+  o.train_on = "all";
+  rows = build_rows(*tok, docs, "alpaca", o, h);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(h.counted, 6);
+}
+
+TEST(Datasets, PaddedRowsTruncateOrSplitByHand) {
+  Scratch s;
+  auto tok = Tokenizer::load(letters_tokenizer(s));
+  ASSERT_TRUE(tok.ok());
+  const std::vector<Document> docs = {{"", "ab"}, {"", "cdefg"}};  // 3 and 6 tokens with eos
+  PrepareOptions o;
+  o.seq_len = 3;
+  o.pack = false;
+  SequenceHeader h;
+  auto rows = build_rows(*tok, docs, "text", o, h);
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  EXPECT_EQ(rows->tokens, (std::vector<uint32_t>{0, 1, 27, 28, 2, 3, 4, 5}));
+  EXPECT_EQ(rows->mask, (std::vector<uint8_t>{1, 1, 1, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(h.truncated, 1);
+  EXPECT_EQ(h.rows, 2);
+  o.split_long = true;
+  rows = build_rows(*tok, docs, "text", o, h);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows->tokens, (std::vector<uint32_t>{0, 1, 27, 28, 2, 3, 4, 5, 6, 27, 28, 28}));
+  EXPECT_EQ(rows->mask, (std::vector<uint8_t>{1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0}));
+  EXPECT_EQ(h.split, 1);
+  EXPECT_EQ(h.truncated, 0);
+  EXPECT_EQ(h.counted, 2 + 3 + 1);
+}
+
+TEST(Datasets, APreparedFileReadsBackAndRefusesDamage) {
+  Scratch s;
+  auto tok = Tokenizer::load(letters_tokenizer(s));
+  ASSERT_TRUE(tok.ok());
+  PrepareOptions o;
+  o.seq_len = 3;
+  SequenceHeader h;
+  auto rows = build_rows(*tok, {{"ab", "c"}, {"d", "ef"}}, "alpaca", o, h);
+  ASSERT_TRUE(rows.ok());
+  h.sources = {"a.jsonl"};
+  const fs::path p = s.dir / "data.mtseq";
+  ASSERT_TRUE(write_sequence_file(p, h, *rows).ok());
+  auto f = SequenceFile::open(p);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->rows(), 2);
+  EXPECT_EQ(f->header().counted, 5);
+  EXPECT_EQ(f->header().sources, std::vector<std::string>{"a.jsonl"});
+  int32_t in[3], tg[3];
+  f->fill_row(0, in, tg);
+  EXPECT_EQ(std::vector<int32_t>(in, in + 3), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(std::vector<int32_t>(tg, tg + 3), (std::vector<int32_t>{-1, 2, 27})) << "b is prompt: not counted";
+  f->fill_row(1, in, tg);
+  EXPECT_EQ(std::vector<int32_t>(tg, tg + 3), (std::vector<int32_t>{4, 5, 27}));
+  EXPECT_TRUE(SequenceFile::is_sequence_file(p));
+  // One byte of the rows changed: the checksum catches it.
+  {
+    std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(kSequenceDataOffset + 4);
+    io.put(9);
+  }
+  auto bad = SequenceFile::open(p);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("the checksum of its rows"), std::string::npos) << bad.status().message();
+  // Cut short.
+  ASSERT_TRUE(write_sequence_file(p, h, *rows).ok());
+  fs::resize_file(p, fs::file_size(p) - 1);
+  bad = SequenceFile::open(p);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("a file cut short or grown"), std::string::npos) << bad.status().message();
+  // Not a prepared dataset at all.
+  bad = SequenceFile::open(s.write("x.bin", std::string(5000, 'x')));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("no MTSEQ001 magic"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(SequenceFile::is_sequence_file(s.dir / "x.bin"));
+}
+
+}  // namespace
