@@ -80,34 +80,20 @@ int run_prepare(const std::string& tokenizer_path, const std::vector<std::string
   if (auto s = megatrain::check_output("--output", out, megatrain::OutputKind::kFile); !s.ok()) return fail(s.to_string());
   auto tok = Tokenizer::load(tokenizer_path);
   if (!tok.ok()) return fail(tok.status().to_string());
-  std::vector<Document> docs;
-  std::string found;
-  int64_t bytes = 0;
-  for (const std::string& in : inputs) {
-    std::string f = format;
-    auto d = read_documents(in, f, fields);
-    if (!d.ok()) return fail(d.status().to_string());
-    if (!found.empty() && f != found) return fail(in + ": " + f + " records, but the files before it hold " + found + " records");
-    found = f;
-    for (Document& doc : *d) {
-      bytes += static_cast<int64_t>(doc.prompt.size() + doc.answer.size());
-      docs.push_back(std::move(doc));
-    }
-  }
   PrepareOptions o = options;
   const bool tty = ::isatty(2) != 0;
   if (tty)
     o.progress = [](int64_t done, int64_t total) {
       std::fprintf(stderr, "\rprepare: %s / %s documents", thousands(done).c_str(), thousands(total).c_str());
     };
-  SequenceHeader h;
-  auto rows = build_rows(*tok, docs, found, o, h);
+  auto done = prepare_dataset(*tok, inputs, format, fields, o, out);
   if (tty) std::fputc('\n', stderr);
-  if (!rows.ok()) return fail(rows.status().to_string());
-  h.sources = inputs;
-  if (auto s = write_sequence_file(out, h, *rows); !s.ok()) return fail(s.to_string());
+  if (!done.ok()) return fail(done.status().to_string());
+  const SequenceHeader& h = done->header;
+  const std::string& found = done->format;
+  const int64_t bytes = done->text_bytes;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("wrote %s: %s rows of %lld tokens (%s, train on %s)\n", out.c_str(), thousands(static_cast<int64_t>(rows->tokens.size()) / (o.seq_len + 1)).c_str(),
+  std::printf("wrote %s: %s rows of %lld tokens (%s, train on %s)\n", out.c_str(), thousands(h.rows).c_str(),
               static_cast<long long>(o.seq_len + 1), o.pack ? "packed" : "padded", h.train_on.c_str());
   std::printf("documents %s (%s format), tokens %s, counted targets %s, truncated %s, split %s\n", thousands(h.documents).c_str(),
               found.c_str(), thousands(h.tokens).c_str(), thousands(h.counted).c_str(), thousands(h.truncated).c_str(),

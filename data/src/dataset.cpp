@@ -225,4 +225,26 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
   return rows;
 }
 
+Result<PrepareResult> prepare_dataset(const Tokenizer& tok, const std::vector<std::string>& inputs, const std::string& format,
+                                      const FieldNames& fields, const PrepareOptions& options, const std::filesystem::path& out) {
+  PrepareResult r;
+  std::vector<Document> docs;
+  for (const std::string& in : inputs) {
+    std::string f = format;
+    MT_ASSIGN_OR_RETURN(std::vector<Document> d, read_documents(in, f, fields));
+    if (!r.format.empty() && f != r.format)
+      return invalid_argument(in + ": " + f + " records, but the files before it hold " + r.format + " records");
+    r.format = f;
+    for (Document& doc : d) {
+      r.text_bytes += static_cast<int64_t>(doc.prompt.size() + doc.answer.size());
+      docs.push_back(std::move(doc));
+    }
+  }
+  MT_ASSIGN_OR_RETURN(SequenceRows rows, build_rows(tok, docs, r.format, options, r.header));
+  r.header.sources = inputs;
+  MT_RETURN_IF_ERROR(write_sequence_file(out, r.header, rows));
+  r.header.rows = static_cast<int64_t>(rows.tokens.size()) / (options.seq_len + 1);
+  return r;
+}
+
 }  // namespace megatrain::data

@@ -42,7 +42,13 @@ int main(int argc, char** argv) {
   CLI::App app{"megatrain-exec: train from a plan file"};
   exec::RunOptions o;
   app.add_option("plan", o.plan_path, "plan file (megatrain.plan/1)")->required();
-  app.add_option("--data", o.data_path, "token file: llm.c .bin, raw .u16/.u32, or any other file as bytes (vocab 256)")->required();
+  app.add_option("--data", o.data_path,
+                 "a prepared dataset (megatrain-data prepare), a token file (llm.c .bin, raw .u16/.u32, any other file as "
+                 "bytes: vocab 256), or with --tokenizer a dataset file (.jsonl, .json, text)")
+      ->required();
+  app.add_option("--tokenizer", o.tokenizer_path,
+                 "a model folder with tokenizer.json: --data is then a dataset file, prepared on the fly (packed; alpaca "
+                 "answers only) into <checkpoint-dir>/data-cache or the temporary folder, and reused while it is unchanged");
   app.add_option("--steps", o.steps, "total steps of the run, counted from step 0 also when resuming (default: training.steps of the plan)")
       ->check(cli::int_range(1, kMaxSteps));
   auto* init_opt = app.add_option("--init", o.init_dir, "start from a Hugging Face checkpoint: a folder with model.safetensors or a sharded index")

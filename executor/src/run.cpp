@@ -11,7 +11,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <ostream>
 #include <thread>
 #include <utility>
@@ -19,6 +21,9 @@
 #include "megatrain/core/output_path.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/core/units.h"
+#include "megatrain/core/xxh64.h"
+#include "megatrain/data/dataset.h"
+#include "megatrain/data/tokenizer.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/data.h"
@@ -178,9 +183,48 @@ Status write_trace(const RunOptions& o, const Trainer& trainer, const std::strin
 
 namespace {
 
+std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// --data FILE --tokenizer DIR: the prepared dataset in the cache, made when it is not there. Its
+// name carries an XXH64 of everything it is made from (the data file, tokenizer.json and
+// tokenizer_config.json, seq_len, the format's version), so a changed input makes a new one.
+Result<std::string> prepared_on_the_fly(const RunOptions& o, const Plan& plan, std::ostream& out) {
+  namespace fs = std::filesystem;
+  MT_ASSIGN_OR_RETURN(data::Tokenizer tok, data::Tokenizer::load(o.tokenizer_path));
+  std::error_code ec;
+  if (!fs::is_regular_file(o.data_path, ec)) return not_found("--data " + o.data_path + ": not a file");
+  const fs::path tok_dir = fs::path(tok.source()).parent_path();
+  Xxh64 key;
+  for (const std::string& part : {file_bytes(o.data_path), file_bytes(tok.source()), file_bytes(tok_dir / "tokenizer_config.json"),
+                                  std::string("megatrain.sequences/1 seq ") + std::to_string(plan.training.seq_len)})
+    key.update(part.data(), part.size()), key.update("\0", 1);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(key.digest()));
+  const fs::path dir = !o.checkpoint_dir.empty() ? fs::path(o.checkpoint_dir) / "data-cache" : fs::temp_directory_path() / "megatrain-data-cache";
+  fs::create_directories(dir, ec);
+  if (ec) return io_error("cannot create the prepared-data cache " + dir.string() + ": " + ec.message());
+  const fs::path cached = dir / (fs::path(o.data_path).stem().string() + "-" + hex + ".mtseq");
+  if (fs::exists(cached, ec) && data::SequenceFile::open(cached).ok()) {
+    say(out, "data: %s, prepared before (%s)", o.data_path.c_str(), cached.string().c_str());
+    return cached.string();
+  }
+  data::PrepareOptions po;
+  po.seq_len = plan.training.seq_len;
+  MT_ASSIGN_OR_RETURN(data::PrepareResult r, data::prepare_dataset(tok, {o.data_path}, "auto", data::FieldNames{}, po, cached));
+  say(out, "data: %s prepared with %s: %lld documents (%s), %lld rows, %lld counted targets (train on %s) -> %s", o.data_path.c_str(),
+      tok.source().c_str(), static_cast<long long>(r.header.documents), r.format.c_str(), static_cast<long long>(r.header.rows),
+      static_cast<long long>(r.header.counted), r.header.train_on.c_str(), cached.string().c_str());
+  return cached.string();
+}
+
 // The run's data: a prepared dataset (megatrain-data prepare: rows with a mask of the counted
 // targets) or a token file (every next token counts).
-Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelSpec& model) {
+Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelSpec& model, std::ostream& out) {
   DataLoaderOptions d;
   d.seq_len = plan.training.seq_len;
   d.micro_batch = plan.training.micro_batch;
@@ -188,8 +232,12 @@ Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelS
   d.order = plan.training.data_order;
   d.seed = static_cast<uint64_t>(plan.training.seed);
   d.vocab_size = model.config().vocab_size;
-  if (data::SequenceFile::is_sequence_file(o.data_path)) {
-    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(o.data_path));
+  std::string path = o.data_path;
+  if (!o.tokenizer_path.empty()) {
+    MT_ASSIGN_OR_RETURN(path, prepared_on_the_fly(o, plan, out));
+  }
+  if (data::SequenceFile::is_sequence_file(path)) {
+    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(path));
     return DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
   }
   MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.data_path));
@@ -205,7 +253,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
   MT_ASSIGN_OR_RETURN(Plan plan, Plan::load(o.plan_path));
   MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
   MT_RETURN_IF_ERROR(check_compression(o, plan));
-  MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model));
+  MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model, out));
   MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, out));
   RunSummary summary;
   MT_RETURN_IF_ERROR(start_state(o, plan, model, loader, state, summary, out));

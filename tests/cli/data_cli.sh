@@ -77,6 +77,21 @@ if [ -x "$exec_bin" ]; then
   "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 64 -o "$tmp/s64.mtseq" >/dev/null 2>&1
   "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/s64.mtseq" --steps 1 >"$tmp/out" 2>&1
   check "a prepared dataset of another seq_len: refused with both numbers" "[ $? -ne 0 ] && grep -q 'seq_len 64, the plan.s training.seq_len is 128' $tmp/out"
+  # --data FILE.jsonl --tokenizer DIR: prepared on the fly into the checkpoint folder's cache, and
+  # reused by the next run while nothing changed.
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --checkpoint-dir "$tmp/ck" \
+    --steps 1 >"$tmp/out" 2>&1
+  check "on the fly: prepared into <checkpoint-dir>/data-cache and trained" \
+    "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && ls $tmp/ck/data-cache/sft-*.mtseq >/dev/null && grep -Eq 'step +1/1' $tmp/out"
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --checkpoint-dir "$tmp/ck2" \
+    --steps 1 >/dev/null 2>&1
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --checkpoint-dir "$tmp/ck2" \
+    --steps 1 >"$tmp/out" 2>&1
+  check "on the fly: the second run reuses the prepared file" "grep -q 'prepared before' $tmp/out"
+  printf '{"instruction": "c", "output": "b"}\n' >>"$tmp/sft.jsonl"
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --checkpoint-dir "$tmp/ck2" \
+    --steps 1 >"$tmp/out" 2>&1
+  check "on the fly: a changed dataset is prepared again" "grep -q 'prepared with' $tmp/out && [ \$(ls $tmp/ck2/data-cache | wc -l) -eq 2 ]"
 fi
 echo "$fails failed"
 [ "$fails" -eq 0 ]

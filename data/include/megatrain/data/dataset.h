@@ -52,4 +52,15 @@ struct PrepareOptions {
 Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document>& docs, const std::string& format,
                                 const PrepareOptions& options, SequenceHeader& header);
 
+// The whole of `megatrain-data prepare`: every input read (one format for all of them), the rows
+// built, and `out` written atomically. Returns the header written, the format found and the bytes of
+// text read.
+struct PrepareResult {
+  SequenceHeader header;
+  std::string format;
+  int64_t text_bytes = 0;
+};
+Result<PrepareResult> prepare_dataset(const Tokenizer& tok, const std::vector<std::string>& inputs, const std::string& format,
+                                      const FieldNames& fields, const PrepareOptions& options, const std::filesystem::path& out);
+
 }  // namespace megatrain::data

@@ -17,7 +17,12 @@ namespace megatrain::exec {
 // What megatrain-exec's flags set; the defaults are the flags' defaults.
 struct RunOptions {
   std::string plan_path;       // megatrain.plan/1
-  std::string data_path;       // token file (data.h)
+  std::string data_path;       // a prepared dataset or a token file (data.h); with tokenizer_path, a dataset file
+  // A model folder with tokenizer.json: data_path is then a dataset file (JSON Lines, JSON, text)
+  // that is prepared on the fly (megatrain-data prepare's defaults: packed, alpaca answers only)
+  // into a cache, <checkpoint_dir>/data-cache or the system's temporary folder, and reused while
+  // the file, the tokenizer and seq_len stay the same.
+  std::string tokenizer_path;
   int64_t steps = 0;           // total steps counted from step 0, also when resuming; 0: training.steps of the plan
   std::string init_dir;        // Hugging Face checkpoint to start from; "": random initialisation
   std::string checkpoint_dir;  // "": no checkpoints
