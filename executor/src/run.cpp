@@ -133,6 +133,12 @@ void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model,
   say(out, "megatrain-exec: %s, %lld parameters, %lld tokens/step, %lld steps, %s on the %s", model.name().c_str(),
       static_cast<long long>(model.parameter_counts().total), static_cast<long long>(loader.tokens_per_step()),
       static_cast<long long>(total), o.in_memory ? "in-memory loop" : "streamed", trainer.backend_description().c_str());
+  if (loader.prepared()) {
+    const data::SequenceHeader& h = loader.sequences().header();
+    say(out, "data: %s: %lld rows (%s), %lld of their %lld targets count (train on %s): the loss and tokens/s count those",
+        loader.source_name().c_str(), static_cast<long long>(h.rows), h.packing.c_str(), static_cast<long long>(h.counted),
+        static_cast<long long>(h.rows * h.seq_len), h.train_on.c_str());
+  }
   if (!o.in_memory) {
     const step::TierBytes& fp = trainer.footprint().peak;
     say(out, "memory: device arena %s of a %s budget, RAM %s (%s handed to the backend for page-locking)%s",

@@ -83,15 +83,17 @@ if [ -x "$exec_bin" ]; then
     --steps 1 >"$tmp/out" 2>&1
   check "on the fly: prepared into <checkpoint-dir>/data-cache and trained" \
     "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && ls $tmp/ck/data-cache/sft-*.mtseq >/dev/null && grep -Eq 'step +1/1' $tmp/out"
-  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --checkpoint-dir "$tmp/ck2" \
-    --steps 1 >/dev/null 2>&1
-  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --checkpoint-dir "$tmp/ck2" \
-    --steps 1 >"$tmp/out" 2>&1
-  check "on the fly: the second run reuses the prepared file" "grep -q 'prepared before' $tmp/out"
+  # Without --checkpoint-dir the cache is in the temporary folder ($TMPDIR here).
+  mkdir -p "$tmp/t"
+  TMPDIR="$tmp/t" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
+  check "on the fly without a checkpoint folder: the temporary folder's cache" \
+    "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && ls $tmp/t/megatrain-data-cache/sft-*.mtseq >/dev/null"
+  TMPDIR="$tmp/t" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
+  check "on the fly: the second run reuses the prepared file" "[ $? -eq 0 ] && grep -q 'prepared before' $tmp/out"
   printf '{"instruction": "c", "output": "b"}\n' >>"$tmp/sft.jsonl"
-  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --checkpoint-dir "$tmp/ck2" \
-    --steps 1 >"$tmp/out" 2>&1
-  check "on the fly: a changed dataset is prepared again" "grep -q 'prepared with' $tmp/out && [ \$(ls $tmp/ck2/data-cache | wc -l) -eq 2 ]"
+  TMPDIR="$tmp/t" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
+  check "on the fly: a changed dataset is prepared again" \
+    "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && [ \$(ls $tmp/t/megatrain-data-cache | wc -l) -eq 2 ]"
 fi
 echo "$fails failed"
 [ "$fails" -eq 0 ]

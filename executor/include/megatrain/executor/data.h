@@ -128,6 +128,7 @@ class DataLoader {
   const DataLoaderOptions& options() const { return options_; }
   const TokenFile& tokens() const { return *tokens_; }  // a token file's loader only
   bool prepared() const { return sequences_ != nullptr; }
+  const data::SequenceFile& sequences() const { return *sequences_; }  // a prepared dataset's loader only
   // The data as it was named, and its size in tokens (a checkpoint records both).
   const std::string& source_name() const;
   int64_t source_tokens() const;
