@@ -3,7 +3,8 @@
 // every document of a corpus must encode to exactly the reference's ids. The corpus: the licenses
 // under /usr/share/common-licenses, man pages, a multilingual and emoji sample, random byte strings
 // (invalid UTF-8 included), whitespace and digit runs, and text around each tokenizer's added
-// tokens. The reference runs in Node.js (tokenizer_reference.js) from the npm packages that
+// tokens. Our decoder must give the reference's text for the reference's ids, and for byte-level
+// BPE without a normalizer decode(encode(x)) must be x. The reference runs in Node.js (tokenizer_reference.js) from the npm packages that
 // scripts/npm-references.sh installs (test.sh does, into build/npm); without them the tests skip
 // and say how to get them.
 #include <gtest/gtest.h>
@@ -141,8 +142,13 @@ std::vector<std::string> added_token_docs(const fs::path& json) {
   return docs;
 }
 
-// The reference's ids of each document.
-std::vector<std::vector<int32_t>> reference_ids(const fs::path& json, const std::vector<std::string>& docs, bool special) {
+struct Reference {
+  std::vector<int32_t> ids;
+  std::string decoded;  // the reference's decode of its ids
+};
+
+// The reference's ids of each document, and their decoding.
+std::vector<Reference> reference_ids(const fs::path& json, const std::vector<std::string>& docs, bool special) {
   const fs::path dir = fs::temp_directory_path() / ("mt-tok-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const fs::path corpus = dir / "corpus.bin", out = dir / "ids.jsonl";
@@ -160,9 +166,12 @@ std::vector<std::vector<int32_t>> reference_ids(const fs::path& json, const std:
                           (fs::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "text" / "tokenizer_reference.js").string() + "' '" +
                           json.string() + "' '" + corpus.string() + "' '" + out.string() + "' " + (special ? "1" : "0") + " 2>&1";
   const std::string log = run(cmd);
-  std::vector<std::vector<int32_t>> ids;
+  std::vector<Reference> ids;
   std::ifstream in(out);
-  for (std::string line; std::getline(in, line);) ids.push_back(nlohmann::json::parse(line).get<std::vector<int32_t>>());
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    ids.push_back(Reference{j["ids"].get<std::vector<int32_t>>(), j["decoded"].get<std::string>()});
+  }
   fs::remove_all(dir);
   EXPECT_EQ(ids.size(), docs.size()) << "the reference failed: " << log;
   return ids;
@@ -202,17 +211,32 @@ TEST_P(TokenizerReference, EveryDocumentEncodesToTheReferenceIds) {
     const std::vector<std::string> subset = special ? std::vector<std::string>(docs.end() - 60, docs.end()) : docs;
     const auto want = reference_ids(json, subset, special);
     ASSERT_EQ(want.size(), subset.size());
-    int64_t equal = 0, shown = 0, tokens = 0;
+    // Byte-level BPE without a normalizer promises the round trip: decode(encode(x)) is x (as valid UTF-8).
+    const bool round_trip = !special && (GetParam() == "llama3" || GetParam() == "gptoss");
+    int64_t equal = 0, shown = 0, tokens = 0, decoded_equal = 0, round_trips = 0;
     for (size_t i = 0; i < subset.size(); ++i) {
       const std::vector<int32_t> got = tok->encode(subset[i], special);
-      tokens += static_cast<int64_t>(want[i].size());
-      if (got == want[i]) {
+      tokens += static_cast<int64_t>(want[i].ids.size());
+      if (got == want[i].ids) {
         ++equal;
       } else if (shown++ < 5) {
         ADD_FAILURE() << GetParam() << " document " << i << " \"" << preview(subset[i]) << "\"\n  ours:      " << join(got)
-                      << "\n  reference: " << join(want[i]);
+                      << "\n  reference: " << join(want[i].ids);
       }
+      // Our decoder on the reference's ids gives the reference's text.
+      if (round_trip) {
+        auto back = tok->decode(got);
+        if (back.ok() && *back == megatrain::data::valid_utf8(subset[i])) ++round_trips;
+        else if (shown++ < 5) ADD_FAILURE() << GetParam() << " document " << i << " does not come back: \"" << preview(subset[i]) << "\"";
+      }
+      auto text = tok->decode(want[i].ids);
+      if (text.ok() && *text == want[i].decoded) ++decoded_equal;
+      else if (shown++ < 5)
+        ADD_FAILURE() << GetParam() << " document " << i << " decodes to \"" << preview(text.ok() ? *text : text.status().message())
+                      << "\"\n  reference: \"" << preview(want[i].decoded) << "\"";
     }
+    EXPECT_EQ(decoded_equal, static_cast<int64_t>(subset.size())) << GetParam() << ": decoding";
+    if (round_trip) EXPECT_EQ(round_trips, static_cast<int64_t>(subset.size())) << GetParam() << ": decode(encode(x)) == x";
     EXPECT_EQ(equal, static_cast<int64_t>(subset.size())) << GetParam() << ": " << equal << " of " << subset.size()
                                                           << " documents equal (" << tokens << " reference tokens)";
     std::cout << "[ tokenizer ] " << GetParam() << (special ? " (special)" : "") << ": " << equal << " of " << subset.size()
