@@ -2,6 +2,7 @@
 // megatrain_data.
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -23,28 +24,6 @@ namespace {
 int fail(const std::string& msg) {
   std::fprintf(stderr, "megatrain-data: error: %s\n", msg.c_str());
   return 1;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof(b), "\\u%04x", c);
-          out += b;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  return out + "\"";
 }
 
 std::string thousands(int64_t v) { return megatrain::format_thousands(static_cast<uint64_t>(v)); }
@@ -211,7 +190,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> in(ids.begin(), ids.end());
   auto s = tok->decode(in, skip_special);
   if (!s.ok()) return fail(s.status().to_string());
-  if (json) std::printf("{\"text\": %s}\n", json_string(*s).c_str());
+  if (json) std::printf("{\"text\": %s}\n", nlohmann::json(*s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   else std::printf("%s\n", s->c_str());
   return 0;
 }

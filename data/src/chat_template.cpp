@@ -12,7 +12,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
+
+#include "text.h"
 
 namespace megatrain::data {
 
@@ -916,6 +919,31 @@ class Renderer {
     }
     return s;
   }
+  // The string operations that are both filters (x | upper) and methods (x.upper()): upper, lower,
+  // capitalize, title, replace, and strip/lstrip/rstrip (the trim filter is strip). Empty when
+  // `name` is none of them.
+  static std::optional<std::string> string_op(const std::string& name, std::string s, const std::vector<Value>& args) {
+    auto arg = [&](size_t k) { return k < args.size() ? str(args[k]) : std::string(); };
+    if (name == "upper" || name == "lower") {
+      for (char& c : s) c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    }
+    if (name == "capitalize") {
+      for (size_t k = 0; k < s.size(); ++k)
+        s[k] = static_cast<char>(k == 0 ? std::toupper(static_cast<unsigned char>(s[k])) : std::tolower(static_cast<unsigned char>(s[k])));
+      return s;
+    }
+    if (name == "title") return title(s);
+    if (name == "replace") {
+      replace_all(s, arg(0), arg(1));
+      return s;
+    }
+    if (name == "strip" || name == "lstrip" || name == "rstrip") {
+      const std::string chars = args.empty() || args[0].json().is_null() ? std::string(" \t\n\r\f\v") : arg(0);
+      return strip_chars(s, chars, name != "rstrip", name != "lstrip");
+    }
+    return std::nullopt;
+  }
   static void dump_py(const Json& j, std::string& out) {
     // Python's json.dumps(x, ensure_ascii=False) spacing: ", " and ": ".
     if (j.is_array() || j.is_object()) {
@@ -947,23 +975,14 @@ class Renderer {
     MT_ASSIGN_OR_RETURN(std::vector<Value> args, args_of(e));
     const Json& j = a.json();
     const std::string& f = e.name;
-    if (f == "trim") return Value::of(strip_chars(str(a), " \t\n\r\f\v", true, true));
+    if (f == "replace" && args.size() < 2) return err("'replace' needs two arguments");
+    if (f != "strip" && f != "lstrip" && f != "rstrip")  // methods, not filters; trim is the filter
+      if (auto r = string_op(f == "trim" ? "strip" : f, str(a), args)) return Value::of(*r);
     if (f == "length" || f == "count") {
       if (j.is_string()) return Value::of(static_cast<int64_t>(j.get_ref<const std::string&>().size()));
       if (j.is_array() || j.is_object()) return Value::of(static_cast<int64_t>(j.size()));
       return err("'" + f + "' of " + repr(j));
     }
-    if (f == "upper" || f == "lower") {
-      std::string s = str(a);
-      for (char& c : s) c = static_cast<char>(f == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-      return Value::of(s);
-    }
-    if (f == "capitalize") {
-      std::string s = str(a);
-      for (size_t k = 0; k < s.size(); ++k) s[k] = static_cast<char>(k == 0 ? std::toupper(static_cast<unsigned char>(s[k])) : std::tolower(static_cast<unsigned char>(s[k])));
-      return Value::of(s);
-    }
-    if (f == "title") return Value::of(title(str(a)));
     if (f == "first" || f == "last") {
       if (j.is_array()) return j.empty() ? Value::undef() : Value::of(f == "first" ? j.front() : j.back());
       if (j.is_string()) {
@@ -1008,14 +1027,6 @@ class Renderer {
       Json l = Json::array();
       for (auto it = j.begin(); it != j.end(); ++it) l.push_back(Json::array({it.key(), *it}));
       return Value::of(l);
-    }
-    if (f == "replace") {
-      if (args.size() < 2) return err("'replace' needs two arguments");
-      std::string s = str(a);
-      const std::string from = str(args[0]), to = str(args[1]);
-      if (!from.empty())
-        for (size_t at = 0; (at = s.find(from, at)) != std::string::npos; at += to.size()) s.replace(at, from.size(), to);
-      return Value::of(s);
     }
     if (f == "tojson") {
       std::string s;
@@ -1067,28 +1078,7 @@ class Renderer {
       auto arg = [&](size_t k) { return k < args.size() ? str(args[k]) : std::string(); };
       if (m == "startswith") return Value::of(s.compare(0, arg(0).size(), arg(0)) == 0);
       if (m == "endswith") return Value::of(s.size() >= arg(0).size() && s.compare(s.size() - arg(0).size(), arg(0).size(), arg(0)) == 0);
-      if (m == "strip" || m == "lstrip" || m == "rstrip") {
-        const std::string chars = args.empty() || args[0].json().is_null() ? std::string(" \t\n\r\f\v") : arg(0);
-        return Value::of(strip_chars(s, chars, m != "rstrip", m != "lstrip"));
-      }
-      if (m == "upper" || m == "lower") {
-        std::string r = s;
-        for (char& c : r) c = static_cast<char>(m == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
-        return Value::of(r);
-      }
-      if (m == "title") return Value::of(title(s));
-      if (m == "capitalize") {
-        std::string r = s;
-        for (size_t k = 0; k < r.size(); ++k) r[k] = static_cast<char>(k == 0 ? std::toupper(static_cast<unsigned char>(r[k])) : std::tolower(static_cast<unsigned char>(r[k])));
-        return Value::of(r);
-      }
-      if (m == "replace") {
-        std::string r = s;
-        const std::string from = arg(0), to = arg(1);
-        if (!from.empty())
-          for (size_t at = 0; (at = r.find(from, at)) != std::string::npos; at += to.size()) r.replace(at, from.size(), to);
-        return Value::of(r);
-      }
+      if (auto r = string_op(m, s, args)) return Value::of(*r);
       if (m == "split") {
         Json l = Json::array();
         if (args.empty() || args[0].json().is_null()) {

@@ -4,27 +4,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
+
+#include "text.h"
 
 namespace megatrain::data {
 
 namespace {
 
 using Json = nlohmann::json;
-
-std::string read_all(const std::filesystem::path& p, Status& st) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) {
-    st = not_found(p.string() + ": cannot be read");
-    return {};
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string keys_of(const Json& j) {
   std::string s;
@@ -83,9 +72,7 @@ Status unknown_shape(const Json& j, const std::string& where) {
 Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields) {
   const std::string name = path.string();
   MT_RETURN_IF_ERROR(check_format(format, name));
-  Status st;
-  const std::string bytes = read_all(path, st);
-  if (!st.ok()) return st;
+  MT_ASSIGN_OR_RETURN(const std::string bytes, read_file(path));
   const std::string ext = path.extension().string();
   std::vector<Document> docs;
   if (format == "plain" || (format == "auto" && ext != ".jsonl" && ext != ".json")) {

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utf8proc.h>
 
 namespace megatrain::data {
@@ -73,6 +75,23 @@ std::string utf8_of(uint32_t cp) {
     s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
   return s;
+}
+
+Result<std::string> read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(path.string() + ": cannot be read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t at = 0;
+  for (size_t f; (f = s.find(from, at)) != std::string::npos; at = f + from.size()) out.append(s, at, f - at) += to;
+  out.append(s, at);
+  s = std::move(out);
 }
 
 size_t utf8_length(unsigned char lead) {

@@ -5,6 +5,7 @@
 #include <pcre2.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,6 +19,12 @@ namespace megatrain::data {
 std::string utf8_of(uint32_t codepoint);
 // Bytes of the UTF-8 character that starts with `lead` (valid UTF-8 only).
 size_t utf8_length(unsigned char lead);
+
+// The bytes of a file; kNotFound naming it when it cannot be opened.
+Result<std::string> read_file(const std::filesystem::path& path);
+
+// Every occurrence of `from` (not empty) in `s` replaced by `to`, left to right.
+void replace_all(std::string& s, const std::string& from, const std::string& to);
 
 enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
 // `s` (valid UTF-8) in a Unicode normalization form.

@@ -5,10 +5,8 @@
 #include <atomic>
 #include <cctype>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include "text.h"
@@ -65,6 +63,13 @@ const ByteTable& byte_table() {
   return t;
 }
 
+// SentencePiece's word boundary, U+2581 (▁).
+const std::string kMeta = "\xE2\x96\x81";
+// Whether the ▁ at byte p (> 0) of s follows another character than ▁.
+bool meta_after_other(const std::string& s, size_t p) {
+  return p < kMeta.size() || s.compare(p - kMeta.size(), kMeta.size(), kMeta) != 0;
+}
+
 // GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -79,15 +84,6 @@ std::string quote_regex(std::string_view literal) {
     }
   }
   return out + "\\E";
-}
-
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  if (from.empty()) return;
-  std::string out;
-  size_t at = 0;
-  for (size_t f; (f = s.find(from, at)) != std::string::npos; at = f + from.size()) out.append(s, at, f - at) += to;
-  out.append(s, at);
-  s = std::move(out);
 }
 
 }  // namespace
@@ -392,11 +388,10 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string&
     return invalid_argument(what + ": a field of the wrong type: " + e.what());
   }
   if (I.pre_tokenizers.empty()) {
-    static const std::string kMeta = "\xE2\x96\x81";  // ▁
     bool inner = false;
     for (const auto& [token, id] : I.vocab) {
       for (size_t p = token.find(kMeta, 1); p != std::string::npos && !inner; p = token.find(kMeta, p + 1))
-        inner = p < kMeta.size() || token.compare(p - kMeta.size(), kMeta.size(), kMeta) != 0;
+        inner = meta_after_other(token, p);
       if (inner) break;
     }
     I.cut_at_metaspace = !inner;
@@ -410,19 +405,15 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return not_found(file.string() + ": cannot be read; expected a model folder with tokenizer.json, or the file itself");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  MT_ASSIGN_OR_RETURN(Tokenizer t, from_json(ss.str(), file.string()));
+  auto json_text = read_file(file);
+  if (!json_text.ok()) return not_found(json_text.status().message() + "; expected a model folder with tokenizer.json, or the file itself");
+  MT_ASSIGN_OR_RETURN(Tokenizer t, from_json(*json_text, file.string()));
   const std::filesystem::path config = file.parent_path() / "tokenizer_config.json";
-  std::ifstream cin(config, std::ios::binary);
-  if (!cin) return t;
-  std::ostringstream cs;
-  cs << cin.rdbuf();
+  auto config_text = read_file(config);
+  if (!config_text.ok()) return t;  // no tokenizer_config.json: no BOS, EOS, padding or chat template
   Json c;
   try {
-    c = Json::parse(cs.str());
+    c = Json::parse(*config_text);
   } catch (const Json::exception& e) {
     return invalid_argument(config.string() + ": not valid JSON: " + e.what());
   }
@@ -610,12 +601,11 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
   }
   std::vector<std::string> words = pre_tokenized(normalized(std::string(piece)));
   if (cut_at_metaspace) {
-    static const std::string kMeta = "\xE2\x96\x81";
     std::vector<std::string> cut;
     for (const std::string& w : words) {
       size_t begin = 0;
       for (size_t p = w.find(kMeta, 1); p != std::string::npos; p = w.find(kMeta, p + 1))
-        if (p < kMeta.size() || w.compare(p - kMeta.size(), kMeta.size(), kMeta) != 0) {
+        if (meta_after_other(w, p)) {
           cut.push_back(w.substr(begin, p - begin));
           begin = p;
         }

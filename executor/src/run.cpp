@@ -11,9 +11,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <ostream>
 #include <thread>
 #include <utility>
@@ -32,6 +30,7 @@
 #include "megatrain/executor/trainer.h"
 #include "megatrain/executor/weights_io.h"
 #include "megatrain/step/schedule.h"
+#include "detail/checkpoint_hash.h"
 
 namespace megatrain::exec {
 namespace {
@@ -189,43 +188,40 @@ Status write_trace(const RunOptions& o, const Trainer& trainer, const std::strin
 
 namespace {
 
-std::string file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// --data FILE --tokenizer DIR: the prepared dataset in the cache, made when it is not there. Its
-// name carries an XXH64 of everything it is made from (the data file, tokenizer.json and
-// tokenizer_config.json, seq_len, the format's version), so a changed input makes a new one.
-Result<std::string> prepared_on_the_fly(const RunOptions& o, const Plan& plan, std::ostream& out) {
+// --data FILE --tokenizer DIR: the prepared dataset in the cache, made when it is not there (or
+// does not open). Its name carries an XXH64 of everything it is made from (the digests of the data
+// file, tokenizer.json and tokenizer_config.json, seq_len, the format's version), so a changed input
+// makes a new one.
+Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& plan, std::ostream& out) {
   namespace fs = std::filesystem;
   MT_ASSIGN_OR_RETURN(data::Tokenizer tok, data::Tokenizer::load(o.tokenizer_path));
   std::error_code ec;
   if (!fs::is_regular_file(o.data_path, ec)) return not_found("--data " + o.data_path + ": not a file");
-  const fs::path tok_dir = fs::path(tok.source()).parent_path();
   Xxh64 key;
-  for (const std::string& part : {file_bytes(o.data_path), file_bytes(tok.source()), file_bytes(tok_dir / "tokenizer_config.json"),
-                                  std::string("megatrain.sequences/1 seq ") + std::to_string(plan.training.seq_len)})
-    key.update(part.data(), part.size()), key.update("\0", 1);
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(key.digest()));
+  for (const fs::path& p : {fs::path(o.data_path), fs::path(tok.source()), fs::path(tok.source()).parent_path() / "tokenizer_config.json"}) {
+    auto d = detail::digest_file(p);
+    if (!d.ok() && d.status().code() != StatusCode::kNotFound) return d.status();
+    const detail::FileDigest digest = d.ok() ? *d : detail::FileDigest{};
+    key.update(&digest, sizeof(digest));
+  }
+  const std::string version = "megatrain.sequences/1 seq " + std::to_string(plan.training.seq_len);
+  key.update(version.data(), version.size());
   const fs::path dir = !o.checkpoint_dir.empty() ? fs::path(o.checkpoint_dir) / "data-cache" : fs::temp_directory_path() / "megatrain-data-cache";
   fs::create_directories(dir, ec);
   if (ec) return io_error("cannot create the prepared-data cache " + dir.string() + ": " + ec.message());
-  const fs::path cached = dir / (fs::path(o.data_path).stem().string() + "-" + hex + ".mtseq");
-  if (fs::exists(cached, ec) && data::SequenceFile::open(cached).ok()) {
-    say(out, "data: %s, prepared before (%s)", o.data_path.c_str(), cached.string().c_str());
-    return cached.string();
-  }
+  const fs::path cached = dir / (fs::path(o.data_path).stem().string() + "-" + detail::hex64(key.digest()) + ".mtseq");
+  if (fs::exists(cached, ec))
+    if (auto f = data::SequenceFile::open(cached); f.ok()) {
+      say(out, "data: %s, prepared before (%s)", o.data_path.c_str(), cached.string().c_str());
+      return f;
+    }
   data::PrepareOptions po;
   po.seq_len = plan.training.seq_len;
   MT_ASSIGN_OR_RETURN(data::PrepareResult r, data::prepare_dataset(tok, {o.data_path}, "auto", data::FieldNames{}, po, cached));
   say(out, "data: %s prepared with %s: %lld documents (%s), %lld rows, %lld counted targets (train on %s) -> %s", o.data_path.c_str(),
       tok.source().c_str(), static_cast<long long>(r.header.documents), r.format.c_str(), static_cast<long long>(r.header.rows),
       static_cast<long long>(r.header.counted), r.header.train_on.c_str(), cached.string().c_str());
-  return cached.string();
+  return data::SequenceFile::open(cached);
 }
 
 // The run's data: a prepared dataset (megatrain-data prepare: rows with a mask of the counted
@@ -238,12 +234,9 @@ Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelS
   d.order = plan.training.data_order;
   d.seed = static_cast<uint64_t>(plan.training.seed);
   d.vocab_size = model.config().vocab_size;
-  std::string path = o.data_path;
-  if (!o.tokenizer_path.empty()) {
-    MT_ASSIGN_OR_RETURN(path, prepared_on_the_fly(o, plan, out));
-  }
-  if (data::SequenceFile::is_sequence_file(path)) {
-    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(path));
+  if (!o.tokenizer_path.empty() || data::SequenceFile::is_sequence_file(o.data_path)) {
+    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, o.tokenizer_path.empty() ? data::SequenceFile::open(o.data_path)
+                                                                          : prepared_on_the_fly(o, plan, out));
     return DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
   }
   MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.data_path));
