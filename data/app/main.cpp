@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
   CLI::App* prepare = app.add_subcommand("prepare", "Tokenize dataset files into training rows with a mask of the counted targets");
   prepare->add_option("--tokenizer", tokenizer_path, "A model folder with tokenizer.json (and tokenizer_config.json)")->required();
   prepare->add_option("--input", inputs, "Dataset files: .jsonl, .json, or plain text")->required();
-  prepare->add_option("--format", format, "auto | text | alpaca | plain");
+  prepare->add_option("--format", format, "auto | text | alpaca | messages | sharegpt | plain");
   prepare->add_option("--seq", prep.seq_len, "Sequence length of a training row (the plan's training.seq_len)")
       ->required()
       ->check(megatrain::cli::int_range(1, int64_t{1} << 24));
@@ -145,11 +145,18 @@ int main(int argc, char** argv) {
   auto* pad_flag = prepare->add_flag("--pad", pad, "One document per row, padded; the padding never counts");
   pack_flag->excludes(pad_flag);
   prepare->add_flag("--split-long", prep.split_long, "With --pad: continue a document longer than a row on further rows");
-  prepare->add_option("--train-on", train_on, "all | answer (the default for alpaca: only the answers and their EOS count)");
+  prepare->add_option("--train-on", train_on,
+                      "all | assistant (the default for alpaca, messages and sharegpt: only the answers or assistant turns, with their "
+                      "EOS or end-of-turn token, count; 'answer' is the same)");
   prepare->add_option("--text-field", fields.text, "The text field of text records");
   prepare->add_option("--instruction-field", fields.instruction, "The instruction field of alpaca records");
   prepare->add_option("--input-field", fields.input, "The input field of alpaca records");
   prepare->add_option("--output-field", fields.output, "The output field of alpaca records");
+  prepare->add_option("--messages-field", fields.messages, "The list of messages (messages: 'messages', sharegpt: 'conversations')");
+  prepare->add_option("--role-field", fields.role, "A message's role (messages: 'role', sharegpt: 'from')");
+  prepare->add_option("--content-field", fields.content, "A message's text (messages: 'content', sharegpt: 'value')");
+  std::string template_file;
+  prepare->add_option("--chat-template", template_file, "A Jinja chat template file to use instead of the tokenizer's");
   prepare->add_option("--threads", threads, "Tokenizer threads (0: every core)")->check(megatrain::cli::int_range(0, 1024));
   prepare->add_option("-o,--output", out_path, "The prepared dataset to write")->required();
 
@@ -165,6 +172,14 @@ int main(int argc, char** argv) {
     prep.train_on = train_on;
     prep.threads = static_cast<int>(threads);
     if (prep.split_long && prep.pack) return fail("--split-long goes with --pad (packed documents always continue on the next row)");
+    if (!template_file.empty()) {
+      std::ifstream in(template_file, std::ios::binary);
+      if (!in) return fail("--chat-template " + template_file + ": cannot be read");
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      prep.chat_template = ss.str();
+      if (prep.chat_template.empty()) return fail("--chat-template " + template_file + ": the file is empty");
+    }
     return run_prepare(tokenizer_path, inputs, format, fields, prep, out_path);
   }
   if (inspect->parsed()) return run_inspect(inspect_path, tokenizer_path, show);

@@ -1125,16 +1125,38 @@ class Renderer {
 
 }  // namespace
 
-Result<std::string> render_chat_template(const std::string& source, const nlohmann::ordered_json& context) {
+struct ChatTemplate::Impl {
+  std::vector<Node> nodes;
+};
+
+ChatTemplate::ChatTemplate() = default;
+ChatTemplate::~ChatTemplate() = default;
+ChatTemplate::ChatTemplate(const ChatTemplate&) = default;
+ChatTemplate& ChatTemplate::operator=(const ChatTemplate&) = default;
+
+Result<ChatTemplate> ChatTemplate::parse(const std::string& source) {
   MT_ASSIGN_OR_RETURN(std::vector<Segment> segs, lex(source));
   Builder b(std::move(segs));
   std::string stop;
-  MT_ASSIGN_OR_RETURN(std::vector<Node> nodes, b.block({}, &stop));
+  auto impl = std::make_shared<Impl>();
+  MT_ASSIGN_OR_RETURN(impl->nodes, b.block({}, &stop));
   if (!stop.empty()) return invalid_argument("chat template: '" + stop + "' without its opening statement");
+  ChatTemplate t;
+  t.impl_ = std::move(impl);
+  return t;
+}
+
+Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context) const {
+  if (!impl_) return invalid_argument("chat template: none was parsed");
   Renderer r(context);
   std::string out;
-  MT_RETURN_IF_ERROR(r.render(nodes, out));
+  MT_RETURN_IF_ERROR(r.render(impl_->nodes, out));
   return out;
+}
+
+Result<std::string> render_chat_template(const std::string& source, const nlohmann::ordered_json& context) {
+  MT_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::parse(source));
+  return t.render(context);
 }
 
 }  // namespace megatrain::data

@@ -4,21 +4,76 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "megatrain/data/conversation.h"
 #include "text.h"
 
 namespace megatrain::data {
 
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 std::string keys_of(const Json& j) {
   std::string s;
   for (auto it = j.begin(); it != j.end(); ++it) s += (s.empty() ? "" : ", ") + it.key();
   return s.empty() ? "none" : s;
+}
+
+// sharegpt's speakers as chat roles.
+const char* role_of_speaker(const std::string& from) {
+  if (from == "human" || from == "user") return "user";
+  if (from == "gpt" || from == "assistant" || from == "model" || from == "bot" || from == "function_call") return "assistant";
+  if (from == "system") return "system";
+  if (from == "observation" || from == "tool" || from == "function" || from == "function_response") return "tool";
+  return nullptr;
+}
+
+// A messages or sharegpt record as a conversation of {role, content, ...} messages.
+Result<Document> conversation_of(const Json& j, const std::string& format, const FieldNames& f, const std::string& where) {
+  const bool share = format == "sharegpt";
+  const std::string list = !f.messages.empty() ? f.messages : share ? "conversations" : "messages";
+  const std::string role = !f.role.empty() ? f.role : share ? "from" : "role";
+  const std::string content = !f.content.empty() ? f.content : share ? "value" : "content";
+  if (!j.contains(list))
+    return invalid_argument(where + ": no '" + list + "' field (the " + format + " format needs it; fields here: " + keys_of(j) +
+                            "; map another name with --messages-field)");
+  const Json& ms = j[list];
+  if (!ms.is_array()) return invalid_argument(where + ": '" + list + "' is a " + ms.type_name() + "; expected a list of messages");
+  Document d;
+  d.where = where;
+  d.messages = Json::array();
+  for (size_t k = 0; k < ms.size(); ++k) {
+    const Json& m = ms[k];
+    const std::string at = where + ": " + list + "[" + std::to_string(k) + "]";
+    if (!m.is_object()) return invalid_argument(at + ": expected an object, got " + std::string(m.type_name()));
+    if (!m.contains(role) || !m[role].is_string())
+      return invalid_argument(at + ": no string '" + role + "' field (fields here: " + keys_of(m) + "; map another name with --role-field)");
+    const bool has_content = m.contains(content) && !m[content].is_null();
+    if (has_content && !m[content].is_string() && !m[content].is_array())
+      return invalid_argument(at + ": '" + content + "' is a " + m[content].type_name() + "; expected a string");
+    if (!has_content && !m.contains("tool_calls"))
+      return invalid_argument(at + ": no '" + content + "' field (fields here: " + keys_of(m) + "; map another name with --content-field)");
+    Json out = Json::object();
+    std::string r = m[role].get<std::string>();
+    if (share) {
+      const char* mapped = role_of_speaker(r);
+      if (mapped == nullptr)
+        return invalid_argument(at + ": '" + role + "' is '" + r +
+                                "'; accepted: human, user, gpt, assistant, model, bot, system, observation, tool, function, function_call");
+      r = mapped;
+    }
+    out["role"] = r;
+    if (has_content) out["content"] = m[content];
+    for (auto it = m.begin(); it != m.end(); ++it)  // the rest as it is (tool_calls, reasoning_content, ...)
+      if (it.key() != role && it.key() != content) out[it.key()] = *it;
+    d.messages.push_back(std::move(out));
+  }
+  if (j.contains("tools") && !j["tools"].is_null()) d.tools = j["tools"];
+  return d;
 }
 
 // The document of one record; `where` is "file:line" or "file record n".
@@ -35,6 +90,7 @@ Result<Document> document_of(const Json& j, const std::string& format, const Fie
     return {};
   };
   Document d;
+  if (format == "messages" || format == "sharegpt") return conversation_of(j, format, f, where);
   if (format == "text") {
     MT_RETURN_IF_ERROR(field(f.text, true, d.answer));
     return d;
@@ -50,21 +106,23 @@ Result<Document> document_of(const Json& j, const std::string& format, const Fie
 // The format of a record, from its fields.
 std::string format_of(const Json& j, const FieldNames& f) {
   if (!j.is_object()) return "";
+  if (j.contains(f.messages.empty() ? "messages" : f.messages)) return "messages";
+  if (j.contains(f.messages.empty() ? "conversations" : f.messages)) return "sharegpt";
   if (j.contains(f.instruction) && j.contains(f.output)) return "alpaca";
   if (j.contains(f.text)) return "text";
   return "";
 }
 
 Status check_format(const std::string& format, const std::string& where) {
-  if (format == "text" || format == "alpaca" || format == "plain" || format == "auto") return {};
-  return invalid_argument(where + ": format '" + format + "'; accepted: auto, text, alpaca, plain");
+  for (const char* f : {"auto", "text", "alpaca", "messages", "sharegpt", "plain"})
+    if (format == f) return {};
+  return invalid_argument(where + ": format '" + format + "'; accepted: auto, text, alpaca, messages, sharegpt, plain");
 }
 
 Status unknown_shape(const Json& j, const std::string& where) {
-  const bool chat = j.is_object() && (j.contains("messages") || j.contains("conversations"));
   return invalid_argument(where + ": cannot tell the format from the fields (" + (j.is_object() ? keys_of(j) : std::string(j.type_name())) +
-                          "); accepted: text ({\"text\"}), alpaca ({\"instruction\", \"output\"}), or --format with the field flags" +
-                          (chat ? "; chat datasets (messages, conversations) need the chat template, not supported yet" : ""));
+                          "); accepted: text ({\"text\"}), alpaca ({\"instruction\", \"output\"}), messages ({\"messages\"}), sharegpt "
+                          "({\"conversations\"}), or --format with the field flags");
 }
 
 }  // namespace
@@ -128,27 +186,52 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
 Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document>& docs, const std::string& format,
                                 const PrepareOptions& o, SequenceHeader& h) {
   if (o.seq_len < 1) return invalid_argument("--seq must be at least 1");
-  const std::string train_on = o.train_on.empty() ? (format == "alpaca" ? "answer" : "all") : o.train_on;
-  if (train_on != "all" && train_on != "answer") return invalid_argument("--train-on '" + train_on + "'; accepted: all, answer");
+  const bool chat = format == "messages" || format == "sharegpt";
+  std::string train_on = o.train_on.empty() ? (format == "alpaca" || chat ? "assistant" : "all") : o.train_on;
+  if (train_on == "answer") train_on = "assistant";
+  if (train_on != "all" && train_on != "assistant") return invalid_argument("--train-on '" + o.train_on + "'; accepted: all, assistant (or answer)");
   if (tok.eos_id() < 0)
     return invalid_argument(tok.source() + ": no eos_token (tokenizer_config.json): documents need one between them");
+  std::optional<ConversationRenderer> renderer;
+  if (std::any_of(docs.begin(), docs.end(), [](const Document& d) { return d.chat(); })) {
+    MT_ASSIGN_OR_RETURN(renderer, ConversationRenderer::create(tok, o.chat_template));
+  }
+  const bool all = train_on == "all";
   const int32_t pad = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
   const int64_t width = o.seq_len + 1;
   // Tokenize in parallel, each thread a strided share of the documents.
   std::vector<std::vector<int32_t>> ids(docs.size());
   std::vector<std::vector<uint8_t>> counted(docs.size());
+  std::vector<Status> failed(docs.size());
   const int threads = std::max(1, std::min<int>(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency()),
                                                 static_cast<int>(std::max<size_t>(docs.size(), 1))));
   std::atomic<int64_t> done{0};
+  auto conversation = [&](const Document& d, std::vector<int32_t>& v, std::vector<uint8_t>& m) -> Status {
+    MT_ASSIGN_OR_RETURN(const RenderedConversation r, renderer->render(d.messages, d.tools, !all));
+    std::vector<size_t> cuts, at;
+    for (const auto& [b, e] : r.assistant) {
+      cuts.push_back(b);
+      cuts.push_back(e);
+    }
+    MT_ASSIGN_OR_RETURN(v, tok.encode_with_cuts(r.text, cuts, at));
+    m.assign(v.size(), all);
+    for (size_t k = 0; k + 1 < at.size(); k += 2) std::fill(m.begin() + static_cast<std::ptrdiff_t>(at[k]), m.begin() + static_cast<std::ptrdiff_t>(at[k + 1]), 1);
+    return {};
+  };
   auto work = [&](int k) {
     for (size_t i = static_cast<size_t>(k); i < docs.size(); i += static_cast<size_t>(threads)) {
       std::vector<int32_t>& v = ids[i];
       std::vector<uint8_t>& m = counted[i];
+      if (docs[i].chat()) {
+        if (Status s = conversation(docs[i], v, m); !s.ok()) failed[i] = invalid_argument(docs[i].where + ": " + s.message());
+        ++done;
+        continue;
+      }
       v = tok.special_prefix();
-      m.assign(v.size(), train_on == "all");
+      m.assign(v.size(), all);
       const std::vector<int32_t> p = tok.encode(docs[i].prompt), a = tok.encode(docs[i].answer);
       v.insert(v.end(), p.begin(), p.end());
-      m.insert(m.end(), p.size(), train_on == "all");
+      m.insert(m.end(), p.size(), all);
       v.insert(v.end(), a.begin(), a.end());
       v.push_back(tok.eos_id());
       m.insert(m.end(), a.size() + 1, 1);
@@ -171,6 +254,7 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
   finished = true;
   if (reporter.joinable()) reporter.join();
   if (o.progress) o.progress(static_cast<int64_t>(docs.size()), static_cast<int64_t>(docs.size()));
+  for (const Status& s : failed) MT_RETURN_IF_ERROR(s);
 
   SequenceRows rows;
   h = SequenceHeader{};
@@ -224,6 +308,8 @@ Result<PrepareResult> prepare_dataset(const Tokenizer& tok, const std::vector<st
     r.format = f;
     for (Document& doc : d) {
       r.text_bytes += static_cast<int64_t>(doc.prompt.size() + doc.answer.size());
+      for (const auto& m : doc.messages)
+        if (m.contains("content") && m["content"].is_string()) r.text_bytes += static_cast<int64_t>(m["content"].get_ref<const std::string&>().size());
       docs.push_back(std::move(doc));
     }
   }

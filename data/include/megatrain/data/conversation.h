@@ -1,0 +1,58 @@
+// Conversations (issue 19): the messages of a chat dataset rendered through the model's chat
+// template, as transformers' apply_chat_template(messages, tokenize=False) renders them for
+// training (no generation prompt), and the bytes of the rendering that are the assistant's turns.
+//
+// An assistant turn (message i) is found without knowing the template:
+//   start  the length of the conversation before it rendered with the generation prompt
+//          (messages[:i], add_generation_prompt=true), which must be a prefix of the whole
+//          rendering: the turn is what the model writes after that prompt (Qwen3's empty
+//          <think></think>, gpt-oss's channels, the content);
+//   end    the first end-of-turn token after the message's content: the content's place in the
+//          rendering is found by rendering it again with a marker (U+E000 n U+E001) after each
+//          message's content (before its trailing whitespace, so that trim and strip work as
+//          before), and the end-of-turn tokens are learned once per template from probe
+//          conversations: the special tokens that follow an assistant's content (<|eot_id|>,
+//          <|im_end|>, </s>, <|end|>, <|return|>, ...). The end token is part of the turn.
+// When a template breaks these rules (the prefix differs, a content is rewritten, no end token
+// follows), the conversation is refused by name: train it with train_on all, or fix the template.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megatrain/core/status.h"
+#include "megatrain/data/chat_template.h"
+#include "megatrain/data/tokenizer.h"
+
+namespace megatrain::data {
+
+struct RenderedConversation {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> assistant;  // byte ranges [begin, end) of the assistant turns, in order
+};
+
+class ConversationRenderer {
+ public:
+  // The tokenizer's chat template, or `template_source` when it is not empty. The context holds
+  // bos_token, eos_token, pad_token and unk_token as tokenizer_config.json names them.
+  static Result<ConversationRenderer> create(const Tokenizer& tok, const std::string& template_source = "");
+
+  // `messages` ([{"role", "content", ...}]) go to the template as they are, with `tools` when it
+  // is not null. With `spans`, the assistant turns are found too.
+  Result<RenderedConversation> render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools, bool spans) const;
+
+  // The end-of-turn tokens learned from the template.
+  const std::vector<std::string>& end_tokens() const { return ends_; }
+
+ private:
+  Result<std::string> render_text(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools, bool generation) const;
+  ChatTemplate template_;
+  const Tokenizer* tok_ = nullptr;
+  nlohmann::ordered_json context_;
+  std::vector<std::string> ends_;
+};
+
+}  // namespace megatrain::data

@@ -1,0 +1,161 @@
+// Conversations through the chat template, with the assistant turns found (conversation.h).
+#include "megatrain/data/conversation.h"
+
+#include <algorithm>
+
+namespace megatrain::data {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// U+E000 and U+E001 (private use) around the message's index.
+constexpr const char* kOpen = "\xEE\x80\x80";
+constexpr const char* kClose = "\xEE\x80\x81";
+constexpr size_t kMarkLen = 3;
+
+std::string marker(size_t k) { return kOpen + std::to_string(k) + kClose; }
+
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+// The content with the marker before its trailing whitespace.
+std::string marked(const std::string& content, size_t k) {
+  size_t end = content.size();
+  while (end > 0 && is_ascii_space(content[end - 1])) --end;
+  return content.substr(0, end) + marker(k) + content.substr(end);
+}
+
+// Removes the markers from `text`; `at[k]` is where message k's marker was (in the text without
+// markers), or npos. False when a marker is malformed or repeated.
+bool strip_markers(const std::string& text, size_t messages, std::string& out, std::vector<size_t>& at) {
+  at.assign(messages, std::string::npos);
+  out.clear();
+  out.reserve(text.size());
+  size_t i = 0;
+  for (;;) {
+    const size_t open = text.find(kOpen, i);
+    out.append(text, i, (open == std::string::npos ? text.size() : open) - i);
+    if (open == std::string::npos) return true;
+    const size_t close = text.find(kClose, open + kMarkLen);
+    if (close == std::string::npos) return false;
+    const std::string digits = text.substr(open + kMarkLen, close - open - kMarkLen);
+    if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return false;
+    const size_t k = std::stoul(digits);
+    if (k >= messages || at[k] != std::string::npos) return false;
+    at[k] = out.size();
+    i = close + kMarkLen;
+  }
+}
+
+std::string list_of(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+Result<ConversationRenderer> ConversationRenderer::create(const Tokenizer& tok, const std::string& template_source) {
+  const std::string& source = template_source.empty() ? tok.chat_template() : template_source;
+  if (source.empty())
+    return invalid_argument(tok.source() +
+                            ": no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template): chat datasets "
+                            "(messages, conversations) are rendered through the model's template");
+  ConversationRenderer r;
+  MT_ASSIGN_OR_RETURN(r.template_, ChatTemplate::parse(source));
+  r.tok_ = &tok;
+  r.context_ = Json::object();
+  for (const auto& [key, id] : {std::pair<const char*, int32_t>{"bos_token", tok.bos_id()}, {"eos_token", tok.eos_id()}, {"pad_token", tok.pad_id()}})
+    if (id >= 0) r.context_[key] = tok.id_to_token(id);
+  if (const int32_t unk = tok.token_to_id("<unk>"); unk >= 0) r.context_["unk_token"] = "<unk>";
+  // The end-of-turn tokens: what follows an assistant's content in probe conversations, as the last
+  // turn and before another user turn, with and without a system prompt.
+  auto msg = [](const char* role, std::string content) { return Json{{"role", role}, {"content", std::move(content)}}; };
+  const std::vector<std::pair<Json, size_t>> probes = {
+      {Json::array({msg("user", "Hi"), msg("assistant", marked("Sure.", 1))}), 2},
+      {Json::array({msg("user", "Hi"), msg("assistant", marked("Sure.", 1)), msg("user", "Thanks")}), 3},
+      {Json::array({msg("system", "Be brief."), msg("user", "Hi"), msg("assistant", marked("Sure.", 2)), msg("user", "Thanks")}), 4},
+  };
+  for (const auto& [conv, n] : probes) {
+    auto text = r.render_text(conv, nullptr, false);
+    if (!text.ok()) continue;  // a template may refuse a probe (roles it does not take, say)
+    std::string plain;
+    std::vector<size_t> at;
+    if (!strip_markers(*text, n, plain, at)) continue;
+    const size_t k = n == 4 ? 2 : 1;
+    if (at[k] == std::string::npos) continue;
+    size_t p = at[k];
+    while (p < plain.size() && is_ascii_space(plain[p])) ++p;
+    if (const int64_t len = tok.special_token_at(plain, p); len > 0) {
+      const std::string end = plain.substr(p, static_cast<size_t>(len));
+      if (std::find(r.ends_.begin(), r.ends_.end(), end) == r.ends_.end()) r.ends_.push_back(end);
+    }
+  }
+  return r;
+}
+
+Result<std::string> ConversationRenderer::render_text(const Json& messages, const Json& tools, bool generation) const {
+  Json ctx = context_;
+  ctx["messages"] = messages;
+  if (!tools.is_null()) ctx["tools"] = tools;
+  ctx["add_generation_prompt"] = generation;
+  return template_.render(ctx);
+}
+
+Result<RenderedConversation> ConversationRenderer::render(const Json& messages, const Json& tools, bool spans) const {
+  if (!messages.is_array()) return invalid_argument("expected a list of messages");
+  RenderedConversation out;
+  MT_ASSIGN_OR_RETURN(out.text, render_text(messages, tools, false));
+  if (!spans) return out;
+  if (out.text.find(kOpen) != std::string::npos)
+    return invalid_argument("the conversation holds the character U+E000, which finding the assistant turns needs for itself; train it with train_on all");
+  // Where each message's content lands in the rendering.
+  Json mark = messages;
+  for (size_t k = 0; k < mark.size(); ++k)
+    if (mark[k].is_object() && mark[k].contains("content") && mark[k]["content"].is_string())
+      mark[k]["content"] = marked(mark[k]["content"].get<std::string>(), k);
+  MT_ASSIGN_OR_RETURN(const std::string with_marks, render_text(mark, tools, false));
+  std::string plain;
+  std::vector<size_t> at;
+  if (!strip_markers(with_marks, messages.size(), plain, at) || plain != out.text)
+    return invalid_argument("the chat template rewrites the messages' contents in a way that hides where they are, so the assistant turns "
+                            "cannot be found; train this dataset with train_on all");
+  size_t done = 0;  // where the previous turn ended
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || m["role"] != "assistant") continue;
+    const std::string which = "assistant message " + std::to_string(i + 1) + " of " + std::to_string(messages.size());
+    Json before = Json::array();
+    for (size_t k = 0; k < i; ++k) before.push_back(messages[k]);
+    auto prompt = render_text(before, tools, true);
+    if (!prompt.ok())
+      return invalid_argument(which + ": the conversation before it, rendered with the generation prompt, fails: " + prompt.status().message() +
+                              "; train this dataset with train_on all");
+    if (out.text.compare(0, prompt->size(), *prompt) != 0)
+      return invalid_argument(which + ": the conversation before it rendered with the generation prompt is not where the whole conversation "
+                              "starts, so the turn's start cannot be found; train this dataset with train_on all");
+    const size_t begin = prompt->size();
+    const size_t from = at[i] != std::string::npos ? std::max(at[i], begin) : begin;
+    size_t limit = out.text.size();  // no further than the next message's content
+    for (size_t k = i + 1; k < messages.size(); ++k)
+      if (at[k] != std::string::npos) {
+        limit = at[k];
+        break;
+      }
+    size_t end = std::string::npos;
+    for (const std::string& e : ends_) {
+      const size_t f = out.text.find(e, from);
+      if (f != std::string::npos && f + e.size() <= limit) end = std::min(end, f + e.size());
+    }
+    if (end == std::string::npos)
+      return invalid_argument(which + ": no end-of-turn token (" + list_of(ends_) + ") after its content, so the turn's end cannot be found; " +
+                              "train this dataset with train_on all");
+    if (begin < done) return invalid_argument(which + ": its turn starts inside the one before it");
+    out.assistant.emplace_back(begin, end);
+    done = end;
+  }
+  return out;
+}
+
+}  // namespace megatrain::data
