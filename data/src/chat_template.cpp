@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,10 +26,13 @@ using Json = nlohmann::ordered_json;
 
 // ---- values --------------------------------------------------------------------------------------
 
+struct Node;
+
 struct Value {
   Json j;
   bool undefined = false;
   std::shared_ptr<Json> ns;  // a namespace(): an object that `set ns.x = ...` changes in place
+  const Node* macro = nullptr;  // a {% macro %}: the node that defines it
   static Value undef() {
     Value v;
     v.undefined = true;
@@ -98,6 +102,27 @@ struct Segment {
   int line = 1;
 };
 
+// Where a {{ }} or {% %} tag closes: the first `close` outside string literals and outside braces
+// opened in the tag ({{ "}}" }} and {{ {'a': {'b': 1}} }} close where Jinja closes them); npos if none.
+size_t tag_end(const std::string& src, size_t from, const std::string& close) {
+  int depth = 0;
+  for (size_t j = from; j < src.size(); ++j) {
+    const char c = src[j];
+    if (c == '\'' || c == '"') {
+      for (++j; j < src.size() && src[j] != c; ++j)
+        if (src[j] == '\\') ++j;
+      if (j >= src.size()) return std::string::npos;
+    } else if (depth == 0 && src.compare(j, close.size(), close) == 0) {
+      return j;
+    } else if (c == '{') {
+      ++depth;
+    } else if (c == '}' && depth > 0) {
+      --depth;
+    }
+  }
+  return std::string::npos;
+}
+
 Result<std::vector<Segment>> lex(const std::string& src) {
   std::vector<Segment> out;
   size_t i = 0;
@@ -136,7 +161,7 @@ Result<std::vector<Segment>> lex(const std::string& src) {
     add_text(text);
     const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
     const size_t body = open + 2 + (minus || plus ? 1 : 0);
-    const size_t end = src.find(close, body);
+    const size_t end = kind == '#' ? src.find(close, body) : tag_end(src, body, close);
     if (end == std::string::npos)
       return invalid_argument("chat template line " + std::to_string(line) + ": '{" + std::string(1, kind) + "' is never closed");
     std::string inner = src.substr(body, end - body);
@@ -237,6 +262,8 @@ class Parser {
  public:
   Parser(std::vector<Tok> toks, int line) : t_(std::move(toks)), line_(line) {}
   Result<ExprP> expression() { return conditional(); }
+  // An expression without `a if c else b` at its top (a for loop's iterable, before its filter).
+  Result<ExprP> without_conditional() { return or_(); }
   bool at_end() const { return t_[p_].kind == Tok::kEnd; }
   bool is_name(const char* n) const { return t_[p_].kind == Tok::kName && t_[p_].s == n; }
   bool is_op(const char* o) const { return t_[p_].kind == Tok::kOp && t_[p_].s == o; }
@@ -370,6 +397,13 @@ class Parser {
         if (peek().kind != Tok::kName) return err("expected a test name after 'is'");
         t->name = next().s;
         t->a = e;
+        // Its argument: in parentheses, or one literal (x is divisibleby 3, x is equalto 'a').
+        if (is_op("(")) {
+          MT_RETURN_IF_ERROR(call_args(*t));
+        } else if (peek().kind == Tok::kString || peek().kind == Tok::kInt || peek().kind == Tok::kFloat) {
+          MT_ASSIGN_OR_RETURN(ExprP arg, primary());
+          t->args.push_back(arg);
+        }
         e = t;
       } else {
         return e;
@@ -519,13 +553,15 @@ class Parser {
 // ---- statements ----------------------------------------------------------------------------------
 
 struct Node {
-  enum Kind { kText, kOutput, kIf, kFor, kSet } kind = kText;
+  enum Kind { kText, kOutput, kIf, kFor, kSet, kMacro } kind = kText;
   int line = 1;
-  std::string text;
+  std::string text;                                        // kText; kMacro's name
   ExprP expr;                                              // kOutput, kSet's value, kFor's iterable
+  ExprP filter;                                            // kFor: `for x in xs if filter`
+  std::vector<ExprP> defaults;                             // kMacro: each parameter's default (null: none)
   std::vector<std::pair<ExprP, std::vector<Node>>> branches;  // kIf
   std::vector<Node> body, else_body;                       // kFor (and kIf's else)
-  std::vector<std::string> targets;                        // kFor, kSet (name, or namespace + attribute)
+  std::vector<std::string> targets;                        // kFor, kSet (name, or namespace + attribute); kMacro's parameters
   bool set_attr = false;
 };
 
@@ -591,7 +627,12 @@ class Builder {
         } while (p.is_op(",") && (p.next(), true));
         if (!p.is_name("in")) return p.err("expected 'in' in {% for %}");
         p.next();
-        MT_ASSIGN_OR_RETURN(n.expr, p.expression());
+        MT_ASSIGN_OR_RETURN(n.expr, p.without_conditional());
+        if (p.is_name("if")) {
+          p.next();
+          MT_ASSIGN_OR_RETURN(n.filter, p.expression());
+        }
+        if (!p.at_end()) return p.err("unexpected '" + p.peek().s + "' in {% for %}");
         std::string stop;
         MT_ASSIGN_OR_RETURN(n.body, block({"else", "endfor"}, &stop));
         if (stop.empty()) return p.err("{% for %} is never closed with {% endfor %}");
@@ -615,8 +656,31 @@ class Builder {
         MT_RETURN_IF_ERROR(p.expect_op("="));
         MT_ASSIGN_OR_RETURN(n.expr, p.expression());
         out.push_back(std::move(n));
+      } else if (word == "macro") {
+        Node n{Node::kMacro, g.line};
+        if (p.peek().kind != Tok::kName) return p.err("expected the macro's name");
+        n.text = p.next().s;
+        MT_RETURN_IF_ERROR(p.expect_op("("));
+        while (!p.is_op(")")) {
+          if (p.peek().kind != Tok::kName) return p.err("expected a parameter name in {% macro " + n.text + " %}");
+          n.targets.push_back(p.next().s);
+          ExprP fallback;
+          if (p.is_op("=")) {
+            p.next();
+            MT_ASSIGN_OR_RETURN(fallback, p.expression());
+          }
+          n.defaults.push_back(fallback);
+          if (!p.is_op(",")) break;
+          p.next();
+        }
+        MT_RETURN_IF_ERROR(p.expect_op(")"));
+        std::string stop;
+        MT_ASSIGN_OR_RETURN(n.body, block({"endmacro"}, &stop));
+        if (stop.empty()) return p.err("{% macro %} is never closed with {% endmacro %}");
+        ++i_;
+        out.push_back(std::move(n));
       } else {
-        return p.err("the statement '" + word + "' is not supported (if, for, set)");
+        return p.err("the statement '" + word + "' is not supported (if, for, set, macro)");
       }
     }
     return out;
@@ -656,6 +720,12 @@ class Renderer {
           break;
         }
         case Node::kFor: MT_RETURN_IF_ERROR(render_for(n, out)); break;
+        case Node::kMacro: {
+          Value m;
+          m.macro = &n;
+          scopes_.back()[n.text] = m;
+          break;
+        }
         case Node::kSet: {
           MT_ASSIGN_OR_RETURN(Value v, eval(*n.expr));
           if (n.set_attr) {
@@ -674,10 +744,53 @@ class Renderer {
 
  private:
   Status err(const std::string& m) const { return invalid_argument("chat template line " + std::to_string(line_) + ": " + m); }
+  // Names resolve from the innermost scope out to `floor_` (the frame of the macro being rendered),
+  // then in the template's top level: a macro sees its parameters and the globals, not its caller's
+  // variables, as in Jinja.
   Value* lookup(const std::string& name) {
-    for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s)
-      if (auto f = s->find(name); f != s->end()) return &f->second;
+    for (size_t k = scopes_.size(); k-- > floor_;)
+      if (auto f = scopes_[k].find(name); f != scopes_[k].end()) return &f->second;
+    if (floor_ > 0)
+      if (auto f = scopes_[0].find(name); f != scopes_[0].end()) return &f->second;
     return nullptr;
+  }
+  Result<Value> call_macro(const Node& m, const Expr& call) {
+    if (depth_ >= 64) return err("macro '" + m.text + "' calls itself more than 64 deep");
+    MT_ASSIGN_OR_RETURN(std::vector<Value> args, args_of(call));
+    if (args.size() > m.targets.size())
+      return err("macro '" + m.text + "' takes " + std::to_string(m.targets.size()) + " arguments, given " + std::to_string(args.size()));
+    std::map<std::string, Value> frame;
+    for (size_t k = 0; k < m.targets.size(); ++k) {
+      const std::string& name = m.targets[k];
+      if (k < args.size()) {
+        frame[name] = args[k];
+        continue;
+      }
+      const auto kw = std::find_if(call.kwargs.begin(), call.kwargs.end(), [&](const auto& x) { return x.first == name; });
+      if (kw != call.kwargs.end()) {
+        MT_ASSIGN_OR_RETURN(frame[name], eval(*kw->second));
+      } else if (m.defaults[k]) {
+        MT_ASSIGN_OR_RETURN(frame[name], eval(*m.defaults[k]));
+      } else {
+        frame[name] = Value::undef();
+      }
+    }
+    for (const auto& [key, x] : call.kwargs)
+      if (std::find(m.targets.begin(), m.targets.end(), key) == m.targets.end())
+        return err("macro '" + m.text + "' has no parameter '" + key + "'");
+    const size_t floor = floor_;
+    const int line = line_;
+    floor_ = scopes_.size();
+    scopes_.push_back(std::move(frame));
+    ++depth_;
+    std::string out;
+    const Status s = render(m.body, out);
+    --depth_;
+    scopes_.resize(floor_);
+    floor_ = floor;
+    line_ = line;
+    MT_RETURN_IF_ERROR(s);
+    return Value::of(out);
   }
   Status render_for(const Node& n, std::string& out) {
     MT_ASSIGN_OR_RETURN(Value it, eval(*n.expr));
@@ -690,6 +803,27 @@ class Renderer {
     else if (j.is_string())
       for (char c : j.get<std::string>()) items.push_back(std::string(1, c));
     else return err("cannot loop over " + repr(j));
+    auto bind = [&](std::map<std::string, Value>& sc, const Json& x) -> Status {
+      if (n.targets.size() == 1) {
+        sc[n.targets[0]] = Value::of(x);
+        return {};
+      }
+      if (!x.is_array() || x.size() != n.targets.size()) return err("cannot unpack " + repr(x) + " into " + std::to_string(n.targets.size()) + " names");
+      for (size_t t = 0; t < n.targets.size(); ++t) sc[n.targets[t]] = Value::of(x[t]);
+      return {};
+    };
+    if (n.filter) {  // `for x in xs if cond`: the loop (and its loop.index, length, last) runs over what passes
+      std::vector<Json> kept;
+      for (const Json& x : items) {
+        scopes_.emplace_back();
+        Status s = bind(scopes_.back(), x);
+        Result<Value> keep = s.ok() ? eval(*n.filter) : Result<Value>(s);
+        scopes_.pop_back();
+        if (!keep.ok()) return keep.status();
+        if (truthy(*keep)) kept.push_back(x);
+      }
+      items = std::move(kept);
+    }
     if (items.empty()) return render(n.else_body, out);
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
@@ -697,12 +831,9 @@ class Renderer {
       auto& sc = scopes_.back();
       sc["loop"] = Value::of(Json{{"index", k + 1}, {"index0", k}, {"first", k == 0}, {"last", k == len - 1}, {"length", len},
                                   {"revindex", len - k}, {"revindex0", len - k - 1}});
-      const Json& x = items[static_cast<size_t>(k)];
-      if (n.targets.size() == 1) {
-        sc[n.targets[0]] = Value::of(x);
-      } else {
-        if (!x.is_array() || x.size() != n.targets.size()) return err("cannot unpack " + repr(x) + " into " + std::to_string(n.targets.size()) + " names");
-        for (size_t t = 0; t < n.targets.size(); ++t) sc[n.targets[t]] = Value::of(x[t]);
+      if (Status b = bind(sc, items[static_cast<size_t>(k)]); !b.ok()) {
+        scopes_.pop_back();
+        return b;
       }
       const Status s = render(n.body, out);
       scopes_.pop_back();
@@ -748,7 +879,8 @@ class Renderer {
       case Expr::kFilter: return filter(e);
       case Expr::kTest: {
         MT_ASSIGN_OR_RETURN(Value a, eval(*e.a));
-        MT_ASSIGN_OR_RETURN(bool r, test(e.name, a));
+        MT_ASSIGN_OR_RETURN(std::vector<Value> args, args_of(e));
+        MT_ASSIGN_OR_RETURN(bool r, test(e.name, a, args));
         return Value::of(r != e.negate);
       }
       case Expr::kNot: {
@@ -828,8 +960,12 @@ class Renderer {
     if (e.name == "and") return truthy(a) ? eval(*e.b) : a;
     if (e.name == "or") return truthy(a) ? a : eval(*e.b);
     MT_ASSIGN_OR_RETURN(Value b, eval(*e.b));
+    return compare(e.name, a, b);
+  }
+
+  // A binary operator other than and/or on two values.
+  Result<Value> compare(const std::string& op, const Value& a, const Value& b) {
     const Json &x = a.json(), &y = b.json();
-    const std::string& op = e.name;
     if (op == "~") return Value::of(str(a) + str(b));
     if (op == "==") return Value::of(equal(x, y) && a.undefined == b.undefined);
     if (op == "!=") return Value::of(!(equal(x, y) && a.undefined == b.undefined));
@@ -881,10 +1017,20 @@ class Renderer {
     return err("cannot apply '" + op + "' to " + repr(x) + " and " + repr(y));
   }
 
-  Result<bool> test(const std::string& name, const Value& a) {
+  Result<bool> test(const std::string& name, const Value& a, const std::vector<Value>& args = {}) {
     const Json& j = a.json();
     if (name == "defined") return !a.undefined;
     if (name == "undefined") return a.undefined;
+    // The comparison tests (selectattr('role', 'equalto', 'user'), x is ne 3, ...).
+    static const std::map<std::string, std::string> comparisons = {{"equalto", "=="}, {"eq", "=="}, {"==", "=="}, {"sameas", "=="},
+                                                                   {"ne", "!="}, {"!=", "!="}, {"lt", "<"}, {"<", "<"},
+                                                                   {"le", "<="}, {"<=", "<="}, {"gt", ">"}, {">", ">"},
+                                                                   {"ge", ">="}, {">=", ">="}, {"in", "in"}};
+    if (auto c = comparisons.find(name); c != comparisons.end()) {
+      if (args.empty()) return err("the test '" + name + "' needs an argument");
+      MT_ASSIGN_OR_RETURN(Value r, compare(c->second, a, args[0]));
+      return truthy(r);
+    }
     if (a.undefined) return false;
     if (name == "none") return j.is_null();
     if (name == "string") return j.is_string();
@@ -896,6 +1042,17 @@ class Renderer {
     if (name == "mapping") return j.is_object() || static_cast<bool>(a.ns);
     if (name == "iterable") return j.is_array() || j.is_object() || j.is_string();
     if (name == "sequence") return j.is_array() || j.is_string();
+    if (name == "divisibleby") {
+      if (args.empty() || !args[0].json().is_number_integer() || !j.is_number_integer() || args[0].json().get<int64_t>() == 0)
+        return err("'divisibleby' needs two integers, the second not zero");
+      return j.get<int64_t>() % args[0].json().get<int64_t>() == 0;
+    }
+    if (name == "callable") return static_cast<bool>(a.macro);
+    if (name == "lower" || name == "upper") {
+      if (!j.is_string()) return false;
+      const std::string& t = j.get_ref<const std::string&>();
+      return std::none_of(t.begin(), t.end(), [&](char ch) { return name == "lower" ? std::isupper(static_cast<unsigned char>(ch)) : std::islower(static_cast<unsigned char>(ch)); });
+    }
     if (name == "even" || name == "odd") {
       if (!j.is_number_integer()) return err("'" + name + "' needs an integer");
       return (j.get<int64_t>() % 2 == 0) == (name == "even");
@@ -961,6 +1118,25 @@ class Renderer {
     out += j.dump(-1, ' ', false, Json::error_handler_t::replace);
   }
 
+  // Python's json.dumps(x, ensure_ascii=False, indent=n): one item per line, ",\n" between them.
+  static void dump_py_indented(const Json& j, int indent, int level, std::string& out) {
+    if ((!j.is_array() && !j.is_object()) || j.empty()) {
+      dump_py(j, out);
+      return;
+    }
+    const std::string pad(static_cast<size_t>(indent * (level + 1)), ' '), end_pad(static_cast<size_t>(indent * level), ' ');
+    out += j.is_array() ? "[\n" : "{\n";
+    bool first = true;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      out += first ? "" : ",\n";
+      first = false;
+      out += pad;
+      if (j.is_object()) out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace) + ": ";
+      dump_py_indented(*it, indent, level + 1, out);
+    }
+    out += "\n" + end_pad + (j.is_array() ? "]" : "}");
+  }
+
   Result<std::vector<Value>> args_of(const Expr& e) {
     std::vector<Value> v;
     for (const ExprP& x : e.args) {
@@ -970,11 +1146,87 @@ class Renderer {
     return v;
   }
 
+  // An item's attribute by a dotted path ("function.name"; digits index lists); undefined when missing.
+  static Value attribute(const Json& x, const std::string& path) {
+    const Json* at = &x;
+    size_t b = 0;
+    while (b <= path.size()) {
+      size_t e = path.find('.', b);
+      if (e == std::string::npos) e = path.size();
+      const std::string part = path.substr(b, e - b);
+      if (at->is_object() && at->contains(part)) at = &(*at)[part];
+      else if (at->is_array() && !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit) && std::stoul(part) < at->size())
+        at = &(*at)[std::stoul(part)];
+      else return Value::undef();
+      b = e + 1;
+    }
+    return Value::of(*at);
+  }
+
   Result<Value> filter(const Expr& e) {
     MT_ASSIGN_OR_RETURN(Value a, eval(*e.a));
     MT_ASSIGN_OR_RETURN(std::vector<Value> args, args_of(e));
+    std::map<std::string, Value> kwargs;
+    for (const auto& [k, x] : e.kwargs) {
+      MT_ASSIGN_OR_RETURN(kwargs[k], eval(*x));
+    }
     const Json& j = a.json();
     const std::string& f = e.name;
+    if (f == "selectattr" || f == "rejectattr" || f == "select" || f == "reject") {
+      // select(test, args...), selectattr(attribute, test, args...); no test: the value's truth.
+      const bool by_attr = f == "selectattr" || f == "rejectattr", keep = f == "selectattr" || f == "select";
+      if (by_attr && args.empty()) return err("'" + f + "' needs an attribute name");
+      const size_t t = by_attr ? 1 : 0;
+      const std::string test_name = t < args.size() ? str(args[t]) : "";
+      const std::vector<Value> test_args(args.begin() + static_cast<std::ptrdiff_t>(std::min(args.size(), t + 1)), args.end());
+      Json out = Json::array();
+      if (a.undefined || j.is_null()) return Value::of(out);
+      if (!j.is_array()) return err("'" + f + "' of " + repr(j) + ": expected a list");
+      for (const Json& x : j) {
+        const Value v = by_attr ? attribute(x, str(args[0])) : Value::of(x);
+        bool pass = false;
+        if (test_name.empty()) pass = truthy(v);
+        else {
+          MT_ASSIGN_OR_RETURN(pass, test(test_name, v, test_args));
+        }
+        if (pass == keep) out.push_back(x);
+      }
+      return Value::of(out);
+    }
+    if (f == "map") {  // map(attribute='x', default=...) or map('filter', args...)
+      Json out = Json::array();
+      if (a.undefined || j.is_null()) return Value::of(out);
+      if (!j.is_array()) return err("'map' of " + repr(j) + ": expected a list");
+      if (auto at = kwargs.find("attribute"); at != kwargs.end()) {
+        const auto fallback = kwargs.find("default");
+        for (const Json& x : j) {
+          const Value v = attribute(x, str(at->second));
+          out.push_back(v.undefined && fallback != kwargs.end() ? fallback->second.json() : v.json());
+        }
+        return Value::of(out);
+      }
+      if (args.empty()) return err("'map' needs attribute= or a filter name");
+      for (const Json& x : j) {
+        Expr sub;
+        sub.kind = Expr::kFilter;
+        sub.name = str(args[0]);
+        sub.a = std::make_shared<Expr>();
+        sub.a->lit = x;
+        for (size_t k = 1; k < args.size(); ++k) {
+          auto lit = std::make_shared<Expr>();
+          lit->lit = args[k].json();
+          sub.args.push_back(lit);
+        }
+        MT_ASSIGN_OR_RETURN(Value v, filter(sub));
+        out.push_back(v.json());
+      }
+      return Value::of(out);
+    }
+    if (f == "tojson" && kwargs.count("indent") && kwargs["indent"].json().is_number_integer()) {
+      std::string s;
+      dump_py_indented(j, static_cast<int>(kwargs["indent"].json().get<int64_t>()), 0, s);
+      return Value::of(s);
+    }
     if (f == "replace" && args.size() < 2) return err("'replace' needs two arguments");
     if (f != "strip" && f != "lstrip" && f != "rstrip")  // methods, not filters; trim is the filter
       if (auto r = string_op(f == "trim" ? "strip" : f, str(a), args)) return Value::of(*r);
@@ -1037,9 +1289,19 @@ class Renderer {
   }
 
   Result<Value> call(const Expr& e) {
+    if (e.a->kind == Expr::kName)
+      if (const Value* m = lookup(e.a->name); m != nullptr && m->macro != nullptr) return call_macro(*m->macro, e);
     MT_ASSIGN_OR_RETURN(std::vector<Value> args, args_of(e));
     if (e.a->kind == Expr::kName) {
       const std::string& f = e.a->name;
+      if (f == "strftime_now") {  // transformers' global: the local time now, formatted
+        const std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        char b[256];
+        const size_t n = std::strftime(b, sizeof(b), args.empty() ? "" : str(args[0]).c_str(), &tm);
+        return Value::of(std::string(b, n));
+      }
       if (f == "namespace") {
         Value v;
         v.ns = std::make_shared<Json>(Json::object());
@@ -1121,6 +1383,8 @@ class Renderer {
 
   std::vector<std::map<std::string, Value>> scopes_;
   int line_ = 1;
+  size_t floor_ = 0;  // the first scope of the macro being rendered (0: none)
+  int depth_ = 0;     // macro calls in progress
 };
 
 }  // namespace

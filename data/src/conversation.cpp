@@ -2,6 +2,7 @@
 #include "megatrain/data/conversation.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace megatrain::data {
 
@@ -9,31 +10,32 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// U+E000 and U+E001 (private use) around the message's index.
+// Private-use characters around a message's index: U+E000 n U+E001 marks where a content ends,
+// U+E002 n U+E001 where it starts.
 constexpr const char* kOpen = "\xEE\x80\x80";
+constexpr const char* kOpenStart = "\xEE\x80\x82";
 constexpr const char* kClose = "\xEE\x80\x81";
 constexpr size_t kMarkLen = 3;
 
-std::string marker(size_t k) { return kOpen + std::to_string(k) + kClose; }
-
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
-// The content with the marker before its trailing whitespace.
-std::string marked(const std::string& content, size_t k) {
+// The content with the end marker before its trailing whitespace, or the start marker before it.
+std::string marked(const std::string& content, size_t k, bool start = false) {
+  if (start) return kOpenStart + std::to_string(k) + kClose + content;
   size_t end = content.size();
   while (end > 0 && is_ascii_space(content[end - 1])) --end;
-  return content.substr(0, end) + marker(k) + content.substr(end);
+  return content.substr(0, end) + kOpen + std::to_string(k) + kClose + content.substr(end);
 }
 
-// Removes the markers from `text`; `at[k]` is where message k's marker was (in the text without
-// markers), or npos. False when a marker is malformed or repeated.
-bool strip_markers(const std::string& text, size_t messages, std::string& out, std::vector<size_t>& at) {
+// Removes the markers (opened by `open`) from `text`; `at[k]` is where message k's marker was (in
+// the text without markers), or npos. False when a marker is malformed or repeated.
+bool strip_markers(const std::string& text, size_t messages, std::string& out, std::vector<size_t>& at, const char* open_mark = kOpen) {
   at.assign(messages, std::string::npos);
   out.clear();
   out.reserve(text.size());
   size_t i = 0;
   for (;;) {
-    const size_t open = text.find(kOpen, i);
+    const size_t open = text.find(open_mark, i);
     out.append(text, i, (open == std::string::npos ? text.size() : open) - i);
     if (open == std::string::npos) return true;
     const size_t close = text.find(kClose, open + kMarkLen);
@@ -77,6 +79,20 @@ Result<ConversationRenderer> ConversationRenderer::create(const Tokenizer& tok, 
       {Json::array({msg("user", "Hi"), msg("assistant", marked("Sure.", 1)), msg("user", "Thanks")}), 3},
       {Json::array({msg("system", "Be brief."), msg("user", "Hi"), msg("assistant", marked("Sure.", 2)), msg("user", "Thanks")}), 4},
   };
+  // The turn header: what stands between the generation prompt and an assistant's content.
+  {
+    const Json conv = Json::array({msg("user", "Hi"), msg("assistant", "Sure.")});
+    auto full = r.render_text(conv, nullptr, false);
+    auto prompt = r.render_text(Json::array({conv[0]}), nullptr, true);
+    std::optional<std::vector<size_t>> cache;
+    if (full.ok() && prompt.ok() && full->compare(0, prompt->size(), *prompt) == 0) {
+      auto starts = r.content_starts(conv, nullptr, *full, cache);
+      if (starts.ok() && (*starts)[1] != std::string::npos && (*starts)[1] >= prompt->size()) {
+        r.header_ = full->substr(prompt->size(), (*starts)[1] - prompt->size());
+        r.header_known_ = true;
+      }
+    }
+  }
   for (const auto& [conv, n] : probes) {
     auto text = r.render_text(conv, nullptr, false);
     if (!text.ok()) continue;  // a template may refuse a probe (roles it does not take, say)
@@ -95,6 +111,22 @@ Result<ConversationRenderer> ConversationRenderer::create(const Tokenizer& tok, 
   return r;
 }
 
+Result<std::vector<size_t>> ConversationRenderer::content_starts(const Json& messages, const Json& tools, const std::string& text,
+                                                                 std::optional<std::vector<size_t>>& cache) const {
+  if (cache) return *cache;
+  Json mark = messages;
+  for (size_t k = 0; k < mark.size(); ++k)
+    if (mark[k].is_object() && mark[k].contains("content") && mark[k]["content"].is_string())
+      mark[k]["content"] = marked(mark[k]["content"].get<std::string>(), k, true);
+  std::vector<size_t> at(messages.size(), std::string::npos);
+  auto with_marks = render_text(mark, tools, false);
+  std::string plain;
+  if (!with_marks.ok() || !strip_markers(*with_marks, messages.size(), plain, at, kOpenStart) || plain != text)
+    at.assign(messages.size(), std::string::npos);  // the contents cannot be traced this way: no fallback
+  cache = at;
+  return *cache;
+}
+
 Result<std::string> ConversationRenderer::render_text(const Json& messages, const Json& tools, bool generation) const {
   Json ctx = context_;
   ctx["messages"] = messages;
@@ -108,8 +140,9 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
   RenderedConversation out;
   MT_ASSIGN_OR_RETURN(out.text, render_text(messages, tools, false));
   if (!spans) return out;
-  if (out.text.find(kOpen) != std::string::npos)
-    return invalid_argument("the conversation holds the character U+E000, which finding the assistant turns needs for itself; train it with train_on all");
+  if (out.text.find(kOpen) != std::string::npos || out.text.find(kOpenStart) != std::string::npos)
+    return invalid_argument("the conversation holds the character U+E000 or U+E002, which finding the assistant turns needs for itself; "
+                            "train it with train_on all");
   // Where each message's content lands in the rendering.
   Json mark = messages;
   for (size_t k = 0; k < mark.size(); ++k)
@@ -122,6 +155,7 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
     return invalid_argument("the chat template rewrites the messages' contents in a way that hides where they are, so the assistant turns "
                             "cannot be found; train this dataset with train_on all");
   size_t done = 0;  // where the previous turn ended
+  std::optional<std::vector<size_t>> starts_cache;
   for (size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || m["role"] != "assistant") continue;
@@ -132,10 +166,19 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
     if (!prompt.ok())
       return invalid_argument(which + ": the conversation before it, rendered with the generation prompt, fails: " + prompt.status().message() +
                               "; train this dataset with train_on all");
-    if (out.text.compare(0, prompt->size(), *prompt) != 0)
-      return invalid_argument(which + ": the conversation before it rendered with the generation prompt is not where the whole conversation "
-                              "starts, so the turn's start cannot be found; train this dataset with train_on all");
-    const size_t begin = prompt->size();
+    size_t begin = prompt->size();
+    if (out.text.compare(0, prompt->size(), *prompt) != 0) {
+      // A template that renders earlier turns by what follows them (Mistral-Nemo puts the system
+      // prompt into the last user turn): the turn starts the learned header before its content.
+      MT_ASSIGN_OR_RETURN(const std::vector<size_t>& starts, content_starts(messages, tools, out.text, starts_cache));
+      const size_t cs = starts[i];
+      if (!header_known_ || cs == std::string::npos || cs < header_.size() ||
+          out.text.compare(cs - header_.size(), header_.size(), header_) != 0)
+        return invalid_argument(which + ": the conversation before it rendered with the generation prompt is not where the whole conversation "
+                                "starts, and no known turn header precedes its content, so the turn's start cannot be found; train this "
+                                "dataset with train_on all");
+      begin = cs - header_.size();
+    }
     const size_t from = at[i] != std::string::npos ? std::max(at[i], begin) : begin;
     size_t limit = out.text.size();  // no further than the next message's content
     for (size_t k = i + 1; k < messages.size(); ++k)

@@ -313,5 +313,27 @@ TEST(ChatDatasets, TemplatesThatHideTheTurnsAreRefusedByName) {
   EXPECT_NE(e.find("no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)"), std::string::npos) << e;
 }
 
-}  // namespace
+// A template that renders an earlier turn by what follows it, as Mistral-Nemo's puts the system
+// prompt into the last user turn only: the conversation before an assistant turn, with the
+// generation prompt, is not a prefix of the whole, so the turn starts at its content (the learned
+// header here is empty).
+TEST(ChatDatasets, TurnsOfATemplateThatMovesTheSystemPromptByHand) {
+  Scratch s;
+  const std::string t =
+      "{% if messages[0].role == 'system' %}{% set sys = messages[0].content %}{% set msgs = messages[1:] %}{% else %}"
+      "{% set msgs = messages %}{% endif %}{% for m in msgs %}{% if m.role == 'user' %}u {% if loop.last and sys is defined %}"
+      "{{ sys }} {% endif %}{{ m.content }}<eos>{% else %}{{ m.content }}<eos>{% endif %}{% endfor %}";
+  auto tok = Tokenizer::load(letters_chat_tokenizer(s, t));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto r = ConversationRenderer::create(*tok);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const Json msgs = Json::array({{{"role", "system"}, {"content", "be"}}, {{"role", "user"}, {"content", "hi"}},
+                                 {{"role", "assistant"}, {"content", "yo"}}, {{"role", "user"}, {"content", "ok"}},
+                                 {{"role", "assistant"}, {"content", "go"}}});
+  auto c = r->render(nlohmann::ordered_json(msgs), nullptr, true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->text, "u hi<eos>yo<eos>u ok<eos>go<eos>");
+  EXPECT_EQ(c->assistant, (std::vector<std::pair<size_t, size_t>>{{9, 16}, {25, 32}}));
+}
 
+}  // namespace

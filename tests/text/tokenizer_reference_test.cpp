@@ -189,6 +189,6 @@ TEST_P(TokenizerReference, EveryDocumentEncodesToTheReferenceIds) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TokenizerReference, ::testing::Values("llama3", "qwen3", "gptoss", "llama2"));
+INSTANTIATE_TEST_SUITE_P(Models, TokenizerReference, ::testing::Values("llama3", "qwen3", "gptoss", "llama2", "mistral_nemo"));
 
 }  // namespace

@@ -6,7 +6,12 @@
 //   start  the length of the conversation before it rendered with the generation prompt
 //          (messages[:i], add_generation_prompt=true), which must be a prefix of the whole
 //          rendering: the turn is what the model writes after that prompt (Qwen3's empty
-//          <think></think>, gpt-oss's channels, the content);
+//          <think></think>, gpt-oss's channels, the content). A template that renders earlier
+//          turns by what follows them (Mistral-Nemo puts the system prompt into the last user
+//          turn) fails that; then the turn starts the template's turn header (learned from a
+//          probe: what follows the generation prompt before the content) before its content,
+//          found with a marker U+E002 n U+E001 before it, when that header is there (a template
+//          that also trims the content's start gets no such fallback);
 //   end    the first end-of-turn token after the message's content: the content's place in the
 //          rendering is found by rendering it again with a marker (U+E000 n U+E001) after each
 //          message's content (before its trailing whitespace, so that trim and strip work as
@@ -19,6 +24,7 @@
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,7 +55,12 @@ class ConversationRenderer {
 
  private:
   Result<std::string> render_text(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools, bool generation) const;
+  // Where each message's content starts in `text` (npos where it cannot be traced), rendered once.
+  Result<std::vector<size_t>> content_starts(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                             const std::string& text, std::optional<std::vector<size_t>>& cache) const;
   ChatTemplate template_;
+  std::string header_;
+  bool header_known_ = false;
   const Tokenizer* tok_ = nullptr;
   nlohmann::ordered_json context_;
   std::vector<std::string> ends_;
