@@ -170,13 +170,19 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
     if (out.text.compare(0, prompt->size(), *prompt) != 0) {
       // A template that renders earlier turns by what follows them (Mistral-Nemo puts the system
       // prompt into the last user turn): the turn starts the learned header before its content.
+      // Only when the renderings part before the previous message's content ends: parting at the
+      // turn itself means the prompt is not how this turn starts (a thinking part, say), and the
+      // header would leave some of the turn out.
+      const size_t parted = static_cast<size_t>(
+          std::mismatch(prompt->begin(), prompt->end(), out.text.begin(), out.text.end()).first - prompt->begin());
+      const bool earlier = i > 0 && at[i - 1] != std::string::npos && parted < at[i - 1];
       MT_ASSIGN_OR_RETURN(const std::vector<size_t>& starts, content_starts(messages, tools, out.text, starts_cache));
       const size_t cs = starts[i];
-      if (!header_known_ || cs == std::string::npos || cs < header_.size() ||
+      if (!earlier || !header_known_ || cs == std::string::npos || cs < header_.size() ||
           out.text.compare(cs - header_.size(), header_.size(), header_) != 0)
         return invalid_argument(which + ": the conversation before it rendered with the generation prompt is not where the whole conversation "
-                                "starts, and no known turn header precedes its content, so the turn's start cannot be found; train this "
-                                "dataset with train_on all");
+                                "starts (they part at byte " + std::to_string(parted) + "), and no known turn header precedes its content "
+                                "after an earlier difference, so the turn's start cannot be found; train this dataset with train_on all");
       begin = cs - header_.size();
     }
     const size_t from = at[i] != std::string::npos ? std::max(at[i], begin) : begin;
@@ -191,9 +197,18 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
       const size_t f = out.text.find(e, from);
       if (f != std::string::npos && f + e.size() <= limit) end = std::min(end, f + e.size());
     }
+    if (end == std::string::npos) {
+      // A turn without the usual end (gpt-oss's tool call ends with <|call|>): the conversation up
+      // to this message, rendered alone, when it is where the whole starts.
+      Json upto = before;
+      upto.push_back(m);
+      auto through = render_text(upto, tools, false);
+      if (through.ok() && through->size() > begin && out.text.compare(0, through->size(), *through) == 0) end = through->size();
+    }
     if (end == std::string::npos)
-      return invalid_argument(which + ": no end-of-turn token (" + list_of(ends_) + ") after its content, so the turn's end cannot be found; " +
-                              "train this dataset with train_on all");
+      return invalid_argument(which + ": no end-of-turn token (" + list_of(ends_) + ") after its content, and the conversation up to it " +
+                              "rendered alone is not where the whole starts, so the turn's end cannot be found; train this dataset with " +
+                              "train_on all");
     if (begin < done) return invalid_argument(which + ": its turn starts inside the one before it");
     out.assistant.emplace_back(begin, end);
     done = end;

@@ -286,7 +286,12 @@ TEST(ChatDatasets, TemplatesThatHideTheTurnsAreRefusedByName) {
   auto docs = read_documents(s.write("c.jsonl", "\n" R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})" "\n"),
                              format, f);
   ASSERT_TRUE(docs.ok()) << docs.status().to_string();
-  auto error_with = [&](const std::string& chat_template, const std::string& train_on = "") {
+  std::string format3 = "auto";
+  auto docs3 = read_documents(s.write("d.jsonl", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},)"
+                                                 R"( {"role": "user", "content": "ok"}]})" "\n"),
+                              format3, f);
+  ASSERT_TRUE(docs3.ok()) << docs3.status().to_string();
+  auto error_with = [&](const std::string& chat_template, const std::string& train_on = "", bool three = false) {
     Scratch t;
     auto tok = Tokenizer::load(letters_chat_tokenizer(t, chat_template));
     if (!tok.ok()) return tok.status().message();
@@ -294,7 +299,7 @@ TEST(ChatDatasets, TemplatesThatHideTheTurnsAreRefusedByName) {
     o.seq_len = 8;
     o.train_on = train_on;
     SequenceHeader h;
-    auto rows = build_rows(*tok, *docs, format, o, h);
+    auto rows = build_rows(*tok, three ? *docs3 : *docs, format, o, h);
     return rows.ok() ? std::string("(accepted)") : rows.status().message();
   };
   EXPECT_EQ(error_with(kLettersTemplate), "(accepted)");
@@ -303,8 +308,13 @@ TEST(ChatDatasets, TemplatesThatHideTheTurnsAreRefusedByName) {
   e = error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }}<eos>{% endfor %}{% if add_generation_prompt %}b {% endif %}");
   EXPECT_NE(e.find("c.jsonl:2: assistant message 2 of 2: the conversation before it rendered with the generation prompt is not where"),
             std::string::npos) << e;
-  e = error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }} {% endfor %}");
-  EXPECT_NE(e.find("assistant message 2 of 2: no end-of-turn token (none) after its content"), std::string::npos) << e;
+  // No end token after the content: the turn ends where the conversation up to it ends when rendered
+  // alone, and is refused when that rendering is not where the whole starts.
+  EXPECT_EQ(error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }} {% endfor %}"), "(accepted)");
+  e = error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }}{% if loop.last and m.role == 'assistant' %}.{% else %} {% endif %}"
+                 "{% endfor %}{% if add_generation_prompt %}a {% endif %}", "", true);
+  EXPECT_NE(e.find("d.jsonl:1: assistant message 2 of 3: no end-of-turn token (none) after its content, and the conversation up to it"),
+            std::string::npos) << e;
   EXPECT_EQ(error_with("{% for m in messages %}{{ m.role[0] }} {{ m.content }} {% endfor %}", "all"), "(accepted)")
       << "train_on all needs no turns";
   e = error_with("{{ raise_exception('roles must alternate') }}", "all");
@@ -334,6 +344,27 @@ TEST(ChatDatasets, TurnsOfATemplateThatMovesTheSystemPromptByHand) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->text, "u hi<eos>yo<eos>u ok<eos>go<eos>");
   EXPECT_EQ(c->assistant, (std::vector<std::pair<size_t, size_t>>{{9, 16}, {25, 32}}));
+}
+
+// A turn that ends without an end-of-turn token (gpt-oss's tool calls end with <|call|>; here with
+// <pad>): it ends where the conversation up to it, rendered alone, ends.
+TEST(ChatDatasets, ATurnWithoutAnEndTokenEndsWhereItsRenderingEndsByHand) {
+  Scratch s;
+  const std::string t =
+      "{% for m in messages %}{% if m.role == 'user' %}u {{ m.content }}<eos>{% elif m.role == 'tool' %}t {{ m.content }}<eos>"
+      "{% elif m.tool_calls is defined %}a call<pad>{% else %}a {{ m.content }}<eos>{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}a {% endif %}";
+  auto tok = Tokenizer::load(letters_chat_tokenizer(s, t));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto r = ConversationRenderer::create(*tok);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(
+      R"([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]},)"
+      R"( {"role": "tool", "content": "r"}, {"role": "assistant", "content": "ok"}])");
+  auto c = r->render(msgs, nullptr, true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->text, "u hi<eos>a call<pad>t r<eos>a ok<eos>");
+  EXPECT_EQ(c->assistant, (std::vector<std::pair<size_t, size_t>>{{11, 20}, {30, 37}}));
 }
 
 }  // namespace

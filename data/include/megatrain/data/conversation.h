@@ -17,7 +17,9 @@
 //          message's content (before its trailing whitespace, so that trim and strip work as
 //          before), and the end-of-turn tokens are learned once per template from probe
 //          conversations: the special tokens that follow an assistant's content (<|eot_id|>,
-//          <|im_end|>, </s>, <|end|>, <|return|>, ...). The end token is part of the turn.
+//          <|im_end|>, </s>, <|end|>, <|return|>, ...). The end token is part of the turn. A turn
+//          with no such token (gpt-oss's tool call ends with <|call|>) ends where the
+//          conversation up to it, rendered alone, ends, when that is a prefix of the whole.
 // When a template breaks these rules (the prefix differs, a content is rewritten, no end token
 // follows), the conversation is refused by name: train it with train_on all, or fix the template.
 #pragma once
