@@ -66,7 +66,6 @@ Result<ConversationRenderer> ConversationRenderer::create(const Tokenizer& tok, 
                             "(messages, conversations) are rendered through the model's template");
   ConversationRenderer r;
   MT_ASSIGN_OR_RETURN(r.template_, ChatTemplate::parse(source));
-  r.tok_ = &tok;
   r.context_ = Json::object();
   for (const auto& [key, id] : {std::pair<const char*, int32_t>{"bos_token", tok.bos_id()}, {"eos_token", tok.eos_id()}, {"pad_token", tok.pad_id()}})
     if (id >= 0) r.context_[key] = tok.id_to_token(id);

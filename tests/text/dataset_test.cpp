@@ -323,6 +323,13 @@ TEST(ChatDatasets, TemplatesThatHideTheTurnsAreRefusedByName) {
   EXPECT_NE(e.find("no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template)"), std::string::npos) << e;
 }
 
+// The letters tokenizer with `chat_template`, rendering `messages` (JSON) with the assistant turns.
+megatrain::Result<RenderedConversation> render_with(const Scratch& s, const std::string& chat_template, const std::string& messages) {
+  MT_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(letters_chat_tokenizer(s, chat_template)));
+  MT_ASSIGN_OR_RETURN(ConversationRenderer r, ConversationRenderer::create(tok));
+  return r.render(nlohmann::ordered_json::parse(messages), nullptr, true);
+}
+
 // A template that renders an earlier turn by what follows it, as Mistral-Nemo's puts the system
 // prompt into the last user turn only: the conversation before an assistant turn, with the
 // generation prompt, is not a prefix of the whole, so the turn starts at its content (the learned
@@ -333,14 +340,8 @@ TEST(ChatDatasets, TurnsOfATemplateThatMovesTheSystemPromptByHand) {
       "{% if messages[0].role == 'system' %}{% set sys = messages[0].content %}{% set msgs = messages[1:] %}{% else %}"
       "{% set msgs = messages %}{% endif %}{% for m in msgs %}{% if m.role == 'user' %}u {% if loop.last and sys is defined %}"
       "{{ sys }} {% endif %}{{ m.content }}<eos>{% else %}{{ m.content }}<eos>{% endif %}{% endfor %}";
-  auto tok = Tokenizer::load(letters_chat_tokenizer(s, t));
-  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-  auto r = ConversationRenderer::create(*tok);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  const Json msgs = Json::array({{{"role", "system"}, {"content", "be"}}, {{"role", "user"}, {"content", "hi"}},
-                                 {{"role", "assistant"}, {"content", "yo"}}, {{"role", "user"}, {"content", "ok"}},
-                                 {{"role", "assistant"}, {"content", "go"}}});
-  auto c = r->render(nlohmann::ordered_json(msgs), nullptr, true);
+  auto c = render_with(s, t, R"([{"role": "system", "content": "be"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},)"
+                             R"( {"role": "user", "content": "ok"}, {"role": "assistant", "content": "go"}])");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->text, "u hi<eos>yo<eos>u ok<eos>go<eos>");
   EXPECT_EQ(c->assistant, (std::vector<std::pair<size_t, size_t>>{{9, 16}, {25, 32}}));
@@ -354,14 +355,8 @@ TEST(ChatDatasets, ATurnWithoutAnEndTokenEndsWhereItsRenderingEndsByHand) {
       "{% for m in messages %}{% if m.role == 'user' %}u {{ m.content }}<eos>{% elif m.role == 'tool' %}t {{ m.content }}<eos>"
       "{% elif m.tool_calls is defined %}a call<pad>{% else %}a {{ m.content }}<eos>{% endif %}{% endfor %}"
       "{% if add_generation_prompt %}a {% endif %}";
-  auto tok = Tokenizer::load(letters_chat_tokenizer(s, t));
-  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-  auto r = ConversationRenderer::create(*tok);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  const nlohmann::ordered_json msgs = nlohmann::ordered_json::parse(
-      R"([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]},)"
-      R"( {"role": "tool", "content": "r"}, {"role": "assistant", "content": "ok"}])");
-  auto c = r->render(msgs, nullptr, true);
+  auto c = render_with(s, t, R"([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]},)"
+                             R"( {"role": "tool", "content": "r"}, {"role": "assistant", "content": "ok"}])");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->text, "u hi<eos>a call<pad>t r<eos>a ok<eos>");
   EXPECT_EQ(c->assistant, (std::vector<std::pair<size_t, size_t>>{{11, 20}, {30, 37}}));

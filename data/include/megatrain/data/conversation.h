@@ -63,7 +63,6 @@ class ConversationRenderer {
   ChatTemplate template_;
   std::string header_;
   bool header_known_ = false;
-  const Tokenizer* tok_ = nullptr;
   nlohmann::ordered_json context_;
   std::vector<std::string> ends_;
 };
