@@ -127,7 +127,7 @@ Status unknown_shape(const Json& j, const std::string& where) {
 
 }  // namespace
 
-Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields) {
+Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields, int threads) {
   const std::string name = path.string();
   MT_RETURN_IF_ERROR(check_format(format, name));
   MT_ASSIGN_OR_RETURN(const std::string bytes, read_file(path));
@@ -157,29 +157,67 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
     }
     return docs;
   }
-  // JSON Lines: one record per line; blank lines are skipped.
-  size_t at = 0;
-  for (int64_t line = 1; at < bytes.size(); ++line) {
+  // JSON Lines: one record per line; blank lines are skipped. The first record decides the format
+  // (auto); then the lines are parsed on `threads` threads, each a strided share, and the first bad
+  // line (by number) is the error.
+  std::vector<std::pair<size_t, size_t>> lines;  // [begin, end) of each line, blank ones included
+  for (size_t at = 0; at < bytes.size();) {
     size_t end = bytes.find('\n', at);
     if (end == std::string::npos) end = bytes.size();
-    std::string_view text(bytes.data() + at, end - at);
+    lines.emplace_back(at, end);
     at = end + 1;
-    if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = name + ":" + std::to_string(line);
-    Json j;
-    try {
-      j = Json::parse(text);
-    } catch (const Json::exception& e) {
-      return invalid_argument(where + ": not valid JSON: " + e.what());
-    }
-    if (format == "auto") {
-      format = format_of(j, fields);
-      if (format.empty()) return unknown_shape(j, where);
-    }
-    MT_ASSIGN_OR_RETURN(Document d, document_of(j, format, fields, where));
-    docs.push_back(std::move(d));
   }
-  if (format == "auto") format = "text";  // an empty file
+  auto blank = [&](size_t k) {
+    return std::string_view(bytes.data() + lines[k].first, lines[k].second - lines[k].first).find_first_not_of(" \t\r") == std::string_view::npos;
+  };
+  auto parse = [&](size_t k, Json& j) -> Status {
+    try {
+      j = Json::parse(std::string_view(bytes.data() + lines[k].first, lines[k].second - lines[k].first));
+    } catch (const Json::exception& e) {
+      return invalid_argument(name + ":" + std::to_string(k + 1) + ": not valid JSON: " + e.what());
+    }
+    return {};
+  };
+  if (format == "auto") {
+    size_t k = 0;
+    while (k < lines.size() && blank(k)) ++k;
+    if (k == lines.size()) {
+      format = "text";  // an empty file
+      return docs;
+    }
+    Json j;
+    MT_RETURN_IF_ERROR(parse(k, j));
+    format = format_of(j, fields);
+    if (format.empty()) return unknown_shape(j, name + ":" + std::to_string(k + 1));
+  }
+  std::vector<std::optional<Document>> read(lines.size());
+  std::vector<Status> failed(lines.size());
+  const size_t n = static_cast<size_t>(std::max(1, std::min<int>(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()),
+                                                                   static_cast<int>(std::max<size_t>(lines.size() / 256, 1)))));
+  auto work = [&](size_t t) {
+    for (size_t k = t; k < lines.size(); k += n) {
+      if (blank(k)) continue;
+      Json j;
+      Status s = parse(k, j);
+      if (s.ok()) {
+        auto d = document_of(j, format, fields, name + ":" + std::to_string(k + 1));
+        if (d.ok()) read[k] = std::move(*d);
+        else s = d.status();
+      }
+      if (!s.ok()) {
+        failed[k] = s;
+        return;  // later lines of this share are not needed: an earlier error wins anyway
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& t : pool) t.join();
+  for (size_t k = 0; k < lines.size(); ++k) {
+    MT_RETURN_IF_ERROR(failed[k]);
+    if (read[k]) docs.push_back(std::move(*read[k]));
+  }
   return docs;
 }
 
@@ -302,7 +340,7 @@ Result<PrepareResult> prepare_dataset(const Tokenizer& tok, const std::vector<st
   std::vector<Document> docs;
   for (const std::string& in : inputs) {
     std::string f = format;
-    MT_ASSIGN_OR_RETURN(std::vector<Document> d, read_documents(in, f, fields));
+    MT_ASSIGN_OR_RETURN(std::vector<Document> d, read_documents(in, f, fields, options.threads));
     if (!r.format.empty() && f != r.format)
       return invalid_argument(in + ": " + f + " records, but the files before it hold " + r.format + " records");
     r.format = f;

@@ -98,7 +98,8 @@ size_t utf8_length(unsigned char lead) {
   return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
 }
 
-std::string normalize(std::string_view s, NormalForm form) {
+namespace {
+std::string normalize_all(std::string_view s, NormalForm form) {
   int options = UTF8PROC_STABLE;
   switch (form) {
     case NormalForm::kNfc: options |= UTF8PROC_COMPOSE; break;
@@ -113,6 +114,33 @@ std::string normalize(std::string_view s, NormalForm form) {
   std::string r(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
   std::free(out);
   return r;
+}
+bool ascii(char c) { return static_cast<unsigned char>(c) < 0x80; }
+}  // namespace
+
+// ASCII is left as it is by every normal form, and no ASCII character combines with the character
+// before it, so only the runs of other characters are normalized, each with the one ASCII
+// character before it (a base that a combining mark may compose with): exactly the whole text's
+// normalization, without running it over mostly-ASCII text.
+std::string normalize(std::string_view s, NormalForm form) {
+  size_t i = 0;
+  while (i < s.size() && ascii(s[i])) ++i;
+  if (i == s.size()) return std::string(s);
+  std::string out;
+  out.reserve(s.size() + s.size() / 8);
+  size_t done = 0;
+  while (i < s.size()) {
+    const size_t from = i > done ? i - 1 : i;
+    out.append(s.data() + done, from - done);
+    size_t end = i;
+    while (end < s.size() && !ascii(s[end])) ++end;
+    out += normalize_all(s.substr(from, end - from), form);
+    done = end;
+    i = end;
+    while (i < s.size() && ascii(s[i])) ++i;
+  }
+  out.append(s.data() + done, s.size() - done);
+  return out;
 }
 
 // ---- regexes ---------------------------------------------------------------------------------------

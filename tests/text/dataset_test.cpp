@@ -113,6 +113,25 @@ TEST(Datasets, BadRecordsAreNamedByFileLineAndField) {
   EXPECT_NE(e.find("format 'chatml'; accepted: auto, text, alpaca, messages, sharegpt, plain"), std::string::npos) << e;
   std::string format = "auto";
   EXPECT_EQ(read_documents(s.dir / "missing.jsonl", format, f).status().code(), megatrain::StatusCode::kNotFound);
+  // Lines are parsed on several threads: of two bad lines the first is named, and the documents
+  // keep the file's order.
+  std::string many;
+  for (int k = 1; k <= 3000; ++k) many += k == 2100 || k == 1700 ? "{\"text\": 1}\n" : "{\"text\": \"" + std::to_string(k) + "\"}\n";
+  for (int threads : {1, 2, 3}) {
+    std::string fm = "auto";
+    auto d = read_documents(s.write("many.jsonl", many), fm, f, threads);
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.status().message().find("many.jsonl:1700: 'text' is a number"), std::string::npos) << d.status().message();
+  }
+  many.replace(many.find("{\"text\": 1}"), 11, "{\"text\": \"a\"}");
+  many.replace(many.find("{\"text\": 1}"), 11, "{\"text\": \"b\"}");
+  std::string fm = "auto";
+  auto d = read_documents(s.write("many.jsonl", many), fm, f, 3);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_EQ(d->size(), 3000u);
+  EXPECT_EQ((*d)[0].answer, "1");
+  EXPECT_EQ((*d)[1699].answer, "a");
+  EXPECT_EQ((*d)[2999].answer, "3000");
 }
 
 TEST(Datasets, PackedRowsAndTheirMaskByHand) {

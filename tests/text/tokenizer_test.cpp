@@ -3,6 +3,7 @@
 // byte fallback, added tokens, decoding, and the errors that name what is not supported.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -29,6 +30,35 @@ TEST(ValidUtf8, EachMaximalSubpartBecomesOneReplacement) {
   EXPECT_EQ(valid_utf8("\xF4\x90\x80\x80"), r + r + r + r) << "above U+10FFFF";
   EXPECT_EQ(valid_utf8("\xF0\x9F\xA4\x97"), "\xF0\x9F\xA4\x97");
   EXPECT_EQ(valid_utf8(std::string("a\0b", 3)), std::string("a\0b", 3));
+}
+
+// Normalizers see only the runs of non-ASCII characters (with the ASCII character before each):
+// the result must be the whole text's normal form, including marks that compose with an ASCII base.
+// A tokenizer of byte tokens only (byte fallback) gives back the normalized bytes.
+TEST(Tokenizer, NormalFormsOfMixedTextByHand) {
+  auto normalized = [](const char* form, const std::string& text) {
+    Json vocab = Json::object();
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      vocab[name] = b;
+    }
+    const Json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}, {"byte_fallback", true}}},
+                    {"normalizer", {{"type", form}}},
+                    {"decoder", {{"type", "ByteFallback"}}}};
+    auto tok = Tokenizer::from_json(j.dump());
+    if (!tok.ok()) return tok.status().message();
+    auto back = tok->decode(tok->encode(text));
+    return back.ok() ? *back : back.status().message();
+  };
+  EXPECT_EQ(normalized("NFC", "plain ascii"), "plain ascii");
+  EXPECT_EQ(normalized("NFC", "cafe\xCC\x81 x"), "caf\xC3\xA9 x") << "e + U+0301 across the ASCII boundary";
+  EXPECT_EQ(normalized("NFC", "a<\xCC\xB8" "b"), "a\xE2\x89\xAE" "b") << "< + U+0338 is U+226E";
+  EXPECT_EQ(normalized("NFC", "xa\xCC\x81\xCC\xA3y"), "x\xE1\xBA\xA1\xCC\x81y") << "marks reordered: a + dot below, then acute";
+  EXPECT_EQ(normalized("NFC", "\xE1\x84\x80\xE1\x85\xA1" "a"), "\xEA\xB0\x80" "a") << "Hangul jamo compose";
+  EXPECT_EQ(normalized("NFD", "\xC3\xA9t\xC3\xA9"), "e\xCC\x81te\xCC\x81");
+  EXPECT_EQ(normalized("NFKC", "\xEF\xBC\xA1" "1\xEF\xBC\x92"), "A12") << "fullwidth letters and digits";
+  EXPECT_EQ(normalized("NFKD", "\xEF\xAC\x81" "x"), "fix") << "the fi ligature";
 }
 
 // A byte-level BPE over "abc" and spaces: the merges' ranks decide the order by hand.

@@ -55,8 +55,10 @@ struct Document {
 
 // The documents of one file. format: auto | text | alpaca | messages | sharegpt | plain (the
 // format found is written back). Errors name the file, the line (JSON Lines) or record (JSON), and
-// the field.
-Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields);
+// the field; with several bad lines, the first. JSON Lines are parsed on `threads` threads (0: every
+// core).
+Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields,
+                                             int threads = 0);
 
 struct PrepareOptions {
   int64_t seq_len = 0;
