@@ -36,6 +36,15 @@ class DuplicateKeyFinder {
   }
   // The path of the first duplicated key ("training.seq_len", "storage[1].path"), or "".
   const std::string& duplicate() const { return duplicate_; }
+  // The key path being read now ("training.lr"): where a parse stopped.
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (f.array) p += "[" + std::to_string(f.index) + "]";
+      else p += (p.empty() ? "" : ".") + f.key;
+    }
+    return p;
+  }
 
  private:
   struct Frame {
@@ -51,14 +60,6 @@ class DuplicateKeyFinder {
   }
   void element_done() {
     if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
-  }
-  std::string path() const {
-    std::string p;
-    for (const Frame& f : frames_) {
-      if (f.array) p += "[" + std::to_string(f.index) + "]";
-      else p += (p.empty() ? "" : ".") + f.key;
-    }
-    return p;
   }
   std::vector<Frame> frames_;
   std::string duplicate_;
@@ -86,6 +87,22 @@ Result<Json> parse_json(std::string_view text, const std::string& what) {
     return parse_error(what + ": not valid JSON at line " + std::to_string(line) + ", column " +
                        std::to_string(col) + (truncated ? " (the text ends early: truncated file?)" : "") +
                        ": " + reason);
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number too large for a double (1e999): nlohmann names the number, not where it is.
+    std::string reason = e.what();
+    const size_t q = reason.find('\''), q2 = q == std::string::npos ? q : reason.find('\'', q + 1);
+    const std::string number = q2 == std::string::npos ? std::string() : reason.substr(q + 1, q2 - q - 1);
+    std::string where;
+    if (const size_t at = number.empty() ? std::string::npos : text.find(number); at != std::string::npos) {
+      const size_t line = 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+      where = " at line " + std::to_string(line);
+    }
+    const std::string key = dup.path();
+    return parse_error(what + (key.empty() ? "" : ": " + key) + ": the number " + (number.empty() ? std::string("here") : number) +
+                       where + " is out of range: numbers must fit a double (magnitude at most 1.8e308)");
+  } catch (const nlohmann::json::exception& e) {
+    const std::string key = dup.path();
+    return parse_error(what + (key.empty() ? "" : ": " + key) + ": not valid JSON: " + e.what());
   }
   if (!dup.duplicate().empty())
     return invalid_argument(what + ": " + dup.duplicate() +

@@ -200,5 +200,19 @@ if [ -x "$bin/megatrain-bench-gui" ]; then
   check "bench-gui --width 50" "refused $? '--width: must be at least 100 (got 50)'"
 fi
 
+# ---- issue 32 row 1: a number too large for a double, in a plan, a config.json and a rig ----
+sed 's/"lr": 1e-3/"lr": 1e999/' "$tiny" >"$tmp/huge-lr.json"
+"$plan" simulate "$tmp/huge-lr.json" >"$tmp/out" 2>"$tmp/err"
+check "simulate: lr 1e999 is named (key, number, line), exit 1, no abort" \
+  "refused $? \"plan '$tmp/huge-lr.json': training.lr: the number 1e999 at line \" && grep -q 'must fit a double' $tmp/err"
+"$exe" "$tmp/huge-lr.json" --data "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"
+check "exec: lr 1e999 is named, exit 1, untrained" "refused $? 'training.lr: the number 1e999' && untrained"
+sed 's/"rope_theta": [0-9.e+]*/"rope_theta": -1e999/' "$src/profiles/models/tiny-llama-gqa.json" >"$tmp/huge-theta.json"
+"$plan" inspect --model "$tmp/huge-theta.json" >"$tmp/out" 2>"$tmp/err"
+check "inspect: rope_theta -1e999 is named, exit 1" "refused $? 'rope_theta: the number -1e999'"
+sed "0,/\"value\": 60000000000.0/s//\"value\": 1e400/" "$src/profiles/hardware/cpu-dev-2core.json" >"$tmp/huge-rig.json"
+"$plan" plan --model tiny-llama-gqa --rig "$tmp/huge-rig.json" >"$tmp/out" 2>"$tmp/err"
+check "plan --rig: a bandwidth of 1e400 is named, exit 1" "refused $? 'the number 1e400'"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]
