@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "detail/json_reader.h"
 #include "megatrain/core/profiles.h"
@@ -346,6 +347,40 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
       if (rs->find("original_max_position_embeddings") == rs->end())
         c.rope_original_max_position = static_cast<double>(c.max_position_embeddings);
     }
+  }
+
+  // Every count and byte figure downstream is an int64: a config whose sizes multiply past what
+  // can be counted (vocab_size and hidden_size 2^40) is refused here, before any is computed, and so
+  // is one with more tensors than can be listed (65,536 experts in each of 100,000 layers).
+  {
+    using Wide = long double;  // exact to 2^64, and no product of these sizes overflows it
+    auto sci = [](Wide x) {
+      char b[32];
+      std::snprintf(b, sizeof(b), "%.3g", static_cast<double>(x));
+      return std::string(b);
+    };
+    const Wide H = static_cast<Wide>(c.hidden_size), V = static_cast<Wide>(c.vocab_size), L = static_cast<Wide>(c.num_layers);
+    const Wide E = c.is_moe() ? static_cast<Wide>(c.num_experts) : 0;
+    const Wide q = static_cast<Wide>(c.num_heads) * static_cast<Wide>(c.head_dim);
+    const Wide kv = static_cast<Wide>(c.num_kv_heads) * static_cast<Wide>(c.head_dim);
+    const Wide dense = 3 * H * static_cast<Wide>(c.intermediate_size);
+    const Wide experts = E * (3 * H * static_cast<Wide>(c.moe_intermediate_size) + 2 * H) + E * H;
+    const Wide per_layer = 2 * q * H + 2 * kv * H + (dense > experts ? dense : experts) + 4 * H;
+    const Wide total = V * H * (c.tie_word_embeddings ? 1 : 2) + L * per_layer + H;
+    constexpr Wide kMaxParameters = 1125899906842624.0L;  // 2^50 = 1.1e15: a thousand times the largest models
+    if (total > kMaxParameters)
+      return invalid_argument(what + ": the sizes (vocab_size " + std::to_string(c.vocab_size) + ", hidden_size " +
+                              std::to_string(c.hidden_size) + ", intermediate_size " + std::to_string(c.intermediate_size) +
+                              ", num_hidden_layers " + std::to_string(c.num_layers) + ", heads x head_dim " + std::to_string(c.num_heads) +
+                              " x " + std::to_string(c.head_dim) + (E > 0 ? ", num_experts " + std::to_string(c.num_experts) +
+                                                                            " x moe_intermediate_size " + std::to_string(c.moe_intermediate_size)
+                                                                      : std::string()) +
+                              ") give about " + sci(total) +
+                              " parameters; at most 2^50 (1.1e15) can be counted and stored");
+    const Wide tensors = L * (12 + (c.moe == "mixtral" || c.moe == "qwen3_moe" ? 3 * E : 0)) + 3;
+    if (tensors > 16777216.0L)
+      return invalid_argument(what + ": num_hidden_layers " + std::to_string(c.num_layers) + " x num_experts " + std::to_string(c.num_experts) +
+                              " give about " + sci(tensors) + " tensors; at most 2^24 (16.8 million)");
   }
 
   ModelSpec spec;

@@ -214,5 +214,30 @@ sed "0,/\"value\": 60000000000.0/s//\"value\": 1e400/" "$src/profiles/hardware/c
 "$plan" plan --model tiny-llama-gqa --rig "$tmp/huge-rig.json" >"$tmp/out" 2>"$tmp/err"
 check "plan --rig: a bandwidth of 1e400 is named, exit 1" "refused $? 'the number 1e400'"
 
+# ---- issue 32 row 12: sizes whose products overflow int64 ----
+python3 - "$src/profiles/models/tiny-llama-gqa.json" "$tmp/wide.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["vocab_size"] = j["hidden_size"] = 2 ** 40
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$plan" inspect --model "$tmp/wide.json" >"$tmp/out" 2>"$tmp/err"
+check "inspect: vocab_size and hidden_size 2^40 are refused with the count, exit 1" \
+  "refused $? 'vocab_size 1099511627776, hidden_size 1099511627776' && grep -q 'at most 2^50' $tmp/err && ! grep -q embedding $tmp/out"
+python3 - "$src/profiles/models/tiny-qwen3-moe.json" "$tmp/experts.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["num_experts"], j["moe_intermediate_size"] = 65536, 2 ** 40
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$plan" inspect --model "$tmp/experts.json" >"$tmp/out" 2>"$tmp/err"
+check "inspect: 65536 experts of 2^40 are refused with the count, exit 1" "refused $? 'num_experts 65536 x moe_intermediate_size 1099511627776'"
+python3 -c "import json, sys; j = json.load(open(sys.argv[1])); j['model'] = sys.argv[2]; json.dump(j, open(sys.argv[3], 'w'))" \
+  "$tiny" "$tmp/wide.json" "$tmp/wide-plan.json"
+"$plan" simulate "$tmp/wide-plan.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "simulate a plan of that model: refused too" "[ $rc -ne 0 ] && grep -q 'at most 2^50' $tmp/err"
+"$exe" "$tmp/wide-plan.json" --data "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "exec a plan of that model: refused too, untrained" "[ $rc -ne 0 ] && grep -q 'at most 2^50' $tmp/err && untrained"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]
