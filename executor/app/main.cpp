@@ -16,7 +16,8 @@ int fail(const megatrain::Status& s) {
   return 1;
 }
 
-// SIGINT/SIGTERM only set this; the training loop finishes its step, saves and exits 128 + signal.
+// SIGINT, SIGTERM and SIGHUP (an ssh session that drops) only set this; the training loop finishes
+// its step, saves and exits 128 + signal.
 // SA_RESETHAND: a second signal takes the default action and stops the process at once (the last
 // complete checkpoint stays intact: a checkpoint becomes visible only when complete).
 std::atomic<int> g_stop_signal{0};
@@ -30,6 +31,7 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART | SA_RESETHAND;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
 }
 
 }  // namespace

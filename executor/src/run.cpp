@@ -305,7 +305,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
       MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, done, out));
     }
     if (sig != 0 && done < total) {
-      say(out, "stopped by %s after step %lld of %lld; %s", sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(done),
+      say(out, "stopped by %s after step %lld of %lld; %s", sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : sig == SIGTERM ? "SIGTERM" : "a signal", static_cast<long long>(done),
           static_cast<long long>(total), o.checkpoint_dir.empty() ? "nothing saved (no --checkpoint-dir)" : "continue with --resume");
       MT_RETURN_IF_ERROR(write_trace(o, *trainer, plan_text, out));
       summary.stop_signal = sig;

@@ -93,5 +93,15 @@ check "the checkpoint is of the last step printed" "[ -n '$saved' ] && [ \"\$(lo
 "$exe" "$plan" --data "$tmp/text.txt" --steps $((saved + 1)) --checkpoint-dir "$tmp/S" --resume >"$tmp/out" 2>"$tmp/err"
 check "the interrupted run resumes" "[ $? -eq 0 ] && [ \"\$(losses $tmp/out | cut -d' ' -f1)\" = '$((saved + 1))' ]"
 
+# SIGHUP (the ssh session that started the run dropped): saved like SIGINT and SIGTERM, exit 129.
+"$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/H" >"$tmp/h.out" 2>"$tmp/h.err" &
+bg=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/h.out" 2>/dev/null && break; sleep 0.1; done
+kill -HUP "$bg"
+wait "$bg"
+rc=$?
+bg=""
+check "SIGHUP exits 129 after saving" "[ $rc -eq 129 ] && grep -q 'stopped by SIGHUP' $tmp/h.out && [ -f $tmp/H/latest ]"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

@@ -41,7 +41,7 @@ struct RunCallbacks {
   // Called once, right before the first step runs (megatrain-exec installs its signal handlers here,
   // so that a signal while loading still stops the process at once).
   std::function<void()> before_first_step;
-  // Polled after every step: nonzero (a signal number, SIGINT or SIGTERM) stops the run after that
+  // Polled after every step: nonzero (a signal number, SIGINT, SIGTERM or SIGHUP) stops the run after that
   // step, with a checkpoint when there is a checkpoint_dir.
   std::function<int()> stop_requested;
 };
