@@ -75,6 +75,8 @@ Status write_sequence_file(const std::filesystem::path& path, SequenceHeader hea
 }
 
 bool SequenceFile::is_sequence_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;  // a FIFO's open would wait for a writer
   std::ifstream in(path, std::ios::binary);
   char m[8] = {};
   return in.read(m, 8) && std::memcmp(m, kSequenceMagic, 8) == 0;
@@ -82,7 +84,7 @@ bool SequenceFile::is_sequence_file(const std::filesystem::path& path) {
 
 Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
   const std::string name = path.string();
-  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
   if (fd < 0) return not_found(name + ": cannot be opened: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

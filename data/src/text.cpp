@@ -78,6 +78,10 @@ std::string utf8_of(uint32_t cp) {
 }
 
 Result<std::string> read_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    return invalid_argument(path.string() + ": not a regular file (a FIFO, device or folder would never end or not be text); expected a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return not_found(path.string() + ": cannot be read");
   std::ostringstream ss;

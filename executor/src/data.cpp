@@ -117,6 +117,18 @@ TokenFile TokenFile::from_tokens(std::vector<uint32_t> tokens, std::string name)
   return f;
 }
 
+namespace {
+// What a file that is not regular is, for messages.
+std::string file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a directory";
+  return "a special file";
+}
+}  // namespace
+
 Result<TokenFile> TokenFile::open(const std::filesystem::path& path, TokenFormat format) {
   const std::string name = path.string();
   std::error_code ec;
@@ -124,10 +136,18 @@ Result<TokenFile> TokenFile::open(const std::filesystem::path& path, TokenFormat
   if (std::filesystem::is_directory(path, ec))
     return invalid_argument("token file '" + name + "' is a directory; expected a file of tokens");
 
-  FdCloser fd{::open(name.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read.
+  FdCloser fd{::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (fd.fd < 0) return io_error("cannot open token file '" + name + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0) return io_error("cannot stat token file '" + name + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return invalid_argument("token file '" + name + "' is " + file_kind(st.st_mode) +
+                            ", not a regular file; expected a file of tokens (llm.c .bin, raw .u16/.u32, or text)");
+  // /proc and /sys files report 0 bytes whatever they hold: they would read as no tokens.
+  if (st.st_size == 0 && (name.rfind("/proc/", 0) == 0 || name.rfind("/sys/", 0) == 0))
+    return invalid_argument("token file '" + name + "' reports 0 bytes, as /proc and /sys files do whatever they hold; expected a file "
+                            "of tokens (copy it to a regular file first)");
   const int64_t file_bytes = st.st_size;
 
   void* map = nullptr;

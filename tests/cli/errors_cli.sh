@@ -239,5 +239,18 @@ check "simulate a plan of that model: refused too" "[ $rc -ne 0 ] && grep -q 'at
 "$exe" "$tmp/wide-plan.json" --data "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "exec a plan of that model: refused too, untrained" "[ $rc -ne 0 ] && grep -q 'at most 2^50' $tmp/err && untrained"
 
+# ---- issue 32 row 8: a FIFO, a device or a /proc file as --data: refused at once, not a hang ----
+mkfifo "$tmp/fifo"
+timeout 20 "$exe" "$tiny" --data "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "exec --data FIFO: refused naming it, no hang" "[ $rc -eq 1 ] && grep -q \"'$tmp/fifo' is a FIFO, not a regular file\" $tmp/err && untrained"
+timeout 20 "$exe" "$tiny" --data /dev/zero >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "exec --data /dev/zero: refused as a character device" "[ $rc -eq 1 ] && grep -q 'is a character device, not a regular file' $tmp/err"
+timeout 20 "$exe" "$tiny" --data /proc/self/status >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "exec --data /proc/self/status: refused, the /proc reason given" "[ $rc -eq 1 ] && grep -q 'as /proc and /sys files do whatever they hold' $tmp/err"
+timeout 20 "$bin/megatrain-data" inspect "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "megatrain-data inspect FIFO: refused, no hang" "[ $rc -eq 1 ] && grep -q 'not a regular file' $tmp/err"
+timeout 20 "$bin/megatrain-data" encode --tokenizer "$tmp/fifo" --text a >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "megatrain-data --tokenizer FIFO: refused, no hang" "[ $rc -eq 1 ] && grep -q 'not a regular file' $tmp/err"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]
