@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "detail/checkpoint_files.h"
@@ -45,6 +46,9 @@ std::string utc_now() {
   std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return b;
 }
+
+// `latest`'s text: the step directory's name, then the XXH64 of that name.
+std::string latest_text(const std::string& name) { return name + "\nxxh64 " + hex64(xxh64(name.data(), name.size())) + "\n"; }
 
 }  // namespace
 
@@ -137,7 +141,7 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   // temporary keeps the name remove_stale_temporaries knows (".latest.tmp-<pid>").
   const fs::path latest_tmp = checkpoint_dir / (".latest.tmp-" + pid);
   fs::remove(latest_tmp, ec);
-  if (Status s = write_new_file(latest_tmp, name + "\n"); !s.ok())
+  if (Status s = write_new_file(latest_tmp, latest_text(name)); !s.ok())
     return io_error(published + "'latest' was not updated: " + s.message());
   if (Status s = publish(latest_tmp, checkpoint_dir / kLatestFile); !s.ok()) {
     fs::remove(latest_tmp, ec);
@@ -175,19 +179,34 @@ Status apply(const Verified& v, HostState& state) {
   return {};
 }
 
-// The newest step directory of `root`: the one `latest` names when that is a directory, otherwise
-// the highest-numbered step-* directory.
-Result<fs::path> newest_step_dir(const fs::path& root) {
+// The newest step directory of `root`: the one `latest` names when `latest` is intact and names a
+// step directory, otherwise the highest-numbered step-* directory, with `note` saying why. `latest`
+// carries the XXH64 of the name (its second line), so one flipped bit is not read as an older step;
+// a `latest` without that line (written before it existed) is taken as it is.
+Result<fs::path> newest_step_dir(const fs::path& root, std::string* note = nullptr) {
   auto latest = read_small_file(root / kLatestFile, 4096);
+  std::string why;
   if (latest.ok()) {
-    std::string name = *latest;
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    const std::string& t = *latest;
+    const size_t nl = t.find('\n');
+    std::string name = t.substr(0, nl), rest = nl == std::string::npos ? std::string() : t.substr(nl + 1);
+    while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+    while (!rest.empty() && (rest.back() == '\n' || rest.back() == '\r' || rest.back() == ' ')) rest.pop_back();
     std::error_code ec;
-    if (parse_step_dir_name(name) && fs::is_directory(root / name, ec)) return root / name;
+    if (!rest.empty() && rest != "xxh64 " + hex64(xxh64(name.data(), name.size())))
+      why = "is damaged (its checksum does not match the step it names, '" + name + "')";
+    else if (!parse_step_dir_name(name)) why = "does not name a step directory";
+    else if (!fs::is_directory(root / name, ec)) why = "names '" + name + "', which does not exist";
+    else return root / name;
+  } else {
+    why = "is missing or unreadable";
   }
   auto dirs = list_step_dirs(root);
   if (dirs.empty())
     return not_found("no checkpoint in '" + root.string() + "' (no 'latest' file naming a step directory, no step-* directory)");
+  if (note != nullptr)
+    *note = "'" + (root / kLatestFile).string() + "' " + why + ": resuming from the highest-numbered step, '" +
+            dirs.front().second.filename().string() + "'";
   return dirs.front().second;
 }
 
@@ -206,8 +225,9 @@ Result<LoadedCheckpoint> load_checkpoint(const fs::path& path, HostState& state)
     return invalid_argument("'" + path.string() + "' is not a directory; expected a checkpoint directory or a step-* directory in it");
   const bool step_dir = fs::exists(path / kManifestFile, ec) || parse_step_dir_name(path.filename().string()).has_value();
   fs::path dir = path;
+  std::string note;
   if (!step_dir) {
-    MT_ASSIGN_OR_RETURN(dir, newest_step_dir(path));
+    MT_ASSIGN_OR_RETURN(dir, newest_step_dir(path, &note));
   }
   auto v = verify_step_dir(dir, state);
   if (!v.ok()) {
@@ -225,7 +245,7 @@ Result<LoadedCheckpoint> load_checkpoint(const fs::path& path, HostState& state)
     return v.status();
   }
   MT_RETURN_IF_ERROR(apply(*v, state));
-  return LoadedCheckpoint{dir, std::move(v->info)};
+  return LoadedCheckpoint{dir, std::move(v->info), note};
 }
 
 // ---- resume compatibility ------------------------------------------------------------------------
@@ -239,6 +259,29 @@ Status check_resume_compatible(const CheckpointInfo& saved, const Plan& plan, co
   if (saved.model_name != model.name()) return differs("model", "'" + saved.model_name + "'", "'" + model.name() + "'", "plan");
   if (saved.parameters != model.parameter_counts().total)
     return differs("model parameters", std::to_string(saved.parameters), std::to_string(model.parameter_counts().total), "plan");
+  // The whole model: the checkpoint's config.json (verified with its checksum) against the model's,
+  // key by key, leaving out the keys that do not change the numbers.
+  if (!saved.hf_config_json.empty()) {
+    const Json was = Json::parse(saved.hf_config_json, nullptr, false), now = Json::parse(hf_checkpoint_config(model), nullptr, false);
+    if (!was.is_object()) return corrupt("cannot resume: the checkpoint's config.json is not a JSON object");
+    static const std::set<std::string> kNoEffect = {"_name_or_path", "transformers_version", "torch_dtype", "use_cache", "bos_token_id",
+                                                    "eos_token_id", "pad_token_id", "quantization_config", "output_router_logits"};
+    std::vector<std::string> keys;
+    for (const auto& [k, _] : was.items()) keys.push_back(k);
+    for (const auto& [k, _] : now.items())
+      if (!was.contains(k)) keys.push_back(k);
+    std::string list;
+    for (const std::string& k : keys) {
+      if (kNoEffect.count(k)) continue;
+      const Json a = was.value(k, Json()), b = now.value(k, Json());
+      if (a != b) list += (list.empty() ? "" : ", ") + k + " " + (a.is_null() ? std::string("(absent)") : a.dump()) + " -> " +
+                          (b.is_null() ? std::string("(absent)") : b.dump());
+    }
+    if (!list.empty())
+      return invalid_argument("cannot resume: the model differs from the checkpoint's (config.json, checkpoint -> plan): " + list +
+                              "; a resumed run must train the same model (to change it, start a new run from the checkpoint's "
+                              "weights with --init <step dir>)");
+  }
   if (!saved.plan_json.empty()) {
     Json was, now;
     try {

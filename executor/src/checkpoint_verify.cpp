@@ -94,12 +94,15 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
         info.losses.push_back(v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>());
     }
     if (!j.at("plan").is_null()) info.plan_json = j["plan"].dump(2);
-    for (const char* f : {kModelFile, kOptimizerFile}) {
-      const Json& e = j.at("files").at(f);
+    for (const char* f : {kModelFile, kOptimizerFile}) j.at("files").at(f);  // required
+    for (auto it = j.at("files").begin(); it != j.at("files").end(); ++it) {
+      const Json& e = it.value();
       e.at("bytes").get<uint64_t>();
       const std::string h = e.at("xxh64").get<std::string>();
       if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
-        return corrupt(where + "files." + f + ".xxh64 is not 16 lower-case hex digits");
+        return corrupt(where + "files." + it.key() + ".xxh64 is not 16 lower-case hex digits");
+      if (it.key().find('/') != std::string::npos || it.key() == "." || it.key() == "..")
+        return corrupt(where + "files: '" + it.key() + "' is not a file name");
     }
   } catch (const Json::exception& e) {
     return corrupt(where + "a required field is missing or has the wrong type (" + std::string(e.what()) + ")");
@@ -110,11 +113,13 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
   if (auto n = parse_step_dir_name(dir.filename().string()); n && *n != info.next_step)
     return corrupt(where + "the directory is named for step " + std::to_string(*n) + " but the manifest says step " +
                    std::to_string(info.next_step));
-  // Sizes and checksums of the data files.
-  for (const char* f : {kModelFile, kOptimizerFile}) {
+  // Sizes and checksums of every file the manifest lists (the weights, the optimizer states, and
+  // config.json, which a resume compares with the model).
+  for (auto it = j["files"].begin(); it != j["files"].end(); ++it) {
+    const std::string& f = it.key();
     const fs::path p = dir / f;
-    const uint64_t bytes = j["files"][f]["bytes"].get<uint64_t>();
-    const std::string want = j["files"][f]["xxh64"].get<std::string>();
+    const uint64_t bytes = it.value()["bytes"].get<uint64_t>();
+    const std::string want = it.value()["xxh64"].get<std::string>();
     auto dg = digest_file(p);
     if (!dg.ok()) {
       if (dg.status().code() == StatusCode::kNotFound)
@@ -127,6 +132,9 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
     if (hex64(dg->xxh64) != want)
       return corrupt("'" + p.string() + "': checksum mismatch: XXH64 " + hex64(dg->xxh64) + ", the manifest says " + want +
                      "; the file is damaged");
+  }
+  if (j["files"].contains(kConfigFile)) {
+    MT_ASSIGN_OR_RETURN(info.hf_config_json, read_small_file(dir / kConfigFile, kMaxManifestBytes));
   }
   return info;
 }

@@ -113,6 +113,7 @@ Status start_state(const RunOptions& o, const Plan& plan, const ModelSpec& model
       summary.losses_first_step = summary.first_step;
       summary.losses.clear();
     }
+    if (!loaded.note.empty()) say(out, "note: %s", loaded.note.c_str());
     say(out, "resuming from %s: %lld steps done", loaded.dir.string().c_str(), static_cast<long long>(summary.first_step));
     return {};
   }

@@ -16,7 +16,7 @@ head -c 20000 /usr/share/common-licenses/GPL-3 >"$tmp/text.txt" 2>/dev/null || y
 losses() { awk '/^step/ {split($2, s, "/"); print s[1], $4}' "$1"; }
 
 "$exe" "$plan" --data "$tmp/text.txt" --steps 8 --checkpoint-dir "$tmp/A" --trace "$tmp/a.mtrace" >"$tmp/a.out" 2>"$tmp/a.err"
-check "8 steps straight, checkpoint at the end" "[ $? -eq 0 ] && [ -f $tmp/A/step-00000008/manifest.json ] && [ \"\$(cat $tmp/A/latest)\" = step-00000008 ]"
+check "8 steps straight, checkpoint at the end" "[ $? -eq 0 ] && [ -f $tmp/A/step-00000008/manifest.json ] && [ \"\$(head -n 1 $tmp/A/latest)\" = step-00000008 ]"
 
 "$exe" "$plan" --data "$tmp/text.txt" --steps 4 --checkpoint-dir "$tmp/B" >"$tmp/b1.out" 2>"$tmp/b1.err"
 check "4 steps, checkpoint at the end" "[ $? -eq 0 ] && [ -f $tmp/B/step-00000004/model.safetensors ]"
@@ -88,10 +88,39 @@ wait "$bg"
 rc=$?
 bg=""
 check "SIGINT exits 130 after saving" "[ $rc -eq 130 ] && grep -q 'stopped by SIGINT' $tmp/s.out && [ -f $tmp/S/latest ]"
-saved=$(sed 's/step-0*//' "$tmp/S/latest" 2>/dev/null)
+saved=$(head -n 1 "$tmp/S/latest" 2>/dev/null | sed 's/step-0*//')
 check "the checkpoint is of the last step printed" "[ -n '$saved' ] && [ \"\$(losses $tmp/s.out | tail -n 1 | cut -d' ' -f1)\" = '$saved' ]"
 "$exe" "$plan" --data "$tmp/text.txt" --steps $((saved + 1)) --checkpoint-dir "$tmp/S" --resume >"$tmp/out" 2>"$tmp/err"
 check "the interrupted run resumes" "[ $? -eq 0 ] && [ \"\$(losses $tmp/out | cut -d' ' -f1)\" = '$((saved + 1))' ]"
+
+# Issue 32 rows 4, 6, 7: a resume checks the whole model, every file the manifest lists, and a
+# damaged `latest`. The straight run A (8 steps) is copied for each case.
+/usr/bin/python3 - "$src/profiles/models/tiny-llama-gqa.json" "$tmp/m/tiny-llama-gqa.json" "$plan" "$tmp/theta.json" <<'PY'
+import json, os, sys
+m = json.load(open(sys.argv[1]))
+m["rope_theta"] = m.get("rope_theta", 10000.0) * 2
+os.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True)
+json.dump(m, open(sys.argv[2], "w"))
+p = json.load(open(sys.argv[3]))
+p["model"] = sys.argv[2]  # the same name (the file's) and parameter count, another rope_theta
+json.dump(p, open(sys.argv[4], "w"))
+PY
+cp -r "$tmp/A" "$tmp/R4"
+"$exe" "$tmp/theta.json" --data "$tmp/text.txt" --steps 9 --checkpoint-dir "$tmp/R4" --resume >"$tmp/out" 2>"$tmp/err"
+check "resume with another rope_theta under the same model name: refused naming the key" \
+  "[ $? -ne 0 ] && grep -q 'the model differs from the checkpoint' $tmp/err && grep -q 'rope_theta 10000.0 -> 20000.0' $tmp/err && ! grep -q '^step' $tmp/out"
+cp -r "$tmp/A" "$tmp/R7"
+printf 'X' | dd of="$tmp/R7/step-00000008/config.json" bs=1 seek=3 conv=notrunc 2>/dev/null
+"$exe" "$plan" --data "$tmp/text.txt" --steps 9 --checkpoint-dir "$tmp/R7" --resume >"$tmp/out" 2>"$tmp/err"
+check "resume with a damaged config.json in the step: refused naming it" "[ $? -ne 0 ] && grep -q 'config.json.: checksum mismatch' $tmp/err"
+rm "$tmp/R7/step-00000008/config.json"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 9 --checkpoint-dir "$tmp/R7" --resume >"$tmp/out" 2>"$tmp/err"
+check "resume with config.json deleted: refused naming it" "[ $? -ne 0 ] && grep -q 'config.json. is missing; the manifest lists it' $tmp/err"
+cp -r "$tmp/B" "$tmp/R6"
+printf 'step-00000004\nxxh64 0000000000000000\n' >"$tmp/R6/latest"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 9 --checkpoint-dir "$tmp/R6" --resume >"$tmp/out" 2>"$tmp/err"
+check "resume with a damaged 'latest': the newest step, and a note saying why" \
+  "[ $? -eq 0 ] && grep -q \"note: .*latest' is damaged\" $tmp/out && grep -q 'resuming from .*step-00000008: 8 steps done' $tmp/out"
 
 # SIGHUP (the ssh session that started the run dropped): saved like SIGINT and SIGTERM, exit 129.
 "$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/H" >"$tmp/h.out" 2>"$tmp/h.err" &

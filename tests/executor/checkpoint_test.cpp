@@ -22,12 +22,20 @@
 
 #include "executor/file_test_util.h"
 #include "megatrain/core/plan.h"
+#include "megatrain/core/xxh64.h"
 #include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/safetensors.h"
 #include "megatrain/executor/trainer.h"
 
 namespace megatrain::exec {
 namespace {
+
+// The checksum line of `latest`: the XXH64 of the step's name, 16 lower-case hex digits.
+std::string latest_hash(const std::string& name) {
+  char b[17];
+  std::snprintf(b, sizeof(b), "%016llx", static_cast<unsigned long long>(megatrain::xxh64(name.data(), name.size())));
+  return b;
+}
 
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
@@ -623,7 +631,7 @@ TEST_F(CheckpointFiles, LayoutManifestAndLatest) {
   ScratchDir dir("ckpt-layout");
   ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2, {5.5, 5.25})).ok());
   const fs::path step = dir / "step-00000002";
-  EXPECT_EQ(test::read_bytes(dir / "latest"), "step-00000002\n");
+  EXPECT_EQ(test::read_bytes(dir / "latest"), "step-00000002\nxxh64 " + latest_hash("step-00000002") + "\n");
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "manifest.json"})
     EXPECT_TRUE(fs::is_regular_file(step / f)) << f;
   EXPECT_TRUE(temporaries(dir.path()).empty());
@@ -666,7 +674,7 @@ TEST_F(CheckpointFiles, LayoutManifestAndLatest) {
   EXPECT_EQ(m["manifest_xxh64"].get<std::string>(), hex);
   // The newest wins and `latest` follows it; a step directory can be loaded directly too.
   ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 4)).ok());
-  EXPECT_EQ(test::read_bytes(dir / "latest"), "step-00000004\n");
+  EXPECT_EQ(test::read_bytes(dir / "latest"), "step-00000004\nxxh64 " + latest_hash("step-00000004") + "\n");
   HostState hs = fresh();
   auto direct = load_checkpoint(step, hs);
   ASSERT_TRUE(direct.ok()) << direct.status().to_string();
@@ -732,11 +740,27 @@ TEST_F(CheckpointFiles, LatestIsFollowedAndScanningIsTheFallback) {
   ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
   ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 5)).ok());
   HostState hs = fresh();
-  // `latest` is the authority on which step is newest.
-  test::write_bytes(dir / "latest", "step-00000002\n");
+  // `latest` is the authority on which step is newest, when intact (with its checksum, or without
+  // one, as written before it had one).
+  test::write_bytes(dir / "latest", "step-00000002\nxxh64 " + latest_hash("step-00000002") + "\n");
   auto a = load_checkpoint(dir.path(), hs);
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->info.next_step, 2);
+  EXPECT_EQ(a->note, "");
+  test::write_bytes(dir / "latest", "step-00000002\n");
+  a = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->info.next_step, 2);
+  // One flipped bit (step 5 read as step 2 after a bit flip of '5'): the checksum catches it, the
+  // newest step is loaded, and the note says why.
+  test::write_bytes(dir / "latest", "step-00000002\nxxh64 " + latest_hash("step-00000005") + "\n");
+  a = load_checkpoint(dir.path(), hs);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->info.next_step, 5);
+  EXPECT_NE(a->note.find("is damaged (its checksum does not match the step it names, 'step-00000002'): resuming from the highest-numbered "
+                         "step, 'step-00000005'"),
+            std::string::npos)
+      << a->note;
   // Without it (or when it names nothing), the highest-numbered step directory.
   fs::remove(dir / "latest");
   auto b = load_checkpoint(dir.path(), hs);

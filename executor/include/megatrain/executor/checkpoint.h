@@ -51,7 +51,8 @@ struct CheckpointInfo {
   std::string created;        // UTC, ISO 8601; set by save_checkpoint, read back by load
   // Optional: the Hugging Face config.json of the weights, written as `config.json` next to
   // model.safetensors so that transformers' from_pretrained loads the step directory as it is
-  // (hf_checkpoint_config() makes it from the model's config). Not read back by load.
+  // (hf_checkpoint_config() makes it from the model's config). Verified and read back by load: a
+  // resume compares it with the model.
   std::string hf_config_json;
 };
 
@@ -63,6 +64,7 @@ std::string hf_checkpoint_config(const ModelSpec& model);
 struct LoadedCheckpoint {
   std::filesystem::path dir;  // the step directory that was loaded
   CheckpointInfo info;
+  std::string note;           // something the user should hear (a 'latest' file that named an older step), or ""
 };
 
 // `<checkpoint_dir>/step-<NNNNNNNN>` for `next_step` (8 digits, more when needed).
