@@ -2,7 +2,10 @@
 // The lines it prints are megatrain-exec's user interface (tests/cli/*.sh read them): keep them as they are.
 #include "megatrain/executor/run.h"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +13,8 @@
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <ostream>
@@ -57,6 +62,58 @@ int usable_cores() {
   const unsigned n = std::thread::hardware_concurrency();
   return n > 0 ? static_cast<int>(n) : 1;
 }
+
+// A run's hold on its checkpoint folder: an flock on `<dir>/.megatrain-exec.lock`, held until the run
+// ends. The kernel drops it when the process dies, however it dies, so a killed run's lock is no
+// lock: the next run takes it. The file says who holds it, for the message a second run gets.
+class FolderLock {
+ public:
+  FolderLock() = default;
+  FolderLock(FolderLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  FolderLock& operator=(FolderLock&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  ~FolderLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  static Result<FolderLock> take(const std::filesystem::path& dir) {
+    const std::filesystem::path path = dir / ".megatrain-exec.lock";
+    FolderLock l;
+    l.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (l.fd_ < 0) return io_error("cannot open the lock file '" + path.string() + "': " + std::strerror(errno));
+    if (::flock(l.fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err != EWOULDBLOCK) return io_error("cannot lock '" + path.string() + "': " + std::strerror(err));
+      char buf[512] = {};
+      const ssize_t n = ::pread(l.fd_, buf, sizeof(buf) - 1, 0);
+      std::string who = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("an unknown process");
+      while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+      for (char& c : who)
+        if (c == '\n') c = ',';
+      return unavailable("--checkpoint-dir '" + dir.string() + "' is in use by another megatrain-exec run (" + who +
+                         "); two runs in one folder would overwrite each other's checkpoints: wait for that run, stop it, or "
+                         "choose another folder");
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::time_t now = std::time(nullptr);
+    char when[32] = {};
+    std::tm tm{};
+    ::gmtime_r(&now, &tm);
+    std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    const std::string text = "pid " + std::to_string(::getpid()) + " on " + host + ", since " + when + "\n";
+    if (::ftruncate(l.fd_, 0) != 0 || ::pwrite(l.fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+      return io_error("cannot write the lock file '" + path.string() + "': " + std::strerror(errno));
+    return l;
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 // Everything that can be refused without loading anything: a bad path costs a second, not a run.
 Status check_before_loading(const RunOptions& o) {
@@ -251,6 +308,10 @@ Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelS
 
 Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const RunCallbacks& callbacks) {
   MT_RETURN_IF_ERROR(check_before_loading(o));
+  FolderLock lock;  // one run per checkpoint folder, for the whole run, --resume included
+  if (!o.checkpoint_dir.empty()) {
+    MT_ASSIGN_OR_RETURN(lock, FolderLock::take(o.checkpoint_dir));
+  }
   MT_ASSIGN_OR_RETURN(Plan plan, Plan::load(o.plan_path));
   MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
   MT_RETURN_IF_ERROR(check_compression(o, plan));

@@ -122,6 +122,22 @@ printf 'step-00000004\nxxh64 0000000000000000\n' >"$tmp/R6/latest"
 check "resume with a damaged 'latest': the newest step, and a note saying why" \
   "[ $? -eq 0 ] && grep -q \"note: .*latest' is damaged\" $tmp/out && grep -q 'resuming from .*step-00000008: 8 steps done' $tmp/out"
 
+# Issue 32 row 3: one run per checkpoint folder. A second run (new or --resume) is refused naming
+# the first's pid while it runs; once the first is killed (-9), its lock is gone and a run proceeds.
+"$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/L" >"$tmp/l.out" 2>"$tmp/l.err" &
+bg=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/l.out" 2>/dev/null && break; sleep 0.1; done
+"$exe" "$plan" --data "$tmp/text.txt" --steps 2 --checkpoint-dir "$tmp/L" >"$tmp/out" 2>"$tmp/err"
+check "a second run on a folder in use: refused naming the first's pid, untrained" \
+  "[ $? -ne 0 ] && grep -q \"is in use by another megatrain-exec run (pid $bg on\" $tmp/err && ! grep -q '^step' $tmp/out"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 2 --checkpoint-dir "$tmp/L" --resume >"$tmp/out" 2>"$tmp/err"
+check "and a --resume on it too" "[ $? -ne 0 ] && grep -q 'is in use by another megatrain-exec run' $tmp/err"
+kill -9 "$bg"
+wait "$bg" 2>/dev/null
+bg=""
+"$exe" "$plan" --data "$tmp/text.txt" --steps 1 --checkpoint-dir "$tmp/L" >"$tmp/out" 2>"$tmp/err"
+check "after the first run is killed, its stale lock is taken over" "[ $? -eq 0 ] && grep -q '^step' $tmp/out"
+
 # SIGHUP (the ssh session that started the run dropped): saved like SIGINT and SIGTERM, exit 129.
 "$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/H" >"$tmp/h.out" 2>"$tmp/h.err" &
 bg=$!
