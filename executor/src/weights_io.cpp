@@ -1,6 +1,11 @@
 // HF safetensors <-> the RAM tier's master weights.
 #include "megatrain/executor/weights_io.h"
 
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
 #include "megatrain/executor/safetensors.h"
 
 namespace megatrain::exec {
@@ -29,12 +34,40 @@ Status save_weights(const HostState& state, const std::filesystem::path& path) {
 
 Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
   MT_ASSIGN_OR_RETURN(HfCheckpoint ckpt, HfCheckpoint::open(checkpoint));
+  // Every tensor of the checkpoint must be one the model takes: a deeper or wider model's checkpoint
+  // would otherwise load its first layers silently. Left out: buffers transformers never loads
+  // (rotary inv_freq) and a separate lm_head.weight beside tied embeddings.
+  std::set<std::string> used;
+  for (const UnitState& us : state.units())
+    for (const TensorSlot& t : us.tensors) {
+      used.insert(t.name);
+      used.insert(t.name + "_blocks");
+      used.insert(t.name + "_scales");
+    }
+  std::vector<std::string> extra;
+  for (const auto& [name, loc] : ckpt.tensors()) {
+    if (used.count(name)) continue;
+    if (name.size() > 9 && name.compare(name.size() - 9, 9, ".inv_freq") == 0) continue;
+    if (name == "lm_head.weight" && !used.count("lm_head.weight") && used.count("model.embed_tokens.weight")) continue;
+    extra.push_back(name);
+  }
+  if (!extra.empty()) {
+    std::string list;
+    for (size_t k = 0; k < extra.size() && k < 5; ++k) list += (k ? ", " : "") + extra[k];
+    if (extra.size() > 5) list += " and " + std::to_string(extra.size() - 5) + " more";
+    return invalid_argument(checkpoint.string() + ": the checkpoint holds " + std::to_string(extra.size()) +
+                            " tensor(s) the model does not have (" + list +
+                            "): is it the checkpoint of another (deeper or wider) model? --init takes the weights of the plan's model only");
+  }
   UnitPager pager(state);  // master weights on NVMe: one unit at a time, set and written back
   for (size_t u = 0; u < state.units().size(); ++u) {
     UnitState& us = state.units()[u];
     if (state.master_on_nvme()) MT_RETURN_IF_ERROR(pager.get(static_cast<int64_t>(u), true).status());
     for (const TensorSlot& t : us.tensors) {
       float* out = us.master.data() + t.offset;
+      if (ckpt.contains(t.name) && ckpt.has_mxfp4(t.name))
+        return invalid_argument(checkpoint.string() + ": the model's tensor " + t.name + " is stored both plain and in MXFP4 (" + t.name +
+                                "_blocks/_scales); which one to train from is ambiguous: keep one");
       if (ckpt.contains(t.name)) {
         MT_RETURN_IF_ERROR(ckpt.load_fp32(t.name, t.shape, out).with_context(checkpoint.string()));
       } else if (ckpt.has_mxfp4(t.name)) {
@@ -48,6 +81,18 @@ Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
       } else {
         return not_found(checkpoint.string() + ": the model's tensor " + t.name + " is not in the checkpoint");
       }
+      // A NaN or an infinity in the initial weights trains NaN from the first step.
+      for (int64_t i = 0; i < t.numel; ++i)
+        if (!std::isfinite(out[i])) {
+          std::string at;
+          int64_t rest = i;
+          for (size_t d = t.shape.size(); d-- > 0;) {
+            at = std::to_string(rest % t.shape[d]) + (at.empty() ? "" : ", ") + at;
+            rest /= t.shape[d];
+          }
+          return invalid_argument(checkpoint.string() + ": tensor " + t.name + " holds " + (std::isnan(out[i]) ? "NaN" : "an infinity") +
+                                  " at [" + at + "] (element " + std::to_string(i) + "); training from it would give NaN losses");
+        }
     }
   }
   MT_RETURN_IF_ERROR(pager.finish());

@@ -122,6 +122,40 @@ printf 'step-00000004\nxxh64 0000000000000000\n' >"$tmp/R6/latest"
 check "resume with a damaged 'latest': the newest step, and a note saying why" \
   "[ $? -eq 0 ] && grep -q \"note: .*latest' is damaged\" $tmp/out && grep -q 'resuming from .*step-00000008: 8 steps done' $tmp/out"
 
+# Issue 32 rows 5 and 15: --init refuses a NaN in a weight (naming the tensor and the index) and a
+# checkpoint with tensors the model does not have (a deeper model's).
+/usr/bin/python3 - "$tmp/A/step-00000008/model.safetensors" "$tmp/nan" "$tmp/deeper" <<'PY'
+import json, os, struct, sys
+src, nan_dir, deep_dir = sys.argv[1:4]
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+data = bytearray(raw[8 + n:])
+def write(folder, header, data):
+    os.makedirs(folder, exist_ok=True)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    open(os.path.join(folder, "model.safetensors"), "wb").write(struct.pack("<Q", len(text)) + text + bytes(data))
+name = "model.layers.1.self_attn.q_proj.weight"
+s0 = header[name]["data_offsets"][0]
+cols = header[name]["shape"][1]
+bad = bytearray(data)
+bad[s0 + 4 * (cols + 2):s0 + 4 * (cols + 3)] = struct.pack("<f", float("nan"))  # element [1, 2]
+write(nan_dir, header, bad)
+deeper = dict(header)
+end = len(data)
+deeper["model.layers.9.mlp.up_proj.weight"] = {"dtype": "F32", "shape": [2, 2], "data_offsets": [end, end + 16]}
+write(deep_dir, deeper, data + struct.pack("<4f", 1, 2, 3, 4))
+PY
+"$exe" "$plan" --data "$tmp/text.txt" --steps 1 --init "$tmp/nan" >"$tmp/out" 2>"$tmp/err"
+check "--init with a NaN weight: refused naming the tensor and [1, 2], untrained" \
+  "[ $? -ne 0 ] && grep -q 'tensor model.layers.1.self_attn.q_proj.weight holds NaN at \[1, 2\]' $tmp/err && ! grep -q '^step' $tmp/out"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 1 --init "$tmp/deeper" >"$tmp/out" 2>"$tmp/err"
+check "--init with a deeper model's tensor: refused naming it" \
+  "[ $? -ne 0 ] && grep -q 'does not have (model.layers.9.mlp.up_proj.weight)' $tmp/err && ! grep -q '^step' $tmp/out"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 1 --init "$tmp/A/step-00000008" >"$tmp/out" 2>"$tmp/err"
+check "--init with the model's own checkpoint still trains" "[ $? -eq 0 ] && grep -q '^step' $tmp/out"
+
 # Issue 32 row 3: one run per checkpoint folder. A second run (new or --resume) is refused naming
 # the first's pid while it runs; once the first is killed (-9), its lock is gone and a run proceeds.
 "$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/L" >"$tmp/l.out" 2>"$tmp/l.err" &
