@@ -404,8 +404,10 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
   const double gpu_bytes = rig->gpu.memory_bytes.value;
   if (static_cast<double>(p.placement.device_budget_bytes) > gpu_bytes)
     return ctx(invalid_argument("placement.device_budget_bytes: " + format_bytes(static_cast<double>(p.placement.device_budget_bytes)) +
-                                " exceeds the rig's GPU memory " + format_bytes(gpu_bytes) + " (" + rig->gpu.name +
-                                "); accepted: 0 (all of it) .. " + std::to_string(static_cast<int64_t>(gpu_bytes))));
+                                " (" + std::to_string(p.placement.device_budget_bytes) + " bytes) exceeds the rig's GPU memory " +
+                                format_bytes(gpu_bytes) + " (" + std::to_string(static_cast<int64_t>(gpu_bytes)) + " bytes, " +
+                                rig->gpu.name + ") by " + std::to_string(p.placement.device_budget_bytes - static_cast<int64_t>(gpu_bytes)) +
+                                " bytes; accepted: 0 (all of it) .. " + std::to_string(static_cast<int64_t>(gpu_bytes))));
   if (p.optimizer.threads > 2 * rig->host.cores)
     return ctx(invalid_argument("optimizer.threads: " + std::to_string(p.optimizer.threads) + " exceeds twice the rig's " +
                                 std::to_string(rig->host.cores) + " cores; accepted: 0 (all cores) .. " +

@@ -269,7 +269,8 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const NvmeStoreOptions& opt
     if (::statvfs(dir.c_str(), &vfs) == 0) {
       const double avail = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
       if (static_cast<double>(need) > avail)
-        return resource_exhausted("NVMe directory '" + dir.string() + "' has " + format_bytes(avail) + " free, but the state placed there needs " +
+        return resource_exhausted("NVMe directory '" + dir.string() + "' has " + format_bytes(avail) + " (" +
+                                  std::to_string(static_cast<int64_t>(avail)) + " bytes) free, but the state placed there needs " +
                                   format_bytes(static_cast<double>(need)) + " (" + std::to_string(need) +
                                   " bytes); accepted: a drive with that much free space, more directories in placement.nvme_dirs, "
                                   "or a plan that keeps less on NVMe");

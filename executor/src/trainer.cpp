@@ -249,8 +249,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     if (pages > 0 && page > 0 && I.fp.peak.ram > static_cast<int64_t>(pages) * page)
       return resource_exhausted("the plan needs " + format_bytes(static_cast<double>(I.fp.peak.ram)) + " (" +
                                 std::to_string(I.fp.peak.ram) + " bytes) of host RAM, but this machine has " +
-                                format_bytes(static_cast<double>(pages) * static_cast<double>(page)) +
-                                "; accepted: a plan for this machine's rig (megatrain-plan plan --rig), which puts state on NVMe when RAM is short");
+                                format_bytes(static_cast<double>(pages) * static_cast<double>(page)) + " (" +
+                                std::to_string(static_cast<int64_t>(pages) * page) + " bytes); accepted: a plan for this machine's rig (megatrain-plan plan --rig), which puts state on NVMe when RAM is short");
     MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(I.fp.peak.device));
     Arena& ar = *I.arena;
     auto take = [&](std::vector<float*>& into, int64_t count, int64_t n, const char* what) -> Status {
@@ -997,7 +997,6 @@ class RoundRun {
 
 Result<StepResult> Trainer::run_step(int64_t step) {
   Impl& I = *impl_;
-  const Dims& d = I.d;
   const auto step_start = Clock::now();
   StepResult res;
   res.step = step;

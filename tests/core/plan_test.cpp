@@ -283,6 +283,16 @@ TEST(PlanErrors, PlanMustAgreeWithModelAndRig) {
   j = minimal_plan();
   j["placement"] = {{"device_budget_bytes", int64_t{1} << 40}};  // 1 TiB on a 141 GB card
   expect_error(j, StatusCode::kInvalidArgument, {"placement.device_budget_bytes", "exceeds the rig's GPU memory"});
+  // One byte over: the message gives the bytes, not two equal rounded figures (issue 32 row 17).
+  {
+    Json one = minimal_plan();
+    auto rig = HardwareProfile::load("h200-1.5tb");
+    ASSERT_TRUE(rig.ok());
+    const auto gpu = static_cast<int64_t>(rig->gpu.memory_bytes.value);
+    one["placement"] = {{"device_budget_bytes", gpu + 1}};
+    const std::string over = "(" + std::to_string(gpu + 1) + " bytes) exceeds the rig's GPU memory", have = "(" + std::to_string(gpu) + " bytes";
+    expect_error(one, StatusCode::kInvalidArgument, {over.c_str(), have.c_str(), "by 1 bytes"});
+  }
   j = minimal_plan();
   j["schedule"] = {{"checkpoint_every", 3}};  // 2 layers
   expect_error(j, StatusCode::kInvalidArgument, {"schedule.checkpoint_every", "0 .. 2"});
