@@ -341,6 +341,23 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     for (size_t i = 0; i < c.nvme_dirs.size(); ++i)
       if (c.nvme_dirs[i].empty())
         return ctx(invalid_argument("placement.nvme_dirs[" + std::to_string(i) + "]: empty; expected a directory path"));
+    // The same folder twice (also spelled differently: /x, /x/, /y/../x, or a link to it) is one
+    // drive, not two: counted twice, the planner would price bandwidth that does not exist.
+    auto folder = [](const std::string& d) {
+      std::error_code ec;
+      std::filesystem::path f = std::filesystem::weakly_canonical(d, ec);
+      if (ec) f = std::filesystem::path(d).lexically_normal();
+      if (!f.has_filename() && f.has_parent_path()) f = f.parent_path();  // "/x/y/" is "/x/y"
+      return f;
+    };
+    for (size_t i = 0; i < c.nvme_dirs.size(); ++i)
+      for (size_t k = 0; k < i; ++k) {
+        std::error_code ec;
+        const bool same = folder(c.nvme_dirs[k]) == folder(c.nvme_dirs[i]) || std::filesystem::equivalent(c.nvme_dirs[k], c.nvme_dirs[i], ec);
+        if (same)
+          return ctx(invalid_argument("placement.nvme_dirs[" + std::to_string(i) + "]: '" + c.nvme_dirs[i] + "' is the folder of nvme_dirs[" +
+                                      std::to_string(k) + "] ('" + c.nvme_dirs[k] + "'); list each drive's folder once"));
+      }
     if ((c.master_weights == Tier::kNvme || c.optimizer_states == Tier::kNvme) && c.nvme_dirs.empty())
       return ctx(invalid_argument("placement.nvme_dirs: empty, but placement puts " +
                                   std::string(c.master_weights == Tier::kNvme ? "master_weights" : "optimizer_states") +

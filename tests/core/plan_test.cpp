@@ -276,6 +276,18 @@ TEST(PlanErrors, OutOfRangeAndBadChoicesNameTheAcceptedValues) {
   expect_error(j, StatusCode::kInvalidArgument, {"training.seq_len", "missing"});
 }
 
+TEST(PlanErrors, TheSameNvmeFolderTwiceIsRefused) {  // issue 32 row 18
+  for (const auto& dirs : {std::vector<std::string>{"/x", "/x"}, std::vector<std::string>{"/x/y", "/x/./y/"},
+                           std::vector<std::string>{"/a", "/x/../a"}}) {
+    Json j = minimal_plan();
+    j["placement"] = {{"nvme_dirs", dirs}};
+    expect_error(j, StatusCode::kInvalidArgument, {"placement.nvme_dirs[1]", "is the folder of nvme_dirs[0]", "list each drive's folder once"});
+  }
+  Json j = minimal_plan();
+  j["placement"] = {{"nvme_dirs", std::vector<std::string>{"/x", "/y"}}};
+  EXPECT_TRUE(Plan::from_json_text(j.dump()).ok());
+}
+
 TEST(PlanErrors, PlanMustAgreeWithModelAndRig) {
   Json j = minimal_plan();
   j["training"]["seq_len"] = 4096;  // tiny model: 128 positions
