@@ -214,6 +214,9 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
       c.router_aux_loss_coef = c.model_type == "mixtral" ? 0.001 : 0.9;
     }
     c.experts_per_token = c.model_type == "gpt_oss" ? 4 : 2;
+    if (auto a = j.find("experts_per_token"), b = j.find("num_experts_per_tok"); a != j.end() && b != j.end() && *a != *b)
+      return invalid_argument(what + ": experts_per_token " + a->dump() + " and num_experts_per_tok " + b->dump() +
+                              " disagree; give one (they are the same setting)");
     if (j.contains("experts_per_token")) m.integer("experts_per_token", c.experts_per_token, detail::Need::kOptional, 1, 1 << 16);
     m.integer("num_experts_per_tok", c.experts_per_token, detail::Need::kOptional, 1, 1 << 16);
     m.number("router_aux_loss_coef", c.router_aux_loss_coef, detail::Need::kOptional, 0, 1e6);
@@ -307,6 +310,42 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
     if (t == rs->end() || !t->is_string())
       return invalid_argument(what + ": rope_scaling.rope_type: missing; expected llama3, linear, dynamic or yarn");
     c.rope_scaling_type = t->get<std::string>();
+    // Only what the kernels compute, with numbers that make sense: inspect, simulate and plan must
+    // not price a model megatrain-exec would refuse (issue 32 rows 11 and 13).
+    const std::string& type = c.rope_scaling_type;
+    if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
+      return unsupported(what + ": rope_scaling.rope_type: '" + type + "' is not supported" +
+                         (type == "dynamic" ? " (dynamic NTK scaling changes with the sequence length)" : "") +
+                         (type == "longrope" || type == "su" ? " (Phi-3's per-frequency factors)" : "") +
+                         "; accepted: default, linear, llama3, yarn");
+    for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                          "attention_factor"})
+      if (auto f = rs->find(k); f != rs->end() && !f->is_null() && !f->is_number())
+        return invalid_argument(what + ": rope_scaling." + k + ": expected a number, got " + detail::json_type_name(*f) + " " + f->dump());
+    auto number = [&](const char* k) { return rs->find(k) != rs->end() && rs->at(k).is_number() ? rs->at(k).get<double>() : NAN; };
+    if (type != "default") {
+      const double factor = number("factor");
+      if (!(factor > 0 && factor <= 1e4))
+        return invalid_argument(what + ": rope_scaling.factor: " + (std::isnan(factor) ? std::string("missing") : rs->at("factor").dump()) +
+                                "; accepted: a number in (0, 10000] for rope_type " + type);
+    }
+    if (type == "llama3") {
+      const double lo = number("low_freq_factor"), hi = number("high_freq_factor"), omp = number("original_max_position_embeddings");
+      if (!(lo > 0) || !(hi > lo) || !(omp > 0))
+        return invalid_argument(what + ": rope_scaling: llama3 needs high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings "
+                                "> 0; got low_freq_factor " + (std::isnan(lo) ? std::string("(missing)") : rs->at("low_freq_factor").dump()) +
+                                ", high_freq_factor " + (std::isnan(hi) ? std::string("(missing)") : rs->at("high_freq_factor").dump()) +
+                                ", original_max_position_embeddings " +
+                                (std::isnan(omp) ? std::string("(missing)") : rs->at("original_max_position_embeddings").dump()));
+    }
+    if (type == "yarn") {
+      const double omp = number("original_max_position_embeddings"), fast = number("beta_fast"), slow = number("beta_slow");
+      if (!std::isnan(omp) && !(omp > 0))
+        return invalid_argument(what + ": rope_scaling.original_max_position_embeddings: " + rs->at("original_max_position_embeddings").dump() +
+                                "; accepted: a positive number");
+      if ((!std::isnan(fast) && !(fast > 0)) || (!std::isnan(slow) && !(slow > 0)))
+        return invalid_argument(what + ": rope_scaling: beta_fast and beta_slow must be positive");
+    }
     if (c.rope_scaling_type != "default") {
       if (auto f = rs->find("factor"); f != rs->end() && f->is_number()) c.rope_scaling_factor = f->get<double>();
       if (auto f = rs->find("low_freq_factor"); f != rs->end() && f->is_number()) c.rope_low_freq_factor = f->get<double>();

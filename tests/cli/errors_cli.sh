@@ -239,6 +239,38 @@ check "simulate a plan of that model: refused too" "[ $rc -ne 0 ] && grep -q 'at
 "$exe" "$tmp/wide-plan.json" --data "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "exec a plan of that model: refused too, untrained" "[ $rc -ne 0 ] && grep -q 'at most 2^50' $tmp/err && untrained"
 
+# ---- issue 32 rows 11 and 13: rope scaling the kernels do not compute, and garbage in it ----
+rope_case() {  # rope_scaling JSON, expected text
+  python3 - "$src/profiles/models/tiny-llama-gqa.json" "$tmp/rope.json" "$1" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["rope_scaling"] = json.loads(sys.argv[3])
+json.dump(j, open(sys.argv[2], "w"))
+PY
+  "$plan" inspect --model "$tmp/rope.json" >"$tmp/out" 2>"$tmp/err"
+  check "inspect: rope_scaling $1 refused" "refused $? \"$2\""
+}
+rope_case '{"rope_type": "foo", "factor": 2}' "rope_scaling.rope_type: 'foo' is not supported"
+rope_case '{"rope_type": "dynamic", "factor": 2}' "(dynamic NTK scaling changes with the sequence length)"
+rope_case '{"type": "longrope", "factor": 2}' "'longrope' is not supported (Phi-3"
+rope_case '{"type": "su", "factor": 2}' "'su' is not supported"
+rope_case '{"rope_type": "linear", "factor": 0}' "rope_scaling.factor: 0; accepted: a number in (0, 10000]"
+rope_case '{"rope_type": "linear", "factor": -4}' "rope_scaling.factor: -4;"
+rope_case '{"rope_type": "linear", "factor": "4"}' "rope_scaling.factor: expected a number, got a string"
+rope_case '{"rope_type": "yarn", "factor": 1e308}' "rope_scaling.factor: 1e+308"
+rope_case '{"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1, "original_max_position_embeddings": 8192}' \
+  "llama3 needs high_freq_factor > low_freq_factor > 0"
+rope_case '{"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 0}' \
+  "rope_scaling.original_max_position_embeddings: 0; accepted: a positive number"
+python3 - "$src/profiles/models/tiny-mixtral.json" "$tmp/k.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["experts_per_token"], j["num_experts_per_tok"] = 99, 2
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$plan" inspect --model "$tmp/k.json" >"$tmp/out" 2>"$tmp/err"
+check "inspect: experts_per_token 99 beside num_experts_per_tok 2 refused" "refused $? 'experts_per_token 99 and num_experts_per_tok 2 disagree'"
+
 # ---- issue 32 row 8: a FIFO, a device or a /proc file as --data: refused at once, not a hang ----
 mkfifo "$tmp/fifo"
 timeout 20 "$exe" "$tiny" --data "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"; rc=$?
