@@ -246,6 +246,14 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
     detail::FieldReader g(j, "");
     g.number("swiglu_limit", c.swiglu_limit, detail::Need::kOptional, 0, 1e9);
     if (!g.ok()) return g.finish().with_context(what);
+    // transformers fills these from GptOssConfig's defaults, which have changed between versions;
+    // a config without them is refused, naming the key, rather than trained on a guess.
+    for (const auto& [key, hf] : {std::pair<const char*, const char*>{"sliding_window", "128"},
+                                  {"layer_types", "sliding and full attention alternating, from sliding"},
+                                  {"rope_scaling", "yarn, factor 32, original_max_position_embeddings 4096, beta_fast 32, beta_slow 1"}})
+      if (auto it = j.find(key); it == j.end() || it->is_null())
+        return invalid_argument(what + ": " + key + ": missing; a gpt-oss config must give it (the published models do; transformers "
+                                "would assume " + hf + "): add it to config.json");
   }
 
   // head_dim: explicit in newer configs (Mistral Large 2 uses it); otherwise hidden / heads.

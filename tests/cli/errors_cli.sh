@@ -271,6 +271,18 @@ PY
 "$plan" inspect --model "$tmp/k.json" >"$tmp/out" 2>"$tmp/err"
 check "inspect: experts_per_token 99 beside num_experts_per_tok 2 refused" "refused $? 'experts_per_token 99 and num_experts_per_tok 2 disagree'"
 
+# ---- issue 32 row 14: gpt-oss configs without the keys transformers would fill in ----
+for key in layer_types sliding_window rope_scaling; do
+  python3 - "$src/profiles/models/tiny-gpt-oss.json" "$tmp/oss.json" "$key" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j.pop(sys.argv[3], None)
+json.dump(j, open(sys.argv[2], "w"))
+PY
+  "$plan" inspect --model "$tmp/oss.json" >"$tmp/out" 2>"$tmp/err"
+  check "inspect: gpt-oss without $key refused naming it" "refused $? '$key: missing; a gpt-oss config must give it'"
+done
+
 # ---- issue 32 row 8: a FIFO, a device or a /proc file as --data: refused at once, not a hang ----
 mkfifo "$tmp/fifo"
 timeout 20 "$exe" "$tiny" --data "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"; rc=$?
