@@ -68,6 +68,16 @@ void RecordModel::setRows(QVector<Row> rows) {
 
 SummaryModel::SummaryModel(QObject* parent) : RecordModel({tr("Metric"), tr("Value")}, parent) {}
 
+namespace {
+// A step's loss as shown: a simulation computes none (its steps table holds NaN), and a measured
+// run's non-finite loss is said in words rather than printed as "nan".
+QString lossText(double loss, const std::string& source) {
+  if (std::isfinite(loss)) return QString::number(loss, 'f', 4);
+  if (source == "simulated") return QObject::tr("none (a simulation has no loss)");
+  return std::isnan(loss) ? QObject::tr("not a number (the run diverged)") : QObject::tr("infinite (the run diverged)");
+}
+}  // namespace
+
 void SummaryModel::setTrace(const TraceDataPtr& d) {
   QVector<Row> rows;
   if (!d) {
@@ -87,7 +97,7 @@ void SummaryModel::setTrace(const TraceDataPtr& d) {
   add(QStringLiteral("mfu"), tr("MFU"), s.mfu, s.mfu >= 0 ? percent(s.mfu) : tr("unknown (needs the trace's plan with a rig from profiles/)"));
   for (const auto& st : d->steps)
     if (st.step == s.step) {
-      add(QStringLiteral("loss"), tr("Loss"), st.loss, QString::number(st.loss, 'f', 4));
+      add(QStringLiteral("loss"), tr("Loss"), st.loss, lossText(st.loss, s.source));
       if (std::isfinite(st.aux_loss))
         add(QStringLiteral("aux_loss"), tr("Aux loss (load balancing)"), st.aux_loss, QString::number(st.aux_loss, 'f', 4));
     }
@@ -125,7 +135,7 @@ void StepModel::setTrace(const TraceDataPtr& d) {
       const bool aux = std::isfinite(s.aux_loss);
       const double rate = s.time_s > 0 ? static_cast<double>(s.tokens) / s.time_s : 0;
       rows.push_back({QString::number(s.step),
-                      {number(static_cast<double>(s.step), QString::number(s.step)), number(s.loss, QString::number(s.loss, 'f', 4)),
+                      {number(static_cast<double>(s.step), QString::number(s.step)), number(s.loss, lossText(s.loss, d->summary.source)),
                        aux ? number(s.aux_loss, QString::number(s.aux_loss, 'f', 4)) : Cell{QStringLiteral("-"), QVariant()},
                        number(static_cast<double>(s.tokens), QString::number(s.tokens)), number(s.time_s, qFormatDuration(s.time_s)),
                        number(rate, QString::number(rate, 'f', 0))},

@@ -1,5 +1,8 @@
 // Every panel model under QAbstractItemModelTester, with the figures checked on the fixture trace;
 // plus the analyses behind them (range statistics, comparison, what-if edits).
+#include <limits>
+#include <memory>
+
 #include <QAbstractItemModelTester>
 #include <QTest>
 
@@ -40,6 +43,26 @@ class TestModels : public QObject {
     QCOMPARE(value(m, "tflops", 1), 6e6 / 900e-9 * 1e-12);
     m.setTrace(nullptr);
     QCOMPARE(m.rowCount(), 0);
+  }
+
+  // A simulated trace has no loss: the summary and the steps table say so, not "nan" (issue 32
+  // row 19); a measured run's NaN loss is said in words.
+  void lossOfASimulation() {
+    auto sim = std::make_shared<TraceData>(*fixture::build());
+    sim->summary.source = "simulated";
+    for (auto& st : sim->steps) st.loss = std::numeric_limits<double>::quiet_NaN();
+    sim->summary.step = sim->steps.empty() ? -1 : sim->steps.front().step;
+    SummaryModel m;
+    m.setTrace(sim);
+    QVERIFY(m.rowOfKey("loss") >= 0);
+    QCOMPARE(m.data(m.index(m.rowOfKey("loss"), 1)).toString(), QStringLiteral("none (a simulation has no loss)"));
+    StepModel steps;
+    steps.setTrace(sim);
+    QVERIFY(steps.rowCount() > 0);
+    QCOMPARE(steps.data(steps.index(0, 1)).toString(), QStringLiteral("none (a simulation has no loss)"));
+    sim->summary.source = "measured";
+    steps.setTrace(sim);
+    QCOMPARE(steps.data(steps.index(0, 1)).toString(), QStringLiteral("not a number (the run diverged)"));
   }
 
   void lanesStallsMemory() {
