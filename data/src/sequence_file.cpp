@@ -82,6 +82,8 @@ bool SequenceFile::is_sequence_file(const std::filesystem::path& path) {
   return in.read(m, 8) && std::memcmp(m, kSequenceMagic, 8) == 0;
 }
 
+Status SequenceFile::check_unchanged(const std::string& what) const { return check_file_unchanged(name_, identity_, what); }
+
 Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
   const std::string name = path.string();
   const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
@@ -92,6 +94,7 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
     return invalid_argument(name + ": not a regular file; expected a dataset written by megatrain-data prepare");
   }
   const auto size = static_cast<size_t>(st.st_size);
+  const FileIdentity identity{static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   if (size < static_cast<size_t>(kSequenceDataOffset)) {
     ::close(fd);
     return invalid_argument(name + ": " + std::to_string(size) + " bytes, shorter than a prepared dataset's 4096-byte header");
@@ -103,6 +106,7 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
   f.name_ = name;
   f.map_ = map;
   f.map_bytes_ = size;
+  f.identity_ = identity;
   const auto* base = static_cast<const char*>(map);
   if (std::memcmp(base, kSequenceMagic, 8) != 0)
     return invalid_argument(name + ": not a prepared dataset (no MTSEQ001 magic); expected the output of megatrain-data prepare");
@@ -159,7 +163,13 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
 }
 
 SequenceFile::SequenceFile(SequenceFile&& o) noexcept
-    : name_(std::move(o.name_)), header_(std::move(o.header_)), tokens_(o.tokens_), mask_(o.mask_), map_(o.map_), map_bytes_(o.map_bytes_) {
+    : name_(std::move(o.name_)),
+      header_(std::move(o.header_)),
+      tokens_(o.tokens_),
+      mask_(o.mask_),
+      map_(o.map_),
+      map_bytes_(o.map_bytes_),
+      identity_(o.identity_) {
   o.map_ = nullptr;
   o.map_bytes_ = 0;
 }
@@ -170,6 +180,7 @@ SequenceFile& SequenceFile::operator=(SequenceFile&& o) noexcept {
   std::swap(mask_, o.mask_);
   std::swap(map_, o.map_);
   std::swap(map_bytes_, o.map_bytes_);
+  std::swap(identity_, o.identity_);
   return *this;
 }
 SequenceFile::~SequenceFile() {

@@ -86,6 +86,7 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   width_ = o.width_;
   map_ = o.map_;
   map_bytes_ = o.map_bytes_;
+  identity_ = o.identity_;
   memory_ = std::move(o.memory_);
   // A moved vector keeps its buffer, so a pointer into memory_ stays valid; recompute it anyway
   // so the invariant does not depend on that guarantee.
@@ -141,6 +142,7 @@ Result<TokenFile> TokenFile::open(const std::filesystem::path& path, TokenFormat
   if (fd.fd < 0) return io_error("cannot open token file '" + name + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0) return io_error("cannot stat token file '" + name + "': " + std::strerror(errno));
+  const FileIdentity identity{static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   if (!S_ISREG(st.st_mode))
     return invalid_argument("token file '" + name + "' is " + file_kind(st.st_mode) +
                             ", not a regular file; expected a file of tokens (llm.c .bin, raw .u16/.u32, or text)");
@@ -159,6 +161,7 @@ Result<TokenFile> TokenFile::open(const std::filesystem::path& path, TokenFormat
   f.name_ = name;
   f.map_ = map;
   f.map_bytes_ = static_cast<size_t>(file_bytes);
+  f.identity_ = identity;
   const auto* bytes = static_cast<const uint8_t*>(map);
   // From here on `f` owns the mapping, so every error return unmaps it.
 
@@ -380,6 +383,12 @@ struct DataLoader::PermutationCache {
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
 DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
 DataLoader::~DataLoader() = default;
+
+Status TokenFile::check_unchanged(const std::string& what) const { return check_file_unchanged(name_, identity_, what); }
+
+Status DataLoader::check_unchanged(const std::string& what) const {
+  return sequences_ ? sequences_->check_unchanged(what) : tokens_->check_unchanged(what);
+}
 
 Result<DataLoader> DataLoader::create(std::shared_ptr<const TokenFile> tokens, int64_t seq_len, int64_t micro_batch,
                                       int64_t grad_accum, DataOrder order, uint64_t seed, int64_t vocab_size) {

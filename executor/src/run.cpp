@@ -341,7 +341,20 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
   const std::string plan_text = plan.to_json_text();
   if (callbacks.before_first_step) callbacks.before_first_step();
   double elapsed = 0;
+  int64_t saved = start;  // the step the newest checkpoint holds
   for (int64_t s = start; s < total; ++s) {
+    // The data file is mapped: one truncated or rewritten under the run is caught here, before the
+    // step reads it, and the steps done so far are saved (issue 32 row 9).
+    const std::string after = o.checkpoint_dir.empty() ? "the run stops here (no --checkpoint-dir: nothing saved)"
+                              : s == 0                 ? "the run stops here, before its first step"
+                                                       : "the run stops here; the checkpoint of step " + std::to_string(s) + " holds the steps done";
+    if (Status changed = loader.check_unchanged(after); !changed.ok()) {
+      if (!o.checkpoint_dir.empty() && s > saved) {
+        MT_RETURN_IF_ERROR(trainer->finish_updates());
+        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out));
+      }
+      return changed;
+    }
     MT_ASSIGN_OR_RETURN(StepResult r, trainer->run_step(s));
     summary.losses.push_back(r.loss);
     summary.next_step = s + 1;
@@ -365,6 +378,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
       // The checkpoint holds the state after this step's updates, all of them written.
       MT_RETURN_IF_ERROR(trainer->finish_updates());
       MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, done, out));
+      saved = done;
     }
     if (sig != 0 && done < total) {
       say(out, "stopped by %s after step %lld of %lld; %s", sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : sig == SIGTERM ? "SIGTERM" : "a signal", static_cast<long long>(done),

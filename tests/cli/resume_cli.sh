@@ -156,6 +156,20 @@ check "--init with a deeper model's tensor: refused naming it" \
 "$exe" "$plan" --data "$tmp/text.txt" --steps 1 --init "$tmp/A/step-00000008" >"$tmp/out" 2>"$tmp/err"
 check "--init with the model's own checkpoint still trains" "[ $? -eq 0 ] && grep -q '^step' $tmp/out"
 
+# Issue 32 row 9: the data file changes under a run (here it grows, which cannot crash the mapped
+# reads; truncation would, and is caught the same way before the next step): the run stops naming
+# the file, saves the steps done, and exits 1.
+cp "$tmp/text.txt" "$tmp/live.txt"
+"$exe" "$plan" --data "$tmp/live.txt" --steps 100000 --checkpoint-dir "$tmp/D9" >"$tmp/d9.out" 2>"$tmp/d9.err" &
+bg=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/d9.out" 2>/dev/null && break; sleep 0.1; done
+echo "more text" >>"$tmp/live.txt"
+wait "$bg"
+rc=$?
+bg=""
+check "a data file that changes under the run: exit 1 naming it, the steps done saved" \
+  "[ $rc -eq 1 ] && grep -q \"the data file '$tmp/live.txt' changed during the run\" $tmp/d9.err && [ -f $tmp/D9/latest ] && grep -q 'holds the steps done' $tmp/d9.err"
+
 # Issue 32 row 3: one run per checkpoint folder. A second run (new or --resume) is refused naming
 # the first's pid while it runs; once the first is killed (-9), its lock is gone and a run proceeds.
 "$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/L" >"$tmp/l.out" 2>"$tmp/l.err" &

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "megatrain/core/file_identity.h"
 #include "megatrain/core/status.h"
 
 namespace megatrain::data {
@@ -67,6 +68,8 @@ class SequenceFile {
 
   const SequenceHeader& header() const { return header_; }
   const std::string& name() const { return name_; }
+  // OK while the file on disk is the one opened (same size and modification time).
+  Status check_unchanged(const std::string& what) const;
   int64_t rows() const { return header_.rows; }
   int64_t seq_len() const { return header_.seq_len; }
   const uint32_t* row_tokens(int64_t row) const { return tokens_ + row * (header_.seq_len + 1); }
@@ -82,6 +85,7 @@ class SequenceFile {
   const uint8_t* mask_ = nullptr;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
+  FileIdentity identity_;
 };
 
 }  // namespace megatrain::data

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "megatrain/core/plan.h"
+#include "megatrain/core/file_identity.h"
 #include "megatrain/core/status.h"
 #include "megatrain/data/sequence_file.h"
 
@@ -60,6 +61,9 @@ class TokenFile {
   // One pass over the whole file, the same check as copy_tokens. Optional: the loader checks
   // every batch it builds; this lets a run refuse bad data before its first step.
   Status check_vocab(int64_t vocab_size) const;
+  // OK while the file on disk is the one opened (same size and modification time); a file that was
+  // truncated or rewritten since is reported by name (it is mapped: reading it could crash).
+  Status check_unchanged(const std::string& what) const;
 
  private:
   TokenFile() = default;
@@ -73,6 +77,7 @@ class TokenFile {
   void* map_ = nullptr;            // mmap base, or null
   size_t map_bytes_ = 0;
   std::vector<uint32_t> memory_;   // from_tokens storage
+  FileIdentity identity_;          // the file's size and time when opened (bytes -1: memory)
 };
 
 using DataOrder = ::megatrain::DataOrder;  // the plan's training.data_order (core/plan.h)
@@ -132,6 +137,8 @@ class DataLoader {
   // The data as it was named, and its size in tokens (a checkpoint records both).
   const std::string& source_name() const;
   int64_t source_tokens() const;
+  // The source file is still the one opened (TokenFile/SequenceFile::check_unchanged).
+  Status check_unchanged(const std::string& what) const;
   // Whole rows in the file: a row needs T+1 tokens starting at k*T, so floor((N - 1) / T).
   int64_t rows_per_epoch() const { return rows_per_epoch_; }
   int64_t tokens_per_step() const { return options_.micro_batch * options_.grad_accum * options_.seq_len; }
