@@ -315,6 +315,8 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
   MT_ASSIGN_OR_RETURN(Plan plan, Plan::load(o.plan_path));
   MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
   MT_RETURN_IF_ERROR(check_compression(o, plan));
+  // The budgets before anything is allocated (issue 32 row 2): the trainer checks them again.
+  if (!o.in_memory) MT_RETURN_IF_ERROR(check_plan_fits(plan, model, o.backend));
   MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model, out));
   MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, out));
   RunSummary summary;

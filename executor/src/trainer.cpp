@@ -137,6 +137,35 @@ struct Trainer::Impl {
   }
 };
 
+// The budgets: the plan's device budget (or the rig's usable GPU memory) and the rig's host memory,
+// with the figures the simulator reports; and host memory against this machine's physical RAM too,
+// since the rig may describe a bigger machine, rather than found short by the OOM killer.
+static Status check_footprint_fits(const step::Footprint& fp, const Plan& plan, bool on_nvme) {
+  MT_ASSIGN_OR_RETURN(HardwareProfile rig, plan.resolve_rig());
+  step::TierCapacity cap = step::capacity_of(plan, rig);
+  if (on_nvme) cap.nvme = std::max(cap.nvme, fp.peak.nvme);  // the drives' own free space is checked by the store
+  if (Status fits = step::check_fits(fp, cap); !fits.ok()) return Status(fits.code(), "the plan does not fit its budgets: " + fits.message());
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && fp.peak.ram > static_cast<int64_t>(pages) * page)
+    return resource_exhausted("the plan needs " + format_bytes(static_cast<double>(fp.peak.ram)) + " (" + std::to_string(fp.peak.ram) +
+                              " bytes) of host RAM, but this machine has " +
+                              format_bytes(static_cast<double>(pages) * static_cast<double>(page)) + " (" +
+                              std::to_string(static_cast<int64_t>(pages) * page) +
+                              " bytes); accepted: a plan for this machine's rig (megatrain-plan plan --rig), which puts state on NVMe when "
+                              "RAM is short");
+  return {};
+}
+
+Status check_plan_fits(const Plan& plan, const ModelSpec& model, const std::string& backend) {
+  const bool cuda = backend == "cuda" || (backend == "auto" && have_cuda_backend() && cuda_unavailable_reason().empty());
+  const step::ActivationLayout layout = step::layout_for(cuda ? step::BackendKind::kCuda : step::BackendKind::kCpu, model, plan);
+  step::CompileOptions co;
+  co.lent_gradients = step::lends_gradients(plan, true);
+  MT_ASSIGN_OR_RETURN(const step::StepSchedule sched, step::compile(plan, model, layout, co));
+  const bool on_nvme = plan.placement.master_weights == Tier::kNvme || plan.placement.optimizer_states == Tier::kNvme;
+  return check_footprint_fits(step::footprint(sched, layout), plan, on_nvme);
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSpec& model, HostState& state,
                                                  const DataLoader& data, const TrainerOptions& options) {
   auto impl = std::make_unique<Impl>();
@@ -236,21 +265,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   const int64_t ws_floats = sb.workspace;
   const int64_t act_floats = sb.act_floats;
   if (options.streamed) {
-    // The budgets: the plan's device budget (or the rig's usable GPU memory) and the rig's host
-    // memory, checked before anything is allocated, with the figures the simulator reports.
-    MT_ASSIGN_OR_RETURN(HardwareProfile rig, plan.resolve_rig());
-    step::TierCapacity cap = step::capacity_of(plan, rig);
-    if (I.state->on_nvme()) cap.nvme = std::max(cap.nvme, I.fp.peak.nvme);  // the drives' own free space is checked by the store
-    if (Status fits = step::check_fits(I.fp, cap); !fits.ok())
-      return Status(fits.code(), "the plan does not fit its budgets: " + fits.message());
-    // The rig may describe a bigger machine than this one: host memory is also checked against the
-    // physical RAM here, before anything is allocated, rather than found short by the OOM killer.
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0 && I.fp.peak.ram > static_cast<int64_t>(pages) * page)
-      return resource_exhausted("the plan needs " + format_bytes(static_cast<double>(I.fp.peak.ram)) + " (" +
-                                std::to_string(I.fp.peak.ram) + " bytes) of host RAM, but this machine has " +
-                                format_bytes(static_cast<double>(pages) * static_cast<double>(page)) + " (" +
-                                std::to_string(static_cast<int64_t>(pages) * page) + " bytes); accepted: a plan for this machine's rig (megatrain-plan plan --rig), which puts state on NVMe when RAM is short");
+    MT_RETURN_IF_ERROR(check_footprint_fits(I.fp, plan, I.state->on_nvme()));
     MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(I.fp.peak.device));
     Arena& ar = *I.arena;
     auto take = [&](std::vector<float*>& into, int64_t count, int64_t n, const char* what) -> Status {

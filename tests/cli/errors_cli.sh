@@ -283,6 +283,28 @@ PY
   check "inspect: gpt-oss without $key refused naming it" "refused $? '$key: missing; a gpt-oss config must give it'"
 done
 
+# ---- issue 32 row 2: a plan far over its rig is refused before any state is allocated ----
+python3 - "$src/profiles/models/tiny-llama-gqa.json" "$src/profiles/hardware/cpu-dev-2core.json" "$tiny" "$tmp" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m.update(hidden_size=1024, intermediate_size=4096, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
+         vocab_size=32000, max_position_embeddings=2048)
+m.pop("head_dim", None)
+json.dump(m, open(sys.argv[4] + "/big-model.json", "w"))
+r = json.load(open(sys.argv[2]))
+r["name"] = "small-ram"
+r["host"]["ram_bytes"]["value"] = float(1 << 30)
+r["host"]["pinnable_bytes"]["value"] = float(1 << 29)
+json.dump(r, open(sys.argv[4] + "/small-ram.json", "w"))
+p = json.load(open(sys.argv[3]))
+p["model"], p["rig"] = sys.argv[4] + "/big-model.json", sys.argv[4] + "/small-ram.json"
+json.dump(p, open(sys.argv[4] + "/over.json", "w"))
+PY
+/usr/bin/time -q -f '%M %e' -o "$tmp/usage" "$exe" "$tmp/over.json" --data "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; rc=$?
+read -r peak_kib secs <"$tmp/usage"
+check "exec: a ~280M-parameter model on a 1 GiB rig is refused before allocating (peak ${peak_kib} KiB, ${secs} s)" \
+  "[ $rc -eq 1 ] && grep -q 'the plan does not fit its budgets' $tmp/err && [ $peak_kib -lt 400000 ] && untrained"
+
 # ---- issue 32 row 8: a FIFO, a device or a /proc file as --data: refused at once, not a hang ----
 mkfifo "$tmp/fifo"
 timeout 20 "$exe" "$tiny" --data "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"; rc=$?

@@ -57,6 +57,12 @@ struct MemoryInUse {
   int64_t device = 0, pinned = 0, ram = 0, nvme = 0;
 };
 
+// Whether the plan's compiled step fits its budgets (the plan's device budget or the rig's GPU, the
+// rig's host memory) and this machine's physical RAM, for the backend `backend` (auto, cpu, cuda)
+// would pick: the streamed trainer's own check, made before any state is allocated, so a run that
+// cannot fit is refused in a moment whatever the model's size.
+Status check_plan_fits(const Plan& plan, const ModelSpec& model, const std::string& backend);
+
 class Trainer {
  public:
   // Compiles the plan's step (megatrain/step/schedule.h) and validates, before anything runs, that
