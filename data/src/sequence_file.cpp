@@ -82,7 +82,7 @@ bool SequenceFile::is_sequence_file(const std::filesystem::path& path) {
   return in.read(m, 8) && std::memcmp(m, kSequenceMagic, 8) == 0;
 }
 
-Status SequenceFile::check_unchanged(const std::string& what) const { return check_file_unchanged(name_, identity_, what); }
+Status SequenceFile::check_unchanged() const { return check_file_unchanged(name_, identity_); }
 
 Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
   const std::string name = path.string();
@@ -94,7 +94,11 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
     return invalid_argument(name + ": not a regular file; expected a dataset written by megatrain-data prepare");
   }
   const auto size = static_cast<size_t>(st.st_size);
-  const FileIdentity identity{static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  const Result<FileIdentity> identity = file_identity(fd);
+  if (!identity.ok()) {
+    ::close(fd);
+    return identity.status();
+  }
   if (size < static_cast<size_t>(kSequenceDataOffset)) {
     ::close(fd);
     return invalid_argument(name + ": " + std::to_string(size) + " bytes, shorter than a prepared dataset's 4096-byte header");
@@ -106,7 +110,7 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
   f.name_ = name;
   f.map_ = map;
   f.map_bytes_ = size;
-  f.identity_ = identity;
+  f.identity_ = *identity;
   const auto* base = static_cast<const char*>(map);
   if (std::memcmp(base, kSequenceMagic, 8) != 0)
     return invalid_argument(name + ": not a prepared dataset (no MTSEQ001 magic); expected the output of megatrain-data prepare");

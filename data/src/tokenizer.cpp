@@ -701,13 +701,15 @@ Result<std::vector<int32_t>> Tokenizer::encode_with_cuts(std::string_view text, 
   std::vector<int32_t> ids = encode_regions(valid, &regions);
   token_at.clear();
   std::vector<int32_t> head;
+  auto r = regions.begin();
   for (size_t k = 0; k < cuts.size(); ++k) {
     const size_t c = cuts[k];
     if (c > valid.size()) return invalid_argument("encode_with_cuts: a cut at byte " + std::to_string(c) + " of a text of " +
                                                   std::to_string(valid.size()) + " bytes");
     if (k > 0 && c < cuts[k - 1]) return invalid_argument("encode_with_cuts: the cuts must be in order");
-    // The first region that ends after the cut; none: the cut is at the end.
-    auto r = std::find_if(regions.begin(), regions.end(), [&](const Region& g) { return g.end > c; });
+    // The first region that ends after the cut (cuts come in order, so the walk goes on from the
+    // last one); none: the cut is at the end.
+    while (r != regions.end() && r->end <= c) ++r;
     if (r == regions.end()) {
       token_at.push_back(ids.size());
       continue;

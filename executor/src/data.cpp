@@ -142,7 +142,7 @@ Result<TokenFile> TokenFile::open(const std::filesystem::path& path, TokenFormat
   if (fd.fd < 0) return io_error("cannot open token file '" + name + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0) return io_error("cannot stat token file '" + name + "': " + std::strerror(errno));
-  const FileIdentity identity{static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  MT_ASSIGN_OR_RETURN(const FileIdentity identity, file_identity(fd.fd));
   if (!S_ISREG(st.st_mode))
     return invalid_argument("token file '" + name + "' is " + file_kind(st.st_mode) +
                             ", not a regular file; expected a file of tokens (llm.c .bin, raw .u16/.u32, or text)");
@@ -384,11 +384,9 @@ DataLoader::DataLoader(DataLoader&&) noexcept = default;
 DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
 DataLoader::~DataLoader() = default;
 
-Status TokenFile::check_unchanged(const std::string& what) const { return check_file_unchanged(name_, identity_, what); }
+Status TokenFile::check_unchanged() const { return check_file_unchanged(name_, identity_); }
 
-Status DataLoader::check_unchanged(const std::string& what) const {
-  return sequences_ ? sequences_->check_unchanged(what) : tokens_->check_unchanged(what);
-}
+Status DataLoader::check_unchanged() const { return sequences_ ? sequences_->check_unchanged() : tokens_->check_unchanged(); }
 
 Result<DataLoader> DataLoader::create(std::shared_ptr<const TokenFile> tokens, int64_t seq_len, int64_t micro_batch,
                                       int64_t grad_accum, DataOrder order, uint64_t seed, int64_t vocab_size) {

@@ -347,15 +347,15 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
   for (int64_t s = start; s < total; ++s) {
     // The data file is mapped: one truncated or rewritten under the run is caught here, before the
     // step reads it, and the steps done so far are saved (issue 32 row 9).
-    const std::string after = o.checkpoint_dir.empty() ? "the run stops here (no --checkpoint-dir: nothing saved)"
-                              : s == 0                 ? "the run stops here, before its first step"
-                                                       : "the run stops here; the checkpoint of step " + std::to_string(s) + " holds the steps done";
-    if (Status changed = loader.check_unchanged(after); !changed.ok()) {
+    if (Status changed = loader.check_unchanged(); !changed.ok()) {
       if (!o.checkpoint_dir.empty() && s > saved) {
         MT_RETURN_IF_ERROR(trainer->finish_updates());
         MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out));
       }
-      return changed;
+      const std::string after = o.checkpoint_dir.empty() ? "the run stops here (no --checkpoint-dir: nothing saved)"
+                                : s == 0                 ? "the run stops here, before its first step"
+                                                         : "the run stops here; the checkpoint of step " + std::to_string(s) + " holds the steps done";
+      return Status(changed.code(), changed.message() + "; " + after);
     }
     MT_ASSIGN_OR_RETURN(StepResult r, trainer->run_step(s));
     summary.losses.push_back(r.loss);

@@ -16,11 +16,12 @@ struct FileIdentity {
   int64_t modified_ns = 0;   // st_mtim
 };
 
-// The identity of the file at `path` now (stat follows links).
+// The identity of the file at `path` now (stat follows links), or of an open descriptor.
 Result<FileIdentity> file_identity(const std::string& path);
+Result<FileIdentity> file_identity(int fd);
 
 // OK while the file at `path` still has identity `was`; otherwise an error that names the file and
-// both sizes and says what `what` (the run) will do.
-Status check_file_unchanged(const std::string& path, const FileIdentity& was, const std::string& what);
+// both sizes.
+Status check_file_unchanged(const std::string& path, const FileIdentity& was);
 
 }  // namespace megatrain

@@ -69,7 +69,7 @@ class SequenceFile {
   const SequenceHeader& header() const { return header_; }
   const std::string& name() const { return name_; }
   // OK while the file on disk is the one opened (same size and modification time).
-  Status check_unchanged(const std::string& what) const;
+  Status check_unchanged() const;
   int64_t rows() const { return header_.rows; }
   int64_t seq_len() const { return header_.seq_len; }
   const uint32_t* row_tokens(int64_t row) const { return tokens_ + row * (header_.seq_len + 1); }

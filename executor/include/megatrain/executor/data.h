@@ -63,7 +63,7 @@ class TokenFile {
   Status check_vocab(int64_t vocab_size) const;
   // OK while the file on disk is the one opened (same size and modification time); a file that was
   // truncated or rewritten since is reported by name (it is mapped: reading it could crash).
-  Status check_unchanged(const std::string& what) const;
+  Status check_unchanged() const;
 
  private:
   TokenFile() = default;
@@ -138,7 +138,7 @@ class DataLoader {
   const std::string& source_name() const;
   int64_t source_tokens() const;
   // The source file is still the one opened (TokenFile/SequenceFile::check_unchanged).
-  Status check_unchanged(const std::string& what) const;
+  Status check_unchanged() const;
   // Whole rows in the file: a row needs T+1 tokens starting at k*T, so floor((N - 1) / T).
   int64_t rows_per_epoch() const { return rows_per_epoch_; }
   int64_t tokens_per_step() const { return options_.micro_batch * options_.grad_accum * options_.seq_len; }
