@@ -125,6 +125,28 @@ Status unknown_shape(const Json& j, const std::string& where) {
                           "({\"conversations\"}), or --format with the field flags");
 }
 
+// Calls body(i) for i in [0, count) on `threads` threads, the caller's among them. Consecutive
+// indices are handed out in chunks, in order, to whichever thread is free, so that items of uneven
+// size (documents, lines) balance. A body that returns false stops the indices after its own:
+// every index before it is still visited.
+template <typename Body>
+void for_each_index(size_t count, size_t threads, size_t chunk, Body&& body) {
+  std::atomic<size_t> next{0}, limit{count};
+  auto run = [&] {
+    for (size_t begin; (begin = next.fetch_add(chunk)) < limit.load();)
+      for (size_t i = begin, end = std::min(begin + chunk, count); i < end && i < limit.load(); ++i)
+        if (!body(i)) {
+          for (size_t l = limit.load(); i < l && !limit.compare_exchange_weak(l, i);) {
+          }
+          return;
+        }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+}
+
 }  // namespace
 
 Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields, int threads) {
@@ -158,8 +180,8 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
     return docs;
   }
   // JSON Lines: one record per line; blank lines are skipped. The first record decides the format
-  // (auto); then the lines are parsed on `threads` threads, each a strided share, and the first bad
-  // line (by number) is the error.
+  // (auto); then the lines are parsed on `threads` threads, and the first bad line (by number) is
+  // the error.
   std::vector<std::pair<size_t, size_t>> lines;  // [begin, end) of each line, blank ones included
   for (size_t at = 0; at < bytes.size();) {
     size_t end = bytes.find('\n', at);
@@ -194,26 +216,18 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
   std::vector<Status> failed(lines.size());
   const size_t n = static_cast<size_t>(std::max(1, std::min<int>(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()),
                                                                    static_cast<int>(std::max<size_t>(lines.size() / 256, 1)))));
-  auto work = [&](size_t t) {
-    for (size_t k = t; k < lines.size(); k += n) {
-      if (blank(k)) continue;
-      Json j;
-      Status s = parse(k, j);
-      if (s.ok()) {
-        auto d = document_of(j, format, fields, name + ":" + std::to_string(k + 1));
-        if (d.ok()) read[k] = std::move(*d);
-        else s = d.status();
-      }
-      if (!s.ok()) {
-        failed[k] = s;
-        return;  // later lines of this share are not needed: an earlier error wins anyway
-      }
+  for_each_index(lines.size(), n, 64, [&](size_t k) {
+    if (blank(k)) return true;
+    Json j;
+    Status s = parse(k, j);
+    if (s.ok()) {
+      auto d = document_of(j, format, fields, name + ":" + std::to_string(k + 1));
+      if (d.ok()) read[k] = std::move(*d);
+      else s = d.status();
     }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < n; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (std::thread& t : pool) t.join();
+    failed[k] = s;
+    return s.ok();  // after a bad line, later ones are not needed: the first error wins anyway
+  });
   for (size_t k = 0; k < lines.size(); ++k) {
     MT_RETURN_IF_ERROR(failed[k]);
     if (read[k]) docs.push_back(std::move(*read[k]));
@@ -237,7 +251,7 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
   const bool all = train_on == "all";
   const int32_t pad = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
   const int64_t width = o.seq_len + 1;
-  // Tokenize in parallel, each thread a strided share of the documents.
+  // Tokenize in parallel, documents handed out in order to the threads as they come free.
   std::vector<std::vector<int32_t>> ids(docs.size());
   std::vector<std::vector<uint8_t>> counted(docs.size());
   std::vector<Status> failed(docs.size());
@@ -256,28 +270,28 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
     for (size_t k = 0; k + 1 < at.size(); k += 2) std::fill(m.begin() + static_cast<std::ptrdiff_t>(at[k]), m.begin() + static_cast<std::ptrdiff_t>(at[k + 1]), 1);
     return {};
   };
-  auto work = [&](int k) {
-    for (size_t i = static_cast<size_t>(k); i < docs.size(); i += static_cast<size_t>(threads)) {
-      std::vector<int32_t>& v = ids[i];
-      std::vector<uint8_t>& m = counted[i];
-      if (docs[i].chat()) {
-        if (Status s = conversation(docs[i], v, m); !s.ok()) failed[i] = invalid_argument(docs[i].where + ": " + s.message());
-        ++done;
-        continue;
-      }
-      v = tok.special_prefix();
-      m.assign(v.size(), all);
-      const std::vector<int32_t> p = tok.encode(docs[i].prompt), a = tok.encode(docs[i].answer);
-      v.insert(v.end(), p.begin(), p.end());
-      m.insert(m.end(), p.size(), all);
-      v.insert(v.end(), a.begin(), a.end());
-      v.push_back(tok.eos_id());
-      m.insert(m.end(), a.size() + 1, 1);
+  auto encode = [&](size_t i) {
+    std::vector<int32_t>& v = ids[i];
+    std::vector<uint8_t>& m = counted[i];
+    if (docs[i].chat()) {
       ++done;
+      if (Status s = conversation(docs[i], v, m); !s.ok()) {
+        failed[i] = invalid_argument(docs[i].where + ": " + s.message());
+        return false;  // the first bad document (by index) is the error
+      }
+      return true;
     }
+    v = tok.special_prefix();
+    m.assign(v.size(), all);
+    const std::vector<int32_t> p = tok.encode(docs[i].prompt), a = tok.encode(docs[i].answer);
+    v.insert(v.end(), p.begin(), p.end());
+    m.insert(m.end(), p.size(), all);
+    v.insert(v.end(), a.begin(), a.end());
+    v.push_back(tok.eos_id());
+    m.insert(m.end(), a.size() + 1, 1);
+    ++done;
+    return true;
   };
-  std::vector<std::thread> pool;
-  for (int k = 1; k < threads; ++k) pool.emplace_back(work, k);
   std::thread reporter;
   std::atomic<bool> finished{false};
   if (o.progress)
@@ -287,8 +301,7 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
         for (int s = 0; s < 5 && !finished; ++s) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     });
-  work(0);
-  for (std::thread& t : pool) t.join();
+  for_each_index(docs.size(), static_cast<size_t>(threads), 16, encode);
   finished = true;
   if (reporter.joinable()) reporter.join();
   if (o.progress) o.progress(static_cast<int64_t>(docs.size()), static_cast<int64_t>(docs.size()));

@@ -10,49 +10,71 @@
 
 namespace megatrain::data {
 
+namespace {
+// The bytes of the valid sequence at i (1-4), or 0 where the maximal invalid subpart `*bad` begins.
+size_t valid_sequence_at(const unsigned char* p, size_t n, size_t i, size_t* bad) {
+  const unsigned char b = p[i];
+  if (b < 0x80) return 1;
+  int need = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (b >= 0xC2 && b <= 0xDF) {
+    need = 1;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    need = 2;
+    if (b == 0xE0) lo = 0xA0;
+    if (b == 0xED) hi = 0x9F;  // no surrogates
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    need = 3;
+    if (b == 0xF0) lo = 0x90;
+    if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+  } else {
+    *bad = 1;
+    return 0;
+  }
+  // The maximal subpart: the lead byte and the continuation bytes that may follow it.
+  size_t j = i + 1;
+  int got = 0;
+  while (got < need && j < n && p[j] >= lo && p[j] <= hi) {
+    lo = 0x80;
+    hi = 0xBF;
+    ++j;
+    ++got;
+  }
+  if (got == need) return j - i;
+  *bad = j - i;
+  return 0;
+}
+}  // namespace
+
+size_t valid_utf8_prefix(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t i = 0, bad = 0;
+  while (i < s.size()) {
+    if (p[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t len = valid_sequence_at(p, s.size(), i, &bad);
+    if (len == 0) return i;
+    i += len;
+  }
+  return i;
+}
+
 std::string valid_utf8(std::string_view s) {
   static constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
   std::string out;
   out.reserve(s.size());
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char b = p[i];
-    if (b < 0x80) {
-      out.push_back(static_cast<char>(b));
-      ++i;
-      continue;
-    }
-    int need = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) {
-      need = 1;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      need = 2;
-      if (b == 0xE0) lo = 0xA0;
-      if (b == 0xED) hi = 0x9F;  // no surrogates
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      need = 3;
-      if (b == 0xF0) lo = 0x90;
-      if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-    } else {
-      out += kReplacement;
-      ++i;
-      continue;
-    }
-    // The maximal subpart: the lead byte and the continuation bytes that may follow it.
-    size_t j = i + 1;
-    int got = 0;
-    while (got < need && j < n && p[j] >= lo && p[j] <= hi) {
-      lo = 0x80;
-      hi = 0xBF;
-      ++j;
-      ++got;
-    }
-    if (got == need) out.append(s.data() + i, j - i);
-    else out += kReplacement;
-    i = j;
+  for (size_t i = 0; i < s.size();) {
+    const size_t run = valid_utf8_prefix(s.substr(i));
+    out.append(s.data() + i, run);
+    i += run;
+    if (i == s.size()) break;
+    size_t bad = 0;
+    valid_sequence_at(p, s.size(), i, &bad);
+    out += kReplacement;
+    i += bad;
   }
   return out;
 }
@@ -178,7 +200,22 @@ Result<Regex> Regex::compile(std::string_view pattern) {
 
 std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
   std::vector<std::pair<size_t, size_t>> out;
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+  find_all(s, out);
+  return out;
+}
+
+namespace {
+// Each thread's match data: only the whole match's offsets are read, so one pair fits any pattern.
+struct MatchData {
+  pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
+  ~MatchData() { pcre2_match_data_free(md); }
+};
+}  // namespace
+
+void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
+  out.clear();
+  thread_local MatchData data;
+  pcre2_match_data* md = data.md;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t start = 0;
   while (start <= s.size()) {
@@ -196,8 +233,6 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const
       start = b + utf8_length(static_cast<unsigned char>(s[b]));
     }
   }
-  pcre2_match_data_free(md);
-  return out;
 }
 
 }  // namespace megatrain::data

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstring>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <queue>
+#include <span>
 #include <unordered_map>
 
 #include "text.h"
@@ -66,9 +68,15 @@ const ByteTable& byte_table() {
 // SentencePiece's word boundary, U+2581 (▁).
 const std::string kMeta = "\xE2\x96\x81";
 // Whether the ▁ at byte p (> 0) of s follows another character than ▁.
-bool meta_after_other(const std::string& s, size_t p) {
-  return p < kMeta.size() || s.compare(p - kMeta.size(), kMeta.size(), kMeta) != 0;
+bool meta_after_other(std::string_view s, size_t p) {
+  return p < kMeta.size() || s.substr(p - kMeta.size(), kMeta.size()) != kMeta;
 }
+
+// Lets the maps keyed by std::string be searched with a std::string_view.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
 
 // GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -96,7 +104,7 @@ struct Tokenizer::Impl {
   std::string what;
   const uint64_t serial = ++g_tokenizers;  // tells a thread's word cache which tokenizer filled it
   // model
-  std::unordered_map<std::string, int32_t> vocab;
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab;
   std::vector<std::string> tokens;  // id -> text (vocabulary and added tokens)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
   bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
@@ -127,8 +135,12 @@ struct Tokenizer::Impl {
   Status load_added(const Json& j);
 
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
-  std::string normalized(std::string piece) const;
-  std::vector<std::string> pre_tokenized(std::string piece) const;
+  struct Scratch;
+  // The piece after the normalizers: the piece itself when there are none, else in sc.norm.
+  std::string_view normalized(std::string_view piece, Scratch& sc) const;
+  // Splits `text` into words (left in sc.words as spans) and returns the text they index: `text`,
+  // or one of sc's buffers when a ByteLevel step mapped the bytes.
+  std::string_view pre_tokenized(std::string_view text, Scratch& sc) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
 };
 
@@ -458,7 +470,7 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
 // merged, the leftmost of equal ranks first, until no pair has a merge.
 void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) const {
   if (ignore_merges) {
-    if (const auto f = vocab.find(std::string(word)); f != vocab.end()) {
+    if (const auto f = vocab.find(word); f != vocab.end()) {
       out.push_back(f->second);
       return;
     }
@@ -469,10 +481,9 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
   };
   std::vector<Sym> syms;
   syms.reserve(word.size());
-  std::string ch;
   for (size_t i = 0; i < word.size();) {
     const size_t len = std::min(utf8_length(static_cast<unsigned char>(word[i])), word.size() - i);
-    ch.assign(word.data() + i, len);
+    const std::string_view ch = word.substr(i, len);
     i += len;
     if (const auto f = vocab.find(ch); f != vocab.end()) {
       syms.push_back({f->second, 0, 0});
@@ -524,108 +535,216 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
   for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = syms[static_cast<size_t>(i)].next) out.push_back(syms[static_cast<size_t>(i)].id);
 }
 
-std::string Tokenizer::Impl::normalized(std::string piece) const {
-  for (const NormalizerStep& s : normalizers) {
-    switch (s.kind) {
-      case NormalizerStep::kForm: piece = normalize(piece, s.form); break;
+// The words of one piece: spans over a text that is the piece itself, or a thread's buffer when a
+// step rewrote the bytes. Each thread reuses its buffers, so encoding allocates only for new words.
+struct WordSpan {
+  uint32_t begin, end;
+};
+struct Tokenizer::Impl::Scratch {
+  std::string norm, text[2], prefixed;
+  std::vector<WordSpan> words, next;
+  std::vector<std::pair<size_t, size_t>> matches;
+};
+
+std::string_view Tokenizer::Impl::normalized(std::string_view piece, Scratch& sc) const {
+  if (normalizers.empty()) return piece;
+  std::string& s = sc.norm;
+  s.assign(piece);
+  for (const NormalizerStep& n : normalizers) {
+    switch (n.kind) {
+      case NormalizerStep::kForm: s = normalize(s, n.form); break;
       case NormalizerStep::kPrepend:
-        if (!piece.empty()) piece = s.a + piece;
+        if (!s.empty()) s.insert(0, n.a);
         break;
-      case NormalizerStep::kReplace: replace_all(piece, s.a, s.b); break;
+      case NormalizerStep::kReplace:
+        if (s.find(n.a) != std::string::npos) replace_all(s, n.a, n.b);
+        break;
     }
   }
-  return piece;
+  return s;
 }
 
-std::vector<std::string> Tokenizer::Impl::pre_tokenized(std::string piece) const {
-  std::vector<std::string> words;
-  if (!piece.empty()) words.push_back(std::move(piece));
+std::string_view Tokenizer::Impl::pre_tokenized(std::string_view text, Scratch& sc) const {
+  std::vector<WordSpan>& words = sc.words;
+  std::vector<WordSpan>& next = sc.next;
+  words.clear();
+  if (!text.empty()) words.push_back({0, static_cast<uint32_t>(text.size())});
   const ByteTable& bt = byte_table();
+  int out_buffer = 0;
   for (const PreTokenizerStep& s : pre_tokenizers) {
-    std::vector<std::string> next;
-    for (std::string& w : words) {
-      if (s.kind == PreTokenizerStep::kByteLevel && s.add_prefix_space && w[0] != ' ') w.insert(w.begin(), ' ');
+    next.clear();
+    // ByteLevel writes its words' mapped bytes to a fresh buffer (not the one `text` may be in).
+    std::string* out = nullptr;
+    if (s.kind == PreTokenizerStep::kByteLevel) {
+      if (text.data() == sc.text[out_buffer].data()) out_buffer ^= 1;
+      out = &sc.text[out_buffer];
+      out->clear();
+    }
+    auto emit = [&](std::string_view w, size_t b, size_t e) {  // bytes [b, e) of the word w as a word of the output
+      if (out == nullptr) {
+        const auto base = static_cast<size_t>(w.data() - text.data());
+        next.push_back({static_cast<uint32_t>(base + b), static_cast<uint32_t>(base + e)});
+        return;
+      }
+      const auto begin = static_cast<uint32_t>(out->size());
+      for (size_t i = b; i < e; ++i) *out += bt.to_char[static_cast<unsigned char>(w[i])];
+      next.push_back({begin, static_cast<uint32_t>(out->size())});
+    };
+    for (const WordSpan& span : words) {
+      std::string_view w = text.substr(span.begin, span.end - span.begin);
+      if (s.kind == PreTokenizerStep::kByteLevel && s.add_prefix_space && w[0] != ' ') {
+        sc.prefixed.assign(1, ' ');
+        sc.prefixed += w;
+        w = sc.prefixed;
+      }
       if (!s.regex) {
-        next.push_back(std::move(w));
+        emit(w, 0, w.size());
         continue;
       }
-      const auto matches = s.regex->find_all(w);
+      s.regex->find_all(w, sc.matches);
       const auto behavior = s.kind == PreTokenizerStep::kByteLevel ? PreTokenizerStep::kIsolated : s.behavior;
       size_t at = 0;
-      std::string pending;  // MergedWithNext: a match waiting for the gap after it
-      for (const auto& [b, e] : matches) {
-        std::string gap = w.substr(at, b - at), match = w.substr(b, e - b);
+      size_t pending = std::string_view::npos;  // MergedWithNext: where the match waiting for its gap begins
+      for (const auto& [b, e] : sc.matches) {
         switch (behavior) {
           case PreTokenizerStep::kIsolated:
-            if (!gap.empty()) next.push_back(std::move(gap));
-            next.push_back(std::move(match));
+            if (b > at) emit(w, at, b);
+            emit(w, b, e);
             break;
           case PreTokenizerStep::kRemoved:
-            if (!gap.empty()) next.push_back(std::move(gap));
+            if (b > at) emit(w, at, b);
             break;
-          case PreTokenizerStep::kMergedWithPrevious:
-            next.push_back(gap + match);
-            break;
+          case PreTokenizerStep::kMergedWithPrevious: emit(w, at, e); break;
           case PreTokenizerStep::kMergedWithNext:
-            if (!pending.empty() || !gap.empty()) next.push_back(pending + gap);
-            pending = std::move(match);
+            if (pending != std::string_view::npos || b > at) emit(w, pending != std::string_view::npos ? pending : at, b);
+            pending = b;
             break;
         }
         at = e;
       }
-      std::string tail = w.substr(at);
-      if (behavior == PreTokenizerStep::kMergedWithNext) tail = pending + tail;
-      if (!tail.empty()) next.push_back(std::move(tail));
+      if (behavior == PreTokenizerStep::kMergedWithNext && pending != std::string_view::npos) at = pending;
+      if (w.size() > at) emit(w, at, w.size());
     }
-    if (s.kind == PreTokenizerStep::kByteLevel)
-      for (std::string& w : next) {
-        std::string mapped;
-        mapped.reserve(w.size() * 2);
-        for (char c : w) mapped += bt.to_char[static_cast<unsigned char>(c)];
-        w = std::move(mapped);
-      }
-    words = std::move(next);
+    std::swap(words, next);
+    if (out != nullptr) text = *out;
   }
-  return words;
+  return text;
 }
 
 // Words repeat, so each thread keeps the ids of the words it has seen, for one tokenizer at a time
-// (bounded: it starts again when full).
-struct WordCache {
-  uint64_t owner = 0;  // Impl::serial: never reused, unlike an address
-  std::unordered_map<std::string, std::vector<int32_t>> ids;
+// (bounded: it starts again when full). An open-addressing table whose slots hold a word's hash,
+// where its bytes and ids lie in two arenas, and a one-token word's id inline: a lookup touches
+// one slot and the word's bytes, and filling it allocates only when an arena grows.
+class WordCache {
+ public:
+  static constexpr size_t kMaxWordBytes = 64;  // longer words are rare and would crowd the cache
+
+  // The ids of `word` (at most kMaxWordBytes), computed by `fill` on the first lookup.
+  template <typename Fill>
+  std::span<const int32_t> ids(uint64_t owner, std::string_view word, Fill&& fill) {
+    if (owner != owner_ || (count_ >= slots_.size() / 2 && slots_.size() == kMaxSlots)) reset(owner);
+    else if (count_ >= slots_.size() / 2) grow();
+    const uint64_t h = hash(word) | 1;  // 0 marks an empty slot
+    const size_t mask = slots_.size() - 1;
+    size_t i = h & mask;
+    for (;; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.hash == 0) break;
+      if (s.hash == h && s.length == word.size() && std::memcmp(bytes_.data() + s.bytes, word.data(), word.size()) == 0)
+        return s.count == 1 ? std::span<const int32_t>(&s.id, 1) : std::span<const int32_t>(ids_.data() + s.id, s.count);
+    }
+    scratch_.clear();
+    fill(word, scratch_);
+    Slot& s = slots_[i];
+    s.hash = h;
+    s.bytes = static_cast<uint32_t>(bytes_.size());
+    s.length = static_cast<uint16_t>(word.size());
+    s.count = static_cast<uint16_t>(scratch_.size());  // at most one per byte
+    bytes_.insert(bytes_.end(), word.begin(), word.end());
+    if (scratch_.size() == 1) {
+      s.id = scratch_[0];
+    } else {
+      s.id = static_cast<int32_t>(ids_.size());
+      ids_.insert(ids_.end(), scratch_.begin(), scratch_.end());
+    }
+    ++count_;
+    return scratch_;
+  }
+
+ private:
+  static constexpr size_t kMinSlots = size_t{1} << 12, kMaxSlots = size_t{1} << 19;
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t bytes = 0;  // offset in bytes_
+    uint16_t length = 0, count = 0;
+    int32_t id = 0;  // the id (count 1) or the offset of the ids in ids_
+  };
+  static uint64_t hash(std::string_view w) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ w.size();
+    size_t i = 0;
+    for (; i + 8 <= w.size(); i += 8) {
+      uint64_t v;
+      std::memcpy(&v, w.data() + i, 8);
+      h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    uint64_t v = 0;
+    std::memcpy(&v, w.data() + i, w.size() - i);
+    h = (h ^ v) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+  }
+  void reset(uint64_t owner) {
+    slots_.assign(kMinSlots, Slot{});
+    bytes_.clear();
+    ids_.clear();
+    count_ = 0;
+    owner_ = owner;
+  }
+  void grow() {  // twice the slots, the words placed again by the hashes they keep
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& s : old) {
+      if (s.hash == 0) continue;
+      size_t i = s.hash & mask;
+      while (slots_[i].hash != 0) i = (i + 1) & mask;
+      slots_[i] = s;
+    }
+  }
+  std::vector<Slot> slots_;
+  std::vector<char> bytes_;
+  std::vector<int32_t> ids_;
+  std::vector<int32_t> scratch_;
+  size_t count_ = 0;
+  uint64_t owner_ = 0;  // Impl::serial: never reused, unlike an address
 };
-constexpr size_t kWordCacheEntries = 1 << 18;
 
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
   thread_local WordCache cache;
-  if (cache.owner != serial || cache.ids.size() >= kWordCacheEntries) {
-    cache.ids.clear();
-    cache.owner = serial;
-  }
-  std::vector<std::string> words = pre_tokenized(normalized(std::string(piece)));
-  if (cut_at_metaspace) {
-    std::vector<std::string> cut;
-    for (const std::string& w : words) {
-      size_t begin = 0;
-      for (size_t p = w.find(kMeta, 1); p != std::string::npos; p = w.find(kMeta, p + 1))
-        if (meta_after_other(w, p)) {
-          cut.push_back(w.substr(begin, p - begin));
-          begin = p;
-        }
-      cut.push_back(w.substr(begin));
-    }
-    words = std::move(cut);
-  }
-  for (const std::string& w : words) {
-    if (w.size() > 64) {  // long words are rare and would crowd the cache
+  thread_local Scratch sc;
+  const std::string_view text = pre_tokenized(normalized(piece, sc), sc);
+  auto encode_word = [&](std::string_view w) {
+    if (w.size() > WordCache::kMaxWordBytes) {
       bpe(w, out);
+      return;
+    }
+    const auto ids = cache.ids(serial, w, [this](std::string_view word, std::vector<int32_t>& to) { bpe(word, to); });
+    out.insert(out.end(), ids.begin(), ids.end());
+  };
+  for (const WordSpan& span : sc.words) {
+    const std::string_view w = text.substr(span.begin, span.end - span.begin);
+    if (!cut_at_metaspace) {
+      encode_word(w);
       continue;
     }
-    auto [it, fresh] = cache.ids.try_emplace(w);
-    if (fresh) bpe(w, it->second);
-    out.insert(out.end(), it->second.begin(), it->second.end());
+    size_t begin = 0;
+    for (size_t p = w.find(kMeta, 1); p != std::string_view::npos; p = w.find(kMeta, p + 1))
+      if (meta_after_other(w, p)) {
+        encode_word(w.substr(begin, p - begin));
+        begin = p;
+      }
+    encode_word(w.substr(begin));
   }
 }
 
@@ -642,12 +761,12 @@ struct Tokenizer::Region {
   bool piece = false;
 };
 
-std::vector<int32_t> Tokenizer::encode_regions(const std::string& text, std::vector<Region>* regions) const {
+std::vector<int32_t> Tokenizer::encode_regions(std::string_view text, std::vector<Region>* regions) const {
   const Impl& I = *impl_;
   std::vector<int32_t> out;
   auto plain = [&](size_t begin, size_t end) {
     const size_t first = out.size();
-    I.encode_piece(std::string_view(text).substr(begin, end - begin), out);
+    I.encode_piece(text.substr(begin, end - begin), out);
     if (regions != nullptr && end > begin) regions->push_back(Region{begin, end, first, out.size(), true});
   };
   // Added tokens first: at each position the longest one that matches (the list is longest first).
@@ -685,7 +804,7 @@ std::vector<int32_t> Tokenizer::encode_regions(const std::string& text, std::vec
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_tokens) const {
-  std::vector<int32_t> ids = encode_regions(valid_utf8(raw), nullptr);
+  std::vector<int32_t> ids = valid_utf8_prefix(raw) == raw.size() ? encode_regions(raw, nullptr) : encode_regions(valid_utf8(raw), nullptr);
   if (!add_special_tokens) return ids;
   std::vector<int32_t> out = impl_->prefix;
   out.insert(out.end(), ids.begin(), ids.end());
@@ -695,17 +814,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_to
 
 Result<std::vector<int32_t>> Tokenizer::encode_with_cuts(std::string_view text, const std::vector<size_t>& cuts,
                                                          std::vector<size_t>& token_at) const {
-  const std::string valid = valid_utf8(text);
-  if (valid != text) return invalid_argument("encode_with_cuts: the text is not valid UTF-8, so its byte offsets would move");
+  if (valid_utf8_prefix(text) != text.size()) return invalid_argument("encode_with_cuts: the text is not valid UTF-8, so its byte offsets would move");
   std::vector<Region> regions;
-  std::vector<int32_t> ids = encode_regions(valid, &regions);
+  std::vector<int32_t> ids = encode_regions(text, &regions);
   token_at.clear();
   std::vector<int32_t> head;
   auto r = regions.begin();
   for (size_t k = 0; k < cuts.size(); ++k) {
     const size_t c = cuts[k];
-    if (c > valid.size()) return invalid_argument("encode_with_cuts: a cut at byte " + std::to_string(c) + " of a text of " +
-                                                  std::to_string(valid.size()) + " bytes");
+    if (c > text.size()) return invalid_argument("encode_with_cuts: a cut at byte " + std::to_string(c) + " of a text of " +
+                                                  std::to_string(text.size()) + " bytes");
     if (k > 0 && c < cuts[k - 1]) return invalid_argument("encode_with_cuts: the cuts must be in order");
     // The first region that ends after the cut (cuts come in order, so the walk goes on from the
     // last one); none: the cut is at the end.
@@ -721,7 +839,7 @@ Result<std::vector<int32_t>> Tokenizer::encode_with_cuts(std::string_view text, 
     // Inside a piece: the ids of the piece's head, compared with the piece's ids. BPE within one
     // pre-tokenized word may merge across the cut: such a token goes to the side after the cut.
     head.clear();
-    impl_->encode_piece(std::string_view(valid).substr(r->begin, c - r->begin), head);
+    impl_->encode_piece(text.substr(r->begin, c - r->begin), head);
     size_t same = 0;
     while (same < head.size() && r->first + same < r->last && ids[r->first + same] == head[same]) ++same;
     // The head of a word may merge differently from the whole word (and agree with it less than a
@@ -822,7 +940,7 @@ Result<std::string> Tokenizer::decode(const std::vector<int32_t>& ids, bool skip
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
 int32_t Tokenizer::token_to_id(std::string_view token) const {
-  const auto f = impl_->vocab.find(std::string(token));
+  const auto f = impl_->vocab.find(token);
   return f == impl_->vocab.end() ? -1 : f->second;
 }
 std::string Tokenizer::id_to_token(int32_t id) const {

@@ -79,12 +79,14 @@ class Tokenizer {
  private:
   struct Impl;
   struct Region;
-  std::vector<int32_t> encode_regions(const std::string& text, std::vector<Region>* regions) const;
+  std::vector<int32_t> encode_regions(std::string_view text, std::vector<Region>* regions) const;
   std::unique_ptr<Impl> impl_;
 };
 
 // `text` as valid UTF-8: each maximal subpart of an ill-formed sequence becomes U+FFFD (the
 // Unicode standard's recommended practice, which WHATWG's and Rust's lossy decoders follow).
 std::string valid_utf8(std::string_view text);
+// The length of the longest prefix of `text` that is valid UTF-8 (text.size() when all of it is).
+size_t valid_utf8_prefix(std::string_view text);
 
 }  // namespace megatrain::data
