@@ -358,6 +358,7 @@ Result<int64_t> TraceWriter::add_lane(const std::string& name, const std::string
                             std::to_string(it - names.begin()) + "); lane names must be unique");
   }
   const auto id = static_cast<int64_t>(names.size());
+  if (id >= kTraceMaxLanes) return invalid_argument("a trace holds at most " + std::to_string(kTraceMaxLanes) + " lanes");
   MT_RETURN_IF_ERROR(impl_->begin_if_needed());
   sqlite3_stmt* s = impl_->ins_lane.get();
   sqlite3_bind_int64(s, 1, id);
@@ -382,6 +383,16 @@ Status TraceWriter::add_span(const TraceSpan& span) {
                             std::to_string(span.start_ns) + ", end_ns=" + std::to_string(span.end_ns) +
                             "); end_ns must be >= start_ns");
   }
+  if (span.start_ns < 0 || span.end_ns > kTraceMaxNs)
+    return invalid_argument("span " + in_quotes(span.name) + " is at " + std::to_string(span.start_ns) + ".." + std::to_string(span.end_ns) +
+                            " ns; a trace's times are 0..2^53 ns from the run's start");
+  for (const int64_t index : {span.step, span.layer, span.micro_batch})
+    if (index < -1 || index >= kTraceMaxIndex)
+      return invalid_argument("span " + in_quotes(span.name) + " has a step, layer or micro-batch of " + std::to_string(index) +
+                              "; accepted: -1 (none) or 0..2^31");
+  if (span.bytes < 0 || span.bytes > kTraceMaxNs || !(span.flops >= 0 && span.flops <= 1e30))
+    return invalid_argument("span " + in_quotes(span.name) + " has bytes " + std::to_string(span.bytes) + " and flops " +
+                            std::to_string(span.flops) + "; accepted: bytes 0..2^53, flops 0..1e30");
   MT_RETURN_IF_ERROR(impl_->begin_if_needed());
   sqlite3_stmt* s = impl_->ins_span.get();
   sqlite3_bind_int64(s, 1, span.lane);
@@ -402,6 +413,9 @@ Status TraceWriter::add_counter(const TraceCounter& counter) {
   if (counter.name.empty()) {
     return invalid_argument("trace counter name is empty; give it a name such as \"bytes.device\"");
   }
+  if (counter.t_ns < 0 || counter.t_ns > kTraceMaxNs || !(std::abs(counter.value) <= 1e300))
+    return invalid_argument("trace counter " + in_quotes(counter.name) + " at " + std::to_string(counter.t_ns) + " ns is " +
+                            std::to_string(counter.value) + "; accepted: 0..2^53 ns and a finite value");
   MT_RETURN_IF_ERROR(impl_->begin_if_needed());
   sqlite3_stmt* s = impl_->ins_counter.get();
   bind_text(s, 1, counter.name);
@@ -419,6 +433,9 @@ Status TraceWriter::add_step(const TraceStep& step) {
     return invalid_argument("trace step " + std::to_string(step.step) + " has tokens=" +
                             std::to_string(step.tokens) + "; it must be >= 0");
   }
+  if (step.step > kTraceMaxNs || step.tokens > kTraceMaxNs || !(step.time_s >= 0 && step.time_s <= 1e300))
+    return invalid_argument("trace step " + std::to_string(step.step) + " has tokens=" + std::to_string(step.tokens) + " and time_s=" +
+                            std::to_string(step.time_s) + "; accepted: a step and tokens up to 2^53, a finite time_s >= 0");
   MT_RETURN_IF_ERROR(impl_->begin_if_needed());
   sqlite3_stmt* s = impl_->ins_step.get();
   sqlite3_bind_int64(s, 1, step.step);
@@ -528,6 +545,16 @@ Status check_tables(ReaderState& r) {
                    (missing.size() > 1 ? " are" : " is") +
                    " missing (a trace has tables meta, lanes, spans, counters, steps)");
   }
+  // The five must be tables: a view may compute anything, forever.
+  {
+    MT_ASSIGN_OR_RETURN(Stmt types, r.prep("SELECT name, type FROM sqlite_master WHERE name IN ('meta', 'lanes', 'spans', 'counters', "
+                                           "'steps') AND type != 'table'"));
+    rc = sqlite3_step(types.get());
+    if (rc == SQLITE_ROW)
+      return corrupt(r.path.string() + " is not a MegaTrain trace: " + column_text(types.get(), 0) + " is a " +
+                     column_text(types.get(), 1) + "; a trace's meta, lanes, spans, counters and steps are plain tables");
+    if (rc != SQLITE_DONE) return r.query_error(rc, "reading the schema");
+  }
   for (const auto& tc : required_columns()) {
     MT_ASSIGN_OR_RETURN(Stmt info, r.prep(std::string("PRAGMA table_info(") + tc.table + ")"));
     std::set<std::string> cols;
@@ -538,6 +565,70 @@ Status check_tables(ReaderState& r) {
         return corrupt(r.path.string() + " is not a MegaTrain trace: table " + tc.table + " has no column " + c);
       }
     }
+  }
+  return {};
+}
+
+// Every row must hold what the writer writes: integers and reals in the ranges below, spans on lanes that exist. The
+// checks are one scan per table, so that nothing downstream (the export, the GUI) meets a value
+// whose arithmetic overflows.
+Status check_rows(ReaderState& r) {
+  const std::string max_ns = std::to_string(kTraceMaxNs), max_index = std::to_string(kTraceMaxIndex);
+  auto integer_in = [](const std::string& col, const std::string& lo, const std::string& hi) {
+    return "(typeof(" + col + ") = 'integer' AND " + col + " BETWEEN " + lo + " AND " + hi + ")";
+  };
+  auto real_in = [](const std::string& col, const std::string& lo, const std::string& hi) {  // NaN is stored as NULL
+    return "(typeof(" + col + ") = 'null' OR (typeof(" + col + ") IN ('integer', 'real') AND " + col + " BETWEEN " + lo + " AND " + hi +
+           "))";
+  };
+  auto any_real = [](const std::string& col) { return "typeof(" + col + ") IN ('null', 'integer', 'real')"; };
+  bool aux_loss = false;
+  {
+    MT_ASSIGN_OR_RETURN(Stmt info, r.prep("PRAGMA table_info(steps)"));
+    int rc;
+    while ((rc = sqlite3_step(info.get())) == SQLITE_ROW) aux_loss = aux_loss || column_text(info.get(), 1) == "aux_loss";
+    if (rc != SQLITE_DONE) return r.query_error(rc, "reading the columns of steps");
+  }
+  struct Check {
+    std::string table, columns, valid, accepted;
+  };
+  const std::vector<Check> checks = {
+      {"lanes", "id", integer_in("id", "0", std::to_string(kTraceMaxLanes - 1)),
+       "lane ids are integers from 0 to " + std::to_string(kTraceMaxLanes - 1)},
+      {"spans", "lane, start_ns, end_ns, step, layer, micro_batch, bytes, flops",
+       "typeof(lane) = 'integer' AND lane IN (SELECT id FROM lanes) AND " + integer_in("start_ns", "0", max_ns) + " AND " +
+           integer_in("end_ns", "start_ns", max_ns) + " AND " + integer_in("step", "-1", max_index) + " AND " +
+           integer_in("layer", "-1", max_index) + " AND " + integer_in("micro_batch", "-1", max_index) + " AND " +
+           integer_in("bytes", "0", max_ns) + " AND " + real_in("flops", "0", "1e30"),
+       "a span is on a lane of the lanes table, 0 <= start_ns <= end_ns <= 2^53 (ns), step, layer and micro_batch are -1 or "
+       "0..2^31, bytes 0..2^53 and flops 0..1e30"},
+      {"counters", "name, t_ns, value", integer_in("t_ns", "0", max_ns) + " AND " + real_in("value", "-1e300", "1e300"),
+       "a counter has 0 <= t_ns <= 2^53 (ns) and a finite value"},
+      {"steps", std::string("step, loss, tokens, time_s") + (aux_loss ? ", aux_loss" : ""),
+       integer_in("step", "0", max_ns) + " AND " + any_real("loss") + " AND " + integer_in("tokens", "0", max_ns) + " AND " +
+           real_in("time_s", "0", "1e300") + (aux_loss ? " AND " + any_real("aux_loss") : ""),
+       "a step has a number 0..2^53, a loss that is a number (a diverged run's infinity too) or missing, 0..2^53 tokens and a finite "
+       "time_s >= 0"},
+  };
+  for (const Check& c : checks) {
+    MT_ASSIGN_OR_RETURN(Stmt st, r.prep("SELECT rowid, " + c.columns + " FROM " + c.table + " WHERE NOT coalesce(" + c.valid + ", 0) LIMIT 1"));
+    int rc = sqlite3_step(st.get());
+    if (rc == SQLITE_DONE) continue;
+    if (rc != SQLITE_ROW) return r.query_error(rc, "checking " + c.table);
+    std::string values;
+    for (int i = 1; i < sqlite3_column_count(st.get()); ++i) {
+      const auto* text = sqlite3_column_text(st.get(), i);
+      values += std::string(i > 1 ? ", " : "") + sqlite3_column_name(st.get(), i) + " " +
+                (text != nullptr ? reinterpret_cast<const char*>(text) : "NULL");
+    }
+    return corrupt(r.path.string() + ": " + c.table + " row " + std::to_string(sqlite3_column_int64(st.get(), 0)) + " (" + values +
+                   ") is out of range: " + c.accepted);
+  }
+  {
+    MT_ASSIGN_OR_RETURN(Stmt st, r.prep("SELECT id FROM lanes GROUP BY id HAVING count(*) > 1 LIMIT 1"));
+    int rc = sqlite3_step(st.get());
+    if (rc == SQLITE_ROW) return corrupt(r.path.string() + ": lane id " + column_text(st.get(), 0) + " is given twice; lane ids are unique");
+    if (rc != SQLITE_DONE) return r.query_error(rc, "checking lanes");
   }
   return {};
 }
@@ -592,6 +683,7 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const fs::path& path) {
   // SQLite's own words ("database disk image is malformed", "file is not a database").
   MT_RETURN_IF_ERROR(check_tables(*impl));
   MT_RETURN_IF_ERROR(load_meta_and_lanes(*impl));
+  MT_RETURN_IF_ERROR(check_rows(*impl));
   return std::unique_ptr<TraceReader>(new TraceReader(std::move(impl)));
 }
 

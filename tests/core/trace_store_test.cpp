@@ -141,7 +141,7 @@ struct Sample {
     a.step = 0, a.layer = 0, a.bytes = 402653184;
     TraceSpan b = span(0, "fwd L0 mb0", "forward", 1500, 1234567);
     b.step = 0, b.layer = 0, b.micro_batch = 0, b.flops = 1.2345678901234567e15;
-    TraceSpan c = span(0, "bwd L0 mb0", "backward", 1234567, 1700000000123456789);
+    TraceSpan c = span(0, "bwd L0 mb0", "backward", 1234567, 9007199254740991);  // 2^53 - 1 ns: the latest time a trace holds
     c.step = 0, c.layer = 0, c.micro_batch = 0, c.flops = 2.5e15;
     TraceSpan d = span(2, "adam L0", "optimizer", 2000000, 2000000);  // zero-length is allowed
     d.step = 0, d.layer = 0, d.bytes = 1;
@@ -322,7 +322,7 @@ TEST_F(TraceStoreTest, SummaryCountsSpansAndCountersAndBounds) {
   EXPECT_EQ(s->span_count, 5);
   EXPECT_EQ(s->counter_count, 4);
   EXPECT_EQ(s->start_ns, 0);
-  EXPECT_EQ(s->end_ns, 1700000000123456789);
+  EXPECT_EQ(s->end_ns, 9007199254740991);
 
   const fs::path empty = dir_ / "empty.mtrace";
   ASSERT_TRUE(make_writer(empty)->close().ok());
@@ -619,6 +619,88 @@ TEST_F(TraceReaderTest, NewerSchemaIsUnsupported) {
   ASSERT_TRUE(fails_with(r, StatusCode::kUnsupported));
   EXPECT_TRUE(has_substr(r.status().message(), "megatrain.trace/9"));
   EXPECT_TRUE(has_substr(r.status().message(), "megatrain.trace/1"));
+}
+
+// Hostile traces (issue 32 row 16): rows the writer never writes and views in place of tables are
+// refused at open, naming the table, the row and the accepted range. Before, a span from INT64_MIN
+// to INT64_MAX or a lane id of INT64_MAX overflowed in the export, and a view that recurses
+// without end hung the reader.
+TEST_F(TraceReaderTest, HostileRowsAndViewsAreRefusedAtOpen) {
+  struct Case {
+    const char* name;
+    const char* sql;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"widest span", "UPDATE spans SET start_ns = -9223372036854775808, end_ns = 9223372036854775807 WHERE rowid = 2",
+       "spans row 2 (lane 1, start_ns -9223372036854775808, end_ns 9223372036854775807"},
+      {"span ends before it starts", "UPDATE spans SET start_ns = 50, end_ns = 40 WHERE rowid = 1", "spans row 1"},
+      {"span past 2^53 ns", "UPDATE spans SET end_ns = 9007199254740993 WHERE rowid = 1", "end_ns 9007199254740993"},
+      {"text for a time", "UPDATE spans SET start_ns = 'soon' WHERE rowid = 1", "start_ns soon"},
+      {"span on a missing lane", "UPDATE spans SET lane = 7 WHERE rowid = 1", "a span is on a lane of the lanes table"},
+      {"huge lane id", "UPDATE lanes SET id = 9223372036854775807 WHERE id = 1", "lanes row 9223372036854775807 (id 9223372036854775807)"},
+      {"huge layer", "UPDATE spans SET layer = 4611686018427387904 WHERE rowid = 1", "layer 4611686018427387904"},
+      {"negative bytes", "UPDATE spans SET bytes = -5 WHERE rowid = 1", "bytes -5"},
+      {"counter before the start", "UPDATE counters SET t_ns = -1", "counters row 1 (name bytes.device, t_ns -1"},
+      {"infinite time_s", "UPDATE steps SET time_s = 1e999", "steps row 1"},
+      {"a recursive view for spans",
+       "DROP TABLE spans; CREATE VIEW spans AS WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c) SELECT 0 AS lane, "
+       "'f' AS name, 'forward' AS kind, 0 AS step, 0 AS layer, 0 AS micro_batch, x AS start_ns, x AS end_ns, 0 AS bytes, "
+       "0.0 AS flops FROM c",
+       "spans is a view; a trace's meta, lanes, spans, counters and steps are plain tables"},
+      {"lane ids twice",
+       "CREATE TABLE l2(id INTEGER, name TEXT, kind TEXT); INSERT INTO l2 SELECT * FROM lanes; INSERT INTO l2 VALUES(0, 'again', "
+       "'gpu'); DROP TABLE lanes; ALTER TABLE l2 RENAME TO lanes",
+       "lane id 0 is given twice"},
+  };
+  for (const Case& c : cases) {
+    const fs::path p = dir_ / "hostile.mtrace";
+    {
+      auto w = make_writer(p);
+      ASSERT_TRUE(w->add_lane("GPU compute", "gpu").ok());
+      ASSERT_TRUE(w->add_lane("H2D", "h2d").ok());
+      ASSERT_TRUE(w->add_span(span(0, "fwd", "forward", 10, 20)).ok());
+      ASSERT_TRUE(w->add_span(span(1, "h2d", "h2d", 5, 15)).ok());
+      ASSERT_TRUE(w->add_counter({"bytes.device", 10, 1e9}).ok());
+      ASSERT_TRUE(w->add_step({0, 2.5, 4096, 0.5}).ok());
+      ASSERT_TRUE(w->close().ok());
+    }
+    ASSERT_TRUE(TraceReader::open(p).ok()) << c.name << ": the trace before the change must open";
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, c.sql, nullptr, nullptr, nullptr), SQLITE_OK) << c.name << ": " << sqlite3_errmsg(db);
+    sqlite3_close(db);
+    auto r = TraceReader::open(p);
+    ASSERT_TRUE(fails_with(r, StatusCode::kCorrupt)) << c.name;
+    EXPECT_TRUE(has_substr(r.status().message(), p.string())) << r.status().message();
+    EXPECT_TRUE(has_substr(r.status().message(), c.says)) << c.name << ": " << r.status().message();
+  }
+  // A diverged run's infinite loss is data, not damage.
+  const fs::path p = dir_ / "diverged.mtrace";
+  {
+    auto w = make_writer(p);
+    ASSERT_TRUE(w->add_lane("GPU compute", "gpu").ok());
+    ASSERT_TRUE(w->add_step({0, std::numeric_limits<double>::infinity(), 4096, 0.5}).ok());
+    ASSERT_TRUE(w->close().ok());
+  }
+  EXPECT_TRUE(TraceReader::open(p).ok());
+}
+
+TEST_F(TraceWriterTest, RefusesWhatTheReaderWouldRefuse) {
+  auto w = make_writer(dir_ / "t.mtrace");
+  ASSERT_TRUE(w->add_lane("GPU compute", "gpu").ok());
+  EXPECT_TRUE(has_substr(w->add_span(span(0, "x", "forward", -1, 10)).message(), "times are 0..2^53 ns"));
+  EXPECT_TRUE(has_substr(w->add_span(span(0, "x", "forward", 0, (int64_t{1} << 53) + 1)).message(), "times are 0..2^53 ns"));
+  TraceSpan sp = span(0, "x", "forward", 0, 10);
+  sp.layer = -2;
+  EXPECT_TRUE(has_substr(w->add_span(sp).message(), "accepted: -1 (none) or 0..2^31"));
+  sp = span(0, "x", "forward", 0, 10);
+  sp.flops = std::nan("");
+  EXPECT_TRUE(has_substr(w->add_span(sp).message(), "flops 0..1e30"));
+  EXPECT_TRUE(has_substr(w->add_counter({"bytes.device", -3, 1}).message(), "accepted: 0..2^53 ns and a finite value"));
+  EXPECT_TRUE(has_substr(w->add_counter({"bytes.device", 3, std::numeric_limits<double>::infinity()}).message(), "finite value"));
+  EXPECT_TRUE(has_substr(w->add_step({0, 1.0, 10, -1.0}).message(), "a finite time_s >= 0"));
+  EXPECT_TRUE(w->add_span(span(0, "x", "forward", 0, int64_t{1} << 53)).ok());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@
 #include <QTest>
 #include <QTimer>
 
+#include <sqlite3.h>
+
 #include <fstream>
 
 #include "fixture.h"
@@ -81,6 +83,34 @@ class TestLoading : public QObject {
     for (qsizetype i = damaged.size() / 3; i < damaged.size() / 3 + 8192 && i < damaged.size(); ++i) damaged[i] = char(0xA5);
     auto r = loadAnyFile(writeBytes(dir, "damaged.mtrace", damaged.toStdString()));
     if (!r.ok()) QVERIFY(!r.status().message().empty());
+  }
+
+  // Traces the writer never writes (issue 32 row 16): before, a span from INT64_MIN to INT64_MAX
+  // or a lane id of INT64_MAX overflowed, and a view that recurses without end hung the loader.
+  void hostileTracesAreErrors_data() {
+    QTest::addColumn<QString>("sql");
+    QTest::addColumn<QString>("expected");
+    QTest::newRow("widest span") << "UPDATE spans SET start_ns = -9223372036854775808, end_ns = 9223372036854775807 WHERE rowid = 1"
+                                 << "spans row 1";
+    QTest::newRow("huge lane id") << "UPDATE lanes SET id = 9223372036854775807 WHERE id = 0" << "lanes row";
+    QTest::newRow("recursive view") << "DROP TABLE spans; CREATE VIEW spans AS WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 "
+                                       "FROM c) SELECT 0 AS lane, 'f' AS name, 'forward' AS kind, 0 AS step, 0 AS layer, 0 AS "
+                                       "micro_batch, x AS start_ns, x AS end_ns, 0 AS bytes, 0.0 AS flops FROM c"
+                                    << "spans is a view";
+  }
+  void hostileTracesAreErrors() {
+    QFETCH(QString, sql);
+    QFETCH(QString, expected);
+    QTemporaryDir dir;
+    const std::filesystem::path p = dir.filePath(QStringLiteral("hostile.mtrace")).toStdString();
+    QVERIFY(fixture::write(p, 100).ok());
+    sqlite3* db = nullptr;
+    QCOMPARE(sqlite3_open(p.c_str(), &db), SQLITE_OK);
+    QCOMPARE(sqlite3_exec(db, sql.toStdString().c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+    auto r = loadAnyFile(p);
+    QVERIFY(!r.ok());
+    QVERIFY2(r.status().message().find(expected.toStdString()) != std::string::npos, r.status().message().c_str());
   }
 
   void loaderReportsFailureAsSignal() {

@@ -22,6 +22,12 @@
 namespace megatrain {
 
 inline constexpr const char* kTraceSchemaVersion = "megatrain.trace/1";
+// Times in a trace are nanoseconds from the run's start, 0 to 2^53 (104 days): every one of them is
+// exact as a double, so a viewer zoomed in anywhere can still tell them apart. Indices (step,
+// layer, micro-batch) are -1 or in [0, 2^31); lanes are numbered from 0, fewer than 2^20 of them.
+inline constexpr int64_t kTraceMaxNs = int64_t{1} << 53;
+inline constexpr int64_t kTraceMaxIndex = int64_t{1} << 31;
+inline constexpr int64_t kTraceMaxLanes = int64_t{1} << 20;
 
 struct TraceLane {
   int64_t id = 0;
