@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
                  "most host memory (GiB) the CUDA backend may page-lock for copies (default: half of RAM); the rest of "
                  "the RAM tier is copied from pageable memory, more slowly")
       ->check(cli::number_range(0.0, 1048576.0));
+  app.add_flag("--skip-nonfinite-steps", o.skip_nonfinite_steps,
+               "skip a step whose loss or gradient norm is not finite, or that has no counted targets, and go on (its "
+               "update is not applied; AdamW's count and the learning rate follow the applied steps). Without it such a "
+               "step stops the run before its update, and the steps done are saved");
   app.add_flag("--in-memory", o.in_memory, "run the plain in-memory loop instead of the streamed pipeline (the reference)");
   if (const int rc = cli::parse(app, argc, argv, "megatrain-exec"); rc >= 0) return rc;
   auto summary = exec::run_training(o, std::cout, {.before_first_step = install_stop_handlers,

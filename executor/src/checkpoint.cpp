@@ -96,7 +96,7 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   if (Status s = save_weights(state, tmp / kModelFile); !s.ok()) return fail(s);
   if (!info.hf_config_json.empty())
     if (Status s = write_new_file(tmp / kConfigFile, info.hf_config_json); !s.ok()) return fail(s);
-  if (Status s = write_optimizer(state, tmp / kOptimizerFile, info.next_step, options); !s.ok()) return fail(s);
+  if (Status s = write_optimizer(state, tmp / kOptimizerFile, info.next_step - info.skipped_steps, options); !s.ok()) return fail(s);
   std::map<std::string, FileDigest> files;
   for (const char* f : {kModelFile, kOptimizerFile, kConfigFile}) {
     if (f == kConfigFile && info.hf_config_json.empty()) continue;

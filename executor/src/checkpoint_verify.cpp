@@ -24,6 +24,7 @@ Json manifest_json(const CheckpointInfo& info, const std::map<std::string, FileD
   Json j = Json::object();
   j["schema"] = kCheckpointSchema;
   j["step"] = info.next_step;
+  j["skipped_steps"] = info.skipped_steps;
   j["created"] = created;
   j["model"] = {{"name", info.model_name}, {"parameters", info.parameters}};
   Json jf = Json::object();
@@ -76,6 +77,7 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
   int64_t data_step = -1;
   try {
     info.next_step = j.at("step").get<int64_t>();
+    info.skipped_steps = j.value("skipped_steps", int64_t{0});  // checkpoints before the key had none
     info.created = j.value("created", std::string());
     info.model_name = j.at("model").at("name").get<std::string>();
     info.parameters = j.at("model").at("parameters").get<int64_t>();
@@ -107,6 +109,9 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
   } catch (const Json::exception& e) {
     return corrupt(where + "a required field is missing or has the wrong type (" + std::string(e.what()) + ")");
   }
+  if (info.skipped_steps < 0 || info.skipped_steps > info.next_step)
+    return corrupt(where + "skipped_steps " + std::to_string(info.skipped_steps) + " is not between 0 and the steps done (" +
+                   std::to_string(info.next_step) + ")");
   if (info.next_step < 0 || data_step != info.next_step)
     return corrupt(where + "step " + std::to_string(info.next_step) + " and data.next_step " + std::to_string(data_step) +
                    " disagree");

@@ -79,7 +79,7 @@ MomentFormats formats_of(const HostState& state) {
   return f;
 }
 
-Status write_optimizer(const HostState& state, const fs::path& path, int64_t next_step, const SaveOptions& options) {
+Status write_optimizer(const HostState& state, const fs::path& path, int64_t updates, const SaveOptions& options) {
   // Moments on NVMe are paged in one unit at a time as the file is written (read-only: nothing
   // is written back).
   auto pager = std::make_shared<UnitPager>(const_cast<HostState&>(state));
@@ -146,7 +146,7 @@ Status write_optimizer(const HostState& state, const fs::path& path, int64_t nex
   }
   const MomentFormats f = formats_of(state);
   std::map<std::string, std::string> metadata = {
-      {"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(next_step)},
+      {"writer", "megatrain"}, {"optimizer", "adamw"}, {"step", std::to_string(updates)},
       {"m_format", state_format_name(f.m)}, {"v_format", state_format_name(f.v)},
       {"block_size", std::to_string(f.block_size)}};
   if (options.compress_fp32_moments && (f.m == StateFormat::kFp32 || f.v == StateFormat::kFp32))

@@ -164,6 +164,7 @@ Status start_state(const RunOptions& o, const Plan& plan, const ModelSpec& model
     MT_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, load_checkpoint(o.checkpoint_dir, state));
     if (Status s = check_resume_compatible(loaded.info, plan, model, loader); !s.ok()) return s.with_context(loaded.dir.string());
     summary.first_step = loaded.info.next_step;
+    summary.skipped_steps = loaded.info.skipped_steps;
     summary.losses_first_step = loaded.info.losses_first_step;
     summary.losses = std::move(loaded.info.losses);
     if (summary.losses_first_step + static_cast<int64_t>(summary.losses.size()) != summary.first_step) {  // an incomplete history is dropped
@@ -213,6 +214,7 @@ Status save(const RunOptions& o, const Plan& plan, const std::string& plan_text,
             HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out) {
   CheckpointInfo info;
   info.next_step = next_step;
+  info.skipped_steps = summary.skipped_steps;
   info.model_name = model.name();
   info.parameters = model.parameter_counts().total;
   info.plan_json = plan_text;
@@ -329,6 +331,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
   topt.pinned_limit_bytes = o.pinned_limit_gib >= 0 ? static_cast<int64_t>(o.pinned_limit_gib * 1073741824.0) : -1;
   topt.record_trace = !o.trace_path.empty();
   MT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(plan, model, state, loader, topt));
+  trainer->set_skipped_steps(summary.skipped_steps);
 
   const int64_t start = summary.first_step;
   const int64_t total = o.steps > 0 ? o.steps : plan.training.steps;
@@ -358,6 +361,26 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
       return Status(changed.code(), changed.message() + "; " + after);
     }
     MT_ASSIGN_OR_RETURN(StepResult r, trainer->run_step(s));
+    // The non-finite guard (docs/reliability.md): the step made no update. Unless told to skip such
+    // steps, the run stops here and the steps done are saved; a state some of whose units were
+    // updated before the reason was known is never saved.
+    if (!r.applied && (!o.skip_nonfinite_steps || !r.state_intact)) {
+      const std::string what = "step " + std::to_string(s + 1) + "/" + std::to_string(total) + ": " + r.not_applied;
+      const std::string newest = saved > start || o.resume ? "; the newest checkpoint (step " + std::to_string(saved) + ") is intact" : "";
+      if (!r.state_intact)
+        return unavailable(what + ", found after other units of the step were updated (without clipping, updates overlap the "
+                           "backward); this state is not saved" + (o.checkpoint_dir.empty() ? std::string() : newest) +
+                           "; with training.clip_grad_norm set such a step is found before any update");
+      std::string after = "; no update was applied and the run stops";
+      if (!o.checkpoint_dir.empty() && s > saved) {
+        MT_RETURN_IF_ERROR(trainer->finish_updates());
+        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out));
+        after += "; the checkpoint of step " + std::to_string(s) + " holds the " + std::to_string(s) + " steps done";
+      } else if (!o.checkpoint_dir.empty()) {
+        after += newest;
+      }
+      return unavailable(what + after + "; --skip-nonfinite-steps skips such steps and goes on");
+    }
     summary.losses.push_back(r.loss);
     summary.next_step = s + 1;
     elapsed += r.time_s;
@@ -371,9 +394,15 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
                     static_cast<long long>(r.unused_experts));
       moe = buf;
     }
-    say(out, "step %5lld/%lld  loss %.4f%s  %8.0f tokens/s  stall %4.1f%%  ETA %s", static_cast<long long>(s + 1),
-        static_cast<long long>(total), r.loss, moe.c_str(), static_cast<double>(r.tokens) / r.time_s, 100.0 * r.stall_s / r.time_s,
-        format_duration(eta).c_str());
+    if (r.applied) {
+      say(out, "step %5lld/%lld  loss %.4f%s  %8.0f tokens/s  stall %4.1f%%  ETA %s", static_cast<long long>(s + 1),
+          static_cast<long long>(total), r.loss, moe.c_str(), static_cast<double>(r.tokens) / r.time_s, 100.0 * r.stall_s / r.time_s,
+          format_duration(eta).c_str());
+    } else {
+      ++summary.skipped_steps;
+      say(out, "step %5lld/%lld  skipped: %s; no update (%lld skipped in all)  ETA %s", static_cast<long long>(s + 1),
+          static_cast<long long>(total), r.not_applied.c_str(), static_cast<long long>(summary.skipped_steps), format_duration(eta).c_str());
+    }
     const int64_t done = s + 1;
     const int sig = callbacks.stop_requested ? callbacks.stop_requested() : 0;
     if (!o.checkpoint_dir.empty() && (done == total || sig != 0 || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))) {

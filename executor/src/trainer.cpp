@@ -92,6 +92,12 @@ struct Trainer::Impl {
   std::vector<int32_t> carried_slots;             // the slots the next round's first loads fill (step::label_slots)
   std::vector<int64_t> updated_step;   // last step whose update of unit u has finished
   int64_t last_step = -1;  // the step run_step last ran
+  // The non-finite guard: steps whose update was not applied (AdamW's count and the learning rate
+  // follow the applied ones), and, for the step running, why its update was not applied and whether
+  // some units were updated all the same (guarded by mu).
+  int64_t skipped = 0;
+  std::string not_applied;
+  bool partial = false, applied_any = false;
   bool aborting = false;  // an error mid-step: queued jobs give up instead of waiting forever
   std::unique_ptr<WorkQueue> h2d, d2h, optim;
   // The NVMe tier (host_state.h): units are read ahead of the optimizer, in its order, as far as
@@ -473,11 +479,12 @@ void moe_end_step(const Trainer::Impl& I, StepResult& res) {
 }
 
 // AdamW for one unit, tensor by tensor (weight decay only on matrices and the embedding).
-void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
+// `opt_step` is the update's index among the applied ones (the step less the skipped steps before it).
+void update_unit(Trainer::Impl& I, int64_t u, int64_t opt_step, float grad_scale) {
   const NvtxRange range("optimizer");
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
   const OptimizerConfig& o = I.plan.optimizer;
-  const double lr = learning_rate(I.plan.training, step);
+  const double lr = learning_rate(I.plan.training, opt_step);
   // optimizer.threads 0 means all cores, as the simulator reads it: the cores this process may
   // run on, which is what megatrain-exec passes as the backend's threads unless --threads says less.
   const int threads = o.threads > 0 ? static_cast<int>(o.threads) : std::max(1, I.opt.threads);
@@ -489,7 +496,7 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
   const std::vector<char>* chosen = per_expert ? &I.chosen[static_cast<size_t>(u)] : nullptr;
   auto skipped = [&](const TensorSlot& t) { return chosen && t.expert >= 0 && !(*chosen)[static_cast<size_t>(t.expert)]; };
   auto count_of = [&](const TensorSlot& t) {
-    return chosen && t.expert >= 0 ? us.expert_steps[static_cast<size_t>(t.expert)] + 1 : step + 1;
+    return chosen && t.expert >= 0 ? us.expert_steps[static_cast<size_t>(t.expert)] + 1 : opt_step + 1;
   };
   if (us.m.format() != StateFormat::kFp32 || us.v.format() != StateFormat::kFp32) {
     // Quantised or bf16 moments: tensor by tensor, since their blocks start at each tensor.
@@ -568,7 +575,9 @@ void nvme_read_unit(Trainer::Impl& I, int64_t u, int64_t step) {
 
 // The optimizer's job for unit u: (NVMe: wait for its read) AdamW, mark it updated for the next
 // step's load, (NVMe: hand it to the writer).
-void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) {
+// `apply` false: the step's update is not applied (the non-finite guard); the rest is the same, so
+// that the bookkeeping of the loads, the lent gradients and the NVMe tier does not change.
+void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, int64_t opt_step, float grad_scale, bool apply) {
   const bool nvme = I.state->on_nvme();
   bool skip = false;
   if (nvme) {
@@ -576,9 +585,9 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) 
     I.cv.wait(l, [&] { return I.nvme_failed || I.paged_step[static_cast<size_t>(u)] >= step; });
     skip = I.nvme_failed && I.paged_step[static_cast<size_t>(u)] < step;
   }
-  if (!skip) {
+  if (!skip && apply) {
     const auto b = Clock::now();
-    update_unit(I, u, step, grad_scale);
+    update_unit(I, u, opt_step, grad_scale);
     I.record(SpanKind::kOptimizer, step, u, -1, b, Clock::now());
   }
   {
@@ -599,6 +608,21 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, float grad_scale) 
     }
     I.cv.notify_all();
   });
+}
+
+// Why the step's update must not be applied, or "" (the non-finite guard, docs/reliability.md).
+std::string not_applied_reason(double loss_sum, int64_t count, double norm) {
+  char buf[160];
+  if (count == 0) return "it has no counted targets (every target of its rows is masked)";
+  if (!std::isfinite(loss_sum)) {
+    std::snprintf(buf, sizeof buf, "its loss is %g", loss_sum / static_cast<double>(count));
+    return buf;
+  }
+  if (!std::isfinite(norm)) {
+    std::snprintf(buf, sizeof buf, "its gradient norm is %g", norm);
+    return buf;
+  }
+  return "";
 }
 
 // torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), applied only when below 1.
@@ -665,12 +689,15 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     MT_RETURN_IF_ERROR(I.be->embed_backward(I.inputs[static_cast<size_t>(j)].data(), dx, units(0).grad.data()));
   }
   if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
-  if (I.clip) res.grad_norm = global_norm(I);
+  // The norm is the guard's even without clipping: every gradient is here before any update.
+  const double norm = global_norm(I);
+  if (I.clip) res.grad_norm = norm;
   const float scale = clip_scale(I, res.grad_norm);
+  I.not_applied = not_applied_reason(loss_sum, count, norm);
   for (int64_t u = 0; u < I.U; ++u) mark_chosen(I, u);
-  for (int64_t u = 0; u < I.U; ++u) {
+  for (int64_t u = 0; u < I.U && I.not_applied.empty(); ++u) {
     MT_RETURN_IF_ERROR(I.state->page_in(u, true));  // NVMe-resident units: read, update, write back
-    update_unit(I, u, step, scale);
+    update_unit(I, u, step - I.skipped, scale);
     MT_RETURN_IF_ERROR(I.state->page_out(u, true));
   }
   res.loss = loss_sum / static_cast<double>(count);
@@ -880,9 +907,28 @@ class RoundRun {
       I_.record(SpanKind::kD2H, step_, u, I_.sched.layer_major ? -1 : round_, a, Clock::now(), us.numel * 4);
       be_.record(kD, *d2h_done_[i]);
       if (I_.clip || !last_round_) return;
+      // Without clipping the updates overlap the backward, so the guard decides unit by unit: the
+      // loss is whole by now (every head of the step ran before any gradient of its last round is
+      // final), and each unit's gradient is checked before its own update. A gradient that is not
+      // finite, when other units were updated already, leaves the step partly applied.
+      std::string why = not_applied_reason(*loss_sum_, *count_, 0.0);
+      if (why.empty()) {
+        const double g = sum_of_squares(us.grad.data(), us.numel);
+        if (!std::isfinite(g)) why = "the gradient of unit " + std::to_string(u) + " is not finite (sum of squares " + std::to_string(g) + ")";
+      }
+      {
+        std::lock_guard<std::mutex> g(I_.mu);
+        if (why.empty() && !I_.not_applied.empty()) why = I_.not_applied;  // a unit before this one was refused: none after it
+        if (!why.empty() && I_.not_applied.empty()) {
+          I_.not_applied = why;
+          I_.partial = I_.applied_any;
+        }
+        I_.applied_any = I_.applied_any || why.empty();
+      }
       Trainer::Impl& I = I_;
-      const int64_t step = step_;
-      I_.optim->post([&I, u, step] { optimize_unit(I, u, step, 1.0f); });
+      const int64_t step = step_, opt_step = step_ - I_.skipped;
+      const bool apply = why.empty();
+      I_.optim->post([&I, u, step, opt_step, apply] { optimize_unit(I, u, step, opt_step, 1.0f, apply); });
     });
   }
   // A decoder layer's gradient accumulator, once the copy of its previous layer's gradient is done.
@@ -1031,6 +1077,19 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     if (I.nvme_failed) return Status(I.nvme_error.code(), "the NVMe tier failed earlier: " + I.nvme_error.message());
   }
   I.last_step = step;
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    I.not_applied.clear();
+    I.partial = I.applied_any = false;
+  }
+  // The guard's verdict, once the step has decided it (its updates may still be running).
+  auto verdict = [&I](StepResult& r) {
+    std::lock_guard<std::mutex> g(I.mu);
+    r.applied = I.not_applied.empty();
+    r.not_applied = I.not_applied;
+    r.state_intact = !I.partial;
+    if (!r.applied) ++I.skipped;
+  };
   for (int64_t j = 0; j < I.A; ++j)
     MT_RETURN_IF_ERROR(I.data->fill(step, j, I.inputs[static_cast<size_t>(j)].data(), I.targets[static_cast<size_t>(j)].data()));
   // The loss is the mean over the step's counted targets (a prepared dataset's mask leaves prompts
@@ -1045,6 +1104,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   int64_t count = 0;
   if (!I.opt.streamed) {
     MT_RETURN_IF_ERROR(reference_step(I, step, grad_scale, res));
+    verdict(res);
     res.time_s = std::chrono::duration<double>(Clock::now() - step_start).count();
     return res;
   }
@@ -1071,7 +1131,11 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     res.grad_norm = global_norm(I);
     I.record(SpanKind::kGradNorm, step, -1, -1, a, Clock::now());
     const float scale = clip_scale(I, res.grad_norm);
-    for (int64_t u : I.sched.optimizer_order) I.optim->post([&I, u, step, scale] { optimize_unit(I, u, step, scale); });
+    I.not_applied = not_applied_reason(loss_sum, count, res.grad_norm);
+    const bool apply = I.not_applied.empty();
+    const int64_t opt_step = step - I.skipped;
+    for (int64_t u : I.sched.optimizer_order)
+      I.optim->post([&I, u, step, opt_step, scale, apply] { optimize_unit(I, u, step, opt_step, scale, apply); });
   }
   // The updates may still be running: the next step's loads wait for them unit by unit, so its
   // forward overlaps the optimizer's tail. wait_for_updates() (checkpoints, the end of a run) and
@@ -1083,6 +1147,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   res.loss = loss_sum / static_cast<double>(count);
   res.tokens = count;
   moe_end_step(I, res);
+  verdict(res);
   res.stall_s = stall;
   res.time_s = std::chrono::duration<double>(Clock::now() - step_start).count();
   if (I.opt.record_trace) {
@@ -1091,6 +1156,9 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   }
   return res;
 }
+
+int64_t Trainer::skipped_steps() const { return impl_->skipped; }
+void Trainer::set_skipped_steps(int64_t n) { impl_->skipped = n; }
 
 Status Trainer::write_trace(const std::filesystem::path& path, const std::string& plan_json) const {
   const Impl& I = *impl_;

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "executor/file_test_util.h"
+#include "megatrain/data/sequence_file.h"
 #include "megatrain/executor/checkpoint.h"
+#include "megatrain/executor/safetensors.h"
 
 namespace megatrain::exec {
 namespace {
@@ -189,6 +191,68 @@ TEST(RunTraining, RefusesANewRunIntoAFolderOfCheckpoints) {
   auto again = run_training(o, out);
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find("pass --resume"), std::string::npos) << again.status().to_string();
+}
+
+// The non-finite guard at the run (issue 32): the tiny plan's third step (8 rows of 129 tokens)
+// counts no target. Without --skip-nonfinite-steps the run stops before that step's update, saves
+// the 2 steps done and says how to go on; resumed with the flag, it skips the step and ends with
+// the files, bit for bit, of a run that skipped it from the start. The count of skipped steps is in
+// the manifest, and the optimizer file's "step" is AdamW's count (4 updates in 5 steps).
+TEST(RunTraining, AStepWithoutTargetsStopsTheRunOrIsSkipped) {
+  test::ScratchDir dir("run-guard");
+  data::SequenceRows rows;
+  for (int k = 0; k < 5 * 8; ++k)
+    for (int t = 0; t <= 128; ++t) {
+      rows.tokens.push_back(static_cast<uint32_t>("the quick brown fox jumps over the lazy dog. "[(k * 7 + t) % 45]));
+      rows.mask.push_back(k / 8 == 2 ? 0 : 1);
+    }
+  data::SequenceHeader h;
+  h.seq_len = 128;
+  h.vocab_size = 256;
+  h.packing = "pad";
+  h.train_on = "answer";
+  const fs::path data = dir / "sft.mtseq";
+  ASSERT_TRUE(data::write_sequence_file(data, h, rows).ok());
+
+  RunOptions skip = tiny_run(data.string(), 5);
+  skip.checkpoint_dir = (dir / "A").string();
+  skip.skip_nonfinite_steps = true;
+  std::ostringstream skip_out;
+  auto skipped = run_training(skip, skip_out);
+  ASSERT_TRUE(skipped.ok()) << skipped.status().to_string();
+  EXPECT_EQ(skipped->skipped_steps, 1);
+  EXPECT_NE(skip_out.str().find("step     3/5  skipped: it has no counted targets (every target of its rows is masked); no update (1 "
+                                "skipped in all)"),
+            std::string::npos)
+      << skip_out.str();
+  EXPECT_NE(test::read_bytes(dir / "A" / "step-00000005" / "manifest.json").find("\"skipped_steps\": 1"), std::string::npos);
+  auto opt = SafetensorsFile::open(dir / "A" / "step-00000005" / "optimizer.safetensors");
+  ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+  EXPECT_EQ(opt->metadata().at("step"), "4");
+
+  RunOptions stop = tiny_run(data.string(), 5);
+  stop.checkpoint_dir = (dir / "B").string();
+  std::ostringstream stop_out;
+  auto stopped = run_training(stop, stop_out);
+  ASSERT_FALSE(stopped.ok());
+  const std::string& m = stopped.status().message();
+  EXPECT_NE(m.find("step 3/5: it has no counted targets"), std::string::npos) << m;
+  EXPECT_NE(m.find("no update was applied and the run stops; the checkpoint of step 2 holds the 2 steps done; "
+                   "--skip-nonfinite-steps skips such steps and goes on"),
+            std::string::npos)
+      << m;
+  EXPECT_TRUE(fs::exists(dir / "B" / "step-00000002" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(dir / "B" / "step-00000003"));
+
+  RunOptions resume = stop;
+  resume.resume = true;
+  resume.skip_nonfinite_steps = true;
+  std::ostringstream resume_out;
+  auto resumed = run_training(resume, resume_out);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().to_string();
+  EXPECT_EQ(resumed->skipped_steps, 1);
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(test::read_bytes(dir / "A" / "step-00000005" / f) == test::read_bytes(dir / "B" / "step-00000005" / f)) << f;
 }
 
 }  // namespace

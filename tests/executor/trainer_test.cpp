@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-
+#include <cstdint>
+#include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "megatrain/core/plan.h"
+#include "megatrain/data/sequence_file.h"
 #include "megatrain/executor/trainer.h"
 
 namespace megatrain::exec {
@@ -144,6 +148,134 @@ TEST(StreamedTraining, APlanWhoseBuffersDoNotFitIsRefusedBeforeTraining) {
   EXPECT_NE(t.status().message().find("device_budget_bytes"), std::string::npos);
   EXPECT_NE(t.status().message().find("needs"), std::string::npos);
   EXPECT_NE(t.status().message().find("layer buffers"), std::string::npos);
+}
+
+
+// ---- the non-finite guard (issue 32) -------------------------------------------------------------
+
+// Rows of the base plan's shape (seq 16, 2 rows per micro-batch, 3 micro-batches: 6 rows a step):
+// row k's tokens depend on k alone; the rows of the steps in `masked` count no target at all.
+std::shared_ptr<const data::SequenceFile> guard_rows(const std::filesystem::path& path, int steps, const std::vector<int>& masked,
+                                                     const std::vector<int>& dropped = {}) {
+  data::SequenceRows r;
+  for (int s = 0; s < steps; ++s) {
+    if (std::find(dropped.begin(), dropped.end(), s) != dropped.end()) continue;
+    const bool none = std::find(masked.begin(), masked.end(), s) != masked.end();
+    for (int k = 6 * s; k < 6 * s + 6; ++k)
+      for (int t = 0; t <= 16; ++t) {
+        r.tokens.push_back(static_cast<uint32_t>(((k * 131 + t) * 2654435761u >> 9) % 256));
+        r.mask.push_back(none ? 0 : 1);
+      }
+  }
+  data::SequenceHeader h;
+  h.seq_len = 16;
+  h.vocab_size = 256;
+  h.packing = "pad";
+  h.train_on = "answer";
+  EXPECT_TRUE(data::write_sequence_file(path, h, r).ok());
+  auto f = data::SequenceFile::open(path);
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  return std::make_shared<const data::SequenceFile>(std::move(*f));
+}
+
+struct GuardRun {
+  std::vector<StepResult> steps;
+  std::vector<std::vector<float>> master, initial;
+  int64_t skipped = 0;
+};
+
+// `poison`: the final norm's weights set to FLT_MAX, so that every logit overflows.
+GuardRun guarded(const Json& pj, bool streamed, const std::shared_ptr<const data::SequenceFile>& rows, int steps, bool poison = false) {
+  auto plan = Plan::from_json_text(pj.dump());
+  EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+  auto model = plan->resolve_model();
+  HostState hs = HostState::create(*model, plan->precision.transfer);
+  EXPECT_TRUE(hs.init_random(7, 0.02).ok());
+  GuardRun g;
+  if (poison) {
+    UnitState& head = hs.units().back();
+    const TensorSlot* fn = head.find(TensorRole::kFinalNorm);
+    std::fill(head.master.data() + fn->offset, head.master.data() + fn->offset + fn->numel, std::numeric_limits<float>::max());
+  }
+  for (const auto& u : hs.units()) g.initial.emplace_back(u.master.data(), u.master.data() + u.numel);
+  DataLoaderOptions lo;
+  lo.seq_len = 16;
+  lo.micro_batch = 2;
+  lo.grad_accum = 3;
+  lo.vocab_size = 256;
+  auto loader = DataLoader::create(rows, lo);
+  EXPECT_TRUE(loader.ok()) << loader.status().to_string();
+  TrainerOptions o;
+  o.streamed = streamed;
+  auto trainer = Trainer::create(*plan, *model, hs, *loader, o);
+  EXPECT_TRUE(trainer.ok()) << trainer.status().to_string();
+  for (int s = 0; s < steps; ++s) {
+    auto res = (*trainer)->run_step(s);
+    EXPECT_TRUE(res.ok()) << res.status().to_string();
+    g.steps.push_back(*res);
+  }
+  (*trainer)->wait_for_updates();
+  g.skipped = (*trainer)->skipped_steps();
+  for (const auto& u : hs.units()) g.master.emplace_back(u.master.data(), u.master.data() + u.numel);
+  return g;
+}
+
+std::filesystem::path scratch(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("megatrain-guard-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+// A step with no counted target makes no update, and AdamW's count and the learning rate follow
+// the applied steps: 4 steps whose second has no targets end with the weights, bit for bit, of the
+// 3 steps without it. Before the guard such a step divided by zero (loss NaN) and moved every
+// weight by its momentum. Streamed (with and without clipping, where the verdict is reached before
+// or during the backward) and in memory.
+TEST(NonFiniteGuard, AStepWithoutTargetsIsSkippedAsIfItWereNotThere) {
+  const auto with = guard_rows(scratch("with.mtseq"), 4, {1});
+  const auto without = guard_rows(scratch("without.mtseq"), 4, {}, {1});
+  for (double clip : {0.0, 0.5}) {
+    for (bool streamed : {false, true}) {
+      SCOPED_TRACE("clip " + std::to_string(clip) + (streamed ? " streamed" : " in memory"));
+      Json pj = base_plan("tiny-llama-gqa");
+      pj["training"]["clip_grad_norm"] = clip;
+      const GuardRun a = guarded(pj, streamed, with, 4), b = guarded(pj, streamed, without, 3);
+      ASSERT_EQ(a.steps.size(), 4u);
+      EXPECT_TRUE(a.steps[0].applied && a.steps[2].applied && a.steps[3].applied);
+      EXPECT_FALSE(a.steps[1].applied);
+      EXPECT_TRUE(a.steps[1].state_intact);
+      EXPECT_NE(a.steps[1].not_applied.find("no counted targets"), std::string::npos) << a.steps[1].not_applied;
+      EXPECT_EQ(a.skipped, 1);
+      EXPECT_EQ(a.steps[2].loss, b.steps[1].loss);
+      EXPECT_EQ(a.steps[3].loss, b.steps[2].loss);
+      ASSERT_EQ(a.master.size(), b.master.size());
+      for (size_t u = 0; u < a.master.size(); ++u) EXPECT_TRUE(a.master[u] == b.master[u]) << "unit " << u << " differs";
+    }
+  }
+  std::filesystem::remove_all(scratch("").parent_path());
+}
+
+// Weights whose logits overflow: every step's loss is not finite, no update is applied, and the
+// weights after 3 steps are the initial ones, bit for bit (before the guard, NaN everywhere).
+TEST(NonFiniteGuard, ANonFiniteLossMakesNoUpdate) {
+  const auto rows = guard_rows(scratch("plain.mtseq"), 3, {});
+  for (double clip : {0.0, 0.5}) {
+    for (bool streamed : {false, true}) {
+      SCOPED_TRACE("clip " + std::to_string(clip) + (streamed ? " streamed" : " in memory"));
+      Json pj = base_plan("tiny-llama-gqa");
+      pj["training"]["clip_grad_norm"] = clip;
+      const GuardRun g = guarded(pj, streamed, rows, 3, true);
+      for (const StepResult& r : g.steps) {
+        EXPECT_FALSE(std::isfinite(r.loss));
+        EXPECT_FALSE(r.applied);
+        EXPECT_TRUE(r.state_intact);
+        EXPECT_NE(r.not_applied.find("its loss is"), std::string::npos) << r.not_applied;
+      }
+      EXPECT_EQ(g.skipped, 3);
+      for (size_t u = 0; u < g.master.size(); ++u) EXPECT_TRUE(g.master[u] == g.initial[u]) << "unit " << u << " moved";
+    }
+  }
+  std::filesystem::remove_all(scratch("").parent_path());
 }
 
 }  // namespace

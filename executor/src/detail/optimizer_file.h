@@ -47,9 +47,10 @@ struct MomentFormats {
 // The formats `state` keeps m and v in (those of its first unit; all units share them).
 MomentFormats formats_of(const HostState& state);
 
-// Writes the optimizer file of `state` to `path` (write_safetensors: atomic), recording `next_step`
-// and the formats in its __metadata__; moments on NVMe are paged in one unit at a time.
-Status write_optimizer(const HostState& state, const std::filesystem::path& path, int64_t next_step,
+// Writes the optimizer file of `state` to `path` (write_safetensors: atomic), recording AdamW's
+// update count (`updates`: the steps done less the skipped ones, torch's state "step") and the
+// formats in its __metadata__; moments on NVMe are paged in one unit at a time.
+Status write_optimizer(const HostState& state, const std::filesystem::path& path, int64_t updates,
                        const SaveOptions& options);
 
 // The optimizer file's tensors for the state's formats: per parameter, m then v; fp32 and bf16 as

@@ -40,6 +40,7 @@ DataPosition data_position(const DataLoader& loader);
 
 struct CheckpointInfo {
   int64_t next_step = 0;      // steps done; a resumed run starts with this step
+  int64_t skipped_steps = 0;  // of those, the steps whose update was not applied (--skip-nonfinite-steps)
   std::string model_name;
   int64_t parameters = 0;
   std::string plan_json;      // the run's plan (Plan::to_json_text())

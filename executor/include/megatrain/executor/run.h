@@ -28,6 +28,7 @@ struct RunOptions {
   std::string checkpoint_dir;  // "": no checkpoints
   int64_t checkpoint_every = 0;  // also checkpoint every N steps (0: only at the end and on a stop)
   bool compress_states = false;  // fp32 moments stored losslessly compressed in checkpoints
+  bool skip_nonfinite_steps = false;  // skip (and count) steps the non-finite guard refuses, instead of stopping
   bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
   std::string trace_path;      // "": no trace
   std::string backend = "auto";  // auto | cpu | cuda
@@ -55,6 +56,7 @@ struct RunSummary {
   int64_t losses_first_step = 0;
   std::vector<double> losses;
   int stop_signal = 0;  // nonzero: stopped by stop_requested() before total_steps (exit 128 + it)
+  int64_t skipped_steps = 0;  // steps whose update was not applied (--skip-nonfinite-steps), resumed ones included
 };
 
 // Runs training as the options say, writing megatrain-exec's lines to `out` (flushed after each

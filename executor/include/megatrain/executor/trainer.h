@@ -36,6 +36,14 @@ struct StepResult {
   double aux_loss = std::numeric_limits<double>::quiet_NaN();
   bool aux_in_loss = false;
   int64_t unused_experts = 0;  // (layer, expert) pairs no token of the step chose: AdamW skipped them
+  // Non-finite guard (docs/reliability.md): a step whose loss or gradient norm is not finite, or
+  // that has no counted targets, makes no update. `applied` is false then and `not_applied` says
+  // why. `state_intact` is false only when some units were already updated before the reason was
+  // known (a non-finite gradient without clipping, where updates overlap the backward): that state
+  // must not be saved.
+  bool applied = true;
+  bool state_intact = true;
+  std::string not_applied;
 };
 
 struct TrainerOptions {
@@ -80,6 +88,11 @@ class Trainer {
   // next step's loads wait for them unit by unit (its forward overlaps the optimizer's tail). Call
   // wait_for_updates() before reading the weights or saving a checkpoint; the destructor waits too.
   Result<StepResult> run_step(int64_t step);
+  // Steps before the next whose update was not applied (StepResult::applied). AdamW's update count
+  // and the learning-rate schedule advance only with applied updates, as when an optimizer step is
+  // skipped in PyTorch; a resumed run sets the count its checkpoint recorded.
+  int64_t skipped_steps() const;
+  void set_skipped_steps(int64_t n);
   void wait_for_updates();
   // wait_for_updates(), then the NVMe tier's error if a read or write of the updates failed (the
   // step that issued them has already returned); check it before saving a checkpoint.
