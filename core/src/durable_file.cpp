@@ -1,6 +1,7 @@
 // Durable files (durable_file.h): temporary beside the target, fsync, rename, fsync of the folder,
 // with every system call's failure turned into a Status that names the file and the errno text.
 #include "megatrain/core/durable_file.h"
+#include "megatrain/core/file_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -28,21 +29,21 @@ constexpr const char* kUnchanged = "; the previous file, if any, is unchanged";
 
 int open_retrying(const fs::path& p, int flags, mode_t mode = 0) {
   int fd;
-  do fd = ::open(p.c_str(), flags, mode);
+  do fd = file_io().open(p.c_str(), flags, mode);
   while (fd < 0 && errno == EINTR);
   return fd;
 }
 
 int fsync_retrying(int fd) {
   int rc;
-  do rc = ::fsync(fd);
+  do rc = file_io().fsync(fd);
   while (rc != 0 && errno == EINTR);
   return rc;
 }
 
 // Linux releases the descriptor even when close() reports EINTR, and the data was fsynced before,
 // so EINTR is no failure here (and retrying could close a descriptor another thread just opened).
-bool close_ok(int fd) { return ::close(fd) == 0 || errno == EINTR; }
+bool close_ok(int fd) { return file_io().close(fd) == 0 || errno == EINTR; }
 
 // Why `file` (a temporary for `target`, or `target` itself) could not be created; a folder that is
 // missing or is no folder is named as the cause.
@@ -64,8 +65,8 @@ Status write_fully(int fd, const void* data, size_t bytes, int64_t offset, const
   const auto* p = static_cast<const unsigned char*>(data);
   size_t done = 0;
   while (done < bytes) {
-    const ssize_t n = offset < 0 ? ::write(fd, p + done, bytes - done)
-                                 : ::pwrite(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+    const ssize_t n = offset < 0 ? file_io().write(fd, p + done, bytes - done)
+                                 : file_io().pwrite(fd, p + done, bytes - done, offset + static_cast<int64_t>(done));
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
@@ -78,7 +79,7 @@ Status write_fully(int fd, const void* data, size_t bytes, int64_t offset, const
 }
 
 Status rename_into_place(const fs::path& tmp, const fs::path& dst) {
-  if (::rename(tmp.c_str(), dst.c_str()) != 0)
+  if (file_io().rename(tmp.c_str(), dst.c_str()) != 0)
     return io_error("cannot rename " + quoted(tmp) + " to " + quoted(dst) + ": " + errno_text(errno) + kUnchanged);
   return {};
 }
@@ -97,7 +98,7 @@ Status fsync_path(const fs::path& path, bool directory) {
   if (fd < 0) return io_error("cannot open " + quoted(path) + " to sync it: " + errno_text(errno));
   const int rc = fsync_retrying(fd);
   const int err = errno;
-  ::close(fd);
+  file_io().close(fd);
   // Some filesystems cannot fsync a directory; the rename is then as durable as they allow.
   if (rc != 0 && !(directory && (err == EINVAL || err == ENOTSUP || err == EROFS)))
     return io_error("cannot sync " + std::string(directory ? "the directory " : "") + quoted(path) + ": " + errno_text(err));
@@ -120,16 +121,16 @@ Status write_new_file(const fs::path& path, std::string_view bytes) {
   const int fd = open_retrying(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return create_error(path, path, errno);
   auto fail = [&](Status s) {
-    ::unlink(path.c_str());
+    file_io().unlink(path.c_str());
     return s;
   };
   if (Status s = write_fully(fd, bytes.data(), bytes.size(), -1, path, ""); !s.ok()) {
-    ::close(fd);
+    file_io().close(fd);
     return fail(s);
   }
   if (fsync_retrying(fd) != 0) {
     const int err = errno;
-    ::close(fd);
+    file_io().close(fd);
     return fail(io_error("cannot flush " + quoted(path) + " to disk: " + errno_text(err)));
   }
   if (!close_ok(fd)) return fail(io_error("cannot close " + quoted(path) + ": " + errno_text(errno)));
@@ -171,8 +172,8 @@ AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
 AtomicFile::~AtomicFile() { discard(); }
 
 void AtomicFile::discard() {
-  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  if (!tmp_.empty()) ::unlink(std::exchange(tmp_, {}).c_str());
+  if (fd_ >= 0) file_io().close(std::exchange(fd_, -1));
+  if (!tmp_.empty()) file_io().unlink(std::exchange(tmp_, {}).c_str());
 }
 
 Status AtomicFile::write(const void* data, size_t bytes) {

@@ -4,6 +4,7 @@
 // touches the training state. The optimizer file is detail/optimizer_file.h, the hash
 // detail/checkpoint_hash.h, the directory layout detail/checkpoint_files.h.
 #include "megatrain/executor/checkpoint.h"
+#include "megatrain/core/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -85,7 +86,7 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   const std::string pid = std::to_string(::getpid());
   const fs::path tmp = checkpoint_dir / ("." + name + ".tmp-" + pid);
   fs::remove_all(tmp, ec);
-  if (::mkdir(tmp.c_str(), 0755) != 0) return io_error(what + "cannot create '" + tmp.string() + "': " + errno_text(errno));
+  if (file_io().mkdir(tmp.c_str(), 0755) != 0) return io_error(what + "cannot create '" + tmp.string() + "': " + errno_text(errno));
   const std::string unchanged = "; earlier checkpoints are unchanged";
   auto fail = [&](const Status& s) {
     std::error_code ec2;
@@ -114,23 +115,23 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   const fs::path target = checkpoint_dir / name;
   fs::path old;  // what to delete once the new step is in place
   if (fs::exists(target, ec)) {
-    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    if (file_io().rename_exchange(tmp.c_str(), target.c_str()) == 0) {
       old = tmp;
     } else {
       const fs::path aside = checkpoint_dir / ("." + name + ".old-" + pid);
       fs::remove_all(aside, ec);
-      if (::rename(target.c_str(), aside.c_str()) != 0)
+      if (file_io().rename(target.c_str(), aside.c_str()) != 0)
         return fail(io_error("cannot move the existing '" + target.string() + "' aside: " + errno_text(errno)));
-      if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      if (file_io().rename(tmp.c_str(), target.c_str()) != 0) {
         const int err = errno;
-        if (::rename(aside.c_str(), target.c_str()) != 0)
+        if (file_io().rename(aside.c_str(), target.c_str()) != 0)
           return io_error(what + "cannot rename '" + tmp.string() + "' to '" + target.string() + "': " + errno_text(err) +
                           ", and the previous " + name + " is left at '" + aside.string() + "'");
         return fail(io_error("cannot rename '" + tmp.string() + "' to '" + target.string() + "': " + errno_text(err)));
       }
       old = aside;
     }
-  } else if (::rename(tmp.c_str(), target.c_str()) != 0) {
+  } else if (file_io().rename(tmp.c_str(), target.c_str()) != 0) {
     return fail(io_error("cannot rename '" + tmp.string() + "' to '" + target.string() + "': " + errno_text(errno)));
   }
   const std::string published = "checkpoint '" + target.string() + "' is complete, but ";

@@ -1,6 +1,7 @@
 // The layout of a checkpoint directory: step directory names, small files read whole, and the
 // temporaries a dead saver left behind; see detail/checkpoint_files.h.
 #include "detail/checkpoint_files.h"
+#include "megatrain/core/file_io.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 std::string errno_text(int err) { return std::strerror(err); }
 
 Result<std::string> read_small_file(const fs::path& path, uint64_t limit) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = file_io().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT) return not_found("'" + path.string() + "' is missing");
@@ -26,21 +27,21 @@ Result<std::string> read_small_file(const fs::path& path, uint64_t limit) {
   std::string out;
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    ssize_t n = file_io().read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      ::close(fd);
+      file_io().close(fd);
       return io_error("cannot read '" + path.string() + "': " + errno_text(err));
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
     if (out.size() > limit) {
-      ::close(fd);
+      file_io().close(fd);
       return corrupt("'" + path.string() + "' is larger than " + std::to_string(limit) + " bytes");
     }
   }
-  ::close(fd);
+  file_io().close(fd);
   return out;
 }
 

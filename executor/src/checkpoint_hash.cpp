@@ -1,6 +1,7 @@
 // The hex spelling of an XXH64 digest (core/xxh64.h) and the digest of a whole file; see
 // detail/checkpoint_hash.h.
 #include "detail/checkpoint_hash.h"
+#include "megatrain/core/file_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -27,7 +28,7 @@ std::string hex64(uint64_t v) {
 }
 
 Result<FileDigest> digest_file(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = file_io().open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT) return not_found("'" + path.string() + "' is missing");
@@ -37,18 +38,18 @@ Result<FileDigest> digest_file(const fs::path& path) {
   Xxh64 h;
   FileDigest d;
   for (;;) {
-    ssize_t n = ::read(fd, buf.data(), buf.size());
+    ssize_t n = file_io().read(fd, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      ::close(fd);
+      file_io().close(fd);
       return io_error("cannot read '" + path.string() + "': " + std::strerror(err));
     }
     if (n == 0) break;
     h.update(buf.data(), static_cast<size_t>(n));
     d.bytes += static_cast<uint64_t>(n);
   }
-  ::close(fd);
+  file_io().close(fd);
   d.xxh64 = h.digest();
   return d;
 }

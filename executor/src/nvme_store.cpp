@@ -1,6 +1,7 @@
 // The NVMe tier's storage engine: O_DIRECT files striped over directories, whole-region transfers
 // through io_uring (or a pread/pwrite thread pool where io_uring is unavailable), XXH64 per block.
 #include "megatrain/executor/nvme_store.h"
+#include "megatrain/core/file_io.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -54,7 +55,7 @@ struct NvmeStore::Impl {
   ~Impl() {
     for (auto& r : rings) io_uring_queue_exit(r.get());
     for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i] >= 0) ::close(fds[i]);
+      if (fds[i] >= 0) file_io().close(fds[i]);
       std::error_code ec;
       std::filesystem::remove(paths[i], ec);
     }
@@ -118,7 +119,7 @@ struct NvmeStore::Impl {
         ++in_flight;
       }
       if (in_flight == 0) break;  // a failure stopped the submissions and everything is reaped
-      const int sub = io_uring_submit_and_wait(ring.get(), 1);
+      const int sub = file_io().submitted(io_uring_submit_and_wait(ring.get(), 1));
       if (sub < 0 && sub != -EINTR) {
         failure = io_error("io_uring_submit failed: " + errno_text(-sub));
         // The kernel may still be using the caller's buffer for requests already submitted: reap
@@ -135,7 +136,7 @@ struct NvmeStore::Impl {
       unsigned head = 0, seen = 0;
       io_uring_for_each_cqe(ring.get(), head, cqe) {
         const BlockIo& b = io[static_cast<size_t>(io_uring_cqe_get_data64(cqe))];
-        const int res = cqe->res;
+        const int res = file_io().completed(fds[static_cast<size_t>(b.file)], write, cqe->res, len);
         if (failure.ok()) {
           if (res < 0)
             failure = (-res == ENOSPC || -res == EFBIG || -res == EDQUOT)
@@ -173,8 +174,8 @@ struct NvmeStore::Impl {
         int64_t done = 0;
         int err = 0;
         while (done < opt.block_bytes) {
-          const ssize_t n = write ? ::pwrite(fds[static_cast<size_t>(b.file)], b.buf + done, static_cast<size_t>(opt.block_bytes - done), b.offset + done)
-                                  : ::pread(fds[static_cast<size_t>(b.file)], b.buf + done, static_cast<size_t>(opt.block_bytes - done), b.offset + done);
+          const ssize_t n = write ? file_io().pwrite(fds[static_cast<size_t>(b.file)], b.buf + done, static_cast<size_t>(opt.block_bytes - done), b.offset + done)
+                                  : file_io().pread(fds[static_cast<size_t>(b.file)], b.buf + done, static_cast<size_t>(opt.block_bytes - done), b.offset + done);
           if (n < 0 && errno == EINTR) continue;
           if (n < 0) err = errno;
           if (n <= 0) break;
@@ -285,13 +286,13 @@ Result<std::unique_ptr<NvmeStore>> NvmeStore::create(const NvmeStoreOptions& opt
     for (int attempt = 0; attempt < 64 && fd < 0; ++attempt) {
       path = dir / (options.file_prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(serial.fetch_add(1)) + "-" +
                     std::to_string(f) + ".bin");
-      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+      fd = file_io().open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
       if (fd < 0 && errno != EEXIST) break;
     }
     if (fd < 0) {
       const int e = errno;
       if (e == EINVAL) {
-        ::unlink(path.c_str());
+        file_io().unlink(path.c_str());
         return unsupported("NVMe directory '" + dir.string() + "': its file system does not support O_DIRECT (" + errno_text(e) +
                            "); accepted: a directory on a local drive (ext4, xfs)");
       }

@@ -2,6 +2,7 @@
 // file, fsync, rename, fsync of the directory) and resolution of Hugging Face checkpoint folders,
 // single file or sharded.
 #include "megatrain/executor/safetensors.h"
+#include "megatrain/core/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -68,7 +69,7 @@ Status pread_all(int fd, void* out, size_t bytes, uint64_t offset, const std::st
   auto* p = static_cast<uint8_t*>(out);
   size_t done = 0;
   while (done < bytes) {
-    ssize_t n = ::pread(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+    ssize_t n = file_io().pread(fd, p + done, bytes - done, static_cast<int64_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return io_error("cannot read " + what + ": " + std::strerror(errno));
@@ -145,7 +146,7 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept { *this = std::mo
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this == &o) return *this;
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) file_io().close(fd_);
   path_ = std::move(o.path_);
   fd_ = o.fd_;
   file_bytes_ = o.file_bytes_;
@@ -158,7 +159,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) file_io().close(fd_);
 }
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
@@ -170,7 +171,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path)
 
   SafetensorsFile f;
   f.path_ = path;
-  f.fd_ = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  f.fd_ = file_io().open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (f.fd_ < 0) return io_error("cannot open safetensors file '" + name + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(f.fd_, &st) != 0) return io_error("cannot stat '" + name + "': " + std::strerror(errno));

@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "executor/faulty_io.h"
 #include "executor/file_test_util.h"
 #include "megatrain/core/plan.h"
 #include "megatrain/core/xxh64.h"
@@ -896,6 +897,138 @@ TEST_F(CheckpointFiles, AFailedSaveLeavesThePreviousCheckpointLoadable) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->info.next_step, 2);
   expect_same_state(hs, state_);
+}
+
+// Fault injection (issue 32; tests/executor/faulty_io.h): a save of step 3 over a folder holding
+// step 2, with one fault at every operation of its kind, in every way it can fail, and a crash
+// followed by a power cut before every durable operation and after the save returned. Each time the newest complete checkpoint
+// loads, holds its own step's state, and no temporary is left; a save that reported success is
+// step 3. These replace nothing in the fork + RLIMIT_FSIZE and SIGKILL tests above and below: those
+// reach the same paths through the kernel.
+namespace {
+using Op = test::FaultyIo::Op;
+using Mode = test::FaultyIo::Mode;
+
+struct FaultCase {
+  std::string what;
+  std::function<void(test::FaultyIo&)> arm;
+};
+}  // namespace
+
+TEST_F(CheckpointFiles, FaultsAtEveryDurableOperationLeaveTheNewestCompleteCheckpointLoadable) {
+  const HostState other = fresh();
+  // One clean save, counted: how many calls of each kind a save of step 3 makes.
+  int counts[static_cast<int>(Op::kCount)] = {};
+  int durable = 0;
+  {
+    ScratchDir dir("ckpt-fault-count");
+    ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
+    test::FaultyIo io(dir.path());
+    {
+      ScopedFileIo use(io);
+      ASSERT_TRUE(save_checkpoint(dir.path(), other, info_for(*su_, 3)).ok());
+    }
+    for (int k = 0; k < static_cast<int>(Op::kCount); ++k) counts[k] = io.count(static_cast<Op>(k));
+    durable = io.durable_ops();
+  }
+  ASSERT_GT(counts[static_cast<int>(Op::kWrite)], 3);
+  ASSERT_GE(counts[static_cast<int>(Op::kFsync)], 6);  // each file, the step folder, the checkpoint folder, latest
+  ASSERT_GE(counts[static_cast<int>(Op::kRename)], 2);
+  ASSERT_GT(durable, counts[static_cast<int>(Op::kWrite)]);
+
+  std::vector<FaultCase> cases;
+  for (Op op : {Op::kOpen, Op::kFsync, Op::kRename, Op::kMkdir})
+    for (int k = 1; k <= counts[static_cast<int>(op)]; ++k)
+      cases.push_back({"call " + std::to_string(k) + " of kind " + std::to_string(static_cast<int>(op)) + " fails with EIO",
+                       [op, k](test::FaultyIo& io) { io.inject(op, k, Mode::kErrno, EIO); }});
+  for (int k = 1; k <= counts[static_cast<int>(Op::kWrite)]; ++k) {
+    cases.push_back({"write " + std::to_string(k) + ": ENOSPC", [k](test::FaultyIo& io) { io.inject(Op::kWrite, k, Mode::kErrno, ENOSPC); }});
+    cases.push_back({"write " + std::to_string(k) + ": EIO", [k](test::FaultyIo& io) { io.inject(Op::kWrite, k, Mode::kErrno, EIO); }});
+    cases.push_back({"write " + std::to_string(k) + ": torn", [k](test::FaultyIo& io) { io.inject(Op::kWrite, k, Mode::kTorn, EIO); }});
+    cases.push_back({"write " + std::to_string(k) + ": short", [k](test::FaultyIo& io) { io.inject(Op::kWrite, k, Mode::kShort); }});
+  }
+  for (int k = 1; k <= durable; ++k)
+    cases.push_back({"crash and power cut before durable operation " + std::to_string(k), [k](test::FaultyIo& io) { io.crash_before(k); }});
+  cases.push_back({"crash and power cut once the save has returned", [](test::FaultyIo&) {}});
+
+  int saved_anyway = 0, crashes = 0;
+  for (const FaultCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    ScratchDir dir("ckpt-fault");
+    ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
+    test::FaultyIo io(dir.path());
+    c.arm(io);
+    Status s;
+    {
+      ScopedFileIo use(io);
+      s = save_checkpoint(dir.path(), other, info_for(*su_, 3));
+    }
+    const bool crash = c.what.rfind("crash", 0) == 0, after = c.what.find("returned") != std::string::npos;
+    ASSERT_TRUE(io.fired() || after) << "the fault was not reached";
+    if (after) ASSERT_TRUE(s.ok()) << s.to_string();
+    if (crash) {
+      ++crashes;
+      io.lose_power();
+    } else if (s.ok()) {
+      ++saved_anyway;
+    } else {
+      EXPECT_NE(s.message().find(dir.path().string()), std::string::npos) << s.message();
+      if (c.what.find("ENOSPC") != std::string::npos) EXPECT_NE(s.message().find("the disk is full"), std::string::npos) << s.message();
+    }
+    if (!crash) EXPECT_TRUE(temporaries(dir.path()).empty()) << s.message();
+    HostState hs = fresh();
+    auto r = load_checkpoint(dir.path(), hs);
+    ASSERT_TRUE(r.ok()) << r.status().to_string() << " (the save said: " << s.to_string() << ")";
+    if (s.ok()) EXPECT_EQ(r->info.next_step, 3);
+    ASSERT_TRUE(r->info.next_step == 2 || r->info.next_step == 3) << r->info.next_step;
+    expect_same_state(hs, r->info.next_step == 3 ? other : state_);
+  }
+  // Every short write is retried to completion; nothing else may pass as a success.
+  EXPECT_EQ(saved_anyway, counts[static_cast<int>(Op::kWrite)]);
+  EXPECT_EQ(crashes, durable + 1);
+}
+
+// Reads that fail while a checkpoint loads (EIO at every read, a short read at every read): the
+// load is refused naming the file, or goes on where it can (short reads are retried; an unreadable
+// 'latest' is replaced by a scan of the folder, with a note); the files are untouched, so the next
+// load succeeds.
+TEST_F(CheckpointFiles, ReadFaultsAtEveryReadAreNamedAndLeaveTheCheckpointLoadable) {
+  ScratchDir dir("ckpt-read-fault");
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 2)).ok());
+  int reads = 0;
+  {
+    test::FaultyIo io(dir.path());
+    ScopedFileIo use(io);
+    HostState hs = fresh();
+    ASSERT_TRUE(load_checkpoint(dir.path(), hs).ok());
+    reads = io.count(Op::kRead);
+  }
+  ASSERT_GT(reads, 3);
+  for (Mode mode : {Mode::kErrno, Mode::kShort})
+    for (int k = 1; k <= reads; ++k) {
+      SCOPED_TRACE("read " + std::to_string(k) + (mode == Mode::kErrno ? ": EIO" : ": short"));
+      test::FaultyIo io(dir.path());
+      io.inject(Op::kRead, k, mode, EIO);
+      HostState hs = fresh();
+      Result<LoadedCheckpoint> r = invalid_argument("not run");
+      {
+        ScopedFileIo use(io);
+        r = load_checkpoint(dir.path(), hs);
+      }
+      ASSERT_TRUE(io.fired());
+      if (mode == Mode::kShort) {
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        expect_same_state(hs, state_);
+      } else if (r.ok()) {  // only 'latest' may fail to read: the folder is scanned instead, and a note says so
+        EXPECT_NE(r->note.find("latest"), std::string::npos) << r->note;
+        expect_same_state(hs, state_);
+      } else {
+        EXPECT_NE(r.status().message().find(dir.path().string()), std::string::npos) << r.status().message();
+      }
+      HostState again = fresh();
+      ASSERT_TRUE(load_checkpoint(dir.path(), again).ok());
+      expect_same_state(again, state_);
+    }
 }
 
 // A writer SIGKILLed at arbitrary moments of a save loop: the newest complete step always loads,

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "executor/faulty_io.h"
 #include "executor/file_test_util.h"
 
 namespace megatrain::exec {
@@ -525,6 +526,50 @@ TEST(NvmeStore, SmallDriveFailsCreateWithTheSpaceNeededAndAvailable) {
   EXPECT_TRUE(contains(msg, "16777216") || contains(msg, "16 MiB") || contains(msg, "16.0 MiB")) << "no space needed: " << msg;
   EXPECT_TRUE(contains(msg, "free") || contains(msg, "available")) << "no space available: " << msg;
   EXPECT_TRUE(entries(dir).empty()) << "the failed create() left a file behind";
+}
+
+// Faults on the drive (issue 32; tests/executor/faulty_io.h): EIO and a short transfer at every
+// block of a write and of a read, on both engines (io_uring completions; the thread pool's pwrite
+// and pread). Each fails the transfer naming the store's file and what went wrong, and the store
+// stays usable: the region written again reads back, the read again gives the bytes.
+TEST(NvmeStore, EioAndShortTransfersAtEveryBlockFailNamingTheFileAndTheStoreGoesOn) {
+  using Op = test::FaultyIo::Op;
+  using Mode = test::FaultyIo::Mode;
+  constexpr int64_t kBlock = 64 * KiB, kBlocks = 4;
+  int faults = 0;
+  for (bool pool : {false, true})
+    for (Mode mode : {Mode::kErrno, Mode::kShort})
+      for (bool write : {true, false})
+        for (int k = 1; k <= kBlocks; ++k) {
+          SCOPED_TRACE(std::string(pool ? "thread pool" : "io_uring") + (write ? ", write" : ", read") + " block " + std::to_string(k) +
+                       (mode == Mode::kErrno ? ": EIO" : ": short"));
+          ScratchDir dir("nvme-fault");
+          auto s = make_store(options({dir.path()}, kBlock, pool ? 2 : 1, pool), {kBlocks * kBlock});
+          ASSERT_TRUE(s);
+          Buf data = random_region(*s, 0, 7 + static_cast<uint64_t>(k));
+          if (!write) ASSERT_TRUE(s->write(0, data.get()).ok());
+          test::FaultyIo io(dir.path());
+          io.inject(pool ? (write ? Op::kWrite : Op::kRead) : Op::kCompletion, k, mode, EIO);
+          Buf got = filled(*s, 0, 0);
+          Status st;
+          {
+            ScopedFileIo use(io);
+            st = write ? s->write(0, data.get()) : s->read(0, got.get());
+          }
+          if (pool && mode == Mode::kShort) {  // pwrite and pread that come back short are retried
+            EXPECT_TRUE(st.ok()) << st.to_string();
+          } else {
+            ASSERT_TRUE(io.fired());
+            ASSERT_FALSE(st.ok());
+            ++faults;
+            EXPECT_TRUE(contains(st.message(), s->files()[0].string())) << st.message();
+            EXPECT_TRUE(contains(st.message(), mode == Mode::kErrno ? "Input/output error" : "short")) << st.message();
+          }
+          ASSERT_TRUE(s->write(0, data.get()).ok());
+          ASSERT_TRUE(s->read(0, got.get()).ok());
+          EXPECT_EQ(std::memcmp(got.get(), data.get(), static_cast<size_t>(s->region_bytes(0))), 0);
+        }
+  EXPECT_EQ(faults, 3 * 2 * kBlocks);
 }
 
 }  // namespace
