@@ -1,14 +1,12 @@
 // durable_file.h: a file appears at its path only complete, a failed write leaves the previous file
 // byte for byte, no temporary survives any outcome, and every error names the path (issue 17: four
 // copies of the temp + fsync + rename + fsync-dir sequence, one of which ignored the folder fsync).
+#include "executor/faulty_io.h"
 #include "megatrain/core/durable_file.h"
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <string>
 
 #include "executor/file_test_util.h"
@@ -98,26 +96,22 @@ TEST_F(DurableFile, TwoWritersAimedAtOnePathUseTwoTemporaries) {
   EXPECT_TRUE(temporaries().empty());
 }
 
-// A write that fails half-way (the file size limit makes write() fail with EFBIG, as a full disk
-// would with ENOSPC; root is not stopped by permissions) leaves the old file byte for byte.
+// A write that fails half-way (a full disk, injected through FileIo: the second write of the file
+// is torn and fails with ENOSPC) leaves the old file byte for byte, and no temporary.
 TEST_F(DurableFile, AFailedWriteKeepsTheOldContent) {
   const fs::path p = dir / "profile.json";
   write_bytes(p, "the old profile");
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    std::signal(SIGXFSZ, SIG_IGN);
-    struct rlimit lim {};
-    lim.rlim_cur = lim.rlim_max = 4096;
-    ::setrlimit(RLIMIT_FSIZE, &lim);
-    Status s = write_file_atomic(p, std::string(1 << 20, 'n'));
-    const bool named = contains(s.message(), p.string()) && contains(s.message(), "unchanged");
-    ::_exit(!s.ok() && s.code() == StatusCode::kIoError && named ? 0 : 1);
+  test::FaultyIo io(dir.path());
+  io.inject(test::FaultyIo::Op::kWrite, 1, test::FaultyIo::Mode::kTorn, ENOSPC);
+  Status s;
+  {
+    ScopedFileIo use(io);
+    s = write_file_atomic(p, std::string(1 << 20, 'n'));
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the oversized write did not fail with kIoError naming the path";
+  ASSERT_TRUE(io.fired());
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_TRUE(contains(s.message(), p.string()) && contains(s.message(), "the disk is full") && contains(s.message(), "unchanged"))
+      << s.message();
   EXPECT_EQ(read_bytes(p), "the old profile");
   EXPECT_TRUE(temporaries().empty());
 }

@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "executor/faulty_io.h"
 #include "executor/file_test_util.h"
 
 namespace megatrain::exec {
@@ -458,31 +458,37 @@ TEST_F(SafetensorsFixture, FailedRenameLeavesNoTemporary) {
   EXPECT_TRUE(std::filesystem::is_directory(dir / "target.safetensors" / "inside"));
 }
 
-// A write that fails half-way (the process's file size limit makes write() fail with EFBIG, as a full
-// disk would with ENOSPC) must leave the previous checkpoint byte-identical and no temporary file.
+// A write that fails half-way (a full disk, injected through FileIo at every write of the file: torn,
+// then ENOSPC) must leave the previous checkpoint byte-identical and no temporary file.
 TEST_F(SafetensorsFixture, ExistingFileSurvivesAFailedWrite) {
   const auto old_values = awkward_floats(100, 5);
   const auto path = dir / "ckpt.safetensors";
   ASSERT_TRUE(write_safetensors(path, {{"w", {100}, old_values.data()}}).ok());
   const std::string before = read_bytes(path);
-
-  const std::vector<float> big(1 << 20, 0.25f);  // 4 MiB, far over the limit below
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
-    struct rlimit lim {};
-    lim.rlim_cur = lim.rlim_max = 64 * 1024;
-    ::setrlimit(RLIMIT_FSIZE, &lim);
-    Status st = write_safetensors(path, {{"w", {1 << 20}, big.data()}});
-    ::_exit(!st.ok() && st.code() == StatusCode::kIoError ? 0 : 1);
+  const std::vector<float> big(1 << 20, 0.25f);  // 4 MiB
+  int writes = 0;
+  {
+    test::FaultyIo count(dir.path());
+    ScopedFileIo use(count);
+    ASSERT_TRUE(write_safetensors(dir / "other.safetensors", {{"w", {1 << 20}, big.data()}}).ok());
+    writes = count.count(test::FaultyIo::Op::kWrite);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the oversized write did not fail with kIoError";
-  EXPECT_EQ(read_bytes(path), before);
-  EXPECT_TRUE(test::files_containing(dir.path(), ".tmp").empty());
+  ASSERT_GE(writes, 2);
+  for (int k = 1; k <= writes; ++k) {
+    SCOPED_TRACE("write " + std::to_string(k));
+    test::FaultyIo io(dir.path());
+    io.inject(test::FaultyIo::Op::kWrite, k, test::FaultyIo::Mode::kTorn, ENOSPC);
+    Status st;
+    {
+      ScopedFileIo use(io);
+      st = write_safetensors(path, {{"w", {1 << 20}, big.data()}});
+    }
+    ASSERT_TRUE(io.fired());
+    EXPECT_EQ(st.code(), StatusCode::kIoError) << st.to_string();
+    EXPECT_NE(st.message().find("the disk is full"), std::string::npos) << st.message();
+    EXPECT_EQ(read_bytes(path), before);
+    EXPECT_TRUE(test::files_containing(dir.path(), ".tmp").empty());
+  }
   auto f = SafetensorsFile::open(path);
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(bits_of(*f->read_fp32("w")), bits_of(old_values));
