@@ -66,6 +66,24 @@ for isa in $adamw_paths; do
 done
 for kisa in ${isa_variants//;/ }; do run_numeric "$kisa"; done
 
+# AddressSanitizer and UndefinedBehaviorSanitizer (issue 32, docs/reliability.md): the programs and
+# the fuzz targets built once more with both, without the GUI, CUDA and the tests; then every fuzz
+# target for a fixed number of mutated inputs, and the CLI error, resume and data tests on that build. Any report
+# aborts the program, which fails the step. MEGATRAIN_SANITIZE_BUILD=0 skips it.
+if [ "${MEGATRAIN_SANITIZE_BUILD:-1}" != 0 ]; then
+  san_dir="${build_dir}-sanitize"
+  stamp "sanitizers: build"
+  cmake -S . -B "$san_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_SANITIZE=ON -DMEGATRAIN_TESTS=OFF \
+        -DMEGATRAIN_CUDA=OFF -DMEGATRAIN_GUI=OFF >/dev/null
+  cmake --build "$san_dir" -j "$jobs" --target megatrain-plan megatrain-exec megatrain-data megatrain-fuzz
+  stamp "sanitizers: fuzz targets"
+  for target in $("$san_dir/bin/megatrain-fuzz" list | cut -d' ' -f1); do
+    "$san_dir/bin/megatrain-fuzz" "$target" --iterations "${MEGATRAIN_FUZZ_ITERATIONS:-20000}" --seed 1
+  done
+  stamp "sanitizers: CLI error, resume and data tests"
+  for t in errors_cli resume_cli data_cli; do bash "tests/cli/$t.sh" "$san_dir/bin/megatrain-plan" "$PWD"; done
+fi
+
 stamp "done"
 # ctest does not show why a test skipped; say it once for the GPU tests.
 if [ -x "$build_dir/tests/megatrain_kernels_tests" ]; then

@@ -65,6 +65,10 @@ const ByteTable& byte_table() {
   return t;
 }
 
+// Token ids are below 2^24: the largest vocabularies have a few hundred thousand, and an id sizes
+// the id -> token table.
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
 // SentencePiece's word boundary, U+2581 (▁).
 const std::string kMeta = "\xE2\x96\x81";
 // Whether the ▁ at byte p (> 0) of s follows another character than ▁.
@@ -165,8 +169,8 @@ Status Tokenizer::Impl::load_model(const Json& m) {
     return fail("model.continuing_subword_prefix", "not supported; accepted: null or \"\"");
   if (!m.contains("vocab") || !m["vocab"].is_object()) return fail("model.vocab", "missing; expected an object of token: id");
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > (1 << 30))
-      return fail("model.vocab[\"" + it.key() + "\"]", "expected a non-negative integer id");
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= kMaxTokenId)
+      return fail("model.vocab[\"" + it.key() + "\"]", "expected an integer id from 0 to " + std::to_string(kMaxTokenId - 1));
     const auto id = it.value().get<int32_t>();
     vocab[it.key()] = id;
     if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
@@ -341,7 +345,12 @@ Status Tokenizer::Impl::load_post_processor(const Json& j, const std::string& pa
     const std::string name = piece["SpecialToken"]["id"].get<std::string>();
     if (!j.contains("special_tokens") || !j["special_tokens"].contains(name) || !j["special_tokens"][name].contains("ids"))
       return fail(path + ".special_tokens", "'" + name + "' has no ids");
-    for (const Json& id : j["special_tokens"][name]["ids"]) (seen_sequence ? suffix : prefix).push_back(id.get<int32_t>());
+    for (const Json& id : j["special_tokens"][name]["ids"]) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= static_cast<int64_t>(tokens.size()))
+        return fail(path + ".special_tokens." + name + ".ids", id.dump() + " is not an id of the vocabulary (0 to " +
+                                                                 std::to_string(static_cast<int64_t>(tokens.size()) - 1) + ")");
+      (seen_sequence ? suffix : prefix).push_back(id.get<int32_t>());
+    }
   }
   return {};
 }
@@ -353,6 +362,9 @@ Status Tokenizer::Impl::load_added(const Json& j) {
     const Json& a = j[i];
     if (!a.contains("id") || !a.contains("content") || !a["content"].is_string() || !a["id"].is_number_integer())
       return fail("added_tokens[" + std::to_string(i) + "]", "expected an id and a content");
+    if (a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= kMaxTokenId)
+      return fail("added_tokens[" + std::to_string(i) + "].id", std::to_string(a["id"].get<int64_t>()) + " is not an id from 0 to " +
+                                                                std::to_string(kMaxTokenId - 1));
     AddedToken t;
     t.content = a["content"].get<std::string>();
     t.id = a["id"].get<int32_t>();

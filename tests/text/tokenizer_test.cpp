@@ -142,4 +142,27 @@ TEST(Tokenizer, WhatIsNotSupportedIsNamedWithItsPath) {
   EXPECT_FALSE(Tokenizer::load("/nonexistent/model").ok());
 }
 
+// Ids that would size the id table past reason, or wrap when narrowed, are refused naming the key
+// (found by megatrain-fuzz: an added token's id of 2^31 became a resize to 2^64 - 2^31 and aborted).
+TEST(Tokenizer, IdsOutOfRangeAreNamed) {
+  auto error_of = [](const Json& j) {
+    auto t = Tokenizer::from_json(j.dump());
+    return t.ok() ? std::string("accepted") : t.status().message();
+  };
+  Json j = byte_level();
+  j["added_tokens"] = Json::array({{{"id", int64_t{1} << 31}, {"content", "<s>"}, {"special", true}}});
+  EXPECT_NE(error_of(j).find("added_tokens[0].id: 2147483648 is not an id from 0 to 16777215"), std::string::npos) << error_of(j);
+  j["added_tokens"][0]["id"] = -1;
+  EXPECT_NE(error_of(j).find("added_tokens[0].id: -1 is not an id"), std::string::npos) << error_of(j);
+  j = byte_level();
+  j["model"]["vocab"]["zz"] = int64_t{1} << 24;
+  EXPECT_NE(error_of(j).find("model.vocab[\"zz\"]: expected an integer id from 0 to 16777215"), std::string::npos) << error_of(j);
+  j = byte_level();
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", Json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}}}}})},
+                         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", Json::array({999999})}}}}}};
+  EXPECT_NE(error_of(j).find("post_processor.special_tokens.<s>.ids: 999999 is not an id of the vocabulary"), std::string::npos)
+      << error_of(j);
+}
+
 }  // namespace
