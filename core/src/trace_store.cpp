@@ -482,6 +482,8 @@ struct ReaderState {
   std::vector<TraceLane> lanes;
   // Longest span, so a window query can bound start_ns from below and use the index.
   mutable std::optional<int64_t> max_span_ns;
+  // steps.aux_loss (Mixture-of-Experts models) came with schema additions; older traces lack it.
+  bool steps_aux_loss = false;
 
   ReaderState() = default;
   ReaderState(const ReaderState&) = delete;
@@ -560,6 +562,7 @@ Status check_tables(ReaderState& r) {
     std::set<std::string> cols;
     while ((rc = sqlite3_step(info.get())) == SQLITE_ROW) cols.insert(column_text(info.get(), 1));
     if (rc != SQLITE_DONE) return r.query_error(rc, std::string("reading the columns of ") + tc.table);
+    if (std::strcmp(tc.table, "steps") == 0) r.steps_aux_loss = cols.count("aux_loss") > 0;
     for (const char* c : tc.columns) {
       if (cols.count(c) == 0) {
         return corrupt(r.path.string() + " is not a MegaTrain trace: table " + tc.table + " has no column " + c);
@@ -582,13 +585,7 @@ Status check_rows(ReaderState& r) {
            "))";
   };
   auto any_real = [](const std::string& col) { return "typeof(" + col + ") IN ('null', 'integer', 'real')"; };
-  bool aux_loss = false;
-  {
-    MT_ASSIGN_OR_RETURN(Stmt info, r.prep("PRAGMA table_info(steps)"));
-    int rc;
-    while ((rc = sqlite3_step(info.get())) == SQLITE_ROW) aux_loss = aux_loss || column_text(info.get(), 1) == "aux_loss";
-    if (rc != SQLITE_DONE) return r.query_error(rc, "reading the columns of steps");
-  }
+  const bool aux_loss = r.steps_aux_loss;
   struct Check {
     std::string table, columns, valid, accepted;
   };
@@ -783,11 +780,9 @@ Result<std::vector<TraceCounter>> TraceReader::counters(const std::string& name)
 }
 
 Result<std::vector<TraceStep>> TraceReader::steps() const {
-  // aux_loss (Mixture-of-Experts models) came with schema additions; older traces lack the column.
-  auto with_aux = impl_->prep("SELECT step, loss, tokens, time_s, aux_loss FROM steps ORDER BY step, rowid");
-  const bool has_aux = with_aux.ok();
-  MT_ASSIGN_OR_RETURN(Stmt st, has_aux ? std::move(with_aux)
-                                       : impl_->prep("SELECT step, loss, tokens, time_s FROM steps ORDER BY step, rowid"));
+  const bool has_aux = impl_->steps_aux_loss;
+  MT_ASSIGN_OR_RETURN(Stmt st, impl_->prep(has_aux ? "SELECT step, loss, tokens, time_s, aux_loss FROM steps ORDER BY step, rowid"
+                                                   : "SELECT step, loss, tokens, time_s FROM steps ORDER BY step, rowid"));
   std::vector<TraceStep> out;
   int rc;
   while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {

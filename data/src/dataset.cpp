@@ -225,8 +225,9 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
       if (d.ok()) read[k] = std::move(*d);
       else s = d.status();
     }
-    failed[k] = s;
-    return s.ok();  // after a bad line, later ones are not needed: the first error wins anyway
+    if (s.ok()) return true;
+    failed[k] = std::move(s);
+    return false;  // after a bad line, later ones are not needed: the first error wins anyway
   });
   for (size_t k = 0; k < lines.size(); ++k) {
     MT_RETURN_IF_ERROR(failed[k]);

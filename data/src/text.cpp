@@ -198,12 +198,6 @@ Result<Regex> Regex::compile(std::string_view pattern) {
   return r;
 }
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view s) const {
-  std::vector<std::pair<size_t, size_t>> out;
-  find_all(s, out);
-  return out;
-}
-
 namespace {
 // Each thread's match data: only the whole match's offsets are read, so one pair fits any pattern.
 struct MatchData {

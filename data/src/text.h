@@ -40,9 +40,8 @@ class Regex {
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
   static Result<Regex> compile(std::string_view pattern);
-  // The [begin, end) byte ranges of the non-overlapping matches in `s` (valid UTF-8), left to right.
-  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
-  // The same ranges appended to `out` (cleared first), with no allocation once `out` has grown.
+  // The [begin, end) byte ranges of the non-overlapping matches in `s` (valid UTF-8), left to right,
+  // into `out` (cleared first): no allocation once `out` has grown.
   void find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const;
 
  private:

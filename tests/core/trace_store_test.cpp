@@ -59,6 +59,16 @@ void write_bytes(const fs::path& p, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// Runs `sql` on the SQLite file at `p` (created if missing); "" when it worked, else SQLite's words.
+std::string run_sql(const fs::path& p, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string error;
+  if (sqlite3_open(p.c_str(), &db) != SQLITE_OK || sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr) != SQLITE_OK)
+    error = db != nullptr ? sqlite3_errmsg(db) : "cannot open";
+  sqlite3_close(db);
+  return error;
+}
+
 std::vector<std::string> dir_entries(const fs::path& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
@@ -531,12 +541,7 @@ TEST_F(TraceReaderTest, RandomBytesAndEmptyFileAreNotSqliteDatabases) {
 }
 
 TEST_F(TraceReaderTest, SqliteFileWithoutTraceTablesNamesTheMissingTable) {
-  auto make_db = [](const fs::path& p, const char* sql) {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
-    sqlite3_close(db);
-  };
+  auto make_db = [](const fs::path& p, const char* sql) { ASSERT_EQ(run_sql(p, sql), ""); };
   const fs::path other = dir_ / "other.db";
   make_db(other, "CREATE TABLE photos(id INTEGER, path TEXT); INSERT INTO photos VALUES(1, 'a.jpg');");
   auto r = TraceReader::open(other);
@@ -609,12 +614,7 @@ TEST_F(TraceReaderTest, GarbledPageIsCorruptWhenAQueryReachesIt) {
 
 TEST_F(TraceReaderTest, NewerSchemaIsUnsupported) {
   const fs::path p = write_sample(dir_ / "t.mtrace");
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value = 'megatrain.trace/9' WHERE key = 'schema'", nullptr, nullptr,
-                         nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_EQ(run_sql(p, "UPDATE meta SET value = 'megatrain.trace/9' WHERE key = 'schema'"), "");
   auto r = TraceReader::open(p);
   ASSERT_TRUE(fails_with(r, StatusCode::kUnsupported));
   EXPECT_TRUE(has_substr(r.status().message(), "megatrain.trace/9"));
@@ -666,10 +666,7 @@ TEST_F(TraceReaderTest, HostileRowsAndViewsAreRefusedAtOpen) {
       ASSERT_TRUE(w->close().ok());
     }
     ASSERT_TRUE(TraceReader::open(p).ok()) << c.name << ": the trace before the change must open";
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, c.sql, nullptr, nullptr, nullptr), SQLITE_OK) << c.name << ": " << sqlite3_errmsg(db);
-    sqlite3_close(db);
+    ASSERT_EQ(run_sql(p, c.sql), "") << c.name;
     auto r = TraceReader::open(p);
     ASSERT_TRUE(fails_with(r, StatusCode::kCorrupt)) << c.name;
     EXPECT_TRUE(has_substr(r.status().message(), p.string())) << r.status().message();

@@ -783,6 +783,21 @@ void expect_step1_checkpoint_intact(const fs::path& ckpt, const Json& pj) {
   EXPECT_TRUE(temporaries(ckpt).empty());
 }
 
+// The full-disk tests' start: `hs` initialised from seed 7, trained one step and saved as step 1 in
+// `ckpt`, then trained a second step (all its updates done); `tr` is its trainer.
+void save_step1_and_train_step2(const TrainSetup& su, HostState& hs, std::unique_ptr<Trainer>& tr, const fs::path& ckpt) {
+  ASSERT_TRUE(hs.init_random(7, 0.02).ok());
+  auto created = Trainer::create(su.plan, su.model, hs, *su.loader, TrainerOptions{});
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  tr = std::move(created).value();
+  ASSERT_TRUE(tr->run_step(0).ok());
+  tr->wait_for_updates();
+  const Status first = save_checkpoint(ckpt, hs, info_for(su, 1));
+  ASSERT_TRUE(first.ok()) << first.to_string();
+  ASSERT_TRUE(tr->run_step(1).ok());
+  tr->wait_for_updates();
+}
+
 TEST(NvmeTraining, AFullDiskAtCheckpointTimeKeepsTheLastCheckpointLoadable) {
   // The disk of the checkpoints fills during the second save (ENOSPC injected through FileIo at the
   // first, the middle and the last write of the step's files), while the NVMe tier's files, elsewhere, go
@@ -791,14 +806,8 @@ TEST(NvmeTraining, AFullDiskAtCheckpointTimeKeepsTheLastCheckpointLoadable) {
   const fs::path ckpt = dir / "ckpt";
   const TrainSetup su = make_setup(full_disk_plan({dir.sub("drive")}));
   HostState hs = fresh_state(su);
-  ASSERT_TRUE(hs.init_random(7, 0.02).ok());
-  auto tr = Trainer::create(su.plan, su.model, hs, *su.loader, TrainerOptions{});
-  ASSERT_TRUE(tr.ok()) << tr.status().to_string();
-  ASSERT_TRUE((*tr)->run_step(0).ok());
-  (*tr)->wait_for_updates();
-  ASSERT_TRUE(save_checkpoint(ckpt, hs, info_for(su, 1)).ok());
-  ASSERT_TRUE((*tr)->run_step(1).ok());
-  (*tr)->wait_for_updates();
+  std::unique_ptr<Trainer> tr;
+  ASSERT_NO_FATAL_FAILURE(save_step1_and_train_step2(su, hs, tr, ckpt));
   int writes = 0;
   {
     const fs::path scratch = dir / "count";
@@ -823,9 +832,9 @@ TEST(NvmeTraining, AFullDiskAtCheckpointTimeKeepsTheLastCheckpointLoadable) {
     EXPECT_EQ(s.code(), StatusCode::kIoError) << s.to_string();
     EXPECT_TRUE(contains(s.message(), "earlier checkpoints are unchanged")) << s.to_string();
     EXPECT_TRUE(contains(s.message(), ckpt.string())) << s.to_string();
-    auto r = (*tr)->run_step(step++);
+    auto r = tr->run_step(step++);
     EXPECT_TRUE(r.ok()) << "training did not go on after the failed save: " << r.status().to_string();
-    (*tr)->wait_for_updates();
+    tr->wait_for_updates();
   }
   EXPECT_EQ(entries(ckpt), (std::set<std::string>{"latest", "step-00000001"})) << join(entries(ckpt));
   EXPECT_TRUE(temporaries(ckpt).empty()) << "a failed save left a temporary behind";
@@ -845,21 +854,14 @@ TEST(NvmeTraining, AFullCheckpointDriveKeepsTheLastCheckpointLoadable) {
                                       "AFullDiskAtCheckpointTimeKeepsTheLastCheckpointLoadable covers the case";
   {
     HostState hs = fresh_state(su);
-    ASSERT_TRUE(hs.init_random(7, 0.02).ok());
-    auto tr = Trainer::create(su.plan, su.model, hs, *su.loader, TrainerOptions{});
-    ASSERT_TRUE(tr.ok()) << tr.status().to_string();
-    ASSERT_TRUE((*tr)->run_step(0).ok());
-    (*tr)->wait_for_updates();
-    const Status first = save_checkpoint(ckpt, hs, info_for(su, 1));
-    ASSERT_TRUE(first.ok()) << first.to_string();
-    ASSERT_TRUE((*tr)->run_step(1).ok());
-    (*tr)->wait_for_updates();
+    std::unique_ptr<Trainer> tr;
+    ASSERT_NO_FATAL_FAILURE(save_step1_and_train_step2(su, hs, tr, ckpt));
     const Status s = save_checkpoint(ckpt, hs, info_for(su, 2));
     ASSERT_FALSE(s.ok()) << "a second checkpoint fitted in a tmpfs of " << room << " bytes";
     EXPECT_TRUE(s.code() == StatusCode::kIoError || s.code() == StatusCode::kResourceExhausted) << s.to_string();
     EXPECT_TRUE(contains(s.message(), "earlier checkpoints are unchanged")) << s.to_string();
     EXPECT_TRUE(contains(s.message(), ckpt.string())) << s.to_string();
-    auto r2 = (*tr)->run_step(2);
+    auto r2 = tr->run_step(2);
     EXPECT_TRUE(r2.ok()) << "training did not go on after the failed save: " << r2.status().to_string();
   }
   // Only step 1's checkpoint is visible, with no temporaries, and it loads.
