@@ -7,7 +7,7 @@
 # planner's loop on this machine: profile it quickly, plan the tiny model for it, train that plan,
 # and plan the 123B model on the paper's rig with its table of alternatives. In between, your own
 # data: a real tokenizer, an alpaca-style file prepared with loss masks, and a tiny model trained
-# on the answers.
+# on the answers, the last time through the Python package (examples/finetune.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,6 +67,21 @@ if [ -f "$tok/tokenizer.json" ]; then
     prepare_and_train chat tests/data/sft/chat-sample.jsonl --chat-template out/mixtral.jinja
   else
     echo "== conversations: skipped (no @huggingface/ollama-utils for Mixtral's chat template)"
+  fi
+  echo
+  # The Python package: examples/finetune.py (Hugging Face's Trainer shape) fine-tunes the tiny
+  # model with Llama-2's vocabulary on the same alpaca file and prints its log_history.
+  if grep -q '^MEGATRAIN_PYTHON:BOOL=ON' "$build_dir/CMakeCache.txt"; then
+    cmake --build "$build_dir" -j "$(nproc)" --target megatrain_python
+    rm -rf out/tiny-llama2-vocab out/finetune
+    mkdir -p out/tiny-llama2-vocab
+    cp profiles/models/tiny-llama-32k.json out/tiny-llama2-vocab/config.json
+    cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" out/tiny-llama2-vocab/
+    echo "== python3 examples/finetune.py out/tiny-llama2-vocab tests/data/sft/alpaca-sample.jsonl out/finetune"
+    PYTHONPATH="$build_dir/python" /usr/bin/python3 examples/finetune.py out/tiny-llama2-vocab tests/data/sft/alpaca-sample.jsonl \
+      out/finetune
+  else
+    echo "== examples/finetune.py skipped: configure found no pybind11 (pybind11-dev python3-dev)"
   fi
 else
   echo "== your own data: skipped (no npm here for the Llama-2 tokenizer; scripts/npm-references.sh says why)"

@@ -12,6 +12,7 @@ packages=(
   qt6-base-dev qt6-charts-dev libqt6opengl6-dev
   fio python3-torch libopenblas0-openmp
   libpcre2-dev libutf8proc-dev
+  python3-dev pybind11-dev python3-pybind11 python3-pytest python3-venv python3-pip python3-setuptools
 )
 
 missing=()

@@ -36,6 +36,13 @@ if [ -z "${MEGATRAIN_TORCH_CACHE:-}" ]; then
   rm -rf "$MEGATRAIN_TORCH_CACHE"
 fi
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -LE '^isa_'
+# The Python package as users install it (docs/python.md): pip into a fresh venv, building in this
+# build folder (nothing is compiled twice), then import and a 2-step run from outside the tree. The
+# package's own tests (pytest, python/tests) ran above as ctest's python.pytest.
+if [ -f "$build_dir/python/megatrain/__init__.py" ]; then
+  stamp "python package: pip install into a fresh venv"
+  ./scripts/python-install-check.sh "$build_dir"
+fi
 
 # Every instruction-set path this code can take (docs/testing.md). The numerically sensitive tests
 # (every CPU kernel, the PyTorch references, the bit-exact training and resume tests, AdamW) run again
@@ -74,7 +81,7 @@ if [ "${MEGATRAIN_SANITIZE_BUILD:-1}" != 0 ]; then
   san_dir="${build_dir}-sanitize"
   stamp "sanitizers: build"
   cmake -S . -B "$san_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_SANITIZE=ON -DMEGATRAIN_TESTS=OFF \
-        -DMEGATRAIN_CUDA=OFF -DMEGATRAIN_GUI=OFF >/dev/null
+        -DMEGATRAIN_CUDA=OFF -DMEGATRAIN_GUI=OFF -DMEGATRAIN_PYTHON=OFF >/dev/null
   cmake --build "$san_dir" -j "$jobs" --target megatrain-plan megatrain-exec megatrain-data megatrain-fuzz
   stamp "sanitizers: fuzz targets"
   for target in $("$san_dir/bin/megatrain-fuzz" list | cut -d' ' -f1); do

@@ -49,7 +49,7 @@ constexpr const char* kCreateSchemaSql =
     "CREATE TABLE spans(lane INTEGER, name TEXT, kind TEXT, step INTEGER, layer INTEGER,"
     " micro_batch INTEGER, start_ns INTEGER, end_ns INTEGER, bytes INTEGER, flops REAL);"
     "CREATE TABLE counters(name TEXT, t_ns INTEGER, value REAL);"
-    "CREATE TABLE steps(step INTEGER, loss REAL, tokens INTEGER, time_s REAL, aux_loss REAL);";
+    "CREATE TABLE steps(step INTEGER, loss REAL, tokens INTEGER, time_s REAL, aux_loss REAL, eval_loss REAL);";
 
 // Built at close(), after the bulk insert, because maintaining them row by row would slow the
 // insert several-fold. spans(start_ns) serves time-window queries across all lanes.
@@ -329,7 +329,7 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const fs::path& path,
   MT_ASSIGN_OR_RETURN(impl->ins_counter,
                       prepare(db, "INSERT INTO counters(name, t_ns, value) VALUES(?, ?, ?)", "prepare"));
   MT_ASSIGN_OR_RETURN(impl->ins_step,
-                      prepare(db, "INSERT INTO steps(step, loss, tokens, time_s, aux_loss) VALUES(?, ?, ?, ?, ?)", "prepare"));
+                      prepare(db, "INSERT INTO steps(step, loss, tokens, time_s, aux_loss, eval_loss) VALUES(?, ?, ?, ?, ?, ?)", "prepare"));
 
   for (const auto& [k, v] : meta) MT_RETURN_IF_ERROR(impl->write_meta(k, v));
   if (schema == meta.end()) MT_RETURN_IF_ERROR(impl->write_meta("schema", kTraceSchemaVersion));
@@ -444,6 +444,8 @@ Status TraceWriter::add_step(const TraceStep& step) {
   sqlite3_bind_double(s, 4, step.time_s);
   if (std::isnan(step.aux_loss)) sqlite3_bind_null(s, 5);
   else sqlite3_bind_double(s, 5, step.aux_loss);
+  if (std::isnan(step.eval_loss)) sqlite3_bind_null(s, 6);
+  else sqlite3_bind_double(s, 6, step.eval_loss);
   return impl_->step_insert(s, "step");
 }
 
@@ -484,6 +486,7 @@ struct ReaderState {
   mutable std::optional<int64_t> max_span_ns;
   // steps.aux_loss (Mixture-of-Experts models) came with schema additions; older traces lack it.
   bool steps_aux_loss = false;
+  bool steps_eval_loss = false;  // steps.eval_loss came later still
 
   ReaderState() = default;
   ReaderState(const ReaderState&) = delete;
@@ -562,7 +565,10 @@ Status check_tables(ReaderState& r) {
     std::set<std::string> cols;
     while ((rc = sqlite3_step(info.get())) == SQLITE_ROW) cols.insert(column_text(info.get(), 1));
     if (rc != SQLITE_DONE) return r.query_error(rc, std::string("reading the columns of ") + tc.table);
-    if (std::strcmp(tc.table, "steps") == 0) r.steps_aux_loss = cols.count("aux_loss") > 0;
+    if (std::strcmp(tc.table, "steps") == 0) {
+      r.steps_aux_loss = cols.count("aux_loss") > 0;
+      r.steps_eval_loss = cols.count("eval_loss") > 0;
+    }
     for (const char* c : tc.columns) {
       if (cols.count(c) == 0) {
         return corrupt(r.path.string() + " is not a MegaTrain trace: table " + tc.table + " has no column " + c);
@@ -585,7 +591,7 @@ Status check_rows(ReaderState& r) {
            "))";
   };
   auto any_real = [](const std::string& col) { return "typeof(" + col + ") IN ('null', 'integer', 'real')"; };
-  const bool aux_loss = r.steps_aux_loss;
+  const bool aux_loss = r.steps_aux_loss, eval_loss = r.steps_eval_loss;
   struct Check {
     std::string table, columns, valid, accepted;
   };
@@ -601,9 +607,10 @@ Status check_rows(ReaderState& r) {
        "0..2^31, bytes 0..2^53 and flops 0..1e30"},
       {"counters", "name, t_ns, value", integer_in("t_ns", "0", max_ns) + " AND " + real_in("value", "-1e300", "1e300"),
        "a counter has 0 <= t_ns <= 2^53 (ns) and a finite value"},
-      {"steps", std::string("step, loss, tokens, time_s") + (aux_loss ? ", aux_loss" : ""),
+      {"steps", std::string("step, loss, tokens, time_s") + (aux_loss ? ", aux_loss" : "") + (eval_loss ? ", eval_loss" : ""),
        integer_in("step", "0", max_ns) + " AND " + any_real("loss") + " AND " + integer_in("tokens", "0", max_ns) + " AND " +
-           real_in("time_s", "0", "1e300") + (aux_loss ? " AND " + any_real("aux_loss") : ""),
+           real_in("time_s", "0", "1e300") + (aux_loss ? " AND " + any_real("aux_loss") : "") +
+           (eval_loss ? " AND " + any_real("eval_loss") : ""),
        "a step has a number 0..2^53, a loss that is a number (a diverged run's infinity too) or missing, 0..2^53 tokens and a finite "
        "time_s >= 0"},
   };
@@ -780,15 +787,17 @@ Result<std::vector<TraceCounter>> TraceReader::counters(const std::string& name)
 }
 
 Result<std::vector<TraceStep>> TraceReader::steps() const {
-  const bool has_aux = impl_->steps_aux_loss;
-  MT_ASSIGN_OR_RETURN(Stmt st, impl_->prep(has_aux ? "SELECT step, loss, tokens, time_s, aux_loss FROM steps ORDER BY step, rowid"
-                                                   : "SELECT step, loss, tokens, time_s FROM steps ORDER BY step, rowid"));
+  // The optional columns, NULL where a trace lacks them.
+  const std::string cols = std::string("step, loss, tokens, time_s, ") + (impl_->steps_aux_loss ? "aux_loss" : "NULL") + ", " +
+                           (impl_->steps_eval_loss ? "eval_loss" : "NULL");
+  MT_ASSIGN_OR_RETURN(Stmt st, impl_->prep("SELECT " + cols + " FROM steps ORDER BY step, rowid"));
   std::vector<TraceStep> out;
   int rc;
   while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
     TraceStep t{sqlite3_column_int64(st.get(), 0), column_real(st.get(), 1), sqlite3_column_int64(st.get(), 2),
                 column_real(st.get(), 3)};
-    if (has_aux && sqlite3_column_type(st.get(), 4) != SQLITE_NULL) t.aux_loss = sqlite3_column_double(st.get(), 4);
+    if (sqlite3_column_type(st.get(), 4) != SQLITE_NULL) t.aux_loss = sqlite3_column_double(st.get(), 4);
+    if (sqlite3_column_type(st.get(), 5) != SQLITE_NULL) t.eval_loss = sqlite3_column_double(st.get(), 5);
     out.push_back(t);
   }
   if (rc != SQLITE_DONE) return impl_->query_error(rc, "reading steps");

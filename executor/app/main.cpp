@@ -80,8 +80,14 @@ int main(int argc, char** argv) {
                "skip a step whose loss or gradient norm is not finite, or that has no counted targets, and go on (its "
                "update is not applied; AdamW's count and the learning rate follow the applied steps). Without it such a "
                "step stops the run before its update, and the steps done are saved");
+  auto* eval_opt = app.add_option("--eval-data", o.eval_data_path,
+                                  "evaluate on this prepared dataset or token file (every row once, in order, forward only, with "
+                                  "the training step's buffers): at the end of the run, and every --eval-every steps")
+                       ->check(CLI::ExistingFile);
+  app.add_option("--eval-every", o.eval_every, "also evaluate every N steps")->check(cli::int_range(1, kMaxSteps))->needs(eval_opt);
   app.add_flag("--in-memory", o.in_memory, "run the plain in-memory loop instead of the streamed pipeline (the reference)");
   if (const int rc = cli::parse(app, argc, argv, "megatrain-exec"); rc >= 0) return rc;
+  o.eval_at_end = !o.eval_data_path.empty();
   auto summary = exec::run_training(o, std::cout, {.before_first_step = install_stop_handlers,
                                                    .stop_requested = [] { return g_stop_signal.load(); }});
   if (!summary.ok()) return fail(summary.status());

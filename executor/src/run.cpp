@@ -16,7 +16,9 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <thread>
 #include <utility>
@@ -32,6 +34,7 @@
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/moments.h"
+#include "megatrain/executor/optimizer.h"
 #include "megatrain/executor/trainer.h"
 #include "megatrain/executor/weights_io.h"
 #include "megatrain/step/schedule.h"
@@ -211,7 +214,8 @@ void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model,
 
 // The checkpoint of the state after step next_step - 1, all its updates written.
 Status save(const RunOptions& o, const Plan& plan, const std::string& plan_text, const ModelSpec& model, const DataLoader& loader,
-            HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out) {
+            HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out,
+            const std::function<Status(int64_t, const std::string&)>& after_save) {
   CheckpointInfo info;
   info.next_step = next_step;
   info.skipped_steps = summary.skipped_steps;
@@ -234,6 +238,7 @@ Status save(const RunOptions& o, const Plan& plan, const std::string& plan_text,
   say(out, "checkpoint %s written in %.2f s (optimizer states %s%s)", step_dir.string().c_str(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
       ec ? "?" : format_bytes(static_cast<double>(opt_bytes)).c_str(), o.compress_states ? ", fp32 moments compressed" : "");
+  if (after_save) return after_save(next_step, step_dir.string());
   return {};
 }
 
@@ -306,23 +311,72 @@ Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelS
   return DataLoader::create(tokens, d);
 }
 
+// The evaluation data (--eval-data): a prepared dataset or token file, read in order, every row once,
+// in the plan's micro-batches.
+Result<DataLoader> open_eval_data(const RunOptions& o, const Plan& plan, const ModelSpec& model) {
+  DataLoaderOptions d;
+  d.seq_len = plan.training.seq_len;
+  d.micro_batch = plan.training.micro_batch;
+  d.grad_accum = 1;
+  d.order = DataOrder::kSequential;
+  d.vocab_size = model.config().vocab_size;
+  if (data::SequenceFile::is_sequence_file(o.eval_data_path)) {
+    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(o.eval_data_path));
+    auto r = DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
+    if (!r.ok()) return r.status().with_context("--eval-data");
+    return r;
+  }
+  MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.eval_data_path));
+  auto tokens = std::make_shared<const TokenFile>(std::move(file));
+  MT_RETURN_IF_ERROR(tokens->check_vocab(model.config().vocab_size));
+  auto r = DataLoader::create(tokens, d);
+  if (!r.ok()) return r.status().with_context("--eval-data");
+  return r;
+}
+
+// One evaluation pass, its line, and the hook.
+Status run_eval(Trainer& trainer, const DataLoader& eval, int64_t next_step, RunSummary& summary, const RunCallbacks& callbacks,
+                std::ostream& out) {
+  MT_ASSIGN_OR_RETURN(EvalResult r, trainer.evaluate(eval));
+  say(out, "eval after step %lld: loss %.4f over %lld targets of %lld rows (%.2f s)", static_cast<long long>(next_step), r.loss,
+      static_cast<long long>(r.tokens), static_cast<long long>(r.rows), r.time_s);
+  summary.evals.push_back({next_step, r.loss, r.tokens, r.time_s});
+  if (callbacks.after_eval) return callbacks.after_eval(next_step, r.loss, r.tokens, r.time_s);
+  return {};
+}
+
 }  // namespace
 
 Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const RunCallbacks& callbacks) {
+  RunPhase ignored = RunPhase::kChecking;
+  RunPhase& phase = callbacks.phase != nullptr ? *callbacks.phase : ignored;
+  phase = RunPhase::kChecking;
   MT_RETURN_IF_ERROR(check_before_loading(o));
   FolderLock lock;  // one run per checkpoint folder, for the whole run, --resume included
   if (!o.checkpoint_dir.empty()) {
     MT_ASSIGN_OR_RETURN(lock, FolderLock::take(o.checkpoint_dir));
   }
+  phase = RunPhase::kPlan;
   MT_ASSIGN_OR_RETURN(Plan plan, Plan::load(o.plan_path));
   MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
   MT_RETURN_IF_ERROR(check_compression(o, plan));
   // The budgets before anything is allocated (issue 32 row 2): the trainer checks them again.
   if (!o.in_memory) MT_RETURN_IF_ERROR(check_plan_fits(plan, model, o.backend));
+  phase = RunPhase::kData;
   MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model, out));
+  std::optional<DataLoader> eval_loader;
+  if (!o.eval_data_path.empty()) {
+    MT_ASSIGN_OR_RETURN(DataLoader e, open_eval_data(o, plan, model));
+    eval_loader.emplace(std::move(e));
+  } else if (o.eval_only || o.eval_every > 0) {
+    return invalid_argument("evaluation needs --eval-data FILE (a prepared dataset or token file)");
+  }
+  phase = RunPhase::kState;
   MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, out));
   RunSummary summary;
+  if (o.resume) phase = RunPhase::kResume;
   MT_RETURN_IF_ERROR(start_state(o, plan, model, loader, state, summary, out));
+  phase = RunPhase::kState;
 
   TrainerOptions topt;
   topt.streamed = !o.in_memory;
@@ -337,12 +391,18 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
   const int64_t total = o.steps > 0 ? o.steps : plan.training.steps;
   summary.next_step = start;
   summary.total_steps = total;
+  if (o.eval_only) {
+    phase = RunPhase::kTraining;
+    MT_RETURN_IF_ERROR(run_eval(*trainer, *eval_loader, start, summary, callbacks, out));
+    return summary;
+  }
   if (start >= total) {
     say(out, "the checkpoint has %lld steps done, the run has %lld in all: nothing to run", static_cast<long long>(start),
         static_cast<long long>(total));
     return summary;
   }
   print_header(o, plan, model, loader, *trainer, total, out);
+  phase = RunPhase::kTraining;
   const std::string plan_text = plan.to_json_text();
   if (callbacks.before_first_step) callbacks.before_first_step();
   double elapsed = 0;
@@ -353,13 +413,15 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
     if (Status changed = loader.check_unchanged(); !changed.ok()) {
       if (!o.checkpoint_dir.empty() && s > saved) {
         MT_RETURN_IF_ERROR(trainer->finish_updates());
-        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out));
+        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out, callbacks.after_save));
       }
       const std::string after = o.checkpoint_dir.empty() ? "the run stops here (no --checkpoint-dir: nothing saved)"
                                 : s == 0                 ? "the run stops here, before its first step"
                                                          : "the run stops here; the checkpoint of step " + std::to_string(s) + " holds the steps done";
       return Status(changed.code(), changed.message() + "; " + after);
     }
+    if (callbacks.before_step) MT_RETURN_IF_ERROR(callbacks.before_step(s));
+    const double lr = learning_rate(plan.training, s - summary.skipped_steps);
     MT_ASSIGN_OR_RETURN(StepResult r, trainer->run_step(s));
     // The non-finite guard (docs/reliability.md): the step made no update. Unless told to skip such
     // steps, the run stops here and the steps done are saved; a state some of whose units were
@@ -374,7 +436,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
       std::string after = "; no update was applied and the run stops";
       if (!o.checkpoint_dir.empty() && s > saved) {
         MT_RETURN_IF_ERROR(trainer->finish_updates());
-        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out));
+        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out, callbacks.after_save));
         after += "; the checkpoint of step " + std::to_string(s) + " holds the " + std::to_string(s) + " steps done";
       } else if (!o.checkpoint_dir.empty()) {
         after += newest;
@@ -404,12 +466,27 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
           static_cast<long long>(total), r.not_applied.c_str(), static_cast<long long>(summary.skipped_steps), format_duration(eta).c_str());
     }
     const int64_t done = s + 1;
+    StepControl control;
+    if (callbacks.after_step) {
+      MT_ASSIGN_OR_RETURN(control, callbacks.after_step(r, lr));
+    }
+    if (eval_loader && (control.evaluate || (o.eval_every > 0 && done % o.eval_every == 0) || (o.eval_at_end && done == total)))
+      MT_RETURN_IF_ERROR(run_eval(*trainer, *eval_loader, done, summary, callbacks, out));
     const int sig = callbacks.stop_requested ? callbacks.stop_requested() : 0;
-    if (!o.checkpoint_dir.empty() && (done == total || sig != 0 || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))) {
+    const bool stop = sig != 0 || control.stop;
+    if (!o.checkpoint_dir.empty() &&
+        (done == total || stop || control.save || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))) {
       // The checkpoint holds the state after this step's updates, all of them written.
       MT_RETURN_IF_ERROR(trainer->finish_updates());
-      MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, done, out));
+      MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, done, out, callbacks.after_save));
       saved = done;
+    }
+    if (stop && sig == 0 && done < total) {
+      say(out, "stopped by a callback after step %lld of %lld; %s", static_cast<long long>(done), static_cast<long long>(total),
+          o.checkpoint_dir.empty() ? "nothing saved (no checkpoint folder)" : "continue with --resume");
+      MT_RETURN_IF_ERROR(write_trace(o, *trainer, plan_text, out));
+      summary.stopped_by_hook = true;
+      return summary;
     }
     if (sig != 0 && done < total) {
       say(out, "stopped by %s after step %lld of %lld; %s", sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : sig == SIGTERM ? "SIGTERM" : "a signal", static_cast<long long>(done),

@@ -1056,6 +1056,103 @@ class RoundRun {
 
 }  // namespace
 
+Result<EvalResult> Trainer::evaluate(const DataLoader& eval) {
+  Impl& I = *impl_;
+  const Dims& d = I.d;
+  const auto t0 = Clock::now();
+  if (eval.options().seq_len != d.T || eval.options().micro_batch != d.B)
+    return invalid_argument("the evaluation data is read as rows of " + std::to_string(eval.options().seq_len) + " tokens, " +
+                            std::to_string(eval.options().micro_batch) + " per micro-batch; the plan's are " + std::to_string(d.T) +
+                            " and " + std::to_string(d.B));
+  MT_RETURN_IF_ERROR(finish_updates());
+  auto units = [&](int64_t u) -> UnitState& { return I.state->units()[static_cast<size_t>(u)]; };
+  const int64_t rows = eval.rows_per_epoch();
+  const int64_t batches = (rows + d.B - 1) / d.B;
+  // The buffers: the streamed step's device buffers (two weight slots, the ping-pong hidden states,
+  // one layer's activations, the head's workspace and gradient outputs, which the next step
+  // overwrites), or the in-memory loop's, whose head gradients go to scratch.
+  std::vector<float*> hid0(static_cast<size_t>(I.A)), hid1(static_cast<size_t>(I.A)), dx(static_cast<size_t>(I.A));
+  float *act = nullptr, *ws = nullptr, *dfn = nullptr, *dlm = nullptr;
+  std::vector<float> scratch;
+  const UnitState& hu = units(I.L + 1);
+  if (I.opt.streamed) {
+    for (int64_t j = 0; j < I.A; ++j) {
+      hid0[static_cast<size_t>(j)] = I.hid[0][static_cast<size_t>(j)];
+      hid1[static_cast<size_t>(j)] = I.hid[1][static_cast<size_t>(j)];
+      dx[static_cast<size_t>(j)] = I.dhid[static_cast<size_t>(j)];
+    }
+    act = I.acts[0];
+    ws = I.ws;
+    dfn = I.head_grad + hu.find(TensorRole::kFinalNorm)->offset;
+    dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
+  } else {
+    const int64_t NH = d.N * d.H;
+    float* p = I.reference_x.data();
+    for (int64_t j = 0; j < I.A; ++j) {
+      hid0[static_cast<size_t>(j)] = p + (j * (I.L + 1)) * NH;
+      hid1[static_cast<size_t>(j)] = p + (j * (I.L + 1) + 1) * NH;
+    }
+    p += I.A * (I.L + 1) * NH;
+    act = p;
+    p += I.A * I.L * I.be->layer_act_floats();
+    ws = p;
+    p += std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
+    for (int64_t j = 0; j < I.A; ++j) dx[static_cast<size_t>(j)] = p;
+    scratch.assign(static_cast<size_t>(hu.numel + (d.tied ? d.V * d.H : 0)), 0.0f);
+    dfn = scratch.data() + hu.find(TensorRole::kFinalNorm)->offset;
+    dlm = d.tied ? scratch.data() + hu.numel : scratch.data() + hu.find(TensorRole::kHead)->offset;
+  }
+  // Where unit u's weights are for this group: slot (u % 2) of the streamed step, or the in-memory
+  // loop's own copy; the head of a tied model reads the embedding from the other slot.
+  auto load = [&](int64_t u, int which) -> const float* {
+    float* dst = I.opt.streamed ? I.slots[static_cast<size_t>(which)] : I.reference_w[static_cast<size_t>(u)].data();
+    I.be->upload_unit(StreamKind::kCompute, units(u), I.state->transfer(), dst);
+    return dst;
+  };
+  double loss_sum = 0;
+  int64_t count = 0;
+  for (int64_t g0 = 0; g0 < batches; g0 += I.A) {
+    const int64_t n = std::min(I.A, batches - g0);
+    for (int64_t j = 0; j < n; ++j) {
+      std::vector<int32_t>& in = I.inputs[static_cast<size_t>(j)];
+      std::vector<int32_t>& tg = I.targets[static_cast<size_t>(j)];
+      MT_RETURN_IF_ERROR(eval.fill(g0 + j, 0, in.data(), tg.data()));
+      // The last batch's rows past the end of the set come round again from its start: not counted.
+      for (int64_t b = 0; b < d.B; ++b)
+        if ((g0 + j) * d.B + b >= rows) std::fill(tg.begin() + b * d.T, tg.begin() + (b + 1) * d.T, -1);
+    }
+    const float* w = load(0, 0);
+    for (int64_t j = 0; j < n; ++j) MT_RETURN_IF_ERROR(I.be->embed(w, I.inputs[static_cast<size_t>(j)].data(), hid0[static_cast<size_t>(j)]));
+    bool cur0 = true;
+    for (int64_t l = 1; l <= I.L; ++l) {
+      w = load(l, static_cast<int>(l % 2));
+      for (int64_t j = 0; j < n; ++j) {
+        float* x = cur0 ? hid0[static_cast<size_t>(j)] : hid1[static_cast<size_t>(j)];
+        float* y = cur0 ? hid1[static_cast<size_t>(j)] : hid0[static_cast<size_t>(j)];
+        MT_RETURN_IF_ERROR(I.be->layer_forward(I.be->view_weights(units(l), w), x, y, moe_forward_acts(I, I.be->bind_acts(act), l, j)));
+      }
+      cur0 = !cur0;
+    }
+    const int hs = static_cast<int>((I.L + 1) % 2);
+    const UnitView hv = I.be->view_weights(hu, load(I.L + 1, hs));
+    const float* lm = d.tied ? I.be->view_weights(units(0), load(0, 1 - hs))[TensorRole::kEmbedding] : hv[TensorRole::kHead];
+    for (int64_t j = 0; j < n; ++j)
+      MT_RETURN_IF_ERROR(I.be->head(hv[TensorRole::kFinalNorm], lm, cur0 ? hid0[static_cast<size_t>(j)] : hid1[static_cast<size_t>(j)],
+                                    I.targets[static_cast<size_t>(j)].data(), 0.0f, dx[static_cast<size_t>(j)], dfn, dlm, &loss_sum, &count,
+                                    ws));
+    I.be->synchronize(StreamKind::kCompute);
+  }
+  // The next step must reload every unit's weights: the slots no longer hold what the step left there.
+  I.last_step = -1;
+  EvalResult r;
+  r.loss = count > 0 ? loss_sum / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+  if (I.opt.record_trace && !I.steps.empty()) I.steps.back().eval_loss = r.loss;  // the loss after the last step's update
+  r.tokens = count;
+  r.rows = rows;
+  r.time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
 Result<StepResult> Trainer::run_step(int64_t step) {
   Impl& I = *impl_;
   const auto step_start = Clock::now();

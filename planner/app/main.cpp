@@ -128,6 +128,9 @@ int main(int argc, char** argv) {
       ->check(cli::int_range(1, kMaxSeq));
   plan->add_option("--tokens-per-step", plan_cmd.tokens_per_step, "tokens per optimizer step, a multiple of --seq (default: 64 sequences)")
       ->check(cli::int_range(1, kMaxTokensPerStep));
+  plan->add_option("--micro-batch", plan_cmd.micro_batch,
+                   "sequences per micro-batch, a divisor of the step's sequences (default: the search chooses)")
+      ->check(cli::int_range(1, 1 << 20));
   plan->add_option("--top", plan_cmd.top, "alternatives to list (default 5)")->check(cli::int_range(0, 1000));
   plan->add_option("-o,--output", plan_cmd.output, "write the best plan (with predicted) to this file, atomically");
   plan->add_option("--state-formats", plan_cmd.state_formats,

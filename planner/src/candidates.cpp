@@ -128,6 +128,9 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
                             (below > 0 ? std::to_string(below) + " or " : std::string()) + std::to_string(above));
   }
   s.sequences = s.tokens / s.seq;
+  if (req.micro_batch < 0 || (req.micro_batch > 0 && s.sequences % req.micro_batch != 0))
+    return invalid_argument("micro-batch " + std::to_string(req.micro_batch) + " does not divide the step's " +
+                            std::to_string(s.sequences) + " sequences; accepted: 0 (the search chooses) or a divisor of it");
   res.seq_len = s.seq;
   res.tokens_per_step = s.tokens;
   if (req.policy.state_formats.empty()) return invalid_argument("the state-format policy is empty; accepted: fp32, bf16, q8, q4, q3, q2");
@@ -178,7 +181,7 @@ std::vector<Knobs> structural_knobs(const Space& s) {
   const int64_t L = s.model.config().num_layers;
   std::vector<int64_t> micro_batches;
   for (int64_t m = 1; m <= s.sequences; ++m)
-    if (s.sequences % m == 0) micro_batches.push_back(m);
+    if (s.sequences % m == 0 && (s.req.micro_batch == 0 || m == s.req.micro_batch)) micro_batches.push_back(m);
   Knobs k;
   for (int64_t m : micro_batches) {
     k.micro_batch = m;

@@ -24,6 +24,26 @@ losses = [r[0] for r in db.execute('select loss from steps order by step')]
 assert losses[-1] < losses[0]
 PY"
 
+# Evaluation: every 4 steps and after the last, on a held-out file; the trace's steps.eval_loss has
+# the same figures at those steps and NULL elsewhere, and the loss on held-out text falls too.
+head -c 12000 "$tmp/text.txt" | tail -c 4000 >"$tmp/held-out.txt"
+"$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/text.txt" --steps 10 --eval-data "$tmp/held-out.txt" --eval-every 4 \
+  --trace "$tmp/eval.mtrace" >"$tmp/out" 2>"$tmp/err"
+check "evaluates after steps 4, 8 and 10" "[ $? -eq 0 ] && [ \"\$(grep -o '^eval after step [0-9]*' $tmp/out | awk '{print \$4}' | tr '\n' ' ')\" = '4 8 10 ' ]"
+check "the eval lines count every row of the held-out file once (31 rows of 128)" "[ \$(grep -c 'over 3968 targets of 31 rows' $tmp/out) -eq 3 ]"
+check "the trace's eval_loss matches the lines and the held-out loss falls" "/usr/bin/python3 - $tmp/eval.mtrace $tmp/out <<'PY'
+import re, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+rows = db.execute('select step, eval_loss from steps order by step').fetchall()
+ev = {s: e for s, e in rows if e is not None}
+assert sorted(ev) == [3, 7, 9], rows
+printed = [float(m) for m in re.findall(r'^eval after step \\d+: loss ([0-9.]+)', open(sys.argv[2]).read(), re.M)]
+assert [round(ev[s], 4) for s in (3, 7, 9)] == printed, (ev, printed)
+assert ev[9] < ev[3]
+PY"
+"$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/text.txt" --eval-every 4 >"$tmp/out" 2>"$tmp/err"
+check "--eval-every without --eval-data is refused" "[ $? -ne 0 ] && grep -q 'eval-data' $tmp/err"
+
 "$exe" "$src/profiles/plans/tiny-cpu.json" --data "$tmp/missing.txt" >"$tmp/out" 2>"$tmp/err"
 check "a missing data file exits non-zero naming it" "[ $? -ne 0 ] && grep -q 'missing.txt' $tmp/err"
 

@@ -37,6 +37,11 @@ import json; p = json.load(open('$tmp/cpu.json'))
 assert p['precision']['compute'] == 'fp32' and p['precision']['transfer'] == 'fp32'
 assert p['placement']['master_weights'] == 'ram' and p['placement']['optimizer_states'] == 'ram'\""
 check "the table names the best plan and the bottleneck" "grep -q 'best plan' $tmp/out && grep -q 'bound' $tmp/out"
+"$plan" plan --model tiny-llama-gqa --rig cpu-dev-2core --seq 128 --tokens-per-step 1024 --micro-batch 2 -o "$tmp/mb.json" >/dev/null 2>"$tmp/err"
+check "--micro-batch 2 fixes the micro-batch (8 sequences: accumulation 4)" "[ $? -eq 0 ] && /usr/bin/python3 -c \"
+import json; t = json.load(open('$tmp/mb.json'))['training']; assert (t['micro_batch'], t['grad_accum']) == (2, 4), t\""
+"$plan" plan --model tiny-llama-gqa --rig cpu-dev-2core --seq 128 --tokens-per-step 1024 --micro-batch 3 >/dev/null 2>"$tmp/err"
+check "--micro-batch 3 of 8 sequences is refused by name" "[ $? -eq 1 ] && grep -q 'micro-batch 3 does not divide' $tmp/err"
 
 /usr/bin/python3 -c "
 import json; d = json.load(open('$src/profiles/hardware/rtx4090-256gb.json'))

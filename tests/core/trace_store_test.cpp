@@ -144,7 +144,7 @@ struct Sample {
                                         {"bytes.ram", 500, 3.5e12},
                                         {"bytes.device", 1500, 2147483648.5},
                                         {"queue.nvme_read", 2500, 4}};
-  std::vector<TraceStep> steps = {{1, 2.25, 8192, 1.5}, {0, 10.375, 8192, 1.75}};
+  std::vector<TraceStep> steps = {{1, 2.25, 8192, 1.5, std::nan(""), 2.5}, {0, 10.375, 8192, 1.75}};  // step 1 was evaluated
 
   Sample() {
     TraceSpan a = span(1, "h2d L0", "h2d", 0, 1500);
@@ -243,6 +243,8 @@ TEST_F(TraceStoreTest, RoundTripsLanesSpansCountersStepsAndMetaExactly) {
   EXPECT_EQ((*steps)[1].step, 1);
   EXPECT_EQ((*steps)[1].loss, 2.25);
   EXPECT_EQ((*steps)[1].time_s, 1.5);
+  EXPECT_TRUE(std::isnan((*steps)[0].eval_loss));  // NULL: no evaluation after step 0
+  EXPECT_EQ((*steps)[1].eval_loss, 2.5);
   EXPECT_EQ((*steps)[2].step, 2);
   EXPECT_TRUE(std::isnan((*steps)[2].loss));
   EXPECT_EQ((*steps)[2].tokens, 4096);
@@ -272,7 +274,7 @@ TEST_F(TraceStoreTest, FileHasTheDocumentedSchemaAndIndexes) {
             "lane INTEGER, name TEXT, kind TEXT, step INTEGER, layer INTEGER, micro_batch INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER, flops REAL");
   EXPECT_EQ(columns["counters"], "name TEXT, t_ns INTEGER, value REAL");
-  EXPECT_EQ(columns["steps"], "step INTEGER, loss REAL, tokens INTEGER, time_s REAL, aux_loss REAL");
+  EXPECT_EQ(columns["steps"], "step INTEGER, loss REAL, tokens INTEGER, time_s REAL, aux_loss REAL, eval_loss REAL");
 
   sqlite3_stmt* st = nullptr;
   ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL",

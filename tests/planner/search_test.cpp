@@ -229,6 +229,33 @@ TEST(Search, BadRequestsNameWhatIsAccepted) {
   EXPECT_EQ(good->size(), 3u);
 }
 
+// A fixed micro-batch (the Python package's per_device_train_batch_size): every plan the search
+// returns has it, the best is no faster than the free search's, and one that does not divide the
+// step's sequences is refused by name.
+TEST(Search, AFixedMicroBatchIsKept) {
+  const ModelSpec m = model("tiny-llama-gqa");
+  const HardwareProfile h = rig("cpu-dev-2core");
+  SearchRequest free_q = request("tiny-llama-gqa", "cpu-dev-2core", 128, 128 * 8);
+  auto free_res = search_plan(m, h, free_q);
+  ASSERT_TRUE(free_res.ok() && free_res->feasible);
+  for (int64_t mb : {1, 2, 8}) {
+    SearchRequest q = free_q;
+    q.micro_batch = mb;
+    auto res = search_plan(m, h, q);
+    ASSERT_TRUE(res.ok() && res->feasible) << mb;
+    EXPECT_EQ(res->best.plan.training.micro_batch, mb);
+    EXPECT_EQ(res->best.plan.training.grad_accum, 8 / mb);
+    for (const Candidate& c : res->alternatives) EXPECT_EQ(c.plan.training.micro_batch, mb);
+    EXPECT_LE(res->best.result.tokens_per_s, free_res->best.result.tokens_per_s * (1 + 1e-12));
+  }
+  SearchRequest bad = free_q;
+  bad.micro_batch = 3;
+  auto refused = search_plan(m, h, bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("micro-batch 3 does not divide the step's 8 sequences"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST(Search, LossyFormatsOnlyWhenThePolicyAllowsThem) {
   HardwareProfile h = with_ram(rig("h200-1.5tb"), 768.0 * 1073741824.0);
   SearchRequest q = request("llama-2-70b", "h200-1.5tb");

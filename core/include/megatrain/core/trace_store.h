@@ -62,6 +62,9 @@ struct TraceStep {
   // Mixture-of-Experts: the router's load-balancing loss (StepResult::aux_loss); NaN (NULL in the
   // table) for dense models and in traces written before the column existed.
   double aux_loss = std::numeric_limits<double>::quiet_NaN();
+  // The evaluation loss after this step's update (--eval-data, the Python Trainer's eval_steps);
+  // NaN (NULL) for steps without an evaluation and in traces written before the column existed.
+  double eval_loss = std::numeric_limits<double>::quiet_NaN();
 };
 
 class TraceWriter {

@@ -35,9 +35,30 @@ struct RunOptions {
   int threads = 0;             // CPU backend compute threads; 0: every core this process may run on
   double pinned_limit_gib = -1;  // CUDA backend page-locking limit; negative: the backend's default
   bool in_memory = false;      // the plain in-memory loop instead of the streamed pipeline
+  // Evaluation (Trainer::evaluate): a prepared dataset or token file read as the training data is,
+  // every row once; every eval_every steps (0: only when a hook asks), and with eval_only once,
+  // on the starting state (the newest checkpoint with resume), without training.
+  std::string eval_data_path;
+  int64_t eval_every = 0;
+  bool eval_at_end = false;  // also after the last step (megatrain-exec with --eval-data)
+  bool eval_only = false;
 };
 
-// Hooks into the run; every one is optional. Called on the thread that called run_training.
+struct StepResult;  // trainer.h
+
+// Where a run is, so that a caller can tell what an error concerns (the Python package raises
+// mt.PlanError for a plan that does not fit and mt.CheckpointError for a checkpoint that does not load).
+enum class RunPhase { kChecking, kPlan, kData, kState, kResume, kTraining };
+
+// What an after_step hook asks of the run (the Python package's TrainerControl).
+struct StepControl {
+  bool save = false;  // write a checkpoint after this step (with a checkpoint_dir)
+  bool evaluate = false;  // run the evaluation pass after this step (needs eval_data_path)
+  bool stop = false;  // stop after this step, with a checkpoint when there is a checkpoint_dir
+};
+
+// Hooks into the run; every one is optional. Called on the thread that called run_training. A hook
+// that returns an error stops the run at once with that error: nothing more is saved.
 struct RunCallbacks {
   // Called once, right before the first step runs (megatrain-exec installs its signal handlers here,
   // so that a signal while loading still stops the process at once).
@@ -45,6 +66,17 @@ struct RunCallbacks {
   // Polled after every step: nonzero (a signal number, SIGINT, SIGTERM or SIGHUP) stops the run after that
   // step, with a checkpoint when there is a checkpoint_dir.
   std::function<int()> stop_requested;
+  // Before each step runs; `step` counts from 0.
+  std::function<Status(int64_t step)> before_step;
+  // After each step that ran (applied or skipped), before its checkpoint: the step's result and the
+  // learning rate its update used.
+  std::function<Result<StepControl>(const StepResult& result, double learning_rate)> after_step;
+  // After each evaluation pass: the steps done when it ran, and its result.
+  std::function<Status(int64_t next_step, double loss, int64_t tokens, double time_s)> after_eval;
+  // After each checkpoint is written: the steps it holds and its folder.
+  std::function<Status(int64_t next_step, const std::string& dir)> after_save;
+  // Optional: set to the phase the run is in, as it goes (read after run_training returns).
+  RunPhase* phase = nullptr;
 };
 
 struct RunSummary {
@@ -56,7 +88,16 @@ struct RunSummary {
   int64_t losses_first_step = 0;
   std::vector<double> losses;
   int stop_signal = 0;  // nonzero: stopped by stop_requested() before total_steps (exit 128 + it)
+  bool stopped_by_hook = false;  // after_step asked to stop before total_steps
   int64_t skipped_steps = 0;  // steps whose update was not applied (--skip-nonfinite-steps), resumed ones included
+  // Each evaluation pass this call ran: the steps done then, the mean loss, the counted targets.
+  struct Eval {
+    int64_t next_step = 0;
+    double loss = 0;
+    int64_t tokens = 0;
+    double time_s = 0;
+  };
+  std::vector<Eval> evals;
 };
 
 // Runs training as the options say, writing megatrain-exec's lines to `out` (flushed after each

@@ -46,6 +46,14 @@ struct StepResult {
   std::string not_applied;
 };
 
+// A forward-only pass over an evaluation set (Trainer::evaluate).
+struct EvalResult {
+  double loss = 0;      // mean cross-entropy over the counted targets of every row, once each
+  int64_t tokens = 0;   // counted targets
+  int64_t rows = 0;
+  double time_s = 0;
+};
+
 struct TrainerOptions {
   bool streamed = true;   // false: the plain in-memory loop (the reference)
   int threads = 1;        // compute threads of the CPU backend
@@ -94,6 +102,12 @@ class Trainer {
   int64_t skipped_steps() const;
   void set_skipped_steps(int64_t n);
   void wait_for_updates();
+  // A forward-only pass over every row of `eval` once, in order, with the current weights (the
+  // updates in flight finish first): the mean loss over the counted targets. It streams the units
+  // through the training step's own device buffers (or the in-memory loop's), micro-batch by
+  // micro-batch in groups of the plan's accumulation, each unit loaded once per group; nothing of
+  // the training state changes. `eval` must have the plan's sequence length and micro-batch.
+  Result<EvalResult> evaluate(const DataLoader& eval);
   // wait_for_updates(), then the NVMe tier's error if a read or write of the updates failed (the
   // step that issued them has already returned); check it before saving a checkpoint.
   Status finish_updates();

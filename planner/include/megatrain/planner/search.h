@@ -34,6 +34,9 @@ struct SearchPolicy {
 struct SearchRequest {
   int64_t seq_len = 0;          // 0: min(4096, the model's max_position_embeddings)
   int64_t tokens_per_step = 0;  // 0: 64 sequences; otherwise a multiple of seq_len
+  // Sequences per micro-batch: 0 lets the search choose; otherwise fixed (it must divide the step's
+  // sequences), as when a user sets per_device_train_batch_size (the Python package).
+  int64_t micro_batch = 0;
   int64_t steps = 1000;         // training.steps written into the plan
   SearchPolicy policy;
   int top = 5;                  // alternatives reported
@@ -174,6 +177,7 @@ struct PlanCommand {
   std::string rig;
   int64_t seq_len = 0;
   int64_t tokens_per_step = 0;
+  int64_t micro_batch = 0;            // --micro-batch: 0, the search chooses
   int64_t steps = 1000;
   int top = 5;
   std::string output;                 // -o: write the best plan here, atomically
