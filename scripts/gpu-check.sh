@@ -14,7 +14,9 @@
 #      (Llama-2-7B's layers, 8 of its 32, so that its training state fits the machine's RAM), with
 #      achieved TFLOP/s, MFU, the ratio to the GEMM rate, and the simulator's prediction; the
 #      first loss must be within 1 of ln V and the loss must fall (check_loss);
-#   5. compute-sanitizer memcheck on the attention, MoE and cross-entropy op tests, when a minute
+#   5. the Python package: examples/finetune.py with a transformers model object, and the saved
+#      folder loaded back by transformers (when the bundle has the package and python3 imports it);
+#   6. compute-sanitizer memcheck on the attention, MoE and cross-entropy op tests, when a minute
 #      or more is left;
 # as far as the deadline allows. It prints its table however it ends (an EXIT trap): a step that
 # hung, failed or was not reached is a row that says so. Build on the Debian machine first
@@ -313,6 +315,46 @@ train() {  # label, model, tokens per step
 }
 train 1b tinyllama-1.1b 65536
 train 7b-shaped "$OUT/llama-2-7b-8l.json" 65536
+
+# ---- the Python package (issue 33) --------------------------------------------------------------------
+# examples/finetune.py through the bundle's package (when this python3 can import it: the module is
+# built for the build machine's Python), with a transformers model object where transformers is
+# installed, on this machine's rig; then the saved folder loaded back with transformers'
+# AutoModelForCausalLM.from_pretrained. Not run (a row saying why) without the package.
+if [ ! -d "$B/python/megatrain" ] || [ ! -d "$B/tiny-model" ]; then
+  echo "python not run (the bundle has no Python package or tiny model: scripts/build-gpu-bundle.sh says why)" >>"$OUT/tests.txt"
+elif ! PYTHONPATH="$B/python" python3 -c 'import megatrain' >"$OUT/python-import.log" 2>&1; then
+  echo "python not run (this python3 cannot import the bundle's package: $(tail -1 "$OUT/python-import.log" | tr '|' '/'))" >>"$OUT/tests.txt"
+else
+  say "examples/finetune.py"
+  rm -rf "$OUT/finetune"
+  within 240 env MEGATRAIN_RIG="$rig" PYTHONPATH="$B/python" python3 examples/finetune.py "$B/tiny-model" \
+    tests/data/sft/alpaca-sample.jsonl "$OUT/finetune" 20 >"$OUT/finetune.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    if python3 -c 'import transformers' 2>/dev/null; then
+      within 120 python3 - "$OUT/finetune" >"$OUT/finetune-load.log" 2>&1 <<'PYEOF'
+import sys
+from safetensors.numpy import load_file
+from transformers import AutoModelForCausalLM
+folder = sys.argv[1]
+model = AutoModelForCausalLM.from_pretrained(folder)
+saved = load_file(folder + "/model.safetensors")
+state = model.state_dict()
+differ = [k for k, v in saved.items() if not (state[k].detach().numpy() == v).all()]
+assert not differ, differ
+print("python: transformers loaded the saved folder (%d tensors equal)" % len(saved))
+PYEOF
+      rc=$?
+      [ "$rc" -eq 0 ] || [ "$rc" -eq 125 ] || fail "python: transformers could not load the saved folder: $(tail -2 "$OUT/finetune-load.log" | tr '\n' ' ')"
+      echo "python finetune.py with a transformers model: $(grep -c "'loss'" "$OUT/finetune.log") log entries; $(tail -1 "$OUT/finetune-load.log")" >>"$OUT/tests.txt"
+    else
+      echo "python finetune.py (mt.Model: no transformers here): $(grep -c "'loss'" "$OUT/finetune.log") log entries" >>"$OUT/tests.txt"
+    fi
+  elif [ "$rc" -ne 125 ]; then
+    fail "python: examples/finetune.py: $(tail -3 "$OUT/finetune.log" | tr '\n' ' ')"
+  fi
+fi
 
 # ---- compute-sanitizer, with what time is left ----------------------------------------------------------
 # memcheck on the kernels most likely to read out of bounds (attention blocks, the MoE sort and

@@ -84,7 +84,7 @@ std::filesystem::path resolve_relative(const ProfileRef& ref, const std::filesys
 }  // namespace
 
 const std::vector<std::string>& lr_schedule_names() {
-  static const std::vector<std::string> names = {"constant", "cosine", "linear"};
+  static const std::vector<std::string> names = {"constant", "cosine", "linear", "constant-hf", "cosine-hf", "linear-hf"};
   return names;
 }
 const std::vector<std::string>& data_order_names() {
@@ -290,6 +290,11 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
                                   " exceeds training.steps " + std::to_string(c.steps) + "; accepted: 0 .. steps"));
     if (c.min_lr > c.lr)
       return ctx(invalid_argument("training.min_lr: must not exceed training.lr; accepted: 0 .. lr"));
+    if (c.min_lr != 0 && (c.lr_schedule == LrSchedule::kConstantHf || c.lr_schedule == LrSchedule::kCosineHf ||
+                          c.lr_schedule == LrSchedule::kLinearHf))
+      return ctx(invalid_argument(std::string("training.min_lr: ") + name(c.lr_schedule) +
+                                  " decays to 0 as Hugging Face's schedule does; accepted: min_lr 0, or lr_schedule " +
+                                  "constant, cosine or linear (which decay to min_lr)"));
   }
   if (!r.ok()) return ctx(r.finish());
 

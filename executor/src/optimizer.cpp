@@ -21,13 +21,21 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const
 }
 
 double learning_rate(const TrainingConfig& t, int64_t step) {
+  const double kPi = 3.14159265358979323846;
+  if (t.lr_schedule == LrSchedule::kConstantHf || t.lr_schedule == LrSchedule::kCosineHf || t.lr_schedule == LrSchedule::kLinearHf) {
+    // Hugging Face's lambdas (transformers.optimization), times lr.
+    if (step < t.warmup_steps) return t.lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, t.warmup_steps));
+    if (t.lr_schedule == LrSchedule::kConstantHf) return t.lr;
+    const double progress = static_cast<double>(step - t.warmup_steps) / static_cast<double>(std::max<int64_t>(1, t.steps - t.warmup_steps));
+    if (t.lr_schedule == LrSchedule::kLinearHf) return t.lr * std::max(0.0, 1.0 - progress);
+    return t.lr * std::max(0.0, 0.5 * (1.0 + std::cos(kPi * progress)));
+  }
   if (t.warmup_steps > 0 && step < t.warmup_steps)
     return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
   if (t.lr_schedule == LrSchedule::kConstant) return t.lr;
   const double span = static_cast<double>(std::max<int64_t>(1, t.steps - 1 - t.warmup_steps));
   const double progress = std::clamp(static_cast<double>(step - t.warmup_steps) / span, 0.0, 1.0);
   if (t.lr_schedule == LrSchedule::kLinear) return t.lr + (t.min_lr - t.lr) * progress;
-  const double kPi = 3.14159265358979323846;
   return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + std::cos(kPi * progress));  // cosine
 }
 

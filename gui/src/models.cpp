@@ -100,6 +100,8 @@ void SummaryModel::setTrace(const TraceDataPtr& d) {
       add(QStringLiteral("loss"), tr("Loss"), st.loss, lossText(st.loss, s.source));
       if (std::isfinite(st.aux_loss))
         add(QStringLiteral("aux_loss"), tr("Aux loss (load balancing)"), st.aux_loss, QString::number(st.aux_loss, 'f', 4));
+      if (std::isfinite(st.eval_loss))
+        add(QStringLiteral("eval_loss"), tr("Eval loss (after this step)"), st.eval_loss, QString::number(st.eval_loss, 'f', 4));
     }
   rows.push_back({QStringLiteral("bottleneck"), {text(tr("Bottleneck")), text(QString::fromStdString(s.bottleneck))},
                   tr("Click to select this resource's lane and the reported step")});
@@ -126,7 +128,7 @@ void SummaryModel::setTrace(const TraceDataPtr& d) {
 // ---- StepModel ---------------------------------------------------------------------------------
 
 StepModel::StepModel(QObject* parent)
-    : RecordModel({tr("Step"), tr("Loss"), tr("Aux loss"), tr("Tokens"), tr("Time"), tr("Tokens/s")}, parent) {}
+    : RecordModel({tr("Step"), tr("Loss"), tr("Aux loss"), tr("Tokens"), tr("Time"), tr("Tokens/s"), tr("Eval loss")}, parent) {}
 
 void StepModel::setTrace(const TraceDataPtr& d) {
   QVector<Row> rows;
@@ -138,7 +140,8 @@ void StepModel::setTrace(const TraceDataPtr& d) {
                       {number(static_cast<double>(s.step), QString::number(s.step)), number(s.loss, lossText(s.loss, d->summary.source)),
                        aux ? number(s.aux_loss, QString::number(s.aux_loss, 'f', 4)) : Cell{QStringLiteral("-"), QVariant()},
                        number(static_cast<double>(s.tokens), QString::number(s.tokens)), number(s.time_s, qFormatDuration(s.time_s)),
-                       number(rate, QString::number(rate, 'f', 0))},
+                       number(rate, QString::number(rate, 'f', 0)),
+                       std::isfinite(s.eval_loss) ? number(s.eval_loss, QString::number(s.eval_loss, 'f', 4)) : Cell{QStringLiteral("-"), QVariant()}},
                       aux ? tr("Aux loss: the routers' load-balancing loss (HF load_balancing_loss_func), mean over the step's micro-batches")
                           : QString()});
     }

@@ -60,8 +60,9 @@ def init(offload_dir: Optional[str] = None, max_vram_gb: Optional[float] = None,
         max_ram_gb: cap on the host RAM the planner may use (GiB). None: the rig's.
         optimizer_compression: False (fp32 Adam states), True (the planner chooses among fp32 and
             the lossy formats bf16, q8 and q4), or one format name: "bf16", "q8" or "q4".
-        rig: a rig file or a name in profiles/hardware. None: this machine, measured by a quick
-            profile the first time and cached in offload_dir (or the Trainer's output_dir).
+        rig: a rig file or a name in profiles/hardware. None: $MEGATRAIN_RIG when set, else this
+            machine, measured by a quick profile the first time and cached in offload_dir (or the
+            Trainer's output_dir).
 
     Returns the new settings.
     """
@@ -106,8 +107,9 @@ def effective_rig(s: Settings, work_dir: str) -> str:
     applied, written to ``work_dir/megatrain-rig.json`` when anything changed."""
     from . import _megatrain
 
-    if s.rig is not None:
-        source = _rig_file(s.rig)
+    rig = s.rig if s.rig is not None else os.environ.get("MEGATRAIN_RIG") or None
+    if rig is not None:
+        source = _rig_file(rig)
     else:
         cache_dir = s.offload_dir or work_dir
         source = os.path.join(cache_dir, "megatrain-rig-profile.json")

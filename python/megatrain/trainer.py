@@ -29,8 +29,8 @@ __all__ = ["TrainingArguments", "Trainer", "TrainerState", "TrainerControl", "Tr
 TrainOutput = collections.namedtuple("TrainOutput", ["global_step", "training_loss", "metrics"])
 TrainOutput.__doc__ = "What Trainer.train() returns: optimizer steps done, the mean loss of this call's steps, and the run's metrics."
 
-_SCHEDULERS = {"linear": ("linear", False), "cosine": ("cosine", False), "constant": ("constant", False),
-               "constant_with_warmup": ("constant", True)}
+# lr_scheduler_type -> the plan's lr_schedule: Hugging Face's own curves (core/plan.h, the -hf schedules).
+_SCHEDULERS = {"linear": "linear-hf", "cosine": "cosine-hf", "constant": "constant", "constant_with_warmup": "constant-hf"}
 _DATA_ORDERS = ("shuffled", "sequential")
 
 
@@ -274,7 +274,7 @@ class Trainer:
             raise PlanError(f"{model.name} with {a.per_device_train_batch_size} x {seq_len} tokens per micro-batch does not fit "
                             f"the rig {rig}: {reason}")
         plan = result["plan"]
-        schedule, warmup_kind = _SCHEDULERS[a.lr_scheduler_type]
+        schedule = _SCHEDULERS[a.lr_scheduler_type]
         plan["training"].update({
             "steps": steps, "seed": a.seed, "lr": a.learning_rate, "lr_schedule": schedule, "warmup_steps": a.warmup_steps,
             "min_lr": 0.0, "clip_grad_norm": a.max_grad_norm, "data_order": a.data_order})

@@ -269,6 +269,13 @@ TEST(PlanErrors, OutOfRangeAndBadChoicesNameTheAcceptedValues) {
   j["training"]["warmup_steps"] = 10;  // steps defaults to 1
   expect_error(j, StatusCode::kInvalidArgument, {"training.warmup_steps", "training.steps"});
   j = minimal_plan();
+  j["training"]["lr_schedule"] = "linear-hf";  // Hugging Face's schedules decay to 0
+  j["training"]["min_lr"] = 1e-5;
+  expect_error(j, StatusCode::kInvalidArgument, {"training.min_lr", "linear-hf decays to 0", "accepted: min_lr 0"});
+  j = minimal_plan();
+  j["training"]["lr_schedule"] = "linear_hf";
+  expect_error(j, StatusCode::kInvalidArgument, {"training.lr_schedule", "constant, cosine, linear, constant-hf, cosine-hf, linear-hf"});
+  j = minimal_plan();
   j["schema"] = "megatrain.plan/2";
   expect_error(j, StatusCode::kInvalidArgument, {"schema", "megatrain.plan/1"});
   j = minimal_plan();

@@ -91,6 +91,34 @@ TEST(LearningRate, WarmupThenEachScheduleAtHandComputedPoints) {
   EXPECT_DOUBLE_EQ(learning_rate(t, 9), 1e-3);
 }
 
+// Hugging Face's schedules (transformers.optimization.get_*_schedule_with_warmup), by their
+// documented lambdas: warmup s / W from a rate of 0, then decay over T - W steps to 0 at step T.
+TEST(LearningRate, HuggingFaceSchedulesAtHandComputedPoints) {
+  TrainingConfig t;
+  t.lr = 1e-3;
+  t.steps = 10;
+  t.warmup_steps = 3;
+  const double kPi = 3.14159265358979323846;
+  for (LrSchedule s : {LrSchedule::kLinearHf, LrSchedule::kCosineHf, LrSchedule::kConstantHf}) {
+    t.lr_schedule = s;
+    EXPECT_EQ(learning_rate(t, 0), 0.0);  // the first step's rate is 0
+    EXPECT_DOUBLE_EQ(learning_rate(t, 1), 1e-3 / 3);
+    EXPECT_DOUBLE_EQ(learning_rate(t, 2), 2e-3 / 3);
+    EXPECT_DOUBLE_EQ(learning_rate(t, 3), 1e-3);
+  }
+  t.lr_schedule = LrSchedule::kLinearHf;
+  EXPECT_DOUBLE_EQ(learning_rate(t, 6), 1e-3 * 4 / 7);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 9), 1e-3 / 7);  // the last step: not yet 0
+  t.lr_schedule = LrSchedule::kCosineHf;
+  EXPECT_NEAR(learning_rate(t, 6), 1e-3 * 0.5 * (1 + std::cos(kPi * 3 / 7)), 1e-18);
+  EXPECT_NEAR(learning_rate(t, 9), 1e-3 * 0.5 * (1 + std::cos(kPi * 6 / 7)), 1e-18);
+  t.lr_schedule = LrSchedule::kConstantHf;
+  EXPECT_DOUBLE_EQ(learning_rate(t, 9), 1e-3);
+  t.warmup_steps = 0;
+  t.lr_schedule = LrSchedule::kLinearHf;
+  EXPECT_DOUBLE_EQ(learning_rate(t, 0), 1e-3);
+}
+
 TEST(GradNorm, SumOfSquaresInDouble) {
   std::vector<float> g(10000, 0.5f);
   g[9999] = 3.0f;

@@ -188,6 +188,7 @@ class TestModels : public QObject {
       QVERIFY((*w)->add_step({0, 2.25, 512, 800e-9}).ok());  // no aux loss: NULL in the table
       megatrain::TraceStep moe{1, 2.5, 512, 900e-9};
       moe.aux_loss = 1.0625;
+      moe.eval_loss = 2.75;  // evaluated after step 1
       QVERIFY((*w)->add_step(moe).ok());
       QVERIFY((*w)->close().ok());
     }
@@ -204,12 +205,15 @@ class TestModels : public QObject {
     QCOMPARE(steps.data(steps.index(0, 2)).toString(), QStringLiteral("-"));
     QVERIFY(!steps.data(steps.index(0, 2), Qt::UserRole).isValid());
     QCOMPARE(value(steps, "0", 5), 512 / 800e-9);
+    QCOMPARE(value(steps, "1", 6), 2.75);
+    QCOMPARE(steps.data(steps.index(0, 6)).toString(), QStringLiteral("-"));
     // The summary reports step 1 (the last one): its loss and aux loss.
     SummaryModel m;
     m.setTrace(*d);
     QCOMPARE(value(m, "step", 1), 1.0);
     QCOMPARE(value(m, "loss", 1), 2.5);
     QCOMPARE(value(m, "aux_loss", 1), 1.0625);
+    QCOMPARE(value(m, "eval_loss", 1), 2.75);
     // The dense fixture has no aux row.
     m.setTrace(fixture::build());
     QCOMPARE(value(m, "loss", 1), 2.5);

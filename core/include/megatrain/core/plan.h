@@ -29,7 +29,11 @@ struct ProfileRef {
 // The plan's word-valued fields, parsed into enums when a plan is read. The plan file keeps the
 // words (name() gives each enumerator's); enumerators are listed in the order the reading errors
 // list the accepted words.
-enum class LrSchedule { kConstant, kCosine, kLinear };          // constant | cosine | linear
+// constant | cosine | linear: warmup (s + 1) / warmup_steps, decay to min_lr at the last step.
+// constant-hf | cosine-hf | linear-hf: Hugging Face's get_constant_schedule_with_warmup,
+// get_cosine_schedule_with_warmup and get_linear_schedule_with_warmup: warmup s / warmup_steps (the
+// first step's rate is 0), decay over steps - warmup_steps to 0 one step after the last.
+enum class LrSchedule { kConstant, kCosine, kLinear, kConstantHf, kCosineHf, kLinearHf };
 enum class DataOrder { kShuffled, kSequential };                // shuffled | sequential
 enum class ScheduleOrder { kLayerMajor, kMicrobatchMajor };     // layer-major | microbatch-major
 enum class CheckpointLocation { kDevice, kHost };               // device | host

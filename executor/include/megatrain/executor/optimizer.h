@@ -27,7 +27,9 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const
                   float* stream_f32, uint16_t* stream_bf16, int threads);
 
 // The learning rate of 0-based step `step`: linear warmup over warmup_steps ((step+1)/warmup of
-// lr), then constant, cosine or linear decay from lr to min_lr at the last step.
+// lr), then constant, cosine or linear decay from lr to min_lr at the last step; or, for the -hf
+// schedules, Hugging Face's: warmup step/warmup, then constant, or cosine or linear decay that
+// reaches 0 one step after the last (core/plan.h).
 double learning_rate(const TrainingConfig& t, int64_t step);
 
 // Sum of squares in double, accumulated in fixed blocks of 4096 in order: the same for any thread
