@@ -161,22 +161,24 @@ def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = Non
                    train_on=train_on, split_long=bool(split_long), chat_template=chat_template, fields=fields)
 
 
-def _row_ids(row: Any, index: int) -> List[int]:
+def _row_ids(row: Any, index: int) -> np.ndarray:
     ids = row.get("input_ids") if isinstance(row, dict) else row
     if ids is None:
         raise ValueError(f"row {index}: a dict without 'input_ids'; accepted: {{'input_ids': [...], 'labels': [...]}} or a list of ids")
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids):
+    try:
+        arr = np.asarray(ids.tolist() if hasattr(ids, "tolist") else ids)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise ValueError(f"row {index}: input_ids must be a list of integer token ids")
+    arr = arr.astype(np.int64, copy=False)
     if isinstance(row, dict) and row.get("attention_mask") is not None:
-        am = row["attention_mask"]
-        am = am.tolist() if hasattr(am, "tolist") else list(am)
-        n = sum(1 for a in am if a)
-        if len(am) != len(ids) or any(a != 1 for a in am[:n]) or any(a != 0 for a in am[n:]):
+        am = np.asarray(row["attention_mask"].tolist() if hasattr(row["attention_mask"], "tolist") else row["attention_mask"])
+        n = int((am != 0).sum()) if am.ndim == 1 else -1
+        if am.ndim != 1 or len(am) != len(arr) or not (am[:n] == 1).all() or not (am[n:] == 0).all():
             raise ValueError(f"row {index}: attention_mask must be ones followed by zeros (right padding) as long as input_ids")
-        ids = list(ids[:n])
-    return list(ids)
+        arr = arr[:n]
+    return arr
 
 
 def rows_to_arrays(rows: Sequence[Any], seq_len: int, vocab_size: int):
@@ -191,15 +193,15 @@ def rows_to_arrays(rows: Sequence[Any], seq_len: int, vocab_size: int):
         ids = _row_ids(row, i)
         labels = row.get("labels") if isinstance(row, dict) else None
         if labels is not None:
-            labels = labels.tolist() if hasattr(labels, "tolist") else list(labels)
-            if len(labels) < len(ids):
+            labels = np.asarray(labels.tolist() if hasattr(labels, "tolist") else list(labels), dtype=np.int64)
+            if labels.ndim != 1 or len(labels) < len(ids):
                 raise ValueError(f"row {i}: {len(labels)} labels for {len(ids)} input_ids; accepted: one label per input id")
             labels = labels[:len(ids)]
-        if not ids:
+        if len(ids) == 0:
             raise ValueError(f"row {i}: no tokens")
-        bad = [t for t in ids if t < 0 or t >= vocab_size]
-        if bad:
-            raise ValueError(f"row {i}: token id {bad[0]} is outside the model's vocabulary 0..{vocab_size - 1}")
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bad.any():
+            raise ValueError(f"row {i}: token id {int(ids[bad][0])} is outside the model's vocabulary 0..{vocab_size - 1}")
         if len(ids) > seq_len:
             truncated += 1
             ids = ids[:seq_len]
@@ -209,12 +211,14 @@ def rows_to_arrays(rows: Sequence[Any], seq_len: int, vocab_size: int):
         m = len(ids)
         real += m
         tokens[i, :m] = ids
-        for t in range(1, m):
-            lab = labels[t] if labels is not None else ids[t]
-            if lab == IGNORE_INDEX:
-                continue
-            if lab != ids[t]:
-                raise ValueError(f"row {i}: labels[{t}] is {lab}, and input_ids[{t}] is {ids[t]}; accepted: a label equal to the "
-                                 f"input id at the same position (the model shifts them), or -100 (not counted)")
-            mask[i, t] = 1
+        if labels is None:
+            mask[i, 1:m] = 1
+            continue
+        counted = labels[1:] != IGNORE_INDEX
+        wrong = counted & (labels[1:] != ids[1:])
+        if wrong.any():
+            t = int(np.flatnonzero(wrong)[0]) + 1
+            raise ValueError(f"row {i}: labels[{t}] is {int(labels[t])}, and input_ids[{t}] is {int(ids[t])}; accepted: a label equal "
+                             f"to the input id at the same position (the model shifts them), or -100 (not counted)")
+        mask[i, 1:m] = counted
     return tokens, mask, {"truncated": truncated, "padded": padded, "tokens": real, "pad_id": 0}

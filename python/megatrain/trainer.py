@@ -366,6 +366,8 @@ class Trainer:
         self.state = TrainerState(global_step=first, max_steps=r["steps"], num_train_epochs=a.num_train_epochs,
                                   logging_steps=a.logging_steps, eval_steps=a.eval_steps, save_steps=a.save_steps,
                                   train_batch_size=a.per_device_train_batch_size, epoch=self._epoch(first))
+        if resume is not None:  # the log of the steps the checkpoint holds, as Hugging Face restores it
+            self.state.log_history = [e for e in self._saved_log() if e.get("step", 0) <= first]
         self.control._new_training()
         run_losses: List[float] = []
         window = {"loss": 0.0, "steps": 0, "tokens": 0, "time": 0.0}
@@ -418,6 +420,7 @@ class Trainer:
             @staticmethod
             def after_save(next_step: int, folder: str) -> None:
                 trainer._last_checkpoint = folder
+                trainer._save_log()
                 trainer.control.should_save = False
                 trainer._event("on_save", checkpoint=folder)
 
@@ -440,6 +443,26 @@ class Trainer:
         if _is_torch_model(self.model) and self._last_checkpoint is not None:
             _copy_into_torch_model(self.model, os.path.join(self._last_checkpoint, "model.safetensors"))
         return TrainOutput(self.state.global_step, training_loss, metrics)
+
+    @property
+    def _state_file(self) -> str:
+        return os.path.join(self.output_dir, "trainer_state.json")
+
+    def _save_log(self) -> None:
+        """state.log_history and global_step to <output_dir>/trainer_state.json (atomically), so that
+        a resumed run's log_history starts with the steps its checkpoint holds."""
+        tmp = self._state_file + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"global_step": self.state.global_step, "max_steps": self.state.max_steps,
+                       "log_history": self.state.log_history}, f, indent=1)
+        os.replace(tmp, self._state_file)
+
+    def _saved_log(self) -> List[Dict[str, Any]]:
+        try:
+            with open(self._state_file, encoding="utf-8") as f:
+                return list(json.load(f).get("log_history", []))
+        except (OSError, ValueError):
+            return []
 
     def _epoch(self, step: int) -> float:
         rows = self._resolved["rows"] if self._resolved else 0

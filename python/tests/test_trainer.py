@@ -137,6 +137,10 @@ def test_a_callback_stops_training_and_resuming_matches_an_uninterrupted_run(tmp
     assert out.global_step == 6
     assert_same_tensors(os.path.join(whole.checkpoint_dir, "step-00000006", "model.safetensors"),
                         os.path.join(again.checkpoint_dir, "step-00000006", "model.safetensors"))
+    # The resumed run's log_history starts with the first run's steps (trainer_state.json), as the
+    # uninterrupted run's does.
+    steps_logged = [(e["step"], e["loss"]) for e in again.state.log_history if "loss" in e]
+    assert steps_logged == [(e["step"], e["loss"]) for e in whole.state.log_history if "loss" in e]
 
 
 def test_a_callback_exception_stops_training_and_propagates(tmp_path):

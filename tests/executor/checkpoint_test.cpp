@@ -948,7 +948,9 @@ TEST_F(CheckpointFiles, FaultsAtEveryDurableOperationLeaveTheNewestCompleteCheck
     }
     const bool crash = c.what.rfind("crash", 0) == 0, after = c.what.find("returned") != std::string::npos;
     ASSERT_TRUE(io.fired() || after) << "the fault was not reached";
-    if (after) ASSERT_TRUE(s.ok()) << s.to_string();
+    if (after) {
+      ASSERT_TRUE(s.ok()) << s.to_string();
+    }
     if (crash) {
       ++crashes;
       io.lose_power();
@@ -956,13 +958,19 @@ TEST_F(CheckpointFiles, FaultsAtEveryDurableOperationLeaveTheNewestCompleteCheck
       ++saved_anyway;
     } else {
       EXPECT_NE(s.message().find(dir.path().string()), std::string::npos) << s.message();
-      if (c.what.find("ENOSPC") != std::string::npos) EXPECT_NE(s.message().find("the disk is full"), std::string::npos) << s.message();
+      if (c.what.find("ENOSPC") != std::string::npos) {
+        EXPECT_NE(s.message().find("the disk is full"), std::string::npos) << s.message();
+      }
     }
-    if (!crash) EXPECT_TRUE(temporaries(dir.path()).empty()) << s.message();
+    if (!crash) {
+      EXPECT_TRUE(temporaries(dir.path()).empty()) << s.message();
+    }
     HostState hs = fresh();
     auto r = load_checkpoint(dir.path(), hs);
     ASSERT_TRUE(r.ok()) << r.status().to_string() << " (the save said: " << s.to_string() << ")";
-    if (s.ok()) EXPECT_EQ(r->info.next_step, 3);
+    if (s.ok()) {
+      EXPECT_EQ(r->info.next_step, 3);
+    }
     ASSERT_TRUE(r->info.next_step == 2 || r->info.next_step == 3) << r->info.next_step;
     expect_same_state(hs, r->info.next_step == 3 ? other : state_);
   }
