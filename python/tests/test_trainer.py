@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import megatrain as mt
-from conftest import MODEL, assert_same_tensors, manifest, rows, run_exec
+from conftest import MODEL, assert_same_tensors, exe, manifest, rows, run_exec
 
 
 def args(out, **kw):
@@ -265,3 +265,28 @@ def test_offload_dir_holds_the_nvme_tier_when_ram_is_capped(tmp_path):
     a = [e["loss"] for e in capped.state.log_history if "loss" in e]
     b = [e["loss"] for e in free.state.log_history if "loss" in e]
     assert a == pytest.approx(b, rel=1e-6)
+
+
+def test_size_gives_what_megatrain_plan_size_json_gives():
+    r = mt.size("llama-2-7b", gpu="H100")
+    import subprocess
+    cli = json.loads(subprocess.run([exe("megatrain-plan"), "size", "--model", "llama-2-7b", "--gpu", "H100", "--json"],
+                                    capture_output=True, text=True, check=True).stdout)
+    assert sorted(r) == sorted(cli)
+    assert [(x["gpu"], x["trains"], x["ram_bytes"], x["drives"]) for x in r["rigs"]] == \
+        [(x["gpu"], x["trains"], x["ram_bytes"], x["drives"]) for x in cli["rigs"]]
+
+
+def test_without_a_rig_this_machine_is_profiled_once_and_cached(tmp_path):
+    mt.init(offload_dir=str(tmp_path / "cache"))
+    os.environ.pop("MEGATRAIN_RIG", None)
+    first = mt.Trainer(model=MODEL, args=args(tmp_path / "a"), train_dataset=rows(8, seed=16))
+    assert first.plan()["feasible"]
+    cached = tmp_path / "cache" / "megatrain-rig-profile.json"
+    assert cached.is_file()
+    rig = json.load(open(cached))
+    assert rig["host"]["cores"] >= 1 and rig["storage"][0]["path"] == str(tmp_path / "cache")
+    stamp = cached.stat().st_mtime_ns
+    second = mt.Trainer(model=MODEL, args=args(tmp_path / "b"), train_dataset=rows(8, seed=16))
+    assert second.plan()["feasible"]
+    assert cached.stat().st_mtime_ns == stamp  # not measured again
