@@ -31,7 +31,7 @@ HARMLESS = {
     "eval_use_gather_object", "average_tokens_across_devices", "past_index", "greater_is_better", "metric_for_best_model",
     "dispatch_batches", "split_batches", "accelerator_config", "xpu_backend", "tpu_num_cores", "tpu_metrics_debug",
     "sharded_ddp", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "fsdp_config", "optim_target_modules",
-    "project", "trackio_space_id", "hub_revision", "liger_kernel_config", "use_legacy_prediction_loop", "save_total_limit_hub",
+    "project", "trackio_space_id", "eval_do_concat_batches", "hub_revision", "liger_kernel_config", "use_legacy_prediction_loop", "save_total_limit_hub",
     "enable_jit_checkpoint", "parallelism_config", "logging_dir_suffix",
 }
 

@@ -265,6 +265,8 @@ class Trainer:
         else:
             per_epoch = max(1, math.ceil(rows / a.per_device_train_batch_size) // a.gradient_accumulation_steps)
             steps = max(1, math.ceil(a.num_train_epochs * per_epoch))
+        if a.warmup_steps > steps:
+            raise ValueError(f"warmup_steps={a.warmup_steps} exceeds the run's {steps} steps; accepted: 0 .. {steps}")
         rig = config.effective_rig(self.settings, self.output_dir)
         feasible, text, reason = errors.call(_megatrain.plan_search, model.reference, rig, seq_len, seq_len * per_step,
                                              a.per_device_train_batch_size, steps, self.settings.state_formats(),
