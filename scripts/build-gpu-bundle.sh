@@ -30,7 +30,8 @@ if grep -q '^MEGATRAIN_PYTHON:BOOL=ON' build-gpu/CMakeCache.txt &&
     cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" gpu-bundle/tiny-model/
   fi
 else
-  echo "gpu-bundle: no Python package ($(tail -1 build-gpu/python-build.log 2>/dev/null || echo 'MEGATRAIN_PYTHON is off'))"
+  why=$(grep -m1 -o 'lib[a-z0-9_-]*\.a([^)]*): relocation .* can not be used when making a shared object' build-gpu/python-build.log || true)
+  echo "gpu-bundle: no Python package (${why:-$(tail -1 build-gpu/python-build.log 2>/dev/null || echo 'MEGATRAIN_PYTHON is off')}; docs/python.md)"
 fi
 # What the bundle was built with, which scripts/gpu-check.sh prints beside the machine's driver.
 nvcc=$(grep -m1 '^CMAKE_CUDA_COMPILER:' build-gpu/CMakeCache.txt | cut -d= -f2)
