@@ -290,8 +290,20 @@ Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& 
   return data::SequenceFile::open(cached);
 }
 
-// The run's data: a prepared dataset (megatrain-data prepare: rows with a mask of the counted
-// targets) or a token file (every next token counts).
+// A prepared dataset (megatrain-data prepare: rows with a mask of the counted targets) or a token
+// file (every next token counts), read as `d` says.
+Result<DataLoader> open_file_data(const std::string& path, const DataLoaderOptions& d) {
+  if (data::SequenceFile::is_sequence_file(path)) {
+    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(path));
+    return DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
+  }
+  MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(path));
+  auto tokens = std::make_shared<const TokenFile>(std::move(file));
+  MT_RETURN_IF_ERROR(tokens->check_vocab(d.vocab_size));
+  return DataLoader::create(tokens, d);
+}
+
+// The run's data: a file as open_file_data reads it, or a dataset file prepared with --tokenizer.
 Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelSpec& model, std::ostream& out) {
   DataLoaderOptions d;
   d.seq_len = plan.training.seq_len;
@@ -300,15 +312,9 @@ Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelS
   d.order = plan.training.data_order;
   d.seed = static_cast<uint64_t>(plan.training.seed);
   d.vocab_size = model.config().vocab_size;
-  if (!o.tokenizer_path.empty() || data::SequenceFile::is_sequence_file(o.data_path)) {
-    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, o.tokenizer_path.empty() ? data::SequenceFile::open(o.data_path)
-                                                                          : prepared_on_the_fly(o, plan, out));
-    return DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
-  }
-  MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.data_path));
-  auto tokens = std::make_shared<const TokenFile>(std::move(file));
-  MT_RETURN_IF_ERROR(tokens->check_vocab(model.config().vocab_size));
-  return DataLoader::create(tokens, d);
+  if (o.tokenizer_path.empty()) return open_file_data(o.data_path, d);
+  MT_ASSIGN_OR_RETURN(data::SequenceFile rows, prepared_on_the_fly(o, plan, out));
+  return DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
 }
 
 // The evaluation data (--eval-data): a prepared dataset or token file, read in order, every row once,
@@ -320,16 +326,7 @@ Result<DataLoader> open_eval_data(const RunOptions& o, const Plan& plan, const M
   d.grad_accum = 1;
   d.order = DataOrder::kSequential;
   d.vocab_size = model.config().vocab_size;
-  if (data::SequenceFile::is_sequence_file(o.eval_data_path)) {
-    MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(o.eval_data_path));
-    auto r = DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
-    if (!r.ok()) return r.status().with_context("--eval-data");
-    return r;
-  }
-  MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(o.eval_data_path));
-  auto tokens = std::make_shared<const TokenFile>(std::move(file));
-  MT_RETURN_IF_ERROR(tokens->check_vocab(model.config().vocab_size));
-  auto r = DataLoader::create(tokens, d);
+  auto r = open_file_data(o.eval_data_path, d);
   if (!r.ok()) return r.status().with_context("--eval-data");
   return r;
 }

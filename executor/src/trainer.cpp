@@ -643,23 +643,40 @@ double global_norm(Trainer::Impl& I) {
 
 // The plain in-memory loop: the reference the streamed pipeline is tested against. It keeps every
 // activation of every micro-batch; it is not a way to train big models.
+// The in-memory loop's working buffers, carved from reference_x.
+struct ReferenceBuffers {
+  std::vector<float*> xs;       // [mb][layer 0..L] hidden states
+  std::vector<float*> act_buf;  // [mb][layer 1..L] saved activations
+  float* ws = nullptr;          // layer backward / head workspace
+  float* dx = nullptr;          // the hidden state's gradient
+  float* tied = nullptr;        // the head's share of a tied table
+};
+ReferenceBuffers reference_buffers(Trainer::Impl& I) {
+  const int64_t NH = I.d.N * I.d.H;
+  ReferenceBuffers b;
+  float* p = I.reference_x.data();
+  for (int64_t k = 0; k < I.A * (I.L + 1); ++k, p += NH) b.xs.push_back(p);
+  for (int64_t k = 0; k < I.A * I.L; ++k, p += I.be->layer_act_floats()) b.act_buf.push_back(p);
+  b.ws = p;
+  p += std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
+  b.dx = p;
+  p += NH;
+  b.tied = I.d.tied ? p + NH : nullptr;
+  return b;
+}
+
 Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResult& res) {
   const Dims& d = I.d;
-  const int64_t NH = d.N * d.H;
   double loss_sum = 0;
   int64_t count = 0;
   auto units = [&](int64_t u) -> UnitState& { return I.state->units()[static_cast<size_t>(u)]; };
   // ---- the plain in-memory loop -------------------------------------------------------------
-  float* p = I.reference_x.data();
-  std::vector<float*> xs;  // [mb][layer 0..L] hidden states
-  for (int64_t k = 0; k < I.A * (I.L + 1); ++k, p += NH) xs.push_back(p);
-  std::vector<float*> act_buf;
-  for (int64_t k = 0; k < I.A * I.L; ++k, p += I.be->layer_act_floats()) act_buf.push_back(p);
-  float* ws = p;
-  p += std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
-  float* dx = p;
-  p += NH;
-  float* tied = d.tied ? p + NH : nullptr;
+  const ReferenceBuffers rb = reference_buffers(I);
+  const std::vector<float*>& xs = rb.xs;
+  const std::vector<float*>& act_buf = rb.act_buf;
+  float* ws = rb.ws;
+  float* dx = rb.dx;
+  float* tied = rb.tied;
   // Weights as the device would see them (the bf16 copy expanded), then fresh gradients.
   std::vector<std::vector<float>>& w = I.reference_w;
   for (int64_t u = 0; u < I.U; ++u) {
@@ -671,7 +688,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
   const float* lm = d.tied ? w[0].data() : w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kHead)->offset;
   float* dlm = d.tied ? tied : units(I.L + 1).grad.data() + head_u.find(TensorRole::kHead)->offset;
   for (int64_t j = 0; j < I.A; ++j) {
-    float** x = &xs[static_cast<size_t>(j * (I.L + 1))];
+    float* const* x = &xs[static_cast<size_t>(j * (I.L + 1))];
     MT_RETURN_IF_ERROR(I.be->embed(w[0].data(), I.inputs[static_cast<size_t>(j)].data(), x[0]));
     for (int64_t l = 1; l <= I.L; ++l) {
       const LayerActs a = moe_forward_acts(I, bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]), l, j);
@@ -1086,18 +1103,14 @@ Result<EvalResult> Trainer::evaluate(const DataLoader& eval) {
     dfn = I.head_grad + hu.find(TensorRole::kFinalNorm)->offset;
     dlm = d.tied ? I.tied_grad : I.head_grad + hu.find(TensorRole::kHead)->offset;
   } else {
-    const int64_t NH = d.N * d.H;
-    float* p = I.reference_x.data();
+    const ReferenceBuffers rb = reference_buffers(I);
     for (int64_t j = 0; j < I.A; ++j) {
-      hid0[static_cast<size_t>(j)] = p + (j * (I.L + 1)) * NH;
-      hid1[static_cast<size_t>(j)] = p + (j * (I.L + 1) + 1) * NH;
+      hid0[static_cast<size_t>(j)] = rb.xs[static_cast<size_t>(j * (I.L + 1))];
+      hid1[static_cast<size_t>(j)] = rb.xs[static_cast<size_t>(j * (I.L + 1) + 1)];
+      dx[static_cast<size_t>(j)] = rb.dx;
     }
-    p += I.A * (I.L + 1) * NH;
-    act = p;
-    p += I.A * I.L * I.be->layer_act_floats();
-    ws = p;
-    p += std::max(I.be->layer_workspace_floats(), I.be->head_workspace_floats());
-    for (int64_t j = 0; j < I.A; ++j) dx[static_cast<size_t>(j)] = p;
+    act = rb.act_buf[0];
+    ws = rb.ws;
     scratch.assign(static_cast<size_t>(hu.numel + (d.tied ? d.V * d.H : 0)), 0.0f);
     dfn = scratch.data() + hu.find(TensorRole::kFinalNorm)->offset;
     dlm = d.tied ? scratch.data() + hu.numel : scratch.data() + hu.find(TensorRole::kHead)->offset;

@@ -217,6 +217,22 @@ void write_sequences(const std::string& path, py::array_t<uint32_t, py::array::c
   if (Status s = data::write_sequence_file(path, h, rows); !s.ok()) raise_status(s);
 }
 
+// A prepared dataset's header as the package reads it.
+py::dict header_dict(const data::SequenceHeader& h) {
+  py::dict d;
+  d["rows"] = h.rows;
+  d["seq_len"] = h.seq_len;
+  d["vocab_size"] = h.vocab_size;
+  d["documents"] = h.documents;
+  d["tokens"] = h.tokens;
+  d["counted"] = h.counted;
+  d["truncated"] = h.truncated;
+  d["split"] = h.split;
+  d["packing"] = h.packing;
+  d["train_on"] = h.train_on;
+  return d;
+}
+
 // megatrain-data prepare: a dataset file (or several) tokenized with a model folder's tokenizer into a
 // prepared dataset at `out`. Returns the header's counts.
 py::dict prepare_dataset(const std::string& tokenizer, const std::vector<std::string>& inputs, const std::string& format,
@@ -245,17 +261,8 @@ py::dict prepare_dataset(const std::string& tokenizer, const std::vector<std::st
     return data::prepare_dataset(tok, inputs, format, names, o, out);
   }();
   if (!r.ok()) raise_status(r.status());
-  py::dict d;
+  py::dict d = header_dict(r->header);
   d["format"] = r->format;
-  d["documents"] = r->header.documents;
-  d["rows"] = r->header.rows;
-  d["seq_len"] = r->header.seq_len;
-  d["tokens"] = r->header.tokens;
-  d["counted"] = r->header.counted;
-  d["truncated"] = r->header.truncated;
-  d["split"] = r->header.split;
-  d["train_on"] = r->header.train_on;
-  d["packing"] = r->header.packing;
   return d;
 }
 
@@ -263,16 +270,7 @@ py::dict prepare_dataset(const std::string& tokenizer, const std::vector<std::st
 py::object sequence_header(const std::string& path) {
   if (!data::SequenceFile::is_sequence_file(path)) return py::none();
   data::SequenceFile f = value_or_raise(data::SequenceFile::open(path));
-  const data::SequenceHeader& h = f.header();
-  py::dict d;
-  d["rows"] = h.rows;
-  d["seq_len"] = h.seq_len;
-  d["vocab_size"] = h.vocab_size;
-  d["counted"] = h.counted;
-  d["tokens"] = h.tokens;
-  d["packing"] = h.packing;
-  d["train_on"] = h.train_on;
-  return d;
+  return header_dict(f.header());
 }
 
 // Rows of seq_len + 1 tokens one epoch of a token file (or a prepared dataset) has, as the loader counts them.
