@@ -55,6 +55,8 @@ def test_a_model_folder_starts_from_its_weights_as_megatrain_exec_init_does(tmp_
     first.train()
     folder = first.save_model(str(tmp_path / "folder"))
     model = mt.Model.from_pretrained(folder)
+    # 119,104 by hand: embedding and head 2 x 256 x 64, per layer q, o 64x64, k, v 64x32, MLP 3 x 64 x 160,
+    # two norms of 64 (x 2 layers), the final norm 64.
     assert model.weights == folder and model.config["num_key_value_heads"] == 2 and model.num_parameters == 119104
     data = rows(8, seed=14)
     second = mt.Trainer(model=model, args=args(tmp_path / "second", max_steps=3), train_dataset=data)
