@@ -13,6 +13,7 @@ packages=(
   fio python3-torch libopenblas0-openmp
   libpcre2-dev libutf8proc-dev
   python3-dev pybind11-dev python3-pybind11 python3-pytest python3-venv python3-pip python3-setuptools
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()

@@ -81,7 +81,7 @@ if [ "${MEGATRAIN_SANITIZE_BUILD:-1}" != 0 ]; then
   san_dir="${build_dir}-sanitize"
   stamp "sanitizers: build"
   cmake -S . -B "$san_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_SANITIZE=ON -DMEGATRAIN_TESTS=OFF \
-        -DMEGATRAIN_CUDA=OFF -DMEGATRAIN_GUI=OFF -DMEGATRAIN_PYTHON=OFF >/dev/null
+        -DMEGATRAIN_CUDA=OFF -DMEGATRAIN_GUI=OFF -DMEGATRAIN_PYTHON=OFF -DMEGATRAIN_MPI=OFF >/dev/null
   cmake --build "$san_dir" -j "$jobs" --target megatrain-plan megatrain-exec megatrain-data megatrain-fuzz
   stamp "sanitizers: fuzz targets"
   for target in $("$san_dir/bin/megatrain-fuzz" list | cut -d' ' -f1); do

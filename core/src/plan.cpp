@@ -263,7 +263,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     return ctx(invalid_argument("schema: '" + schema + "' is not supported; accepted: " + kPlanSchema));
   // Unknown top-level keys before any section is read, so a misspelt section is reported as
   // unknown (with a suggestion) rather than as the missing section it stands for.
-  r.accept({"model", "rig", "training", "precision", "schedule", "placement", "optimizer", "predicted"});
+  r.accept({"model", "rig", "training", "precision", "schedule", "placement", "optimizer", "parallel", "predicted"});
   if (Status s = r.finish(); !s.ok()) return ctx(s);
   if (Status s = read_profile_ref(r, root, "model", p.model); !s.ok()) return ctx(s);
   if (Status s = read_profile_ref(r, root, "rig", p.rig); !s.ok()) return ctx(s);
@@ -395,6 +395,23 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
   }
   if (!r.ok()) return ctx(r.finish());
 
+  // parallel (absent: one rank)
+  if (const Json* j = r.object("parallel", Need::kOptional)) {
+    FieldReader pr(*j, "parallel", {"data_parallel", "ranks_per_node", "collective", "host_state"});
+    ParallelConfig& c = p.parallel;
+    c.ranks_per_node = 0;
+    pr.integer("data_parallel", c.data_parallel, Need::kRequired, 1, 65536);
+    pr.integer("ranks_per_node", c.ranks_per_node, Need::kOptional, 1, 65536);
+    pr.choice("collective", c.collective, Need::kOptional, {"mpi"});
+    pr.choice("host_state", c.host_state, Need::kOptional, {"replicated"});
+    if (Status s = pr.finish(); !s.ok()) return ctx(s);
+    if (c.ranks_per_node == 0) c.ranks_per_node = c.data_parallel;
+    if (c.ranks_per_node > c.data_parallel || c.data_parallel % c.ranks_per_node != 0)
+      return ctx(invalid_argument("parallel.ranks_per_node: " + std::to_string(c.ranks_per_node) + " does not divide data_parallel " +
+                                  std::to_string(c.data_parallel) + " into whole nodes; accepted: a divisor of data_parallel"));
+  }
+  if (!r.ok()) return ctx(r.finish());
+
   // predicted (written by the planner)
   if (const Json* j = r.object("predicted", Need::kOptional)) {
     FieldReader pr(*j, "predicted", {"step_time_s", "tokens_per_s", "tflops", "mfu", "bottleneck", "peak_bytes"});
@@ -468,6 +485,10 @@ std::string Plan::to_json_text() const {
                     {"weight_decay", o.weight_decay}, {"m_format", state_format_name(o.m_format)},
                     {"v_format", state_format_name(o.v_format)}, {"block_size", o.block_size},
                     {"threads", o.threads}};
+  if (parallel != ParallelConfig{}) {  // written when it says more than one rank, so one-rank plans read as before
+    j["parallel"] = {{"data_parallel", parallel.data_parallel}, {"ranks_per_node", parallel.ranks_per_node},
+                     {"collective", parallel.collective}, {"host_state", parallel.host_state}};
+  }
   if (predicted) {
     const Predicted& d = *predicted;
     j["predicted"] = {{"step_time_s", d.step_time_s}, {"tokens_per_s", d.tokens_per_s}, {"tflops", d.tflops},

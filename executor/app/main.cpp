@@ -7,11 +7,20 @@
 #include <iostream>
 
 #include "megatrain/core/detail/cli11_flags.h"
+#include "megatrain/executor/communicator.h"
 #include "megatrain/executor/run.h"
 
 namespace {
 
+// One of several ranks (mpirun) that fails ends the whole job at once, so that the others, which
+// may be waiting for it in a collective, do not hang (docs/data-parallel.md).
 int fail(const megatrain::Status& s) {
+  auto world = megatrain::exec::world_communicator();
+  if (world.ok() && (*world)->size() > 1) {
+    std::fprintf(stderr, "megatrain-exec: rank %d of %d: error: %s\n", (*world)->rank(), (*world)->size(), s.to_string().c_str());
+    std::fflush(stderr);
+    (*world)->abort_job(1);
+  }
   std::fprintf(stderr, "megatrain-exec: error: %s\n", s.to_string().c_str());
   return 1;
 }

@@ -59,7 +59,9 @@ fs::path checkpoint_step_dir(const fs::path& checkpoint_dir, int64_t next_step) 
 
 DataPosition data_position(const DataLoader& loader) {
   const DataLoaderOptions& o = loader.options();
-  return DataPosition{o.seq_len, o.micro_batch, o.grad_accum, data_order_name(o.order), o.seed,
+  // grad_accum counts the micro-batches of a step over every rank: the rows a step reads are the
+  // same for N ranks x A as for one process x N*A (docs/data-parallel.md), so either resumes the other.
+  return DataPosition{o.seq_len, o.micro_batch, o.grad_accum * o.ranks, data_order_name(o.order), o.seed,
                       loader.source_name(), loader.source_tokens()};
 }
 
@@ -299,7 +301,19 @@ Status check_resume_compatible(const CheckpointInfo& saved, const Plan& plan, co
         if (!a.contains(k)) keys.push_back(k);
       for (const std::string& k : keys) {
         if (std::string(section) == "optimizer" && k == "threads") continue;  // results do not depend on it
-        const Json va = a.value(k, Json()), vb = b.value(k, Json());
+        Json va = a.value(k, Json()), vb = b.value(k, Json());
+        if (std::string(section) == "training" && k == "grad_accum" && va.is_number_integer() && vb.is_number_integer()) {
+          // The step's micro-batches over every rank: N ranks x A resumes as one process x N*A and back.
+          const auto ranks = [](const Json& p) {
+            const Json par = p.value("parallel", Json::object());
+            return par.is_object() && par.value("data_parallel", Json(1)).is_number_integer() ? par.value("data_parallel", Json(1)).get<int64_t>()
+                                                                                              : int64_t{1};
+          };
+          va = va.get<int64_t>() * ranks(was);
+          vb = vb.get<int64_t>() * ranks(now);
+          if (va != vb) return differs("training.grad_accum x parallel.data_parallel", va.dump(), vb.dump(), "plan");
+          continue;
+        }
         if (va != vb) return differs(std::string(section) + "." + k, va.dump(), vb.dump(), "plan");
       }
     }

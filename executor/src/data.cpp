@@ -415,6 +415,9 @@ Result<DataLoader> DataLoader::create(std::shared_ptr<const TokenFile> tokens, c
     return invalid_argument("token file '" + tokens->name() + "' holds " + std::to_string(n) +
                             " tokens; seq_len " + std::to_string(options.seq_len) + " needs at least " +
                             std::to_string(options.seq_len + 1) + " (one row of inputs plus the shifted target)");
+  if (options.ranks < 1 || options.rank < 0 || options.rank >= options.ranks)
+    return invalid_argument("data loader: rank " + std::to_string(options.rank) + " of " + std::to_string(options.ranks) +
+                            "; accepted: ranks >= 1 and 0 <= rank < ranks");
   if (options.micro_batch > INT64_MAX / options.grad_accum / options.seq_len)
     return invalid_argument("data loader: micro_batch x grad_accum x seq_len overflows 64 bits");
   DataLoader d;
@@ -442,6 +445,9 @@ Result<DataLoader> DataLoader::create(std::shared_ptr<const data::SequenceFile> 
                             std::to_string(rows->header().vocab_size) + " tokens (" + rows->header().tokenizer + "), the model has " +
                             std::to_string(options.vocab_size) + "; accepted: a tokenizer of this model");
   if (rows->rows() < 1) return invalid_argument("prepared dataset '" + rows->name() + "' has no rows");
+  if (options.ranks < 1 || options.rank < 0 || options.rank >= options.ranks)
+    return invalid_argument("data loader: rank " + std::to_string(options.rank) + " of " + std::to_string(options.ranks) +
+                            "; accepted: ranks >= 1 and 0 <= rank < ranks");
   if (options.micro_batch > INT64_MAX / options.grad_accum / options.seq_len)
     return invalid_argument("data loader: micro_batch x grad_accum x seq_len overflows 64 bits");
   DataLoader d;
@@ -497,18 +503,22 @@ Status DataLoader::check_position(int64_t step, int64_t micro) const {
   if (micro < 0 || micro >= options_.grad_accum)
     return invalid_argument("data loader: micro-batch " + std::to_string(micro) + " is outside [0, grad_accum = " +
                             std::to_string(options_.grad_accum) + ")");
-  // The last row index (step*G + micro + 1)*B - 1 must fit in int64.
-  if (step > (INT64_MAX / options_.micro_batch - 1 - micro) / options_.grad_accum)
+  // The last row index ((step*G + micro + 1)*B - 1)*ranks + rank must fit in int64.
+  if (step > (INT64_MAX / options_.micro_batch / options_.ranks - 1 - micro) / options_.grad_accum)
     return invalid_argument("data loader: step " + std::to_string(step) + " is too large (row index overflows)");
   return {};
+}
+
+int64_t DataLoader::first_row(int64_t step, int64_t micro) const {
+  return (step * options_.grad_accum + micro) * options_.micro_batch * options_.ranks + options_.rank;
 }
 
 Status DataLoader::fill(int64_t step, int64_t micro, int32_t* inputs, int32_t* targets) const {
   MT_RETURN_IF_ERROR(check_position(step, micro));
   const int64_t t_len = options_.seq_len;
-  const int64_t first = (step * options_.grad_accum + micro) * options_.micro_batch;
+  const int64_t first = first_row(step, micro);
   for (int64_t b = 0; b < options_.micro_batch; ++b) {
-    const RowSource src = row_source(first + b);
+    const RowSource src = row_source(first + b * options_.ranks);
     if (sequences_) {
       sequences_->fill_row(src.file_row, inputs + b * t_len, targets + b * t_len);
       continue;
@@ -535,8 +545,8 @@ Result<Batch> DataLoader::batch(int64_t step, int64_t micro) const {
   b.inputs.resize(n);
   b.targets.resize(n);
   MT_RETURN_IF_ERROR(fill(step, micro, b.inputs.data(), b.targets.data()));
-  const int64_t first = (step * options_.grad_accum + micro) * options_.micro_batch;
-  for (int64_t r = 0; r < options_.micro_batch; ++r) b.rows.push_back(row_source(first + r));
+  const int64_t first = first_row(step, micro);
+  for (int64_t r = 0; r < options_.micro_batch; ++r) b.rows.push_back(row_source(first + r * options_.ranks));
   return b;
 }
 

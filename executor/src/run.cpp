@@ -31,6 +31,7 @@
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/checkpoint.h"
+#include "megatrain/executor/communicator.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/moments.h"
@@ -119,9 +120,9 @@ class FolderLock {
 };
 
 // Everything that can be refused without loading anything: a bad path costs a second, not a run.
-Status check_before_loading(const RunOptions& o) {
+Status check_before_loading(const RunOptions& o, bool writes_checkpoints) {
   // A resumed run's folder must hold its checkpoints already, so it is not created.
-  if (!o.checkpoint_dir.empty())
+  if (!o.checkpoint_dir.empty() && (writes_checkpoints || o.resume))
     MT_RETURN_IF_ERROR(check_output("--checkpoint-dir", o.checkpoint_dir, o.resume ? OutputKind::kExistingFolder : OutputKind::kFolder));
   if (!o.trace_path.empty()) MT_RETURN_IF_ERROR(check_output("--trace", o.trace_path, OutputKind::kFile));
   // A forced instruction set this CPU cannot run (MEGATRAIN_ISA, docs/testing.md).
@@ -144,8 +145,16 @@ Status check_compression(const RunOptions& o, const Plan& plan) {
 
 // The training state: in RAM, or partly on the NVMe tier as placement says (the drives are checked
 // and their space reserved here, before anything runs).
-Result<HostState> create_state(const RunOptions& o, const Plan& plan, const ModelSpec& model, std::ostream& out) {
-  const NvmePlacement nvme = nvme_placement_of(plan.placement);
+Result<HostState> create_state(const RunOptions& o, const Plan& plan, const ModelSpec& model, const Communicator& comm, std::ostream& out) {
+  NvmePlacement nvme = nvme_placement_of(plan.placement);
+  if (comm.size() > 1)  // each rank keeps its own copy of the NVMe-resident state, in rank-<k> of each folder
+    for (std::filesystem::path& dir : nvme.store.dirs) {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(dir, ec)) continue;  // the store names a missing folder
+      dir /= "rank-" + std::to_string(comm.rank());
+      std::filesystem::create_directory(dir, ec);
+      if (ec) return io_error("cannot create the NVMe folder '" + dir.string() + "' of rank " + std::to_string(comm.rank()) + ": " + ec.message());
+    }
   // Where the trainer may lend gradients (step::lends_gradients, the rule it checks too) the state
   // holds a small pool of them instead of one per parameter.
   const bool all_gradients = !step::lends_gradients(plan, !o.in_memory);
@@ -192,7 +201,7 @@ Status start_state(const RunOptions& o, const Plan& plan, const ModelSpec& model
 void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model, const DataLoader& loader, const Trainer& trainer,
                   int64_t total, std::ostream& out) {
   say(out, "megatrain-exec: %s, %lld parameters, %lld tokens/step, %lld steps, %s on the %s", model.name().c_str(),
-      static_cast<long long>(model.parameter_counts().total), static_cast<long long>(loader.tokens_per_step()),
+      static_cast<long long>(model.parameter_counts().total), static_cast<long long>(loader.tokens_per_step() * loader.options().ranks),
       static_cast<long long>(total), o.in_memory ? "in-memory loop" : "streamed", trainer.backend_description().c_str());
   if (loader.prepared()) {
     const data::SequenceHeader& h = loader.sequences().header();
@@ -213,9 +222,12 @@ void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model,
 }
 
 // The checkpoint of the state after step next_step - 1, all its updates written.
-Status save(const RunOptions& o, const Plan& plan, const std::string& plan_text, const ModelSpec& model, const DataLoader& loader,
-            HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out,
+// With several ranks every one holds the same state (parallel.host_state replicated), and rank 0
+// writes it.
+Status save(const RunOptions& o, const Communicator& comm, const Plan& plan, const std::string& plan_text, const ModelSpec& model,
+            const DataLoader& loader, HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out,
             const std::function<Status(int64_t, const std::string&)>& after_save) {
+  if (comm.rank() != 0) return {};
   CheckpointInfo info;
   info.next_step = next_step;
   info.skipped_steps = summary.skipped_steps;
@@ -242,10 +254,34 @@ Status save(const RunOptions& o, const Plan& plan, const std::string& plan_text,
   return {};
 }
 
+// The trace of rank k > 0 of a data-parallel job goes beside rank 0's: <stem>.rank<k><extension>.
+std::string trace_path_of(const std::string& path, const Communicator& comm) {
+  if (path.empty() || comm.rank() == 0) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(comm.rank()) + p.extension().string())).string();
+}
+
 Status write_trace(const RunOptions& o, const Trainer& trainer, const std::string& plan_text, std::ostream& out) {
   if (o.trace_path.empty()) return {};
   MT_RETURN_IF_ERROR(trainer.write_trace(o.trace_path, plan_text));
   say(out, "trace written to %s", o.trace_path.c_str());
+  return {};
+}
+
+// The launch must be the plan's: as many ranks, as many on each node.
+Status check_launch(const Plan& plan, const Communicator& comm) {
+  const ParallelConfig& p = plan.parallel;
+  if (p.data_parallel != comm.size())
+    return invalid_argument("the plan is for " + std::to_string(p.data_parallel) + " rank" + (p.data_parallel == 1 ? "" : "s") +
+                            " (parallel.data_parallel), but this job has " + std::to_string(comm.size()) + " (" + comm.description() +
+                            "); accepted: mpirun -np " + std::to_string(p.data_parallel) + " megatrain-exec ..." +
+                            (p.data_parallel == 1 ? " or megatrain-exec alone" : "") + ", or a plan for " + std::to_string(comm.size()) +
+                            " (parallel.data_parallel " + std::to_string(comm.size()) + ")");
+  if (comm.size() > 1 && p.ranks_per_node != comm.local_size())
+    return invalid_argument("the plan puts " + std::to_string(p.ranks_per_node) + " ranks on each node (parallel.ranks_per_node), but " +
+                            std::to_string(comm.local_size()) + " share this rank's node; accepted: a launch with " +
+                            std::to_string(p.ranks_per_node) + " ranks per node (mpirun --map-by ppr:" + std::to_string(p.ranks_per_node) +
+                            ":node), or a plan with ranks_per_node " + std::to_string(comm.local_size()));
   return {};
 }
 
@@ -304,8 +340,10 @@ Result<DataLoader> open_file_data(const std::string& path, const DataLoaderOptio
 }
 
 // The run's data: a file as open_file_data reads it, or a dataset file prepared with --tokenizer.
-Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelSpec& model, std::ostream& out) {
+Result<DataLoader> open_data(const RunOptions& o, const Plan& plan, const ModelSpec& model, const Communicator& comm, std::ostream& out) {
   DataLoaderOptions d;
+  d.ranks = comm.size();
+  d.rank = comm.rank();
   d.seq_len = plan.training.seq_len;
   d.micro_batch = plan.training.micro_batch;
   d.grad_accum = plan.training.grad_accum;
@@ -344,23 +382,32 @@ Status run_eval(Trainer& trainer, const DataLoader& eval, int64_t next_step, Run
 
 }  // namespace
 
-Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const RunCallbacks& callbacks) {
+Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_out, const RunCallbacks& callbacks) {
   RunPhase ignored = RunPhase::kChecking;
   RunPhase& phase = callbacks.phase != nullptr ? *callbacks.phase : ignored;
   phase = RunPhase::kChecking;
-  MT_RETURN_IF_ERROR(check_before_loading(o));
+  // Data parallelism (docs/data-parallel.md): rank 0 prints, writes the checkpoints and takes the
+  // folder's lock; every rank writes its own trace. One process is rank 0 of 1.
+  MT_ASSIGN_OR_RETURN(Communicator* comm, world_communicator());
+  const bool rank0 = comm->rank() == 0;
+  std::ostream quiet(nullptr);
+  std::ostream& out = rank0 ? rank0_out : quiet;
+  RunOptions o = options;
+  o.trace_path = trace_path_of(options.trace_path, *comm);
+  MT_RETURN_IF_ERROR(check_before_loading(o, rank0));
   FolderLock lock;  // one run per checkpoint folder, for the whole run, --resume included
-  if (!o.checkpoint_dir.empty()) {
+  if (!o.checkpoint_dir.empty() && rank0) {
     MT_ASSIGN_OR_RETURN(lock, FolderLock::take(o.checkpoint_dir));
   }
   phase = RunPhase::kPlan;
   MT_ASSIGN_OR_RETURN(Plan plan, Plan::load(o.plan_path));
+  MT_RETURN_IF_ERROR(check_launch(plan, *comm));
   MT_ASSIGN_OR_RETURN(ModelSpec model, plan.resolve_model());
   MT_RETURN_IF_ERROR(check_compression(o, plan));
   // The budgets before anything is allocated (issue 32 row 2): the trainer checks them again.
   if (!o.in_memory) MT_RETURN_IF_ERROR(check_plan_fits(plan, model, o.backend));
   phase = RunPhase::kData;
-  MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model, out));
+  MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model, *comm, out));
   std::optional<DataLoader> eval_loader;
   if (!o.eval_data_path.empty()) {
     MT_ASSIGN_OR_RETURN(DataLoader e, open_eval_data(o, plan, model));
@@ -369,7 +416,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
     return invalid_argument("evaluation needs --eval-data FILE (a prepared dataset or token file)");
   }
   phase = RunPhase::kState;
-  MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, out));
+  MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, *comm, out));
   RunSummary summary;
   if (o.resume) phase = RunPhase::kResume;
   MT_RETURN_IF_ERROR(start_state(o, plan, model, loader, state, summary, out));
@@ -381,7 +428,21 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
   topt.backend = o.backend;
   topt.pinned_limit_bytes = o.pinned_limit_gib >= 0 ? static_cast<int64_t>(o.pinned_limit_gib * 1073741824.0) : -1;
   topt.record_trace = !o.trace_path.empty();
+  topt.comm = comm;
   MT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(plan, model, state, loader, topt));
+  if (comm->local_size() > 1) {
+    // Every rank on a node keeps the whole training state (parallel.host_state replicated): the
+    // node's RAM must hold that many copies.
+    const int64_t ram = (o.in_memory ? trainer->memory_in_use().ram : trainer->footprint().peak.ram) * comm->local_size();
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0 && ram > static_cast<int64_t>(pages) * page)
+      return resource_exhausted("the " + std::to_string(comm->local_size()) + " ranks on this node need " +
+                                format_bytes(static_cast<double>(ram)) + " (" + std::to_string(ram) + " bytes) of host RAM, " +
+                                std::to_string(comm->local_size()) + " copies of the training state (parallel.host_state " +
+                                plan.parallel.host_state + "), but this machine has " +
+                                format_bytes(static_cast<double>(pages) * static_cast<double>(page)) +
+                                "; accepted: fewer ranks per node, or a plan that puts state on NVMe");
+  }
   trainer->set_skipped_steps(summary.skipped_steps);
 
   const int64_t start = summary.first_step;
@@ -399,6 +460,10 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
     return summary;
   }
   print_header(o, plan, model, loader, *trainer, total, out);
+  if (comm->size() > 1)
+    say(out, "data parallel: %s; each rank trains %lld of every %lld rows of a step and the gradients are summed before the update",
+        comm->description().c_str(), static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum),
+        static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum * comm->size()));
   phase = RunPhase::kTraining;
   const std::string plan_text = plan.to_json_text();
   if (callbacks.before_first_step) callbacks.before_first_step();
@@ -410,7 +475,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
     if (Status changed = loader.check_unchanged(); !changed.ok()) {
       if (!o.checkpoint_dir.empty() && s > saved) {
         MT_RETURN_IF_ERROR(trainer->finish_updates());
-        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out, callbacks.after_save));
+        MT_RETURN_IF_ERROR(save(o, *comm, plan, plan_text, model, loader, state, summary, s, out, callbacks.after_save));
       }
       const std::string after = o.checkpoint_dir.empty() ? "the run stops here (no --checkpoint-dir: nothing saved)"
                                 : s == 0                 ? "the run stops here, before its first step"
@@ -433,7 +498,7 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
       std::string after = "; no update was applied and the run stops";
       if (!o.checkpoint_dir.empty() && s > saved) {
         MT_RETURN_IF_ERROR(trainer->finish_updates());
-        MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, s, out, callbacks.after_save));
+        MT_RETURN_IF_ERROR(save(o, *comm, plan, plan_text, model, loader, state, summary, s, out, callbacks.after_save));
         after += "; the checkpoint of step " + std::to_string(s) + " holds the " + std::to_string(s) + " steps done";
       } else if (!o.checkpoint_dir.empty()) {
         after += newest;
@@ -469,13 +534,21 @@ Result<RunSummary> run_training(const RunOptions& o, std::ostream& out, const Ru
     }
     if (eval_loader && (control.evaluate || (o.eval_every > 0 && done % o.eval_every == 0) || (o.eval_at_end && done == total)))
       MT_RETURN_IF_ERROR(run_eval(*trainer, *eval_loader, done, summary, callbacks, out));
-    const int sig = callbacks.stop_requested ? callbacks.stop_requested() : 0;
+    int sig = callbacks.stop_requested ? callbacks.stop_requested() : 0;
+    if (comm->size() > 1) {
+      // A signal or a hook on any rank stops (or saves) every rank after the same step.
+      int64_t asked[3] = {sig, control.stop ? 1 : 0, control.save ? 1 : 0};
+      MT_RETURN_IF_ERROR(comm->max(asked, 3, Channel::kMain));
+      sig = static_cast<int>(asked[0]);
+      control.stop = asked[1] != 0;
+      control.save = asked[2] != 0;
+    }
     const bool stop = sig != 0 || control.stop;
     if (!o.checkpoint_dir.empty() &&
         (done == total || stop || control.save || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))) {
       // The checkpoint holds the state after this step's updates, all of them written.
       MT_RETURN_IF_ERROR(trainer->finish_updates());
-      MT_RETURN_IF_ERROR(save(o, plan, plan_text, model, loader, state, summary, done, out, callbacks.after_save));
+      MT_RETURN_IF_ERROR(save(o, *comm, plan, plan_text, model, loader, state, summary, done, out, callbacks.after_save));
       saved = done;
     }
     if (stop && sig == 0 && done < total) {

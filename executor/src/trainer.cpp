@@ -99,6 +99,14 @@ struct Trainer::Impl {
   std::string not_applied;
   bool partial = false, applied_any = false;
   bool aborting = false;  // an error mid-step: queued jobs give up instead of waiting forever
+  // Data parallelism: the step's loss and counted targets summed over the ranks (by the first
+  // gradient reduction of the step's last round, on the D2H thread), and the first collective
+  // that failed (guarded by mu).
+  bool loss_reduced = false;
+  double reduced_loss_sum = 0;
+  int64_t reduced_count = 0;
+  Status collective_error;
+  int ranks() const { return opt.comm ? opt.comm->size() : 1; }
   std::unique_ptr<WorkQueue> h2d, d2h, optim;
   // The NVMe tier (host_state.h): units are read ahead of the optimizer, in its order, as far as
   // the staging buffers allow, and written back behind it. Guarded by mu.
@@ -641,6 +649,34 @@ double global_norm(Trainer::Impl& I) {
   return std::sqrt(total);
 }
 
+// ---- data parallelism (docs/data-parallel.md) ------------------------------------------------------
+
+// The step's loss and counted targets summed over the ranks, once per step, on `channel`.
+Status reduce_loss(Trainer::Impl& I, double loss_sum, int64_t count, Channel channel) {
+  if (I.loss_reduced) return {};
+  double l = loss_sum;
+  int64_t c = count;
+  MT_RETURN_IF_ERROR(I.opt.comm->sum(&l, 1, channel));
+  MT_RETURN_IF_ERROR(I.opt.comm->sum(&c, 1, channel));
+  I.reduced_loss_sum = l;
+  I.reduced_count = c;
+  I.loss_reduced = true;
+  return {};
+}
+
+// Unit u's final gradient summed over the ranks (every rank then holds the same gradient and makes
+// the same update), and, for a Mixture-of-Experts layer, which experts any rank's tokens chose.
+Status reduce_unit_gradient(Trainer::Impl& I, int64_t u, Channel channel) {
+  UnitState& us = I.state->units()[static_cast<size_t>(u)];
+  MT_RETURN_IF_ERROR(I.opt.comm->sum(us.grad.data(), us.numel, channel));
+  if (!is_moe_unit(I, u)) return {};
+  std::vector<char>& ch = I.chosen[static_cast<size_t>(u)];
+  std::vector<int64_t> any(ch.begin(), ch.end());
+  MT_RETURN_IF_ERROR(I.opt.comm->max(any.data(), static_cast<int64_t>(any.size()), channel));
+  for (size_t e = 0; e < ch.size(); ++e) ch[e] = any[e] != 0 ? 1 : 0;
+  return {};
+}
+
 // The plain in-memory loop: the reference the streamed pipeline is tested against. It keeps every
 // activation of every micro-batch; it is not a way to train big models.
 // The in-memory loop's working buffers, carved from reference_x.
@@ -706,12 +742,18 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     MT_RETURN_IF_ERROR(I.be->embed_backward(I.inputs[static_cast<size_t>(j)].data(), dx, units(0).grad.data()));
   }
   if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
+  for (int64_t u = 0; u < I.U; ++u) mark_chosen(I, u);
+  if (I.ranks() > 1) {
+    for (int64_t u = 0; u < I.U; ++u) MT_RETURN_IF_ERROR(reduce_unit_gradient(I, u, Channel::kMain));
+    MT_RETURN_IF_ERROR(reduce_loss(I, loss_sum, count, Channel::kMain));
+    loss_sum = I.reduced_loss_sum;
+    count = I.reduced_count;
+  }
   // The norm is the guard's even without clipping: every gradient is here before any update.
   const double norm = global_norm(I);
   if (I.clip) res.grad_norm = norm;
   const float scale = clip_scale(I, res.grad_norm);
   I.not_applied = not_applied_reason(loss_sum, count, norm);
-  for (int64_t u = 0; u < I.U; ++u) mark_chosen(I, u);
   for (int64_t u = 0; u < I.U && I.not_applied.empty(); ++u) {
     MT_RETURN_IF_ERROR(I.state->page_in(u, true));  // NVMe-resident units: read, update, write back
     update_unit(I, u, step - I.skipped, scale);
@@ -923,12 +965,27 @@ class RoundRun {
       be_.synchronize(kD);  // the host reads the gradient next, and the accumulator is free again
       I_.record(SpanKind::kD2H, step_, u, I_.sched.layer_major ? -1 : round_, a, Clock::now(), us.numel * 4);
       be_.record(kD, *d2h_done_[i]);
+      // Data parallelism: the final gradient is summed over the ranks here, on this thread, while
+      // the compute stream goes on with the layers below; every rank walks the same schedule, so
+      // the units are reduced in the same order everywhere. The loss is whole by now (below).
+      std::string collective_failed;
+      if (last_round_ && I_.ranks() > 1) {
+        Status s = reduce_loss(I_, *loss_sum_, *count_, Channel::kGradients);
+        if (s.ok()) s = reduce_unit_gradient(I_, u, Channel::kGradients);
+        if (!s.ok()) {
+          collective_failed = "summing the gradient of unit " + std::to_string(u) + " over the ranks failed";
+          std::lock_guard<std::mutex> g(I_.mu);
+          if (I_.collective_error.ok()) I_.collective_error = Status(s.code(), collective_failed + ": " + s.message());
+        }
+      }
       if (I_.clip || !last_round_) return;
       // Without clipping the updates overlap the backward, so the guard decides unit by unit: the
       // loss is whole by now (every head of the step ran before any gradient of its last round is
       // final), and each unit's gradient is checked before its own update. A gradient that is not
       // finite, when other units were updated already, leaves the step partly applied.
-      std::string why = not_applied_reason(*loss_sum_, *count_, 0.0);
+      std::string why = collective_failed;
+      if (why.empty())
+        why = I_.ranks() > 1 ? not_applied_reason(I_.reduced_loss_sum, I_.reduced_count, 0.0) : not_applied_reason(*loss_sum_, *count_, 0.0);
       if (why.empty()) {
         const double g = sum_of_squares(us.grad.data(), us.numel);
         if (!std::isfinite(g)) why = "the gradient of unit " + std::to_string(u) + " is not finite (sum of squares " + std::to_string(g) + ")";
@@ -1208,6 +1265,15 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   int64_t counted = 0;
   for (int64_t j = 0; j < I.A; ++j)
     for (int32_t t : I.targets[static_cast<size_t>(j)]) counted += t >= 0;
+  // With several ranks, over all of them: each rank's gradient is its share of the step's mean.
+  {
+    std::lock_guard<std::mutex> g(I.mu);
+    I.loss_reduced = false;
+  }
+  if (I.ranks() > 1) {
+    if (Status s = I.opt.comm->sum(&counted, 1, Channel::kMain); !s.ok())
+      return Status(s.code(), "step " + std::to_string(step) + ": counting the targets of every rank failed: " + s.message());
+  }
   const float grad_scale = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
   moe_begin_step(I);
   double loss_sum = 0;
@@ -1234,6 +1300,12 @@ Result<StepResult> Trainer::run_step(int64_t step) {
   }
   I.h2d->synchronize();
   I.d2h->synchronize();
+  if (I.ranks() > 1) {
+    std::lock_guard<std::mutex> g(I.mu);
+    if (!I.collective_error.ok()) return Status(I.collective_error.code(), "step " + std::to_string(step) + ": " + I.collective_error.message());
+    loss_sum = I.reduced_loss_sum;
+    count = I.reduced_count;
+  }
   if (I.clip) {
     // Every update waits for the global norm: the cost of clipping is losing the overlap of the
     // optimizer with backward (docs/executor.md).

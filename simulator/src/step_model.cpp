@@ -295,6 +295,10 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   CostModel cost(plan, model, rig);
   SimResult res;
   res.assumptions = cost.assumptions();
+  if (plan.parallel.data_parallel > 1)  // docs/data-parallel.md: the multi-rank model is still to come
+    res.assumptions.push_back("parallel: one rank's step of " + std::to_string(plan.parallel.data_parallel) +
+                              " is simulated (step time, tokens/s and memory are one rank's); the gradient sums between the ranks "
+                              "and their contention for one host's memory are not modelled yet");
   auto refuse = [&](std::string why) {
     res.feasible = false;
     res.reason = std::move(why);

@@ -406,6 +406,40 @@ TEST(Plan, NvmeQueueDepthAndBlockSizeAreCheckedAndKept) {
   expect_error(j, StatusCode::kInvalidArgument, {"placement.nvme_queue_depth"});
 }
 
+// The parallel section (docs/data-parallel.md): absent is one rank and is not written; present, it
+// round-trips, ranks_per_node defaults to data_parallel, and bad values name the key and the choices.
+TEST(Plan, ParallelSectionIsReadCheckedAndWrittenOnlyForSeveralRanks) {
+  auto one = Plan::from_json_text(minimal_plan().dump());
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->parallel, ParallelConfig{});
+  EXPECT_EQ(one->parallel.data_parallel, 1);
+  EXPECT_FALSE(Json::parse(one->to_json_text()).contains("parallel"));
+  Json j = minimal_plan();
+  j["parallel"] = {{"data_parallel", 8}};
+  auto p = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->parallel.data_parallel, 8);
+  EXPECT_EQ(p->parallel.ranks_per_node, 8);
+  EXPECT_EQ(p->parallel.collective, "mpi");
+  EXPECT_EQ(p->parallel.host_state, "replicated");
+  const Json written = Json::parse(p->to_json_text());
+  EXPECT_EQ(written["parallel"], (Json{{"data_parallel", 8}, {"ranks_per_node", 8}, {"collective", "mpi"}, {"host_state", "replicated"}}));
+  auto again = Plan::from_json_text(p->to_json_text());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *p);
+  j["parallel"]["ranks_per_node"] = 3;
+  expect_error(j, StatusCode::kInvalidArgument, {"parallel.ranks_per_node", "3", "divisor of data_parallel"});
+  j["parallel"]["ranks_per_node"] = 4;
+  EXPECT_TRUE(Plan::from_json_text(j.dump()).ok());
+  j["parallel"]["collective"] = "gloo";
+  expect_error(j, StatusCode::kInvalidArgument, {"parallel.collective", "mpi"});
+  j["parallel"]["collective"] = "mpi";
+  j["parallel"]["data_parallel"] = 0;
+  expect_error(j, StatusCode::kInvalidArgument, {"parallel.data_parallel"});
+  j["parallel"] = {{"ranks_per_node", 2}};
+  expect_error(j, StatusCode::kInvalidArgument, {"parallel.data_parallel"});
+}
+
 }  // namespace
 }  // namespace megatrain
 

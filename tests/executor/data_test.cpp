@@ -195,6 +195,48 @@ TEST_F(DataFixture, ShuffledEpochIsAPermutationOfRows) {
   EXPECT_NE(shuffled_rows(1234, 0, 99), shuffled_rows(1234, 1, 99)) << "each epoch has its own permutation";
 }
 
+// Data parallelism: N ranks x grad_accum A read, between them, exactly the rows of one process with
+// grad_accum N x A, rank k taking rows k, k + N, ... of each step (hand-written for N = 3, B = 2, A = 2).
+TEST_F(DataFixture, RanksShareEachStepsRowsAsOneProcessWithTheirAccumulation) {
+  auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(iota_tokens(2000)));
+  for (DataOrder order : {DataOrder::kSequential, DataOrder::kShuffled}) {
+    DataLoaderOptions one{8, 2, 6, order, 11, 0};
+    auto single = DataLoader::create(file, one);
+    ASSERT_TRUE(single.ok()) << single.status().to_string();
+    for (int64_t step : {0, 1, 9, 40}) {  // 249 rows: step 40 is in a later epoch
+      std::vector<RowSource> whole;
+      for (int64_t j = 0; j < 6; ++j) {
+        auto b = single->batch(step, j);
+        ASSERT_TRUE(b.ok());
+        whole.insert(whole.end(), b->rows.begin(), b->rows.end());
+      }
+      for (int64_t k = 0; k < 3; ++k) {
+        DataLoaderOptions o{8, 2, 2, order, 11, 0};
+        o.ranks = 3;
+        o.rank = k;
+        auto rank = DataLoader::create(file, o);
+        ASSERT_TRUE(rank.ok()) << rank.status().to_string();
+        for (int64_t j = 0; j < 2; ++j) {
+          auto b = rank->batch(step, j);
+          ASSERT_TRUE(b.ok());
+          for (int64_t r = 0; r < 2; ++r) {
+            const RowSource& want = whole[static_cast<size_t>((j * 2 + r) * 3 + k)];
+            EXPECT_EQ(b->rows[static_cast<size_t>(r)].global_row, want.global_row) << "step " << step << " rank " << k;
+            EXPECT_EQ(b->rows[static_cast<size_t>(r)].file_row, want.file_row) << "step " << step << " rank " << k;
+            EXPECT_EQ(row(b->inputs, r, 8), range_i32(static_cast<int32_t>(8 * want.file_row), static_cast<int32_t>(8 * want.file_row + 8)));
+          }
+        }
+      }
+    }
+  }
+  DataLoaderOptions bad{8, 2, 2, DataOrder::kSequential, 1, 0};
+  bad.ranks = 2;
+  bad.rank = 2;
+  auto r = DataLoader::create(file, bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.status().message(), "rank 2 of 2")) << r.status().message();
+}
+
 TEST_F(DataFixture, ShuffledIsDeterministicPerSeed) {
   auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(iota_tokens(5000)));
   auto a = DataLoader::create(file, 16, 4, 2, DataOrder::kShuffled, 7);

@@ -127,6 +127,18 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
+// Data parallelism (docs/data-parallel.md): `data_parallel` ranks, launched by mpirun, each train
+// their share of every step's rows and sum their gradients before the update. A plan without the
+// section is one rank. The launch must match it: megatrain-exec refuses a plan for N ranks started
+// with M, naming both.
+struct ParallelConfig {
+  int64_t data_parallel = 1;   // ranks in the job
+  int64_t ranks_per_node = 1;  // ranks on each node (a divisor of data_parallel); 0 when read: data_parallel
+  std::string collective = "mpi";         // what the gradients are summed with: mpi (host memory)
+  std::string host_state = "replicated";  // every rank keeps the whole training state
+  bool operator==(const ParallelConfig&) const = default;
+};
+
 struct PeakBytes {
   int64_t device = 0, pinned = 0, ram = 0, nvme = 0;
   bool operator==(const PeakBytes&) const = default;
@@ -212,6 +224,7 @@ struct Plan {
   ScheduleConfig schedule;
   PlacementConfig placement;
   OptimizerConfig optimizer;
+  ParallelConfig parallel;
   std::optional<Predicted> predicted;
   // Relative model/rig paths are resolved against this folder (the plan file's); not serialised.
   std::filesystem::path base_dir;
@@ -219,7 +232,7 @@ struct Plan {
   bool operator==(const Plan& o) const {
     return model == o.model && rig == o.rig && training == o.training && precision == o.precision &&
            schedule == o.schedule && placement == o.placement && optimizer == o.optimizer &&
-           predicted == o.predicted;
+           parallel == o.parallel && predicted == o.predicted;
   }
 
   // Parses and validates every field, including that the model and rig exist and that the plan

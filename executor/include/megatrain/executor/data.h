@@ -91,11 +91,16 @@ struct DataLoaderOptions {
   DataOrder order = DataOrder::kSequential;
   uint64_t seed = 1;        // shuffled only
   int64_t vocab_size = 0;   // every batch's tokens must be < vocab_size; 0 = no check beyond INT32_MAX
+  // Data parallelism: this process is rank `rank` of `ranks`, and reads every ranks-th row of the
+  // one-process order with grad_accum x ranks micro-batches per step, starting at row `rank`
+  // (docs/data-parallel.md). 1 and 0: the one-process order.
+  int64_t ranks = 1;
+  int64_t rank = 0;
 };
 
 // Where one row of a batch came from.
 struct RowSource {
-  int64_t global_row = 0;  // r = (step * grad_accum + j) * micro_batch + b
+  int64_t global_row = 0;  // r = ((step * grad_accum + j) * micro_batch + b) * ranks + rank
   int64_t epoch = 0;       // r / rows_per_epoch
   int64_t file_row = 0;    // row k of the file: inputs [k*T, k*T+T), targets [k*T+1, k*T+T+1)
 };
@@ -153,6 +158,7 @@ class DataLoader {
   struct PermutationCache;
   DataLoader() = default;
   Status check_position(int64_t step, int64_t micro) const;
+  int64_t first_row(int64_t step, int64_t micro) const;  // the global row of row 0 of (step, micro)
 
   std::shared_ptr<const TokenFile> tokens_;
   std::shared_ptr<const data::SequenceFile> sequences_;

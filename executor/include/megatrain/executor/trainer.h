@@ -16,6 +16,7 @@
 #include "megatrain/core/plan.h"
 #include "megatrain/core/status.h"
 #include "megatrain/core/trace_store.h"
+#include "megatrain/executor/communicator.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/step/schedule.h"
@@ -64,6 +65,10 @@ struct TrainerOptions {
   // so that a whole step at a test's small shapes runs several of each. The compiled step's layout
   // takes the same caps.
   buffers::BlockCaps block_caps;
+  // Data parallelism (docs/data-parallel.md): the ranks that train together, each on its own rows
+  // (the DataLoader's rank), summing every unit's gradient, the loss and the counted targets before
+  // any update, so that every rank applies the same update. nullptr or one rank: this process alone.
+  Communicator* comm = nullptr;
 };
 
 // What a trainer holds, per tier, measured from its own allocations: the arena it carved (and the

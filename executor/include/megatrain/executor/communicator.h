@@ -1,0 +1,57 @@
+// The ranks of a data-parallel job (docs/data-parallel.md) and the collectives the trainer needs:
+// element-wise sums and maxima across ranks, and a barrier. A process started without mpirun (or a
+// build without MPI) is one rank, and every collective is then a no-op, so a single process runs
+// exactly as it did before data parallelism existed.
+//
+// Every rank calls the same collectives in the same order on each channel. Two threads of a rank
+// may call at once only on different channels: the caller's thread uses kMain, the thread that
+// copies gradients back uses kGradients (each channel is its own MPI communicator).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain::exec {
+
+enum class Channel { kMain = 0, kGradients = 1 };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Ranks on this rank's node (MPI's shared-memory split), and this rank's index among them.
+  virtual int local_size() const = 0;
+  virtual int local_rank() const = 0;
+  // "single process" or "MPI (Open MPI 4.1.4), 2 ranks on 1 node".
+  virtual std::string description() const = 0;
+
+  // In place: data[i] becomes the sum over ranks of data[i]. For a given rank count the order in
+  // which the ranks' values are added does not depend on timing, and every rank gets the same bits.
+  virtual Status sum(float* data, int64_t n, Channel channel) = 0;
+  virtual Status sum(double* data, int64_t n, Channel channel) = 0;
+  virtual Status sum(int64_t* data, int64_t n, Channel channel) = 0;
+  // In place: data[i] becomes the largest data[i] of any rank.
+  virtual Status max(int64_t* data, int64_t n, Channel channel) = 0;
+  virtual Status barrier(Channel channel) = 0;
+  // Ends the whole job at once with `code` (a rank that failed while the others wait in a collective).
+  [[noreturn]] virtual void abort_job(int code) = 0;
+};
+
+// The process's communicator, made on the first call: MPI's world when this process was started by
+// mpirun (or another MPI launcher) and the build has MPI, else one rank. An MPI that cannot start
+// is an error naming why.
+Result<Communicator*> world_communicator();
+
+// Whether this build can run more than one rank (it was built with MPI), and the MPI library's
+// name and version when it was.
+bool have_mpi();
+std::string mpi_library_version();
+
+// One rank: rank 0 of 1, every collective a no-op (tests, and processes started without mpirun).
+std::unique_ptr<Communicator> single_communicator();
+
+}  // namespace megatrain::exec

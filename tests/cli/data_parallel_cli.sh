@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Data parallelism (docs/data-parallel.md) as a user runs it: `mpirun -np 2 megatrain-exec` on the
+# CPU backend, two ranks on this machine over Open MPI's loopback, against one process on the same
+# rows. Skips (77) where there is no mpirun or megatrain-exec was built without MPI.
+set -uo pipefail
+src=$2
+exe="$(dirname "$1")/megatrain-exec"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fails=$((fails + 1)); else echo "ok: $1"; fi; }
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "SKIP: no mpirun (scripts/setup.sh installs openmpi-bin and libopenmpi-dev)"
+  exit 77
+fi
+# Open MPI refuses root unless told, and wants a slot per rank: this machine may have 2 cores or 1.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { timeout 120 mpirun -np "$@"; }
+head -c 40000 /usr/share/common-licenses/GPL-3 >"$tmp/text.txt" 2>/dev/null || yes "the quick brown fox jumps over the lazy dog" | head -c 40000 >"$tmp/text.txt"
+
+# plan NAME RANKS MICRO_BATCH GRAD_ACCUM [python statements on d]: a variant of the tiny CPU plan.
+plan() {
+  /usr/bin/python3 - "$src/profiles/plans/tiny-cpu.json" "$tmp/$1.json" "$2" "$3" "$4" "${5:-pass}" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ranks, d['training']['micro_batch'], d['training']['grad_accum'] = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+if ranks > 1:
+    d['parallel'] = {'data_parallel': ranks}
+exec(sys.argv[6])
+json.dump(d, open(sys.argv[2], 'w'))
+PY
+}
+run1() { "$exe" "$tmp/$1.json" --data "$tmp/text.txt" --threads 1 "${@:2}"; }
+run2() { mpi 2 "$exe" "$tmp/$1.json" --data "$tmp/text.txt" --threads 1 "${@:2}"; }
+
+plan one 1 4 4
+plan two 2 4 2
+run2 two --steps 1 >"$tmp/probe.out" 2>"$tmp/probe.err"
+if grep -q 'this build has no MPI' "$tmp/probe.err"; then
+  echo "SKIP: megatrain-exec was built without MPI (MEGATRAIN_MPI=OFF)"
+  exit 77
+fi
+
+# ---- the launch must be the plan's ----------------------------------------------------------
+run1 two --steps 1 >"$tmp/out" 2>"$tmp/err"
+check "a plan for 2 ranks started alone is refused before training, naming both counts" \
+  "[ $? -ne 0 ] && grep -q 'plan is for 2 ranks' $tmp/err && grep -q 'this job has 1' $tmp/err && ! grep -q '^step' $tmp/out"
+run2 one --steps 1 >"$tmp/out" 2>"$tmp/err"
+check "a plan for 1 rank started by mpirun -np 2 is refused by both ranks" \
+  "[ $? -ne 0 ] && grep -q 'plan is for 1 rank ' $tmp/err && grep -q 'this job has 2' $tmp/err && ! grep -q '^step' $tmp/out"
+plan pernode 2 4 2 "d['parallel']['ranks_per_node'] = 1"
+run2 pernode --steps 1 >"$tmp/out" 2>"$tmp/err"
+check "a plan with 1 rank per node started as 2 ranks on one node is refused" \
+  "[ $? -ne 0 ] && grep -q 'ranks_per_node' $tmp/err && ! grep -q '^step' $tmp/out"
+
+# ---- 2 ranks x grad_accum 2 against 1 process x grad_accum 4 on the same rows -------------------
+# The rows are the same but not their grouping: rank k's micro-batch j holds rows 2i + k, the one
+# process's holds rows 4j .. 4j + 3, so the fp32 sums run in another order. The bound is measured,
+# not chosen: regrouping the same rows into micro-batches of 1, 2, 8 and 16 in one process moves
+# the weights by some amount; 2 ranks must stay within twice the largest such move, and their
+# losses within 1e-6 relative.
+compare=$(cat <<'PY'
+import json, struct, sys
+import numpy as np
+def tensors(path):
+    b = open(path, 'rb').read()
+    n = struct.unpack('<Q', b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in head.items():
+        if k == '__metadata__' or v['dtype'] != 'F32':
+            continue
+        s, e = v['data_offsets']
+        out[k] = np.frombuffer(b[8 + n + s:8 + n + e], dtype=np.float32).astype(np.float64)
+    return out
+def diff(a, b):  # the largest difference of any tensor, relative to that tensor's largest value
+    ta, tb = tensors(a), tensors(b)
+    assert ta.keys() == tb.keys()
+    return max(np.abs(ta[k] - tb[k]).max() / max(np.abs(ta[k]).max(), 1e-30) for k in ta)
+def losses(d):
+    return json.load(open(d + '/manifest.json'))['losses']['values']
+PY
+)
+# equal NAME ONE_DIR TWO_DIR REGROUPED_DIRS...: the step-6 checkpoints of one process and 2 ranks.
+equal() {
+  /usr/bin/python3 - "$@" <<PY
+$compare
+name, one, two, regrouped = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+step = '/step-00000006'
+l1, l2 = losses(one + step), losses(two + step)
+loss_rel = max(abs(a - b) / abs(a) for a, b in zip(l1, l2))
+noise = max(diff(one + step + '/model.safetensors', r + step + '/model.safetensors') for r in regrouped)
+w = diff(one + step + '/model.safetensors', two + step + '/model.safetensors')
+m = diff(one + step + '/optimizer.safetensors', two + step + '/optimizer.safetensors')
+print(f'{name}: losses rel {loss_rel:.2e}, weights {w:.2e}, optimizer states {m:.2e}, regrouping moves the weights up to {noise:.2e}')
+assert len(l1) == len(l2) == 6
+assert loss_rel <= 1e-6, loss_rel
+assert 0 < noise and w <= 2 * noise, (w, noise)
+PY
+}
+# variant NAME EXTRA_PYTHON [exec flags]: one process, its regroupings and 2 ranks, 6 steps each.
+variant() {
+  local name=$1 extra=$2
+  shift 2
+  plan "$name-1" 1 4 4 "$extra"
+  plan "$name-2" 2 4 2 "$extra"
+  local groups=()
+  for mb in 1 2 8 16; do
+    plan "$name-mb$mb" 1 $mb $((16 / mb)) "$extra"
+    run1 "$name-mb$mb" --steps 6 --checkpoint-dir "$tmp/$name-mb$mb.ck" "$@" >/dev/null 2>"$tmp/err" || cat "$tmp/err"
+    groups+=("$tmp/$name-mb$mb.ck")
+  done
+  run1 "$name-1" --steps 6 --checkpoint-dir "$tmp/$name-1.ck" "$@" >"$tmp/$name-1.out" 2>"$tmp/err" || cat "$tmp/err"
+  run2 "$name-2" --steps 6 --checkpoint-dir "$tmp/$name-2.ck" "$@" >"$tmp/$name-2.out" 2>"$tmp/err" || cat "$tmp/err"
+  check "$name: 2 ranks x 2 micro-batches train as 1 process x 4 on the same rows" \
+    "equal $name $tmp/$name-1.ck $tmp/$name-2.ck ${groups[*]}"
+}
+variant clipped "pass"
+check "the 2-rank run says so once, with the rows each rank trains and the whole step's tokens" \
+  "[ \$(grep -c 'data parallel: MPI' $tmp/clipped-2.out) -eq 1 ] && grep -q 'each rank trains 8 of every 16 rows' $tmp/clipped-2.out && grep -q '2048 tokens/step' $tmp/clipped-2.out && [ \$(grep -c '^step' $tmp/clipped-2.out) -eq 6 ]"
+variant unclipped "d['training']['clip_grad_norm'] = 0"
+variant microbatch-major "d['schedule']['order'] = 'microbatch-major'"
+variant in-memory "pass" --in-memory
+mkdir -p "$tmp/nvme"
+variant nvme-q8 "d['precision']['transfer'] = 'bf16'; d['placement'].update(master_weights='nvme', optimizer_states='nvme', nvme_dirs=['$tmp/nvme'], pinned_staging_bytes=4 << 20); d['optimizer'].update(m_format='q8', v_format='q8')"
+check "on the NVMe tier each rank keeps its state in its own folder" "[ -d $tmp/nvme/rank-0 ] && [ -d $tmp/nvme/rank-1 ]"
+
+# ---- checkpoints: resumed on 2 ranks bit for bit, and across rank counts ------------------------
+run2 clipped-2 --steps 3 --checkpoint-dir "$tmp/r2" >/dev/null 2>"$tmp/err"
+run2 clipped-2 --steps 6 --checkpoint-dir "$tmp/r2" --resume >"$tmp/out" 2>"$tmp/err"
+check "a 2-rank run stopped at step 3 and resumed on 2 ranks equals the uninterrupted one bit for bit" \
+  "[ $? -eq 0 ] && grep -q 'resuming from' $tmp/out && cmp -s $tmp/r2/step-00000006/model.safetensors $tmp/clipped-2.ck/step-00000006/model.safetensors && cmp -s $tmp/r2/step-00000006/optimizer.safetensors $tmp/clipped-2.ck/step-00000006/optimizer.safetensors"
+mkdir -p "$tmp/r21" && cp -r "$tmp/r2/step-00000003" "$tmp/r21/"
+run1 clipped-1 --steps 6 --checkpoint-dir "$tmp/r21" --resume >"$tmp/out" 2>"$tmp/err"
+check "a 2-rank checkpoint resumes in 1 process (grad_accum 4) and goes on as the 2-rank run does" \
+  "[ $? -eq 0 ] && equal resumed-on-1 $tmp/r21 $tmp/clipped-2.ck $tmp/clipped-mb1.ck $tmp/clipped-mb2.ck $tmp/clipped-mb8.ck $tmp/clipped-mb16.ck"
+run1 clipped-1 --steps 3 --checkpoint-dir "$tmp/r12" >/dev/null 2>"$tmp/err"
+run2 clipped-2 --steps 6 --checkpoint-dir "$tmp/r12" --resume >"$tmp/out" 2>"$tmp/err"
+check "a 1-process checkpoint resumes on 2 ranks and goes on as the 1-process run does" \
+  "[ $? -eq 0 ] && equal resumed-on-2 $tmp/clipped-1.ck $tmp/r12 $tmp/clipped-mb1.ck $tmp/clipped-mb2.ck $tmp/clipped-mb8.ck $tmp/clipped-mb16.ck"
+plan two-accum3 2 4 3
+run2 two-accum3 --steps 6 --checkpoint-dir "$tmp/r2" --resume >"$tmp/out" 2>"$tmp/err"
+check "a resume with another global batch (2 x 3 micro-batches) is refused, naming grad_accum x data_parallel" \
+  "[ $? -ne 0 ] && grep -q 'grad_accum x parallel.data_parallel' $tmp/err"
+
+# ---- traces: one per rank ------------------------------------------------------------------------
+run2 clipped-2 --steps 4 --trace "$tmp/dp.mtrace" >"$tmp/out" 2>"$tmp/err"
+check "each rank writes its trace (rank 1's beside rank 0's), with every step" "[ $? -eq 0 ] && /usr/bin/python3 - $tmp/dp.mtrace $tmp/dp.rank1.mtrace <<'PY'
+import sqlite3, sys
+for path in sys.argv[1:]:
+    db = sqlite3.connect(path)
+    assert db.execute('select count(*) from steps').fetchone()[0] == 4, path
+PY"
+
+# ---- a rank that dies ----------------------------------------------------------------------------
+# Rank 1 is killed mid-run: the job ends within 60 s, non-zero, naming the rank, and the newest
+# checkpoint loads.
+plan long 2 4 2
+mpirun -np 2 "$exe" "$tmp/long.json" --data "$tmp/text.txt" --threads 1 --steps 100000 --checkpoint-dir "$tmp/k" --checkpoint-every 5 \
+  >"$tmp/kill.out" 2>"$tmp/kill.err" &
+job=$!
+for _ in $(seq 1 600); do [ -d "$tmp/k/step-00000010" ] && break; sleep 0.1; done
+victim=""
+for p in $(pgrep -f "$tmp/long.json"); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$p; fi
+done
+killed_at=$(date +%s)
+[ -n "$victim" ] && kill -9 "$victim"
+wait $job
+rc=$?
+took=$(($(date +%s) - killed_at))
+check "killing rank 1 mid-run ends the job non-zero within 60 s ($took s), naming rank 1" \
+  "[ -n '$victim' ] && [ $rc -ne 0 ] && [ $took -le 60 ] && grep -q 'rank 1' $tmp/kill.err"
+run2 long --steps 12 --checkpoint-dir "$tmp/k" --resume >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "after the kill the newest complete checkpoint loads" "[ $rc -eq 0 ] && grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out"
+
+[ $fails -eq 0 ] && echo "all data-parallel checks passed" || echo "$fails check(s) failed"
+exit $((fails > 0))
