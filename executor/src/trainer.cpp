@@ -744,7 +744,11 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
   if (tied) I.be->add(units(0).grad.data(), tied, d.V * d.H);
   for (int64_t u = 0; u < I.U; ++u) mark_chosen(I, u);
   if (I.ranks() > 1) {
-    for (int64_t u = 0; u < I.U; ++u) MT_RETURN_IF_ERROR(reduce_unit_gradient(I, u, Channel::kMain));
+    for (int64_t u = 0; u < I.U; ++u) {
+      const auto b = Clock::now();
+      MT_RETURN_IF_ERROR(reduce_unit_gradient(I, u, Channel::kMain));
+      I.record(SpanKind::kGradSum, step, u, -1, b, Clock::now(), units(u).numel * 4);
+    }
     MT_RETURN_IF_ERROR(reduce_loss(I, loss_sum, count, Channel::kMain));
     loss_sum = I.reduced_loss_sum;
     count = I.reduced_count;
@@ -970,8 +974,10 @@ class RoundRun {
       // the units are reduced in the same order everywhere. The loss is whole by now (below).
       std::string collective_failed;
       if (last_round_ && I_.ranks() > 1) {
+        const auto b = Clock::now();
         Status s = reduce_loss(I_, *loss_sum_, *count_, Channel::kGradients);
         if (s.ok()) s = reduce_unit_gradient(I_, u, Channel::kGradients);
+        I_.record(SpanKind::kGradSum, step_, u, -1, b, Clock::now(), us.numel * 4);
         if (!s.ok()) {
           collective_failed = "summing the gradient of unit " + std::to_string(u) + " over the ranks failed";
           std::lock_guard<std::mutex> g(I_.mu);

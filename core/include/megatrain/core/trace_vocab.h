@@ -28,10 +28,11 @@ enum class SpanKind : int8_t {
   kOptimizer, kGradNorm,                                                   // host optimizer
   kNvmeRead, kNvmeWrite,                                                   // NVMe tier
   kStall,                                                                  // a lane waiting (name says why)
+  kGradSum,                                                                // a gradient summed over the ranks
 };
-inline constexpr int kSpanKindCount = 15;
+inline constexpr int kSpanKindCount = 16;
 // The trace's spans.kind: embed_forward, forward, head, recompute, backward, embed_backward, h2d,
-// h2d_checkpoint, d2h, d2h_checkpoint, optimizer, grad_norm, nvme_read, nvme_write, stall.
+// h2d_checkpoint, d2h, d2h_checkpoint, optimizer, grad_norm, nvme_read, nvme_write, stall, grad_sum.
 const char* span_kind_name(SpanKind kind);
 std::optional<SpanKind> span_kind_from_name(std::string_view name);
 // The lane a span kind runs on (stalls: the lane that waits, so none is implied: kCompute).
@@ -41,7 +42,7 @@ bool is_compute(SpanKind kind);
 // The span's name in both traces: "embed mb0", "fwd L3 mb1", "head mb0", "recompute L3 mb1",
 // "bwd L3 mb1", "embed bwd mb0", "h2d L4", "h2d checkpoint L5 mb0", "d2h grad L3" (" mb1" when a
 // round's gradient is summed per micro-batch), "d2h checkpoint L5 mb0", "adam L12", "grad norm",
-// "nvme read L3", "nvme write L3". Layer and micro-batch are omitted when negative, and the
+// "nvme read L3", "nvme write L3", "grad sum L3". Layer and micro-batch are omitted when negative, and the
 // layer is omitted for the embedding and the head (units 0 and L+1).
 std::string span_name(SpanKind kind, int64_t layer, int64_t micro_batch);
 // A stall span's name: "stall: weights", "stall: activations", ...
