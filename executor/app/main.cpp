@@ -94,6 +94,10 @@ int main(int argc, char** argv) {
                                   "the training step's buffers): at the end of the run, and every --eval-every steps")
                        ->check(CLI::ExistingFile);
   app.add_option("--eval-every", o.eval_every, "also evaluate every N steps")->check(cli::int_range(1, kMaxSteps))->needs(eval_opt);
+  app.add_option("--collective-timeout", o.collective_timeout_s,
+                 "data parallel (mpirun): seconds a rank waits in one collective before it asks which ranks are alive, names "
+                 "the ones that are not, and ends the job (0: wait for ever)")
+      ->check(cli::number_range(0.0, 1e7));
   app.add_flag("--in-memory", o.in_memory, "run the plain in-memory loop instead of the streamed pipeline (the reference)");
   if (const int rc = cli::parse(app, argc, argv, "megatrain-exec"); rc >= 0) return rc;
   o.eval_at_end = !o.eval_data_path.empty();

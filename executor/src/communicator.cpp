@@ -22,6 +22,7 @@ class SingleCommunicator final : public Communicator {
   Status sum(int64_t*, int64_t, Channel) override { return {}; }
   Status max(int64_t*, int64_t, Channel) override { return {}; }
   Status barrier(Channel) override { return {}; }
+  void set_hang_timeout(double) override {}
   [[noreturn]] void abort_job(int code) override { std::_Exit(code); }
 };
 

@@ -389,6 +389,7 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   // Data parallelism (docs/data-parallel.md): rank 0 prints, writes the checkpoints and takes the
   // folder's lock; every rank writes its own trace. One process is rank 0 of 1.
   MT_ASSIGN_OR_RETURN(Communicator* comm, world_communicator());
+  comm->set_hang_timeout(options.collective_timeout_s);
   const bool rank0 = comm->rank() == 0;
   std::ostream quiet(nullptr);
   std::ostream& out = rank0 ? rank0_out : quiet;

@@ -175,5 +175,29 @@ run2 long --steps 12 --checkpoint-dir "$tmp/k" --resume >"$tmp/out" 2>"$tmp/err"
 rc=$?
 check "after the kill the newest complete checkpoint loads" "[ $rc -eq 0 ] && grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out"
 
+# ---- a rank that hangs ---------------------------------------------------------------------------
+# Rank 1 is stopped (SIGSTOP) mid-run: rank 0 waits --collective-timeout 5 s in a collective, asks
+# rank 1 whether it is alive, gets no answer within 5 s, names it and ends the job.
+rm -rf "$tmp/k"
+mpirun -np 2 "$exe" "$tmp/long.json" --data "$tmp/text.txt" --threads 1 --steps 100000 --checkpoint-dir "$tmp/k" --checkpoint-every 5 \
+  --collective-timeout 5 >"$tmp/hang.out" 2>"$tmp/hang.err" &
+job=$!
+for _ in $(seq 1 600); do [ -d "$tmp/k/step-00000010" ] && break; sleep 0.1; done
+victim=""
+for p in $(pgrep -f "$tmp/long.json"); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$p; fi
+done
+stopped_at=$(date +%s)
+[ -n "$victim" ] && kill -STOP "$victim"
+wait $job
+rc=$?
+took=$(($(date +%s) - stopped_at))
+[ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+check "stopping rank 1 mid-run ends the job non-zero within 60 s ($took s), rank 0 naming rank 1 as not answering" \
+  "[ -n '$victim' ] && [ $rc -ne 0 ] && [ $took -le 60 ] && grep -q 'rank 0 of 2: waited [0-9]* s in .*rank 1 did not answer' $tmp/hang.err"
+run2 long --steps 12 --checkpoint-dir "$tmp/k" --resume >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "after the hang the newest complete checkpoint loads" "[ $rc -eq 0 ] && grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out"
+
 [ $fails -eq 0 ] && echo "all data-parallel checks passed" || echo "$fails check(s) failed"
 exit $((fails > 0))

@@ -5,8 +5,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "detail/mpi_world.h"
@@ -33,10 +37,17 @@ MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+class MpiCommunicator;
+MpiCommunicator* g_world = nullptr;  // stopped before MPI_Finalize (the atexit handler)
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() = default;
-  ~MpiCommunicator() override = default;
+  ~MpiCommunicator() override { stop_watchdog(); }
 
   Status init() {
     int initialized = 0;
@@ -46,6 +57,7 @@ class MpiCommunicator final : public Communicator {
       const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
       if (rc != MPI_SUCCESS) return mpi_failed("initialisation (MPI_Init_thread)", rc);
       std::atexit([] {
+        if (g_world != nullptr) g_world->stop_watchdog();
         int finalized = 0;
         MPI_Finalized(&finalized);
         if (!finalized) MPI_Finalize();
@@ -63,6 +75,8 @@ class MpiCommunicator final : public Communicator {
       if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c); rc != MPI_SUCCESS) return mpi_failed("MPI_Comm_dup", rc);
       MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     }
+    if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &alive_); rc != MPI_SUCCESS) return mpi_failed("MPI_Comm_dup", rc);
+    g_world = this;
     MPI_Comm node;
     if (int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node); rc != MPI_SUCCESS)
       return mpi_failed("MPI_Comm_split_type", rc);
@@ -89,8 +103,17 @@ class MpiCommunicator final : public Communicator {
   Status sum(int64_t* data, int64_t n, Channel c) override { return int_op(data, n, MPI_SUM, c); }
   Status max(int64_t* data, int64_t n, Channel c) override { return int_op(data, n, MPI_MAX, c); }
   Status barrier(Channel c) override {
+    const Waiting w(*this, c, "a barrier");
     if (int rc = MPI_Barrier(comm(c)); rc != MPI_SUCCESS) return mpi_failed("barrier", rc);
     return {};
+  }
+  void set_hang_timeout(double seconds) override {
+    timeout_ns_.store(static_cast<int64_t>(seconds * 1e9));
+    if (size_ > 1 && seconds > 0 && !watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
+  }
+  void stop_watchdog() {
+    stop_.store(true);
+    if (watchdog_.joinable()) watchdog_.join();
   }
   [[noreturn]] void abort_job(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -99,6 +122,96 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm(Channel c) const { return channels_[static_cast<int>(c)]; }
+
+  // ---- the hang watchdog -------------------------------------------------------------------------
+  // While a collective runs, its channel records since when and what it is; the watchdog thread
+  // answers other ranks' "are you alive?" at once (whatever this rank's main threads are doing), and
+  // when one of this rank's collectives has waited longer than the timeout it asks the others.
+  struct Waiting {
+    Waiting(MpiCommunicator& m, Channel c, const char* what) : m_(m), c_(static_cast<int>(c)) {
+      m_.what_[c_].store(what);
+      m_.since_ns_[c_].store(now_ns());
+    }
+    ~Waiting() { m_.since_ns_[c_].store(0); }
+    MpiCommunicator& m_;
+    int c_;
+  };
+  static constexpr int kPing = 1, kPong = 2;
+
+  // The longest this rank has been waiting in a collective, in ns (0: not waiting), and in what.
+  int64_t waited_ns(const char** what) const {
+    int64_t most = 0;
+    const int64_t t = now_ns();
+    for (int c = 0; c < 2; ++c)
+      if (const int64_t s = since_ns_[c].load(); s > 0 && t - s > most) {
+        most = t - s;
+        if (what) *what = what_[c].load();
+      }
+    return most;
+  }
+  // Answers a ping if one has come (the receive for the next is posted again).
+  void serve(MPI_Request& ping, int& ping_buf) {
+    int done = 0;
+    MPI_Status st;
+    MPI_Test(&ping, &done, &st);
+    if (!done) return;
+    int64_t answer = waited_ns(nullptr);
+    MPI_Send(&answer, 1, MPI_INT64_T, st.MPI_SOURCE, kPong, alive_);
+    MPI_Irecv(&ping_buf, 1, MPI_INT, MPI_ANY_SOURCE, kPing, alive_, &ping);
+  }
+  void watch() {
+    int ping_buf = 0;
+    MPI_Request ping;
+    MPI_Irecv(&ping_buf, 1, MPI_INT, MPI_ANY_SOURCE, kPing, alive_, &ping);
+    while (!stop_.load()) {
+      serve(ping, ping_buf);
+      const char* what = "a collective";
+      const int64_t limit = timeout_ns_.load();
+      if (limit > 0 && waited_ns(&what) > limit) hung(what, ping, ping_buf);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    MPI_Cancel(&ping);
+    MPI_Wait(&ping, MPI_STATUS_IGNORE);
+  }
+  // This rank has waited too long: ask every other rank, 5 s to answer, name the ones that did not,
+  // and end the job.
+  [[noreturn]] void hung(const char* what, MPI_Request& ping, int& ping_buf) {
+    const double waited = static_cast<double>(waited_ns(nullptr)) / 1e9;
+    std::vector<MPI_Request> sent, got;
+    std::vector<int64_t> answer(static_cast<size_t>(size_), -2);
+    int one = 1;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      sent.emplace_back();
+      MPI_Isend(&one, 1, MPI_INT, r, kPing, alive_, &sent.back());
+      got.emplace_back();
+      MPI_Irecv(&answer[static_cast<size_t>(r)], 1, MPI_INT64_T, r, kPong, alive_, &got.back());
+    }
+    const int64_t until = now_ns() + int64_t{5'000'000'000};
+    int all = 0;
+    while (!all && now_ns() < until) {
+      serve(ping, ping_buf);
+      MPI_Testall(static_cast<int>(got.size()), got.data(), &all, MPI_STATUSES_IGNORE);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::string silent, busy;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const int64_t a = answer[static_cast<size_t>(r)];
+      if (a == -2) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+      else if (a == 0) busy += (busy.empty() ? "" : ", ") + std::to_string(r);
+    }
+    std::string why = "megatrain-exec: rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": waited " +
+                      std::to_string(static_cast<int64_t>(waited)) + " s in " + what + " for the other ranks";
+    if (!silent.empty()) why += "; rank " + silent + " did not answer within 5 s (stopped, hung, or its node is gone)";
+    if (!busy.empty()) why += "; rank " + busy + " answered but has not reached the collective";
+    if (silent.empty() && busy.empty()) why += "; every rank answered and is waiting too";
+    why += "; ending the job (the newest complete checkpoint stays loadable; --collective-timeout sets the wait)\n";
+    std::fputs(why.c_str(), stderr);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
 
   // A message of at most 2^28 elements at a time, so that every count fits MPI's int.
   static constexpr int64_t kChunk = int64_t{1} << 28;
@@ -119,6 +232,7 @@ class MpiCommunicator final : public Communicator {
         off += cnt;
       }
       share.resize(static_cast<size_t>(std::max(counts[static_cast<size_t>(rank_)], 1)));
+      const Waiting w(*this, c, c == Channel::kGradients ? "summing a gradient" : "a sum");
       if (int rc = MPI_Reduce_scatter(data + at, share.data(), counts.data(), mpi_type<T>(), MPI_SUM, comm(c)); rc != MPI_SUCCESS)
         return mpi_failed("reduce-scatter", rc);
       if (int rc = MPI_Allgatherv(share.data(), counts[static_cast<size_t>(rank_)], mpi_type<T>(), data + at, counts.data(),
@@ -133,6 +247,7 @@ class MpiCommunicator final : public Communicator {
     if (size_ == 1 || n == 0) return {};
     for (int64_t at = 0; at < n; at += kChunk) {
       const int len = static_cast<int>(std::min(kChunk, n - at));
+      const Waiting w(*this, c, op == MPI_MAX ? "agreeing on a stop or a save" : "a sum");
       if (int rc = MPI_Allreduce(MPI_IN_PLACE, data + at, len, MPI_INT64_T, op, comm(c)); rc != MPI_SUCCESS)
         return mpi_failed("allreduce", rc);
     }
@@ -141,6 +256,12 @@ class MpiCommunicator final : public Communicator {
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, nodes_ = 1;
   MPI_Comm channels_[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Comm alive_ = MPI_COMM_NULL;  // the watchdog's pings and answers
+  std::atomic<int64_t> since_ns_[2] = {0, 0};
+  std::atomic<const char*> what_[2] = {nullptr, nullptr};
+  std::atomic<int64_t> timeout_ns_{0};
+  std::atomic<bool> stop_{false};
+  std::thread watchdog_;
 };
 
 }  // namespace

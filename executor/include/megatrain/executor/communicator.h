@@ -37,6 +37,10 @@ class Communicator {
   // In place: data[i] becomes the largest data[i] of any rank.
   virtual Status max(int64_t* data, int64_t n, Channel channel) = 0;
   virtual Status barrier(Channel channel) = 0;
+  // A rank that hangs: when this rank has waited `seconds` in one collective, it asks every other
+  // rank whether it is alive (a few seconds to answer), names the ranks that did not answer, and
+  // ends the job. 0: wait for ever. A no-op with one rank.
+  virtual void set_hang_timeout(double seconds) = 0;
   // Ends the whole job at once with `code` (a rank that failed while the others wait in a collective).
   [[noreturn]] virtual void abort_job(int code) = 0;
 };

@@ -42,6 +42,9 @@ struct RunOptions {
   int64_t eval_every = 0;
   bool eval_at_end = false;  // also after the last step (megatrain-exec with --eval-data)
   bool eval_only = false;
+  // Data parallelism: how long a rank waits in one collective before it decides another rank hangs
+  // (Communicator::set_hang_timeout; docs/data-parallel.md). 0: for ever.
+  double collective_timeout_s = 1800;
 };
 
 struct StepResult;  // trainer.h
