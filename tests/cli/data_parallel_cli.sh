@@ -121,6 +121,11 @@ check "the 2-rank run says so once, with the rows each rank trains and the whole
 variant unclipped "d['training']['clip_grad_norm'] = 0"
 variant microbatch-major "d['schedule']['order'] = 'microbatch-major'"
 variant in-memory "pass" --in-memory
+# Mixture-of-Experts (tiny Mixtral, the load-balancing loss reported, not trained): an expert that
+# any rank's tokens chose is updated on every rank. (With the load-balancing loss in the objective,
+# Hugging Face's loss is per micro-batch, so grouping the rows otherwise changes the objective
+# itself, not only the order of the sums: no one-process run is the reference then.)
+variant moe "d['model'] = 'tiny-mixtral'"
 mkdir -p "$tmp/nvme"
 variant nvme-q8 "d['precision']['transfer'] = 'bf16'; d['placement'].update(master_weights='nvme', optimizer_states='nvme', nvme_dirs=['$tmp/nvme'], pinned_staging_bytes=4 << 20); d['optimizer'].update(m_format='q8', v_format='q8')"
 check "on the NVMe tier each rank keeps its state in its own folder" "[ -d $tmp/nvme/rank-0 ] && [ -d $tmp/nvme/rank-1 ]"
