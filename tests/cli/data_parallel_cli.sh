@@ -161,14 +161,22 @@ PY"
 # Rank 1 is killed mid-run: the job ends within 60 s, non-zero, naming the rank, and the newest
 # checkpoint loads.
 plan long 2 4 2
-mpirun -np 2 "$exe" "$tmp/long.json" --data "$tmp/text.txt" --threads 1 --steps 100000 --checkpoint-dir "$tmp/k" --checkpoint-every 5 \
-  >"$tmp/kill.out" 2>"$tmp/kill.err" &
-job=$!
-for _ in $(seq 1 600); do [ -d "$tmp/k/step-00000010" ] && break; sleep 0.1; done
-victim=""
-for p in $(pgrep -f "$tmp/long.json"); do
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$p; fi
-done
+# long_run NAME [flags]: starts a long 2-rank run in the background (its pid in $job), waits for its
+# step-10 checkpoint, and sets $victim to rank 1's process.
+long_run() {
+  local name=$1
+  shift
+  rm -rf "$tmp/k"
+  mpirun -np 2 "$exe" "$tmp/long.json" --data "$tmp/text.txt" --threads 1 --steps 100000 --checkpoint-dir "$tmp/k" \
+    --checkpoint-every 5 "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+  job=$!
+  for _ in $(seq 1 600); do [ -d "$tmp/k/step-00000010" ] && break; sleep 0.1; done
+  victim=""
+  for p in $(pgrep -f "$tmp/long.json"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$p; fi
+  done
+}
+long_run kill
 killed_at=$(date +%s)
 [ -n "$victim" ] && kill -9 "$victim"
 wait $job
@@ -178,20 +186,12 @@ check "killing rank 1 mid-run ends the job non-zero within 60 s ($took s), namin
   "[ -n '$victim' ] && [ $rc -ne 0 ] && [ $took -le 60 ] && grep -q 'rank 1' $tmp/kill.err"
 run2 long --steps 12 --checkpoint-dir "$tmp/k" --resume >"$tmp/out" 2>"$tmp/err"
 rc=$?
-check "after the kill the newest complete checkpoint loads" "[ $rc -eq 0 ] && grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out"
+check "after the kill the newest complete checkpoint loads" "[ $rc -eq 0 ] && { grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out; }"
 
 # ---- a rank that hangs ---------------------------------------------------------------------------
 # Rank 1 is stopped (SIGSTOP) mid-run: rank 0 waits --collective-timeout 5 s in a collective, asks
 # rank 1 whether it is alive, gets no answer within 5 s, names it and ends the job.
-rm -rf "$tmp/k"
-mpirun -np 2 "$exe" "$tmp/long.json" --data "$tmp/text.txt" --threads 1 --steps 100000 --checkpoint-dir "$tmp/k" --checkpoint-every 5 \
-  --collective-timeout 5 >"$tmp/hang.out" 2>"$tmp/hang.err" &
-job=$!
-for _ in $(seq 1 600); do [ -d "$tmp/k/step-00000010" ] && break; sleep 0.1; done
-victim=""
-for p in $(pgrep -f "$tmp/long.json"); do
-  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$p; fi
-done
+long_run hang --collective-timeout 5
 stopped_at=$(date +%s)
 [ -n "$victim" ] && kill -STOP "$victim"
 wait $job
@@ -202,7 +202,7 @@ check "stopping rank 1 mid-run ends the job non-zero within 60 s ($took s), rank
   "[ -n '$victim' ] && [ $rc -ne 0 ] && [ $took -le 60 ] && grep -q 'rank 0 of 2: waited [0-9]* s in .*rank 1 did not answer' $tmp/hang.err"
 run2 long --steps 12 --checkpoint-dir "$tmp/k" --resume >"$tmp/out" 2>"$tmp/err"
 rc=$?
-check "after the hang the newest complete checkpoint loads" "[ $rc -eq 0 ] && grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out"
+check "after the hang the newest complete checkpoint loads" "[ $rc -eq 0 ] && { grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out; }"
 
 [ $fails -eq 0 ] && echo "all data-parallel checks passed" || echo "$fails check(s) failed"
 exit $((fails > 0))
