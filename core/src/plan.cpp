@@ -150,6 +150,22 @@ UnitLayout unit_layout(const std::vector<int64_t>& tensor_numels) {
   return l;
 }
 
+std::vector<int> shard_owners(const std::vector<int64_t>& tensor_numels, int ranks) {
+  int64_t total = 0;
+  for (int64_t n : tensor_numels) total += n;
+  std::vector<int> owner;
+  owner.reserve(tensor_numels.size());
+  int64_t before = 0;
+  for (int64_t n : tensor_numels) {
+    // The middle element, 2 * before + n halves, falls in share floor(middle * ranks / total). In
+    // int64: 2 * total * ranks stays below 2^63 for any model under 2^46 parameters and 65536 ranks.
+    const int64_t r = total > 0 ? (2 * before + n) * ranks / (2 * total) : 0;
+    owner.push_back(static_cast<int>(std::min<int64_t>(r, ranks - 1)));
+    before += n;
+  }
+  return owner;
+}
+
 int64_t nvme_unit_transfer_bytes(const std::vector<std::vector<int64_t>>& unit_tensor_numels, bool master_on_nvme,
                                  bool states_on_nvme, StateFormat m_format, StateFormat v_format, int64_t block_size) {
   if (!master_on_nvme && !states_on_nvme) return 0;
@@ -403,7 +419,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     pr.integer("data_parallel", c.data_parallel, Need::kRequired, 1, 65536);
     pr.integer("ranks_per_node", c.ranks_per_node, Need::kOptional, 1, 65536);
     pr.choice("collective", c.collective, Need::kOptional, {"mpi"});
-    pr.choice("host_state", c.host_state, Need::kOptional, {"replicated"});
+    pr.choice("host_state", c.host_state, Need::kOptional, {"replicated", "sharded"});
     if (Status s = pr.finish(); !s.ok()) return ctx(s);
     if (c.ranks_per_node == 0) c.ranks_per_node = c.data_parallel;
     if (c.ranks_per_node > c.data_parallel || c.data_parallel % c.ranks_per_node != 0)

@@ -10,11 +10,13 @@ constexpr std::array<const char*, kLaneCount> kLaneNames = {"GPU compute", "H2D"
 constexpr std::array<const char*, kLaneCount> kLaneKinds = {"gpu", "h2d", "d2h", "cpu", "nvme_read", "nvme_write"};
 constexpr std::array<const char*, kSpanKindCount> kKindNames = {
     "embed_forward", "forward", "head", "recompute", "backward", "embed_backward", "h2d", "h2d_checkpoint",
-    "d2h", "d2h_checkpoint", "optimizer", "grad_norm", "nvme_read", "nvme_write", "stall", "grad_sum"};
+    "d2h", "d2h_checkpoint", "optimizer", "grad_norm", "nvme_read", "nvme_write", "stall", "grad_sum",
+    "weight_gather"};
 // The words a span name starts with, per kind.
 constexpr std::array<const char*, kSpanKindCount> kNameStems = {
     "embed", "fwd", "head", "recompute", "bwd", "embed bwd", "h2d", "h2d checkpoint",
-    "d2h grad", "d2h checkpoint", "adam", "grad norm", "nvme read", "nvme write", "stall", "grad sum"};
+    "d2h grad", "d2h checkpoint", "adam", "grad norm", "nvme read", "nvme write", "stall", "grad sum",
+    "weight gather"};
 
 }  // namespace
 
@@ -42,7 +44,7 @@ Lane lane_of(SpanKind kind) {
   switch (kind) {
     case SpanKind::kH2D: case SpanKind::kH2DCheckpoint: return Lane::kH2D;
     case SpanKind::kD2H: case SpanKind::kD2HCheckpoint: case SpanKind::kGradSum: return Lane::kD2H;
-    case SpanKind::kOptimizer: case SpanKind::kGradNorm: return Lane::kOptimizer;
+    case SpanKind::kOptimizer: case SpanKind::kGradNorm: case SpanKind::kWeightGather: return Lane::kOptimizer;
     case SpanKind::kNvmeRead: return Lane::kNvmeRead;
     case SpanKind::kNvmeWrite: return Lane::kNvmeWrite;
     default: return Lane::kCompute;

@@ -67,10 +67,10 @@ DataPosition data_position(const DataLoader& loader) {
 
 // ---- saving --------------------------------------------------------------------------------------
 
-Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info,
-                       const SaveOptions& options) {
-  const std::string name = step_dir_name(info.next_step);
-  const std::string what = "cannot save checkpoint " + name + " in '" + checkpoint_dir.string() + "': ";
+namespace {
+
+// A save's temporary step directory, made by the one process that publishes it.
+Result<fs::path> start_save(const fs::path& checkpoint_dir, const std::string& name, const CheckpointInfo& info, const std::string& what) {
   if (info.next_step < 0) return invalid_argument(what + "the step is negative");
   if (!info.plan_json.empty() && !Json::accept(info.plan_json))
     return invalid_argument(what + "the plan text is not valid JSON");
@@ -84,36 +84,33 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
     if (Status s = fsync_path(parent, true); !s.ok()) return Status(s.code(), what + s.message());
   }
   remove_stale_temporaries(checkpoint_dir);
-
-  const std::string pid = std::to_string(::getpid());
-  const fs::path tmp = checkpoint_dir / ("." + name + ".tmp-" + pid);
+  const fs::path tmp = checkpoint_dir / ("." + name + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
   if (file_io().mkdir(tmp.c_str(), 0755) != 0) return io_error(what + "cannot create '" + tmp.string() + "': " + errno_text(errno));
+  return tmp;
+}
+
+// Writes the manifest into the complete temporary directory `tmp` and makes it the step directory
+// (replacing one of the same number atomically), then updates `latest`. On failure before the
+// step is visible, `tmp` is removed and the error ends with `unchanged`.
+Status publish_save(const fs::path& checkpoint_dir, const std::string& name, const fs::path& tmp, const CheckpointInfo& info,
+                    const std::map<std::string, FileDigest>& files, const std::string& what) {
+  const std::string pid = std::to_string(::getpid());
   const std::string unchanged = "; earlier checkpoints are unchanged";
   auto fail = [&](const Status& s) {
     std::error_code ec2;
     fs::remove_all(tmp, ec2);
     return Status(s.code(), what + s.message() + unchanged);
   };
-
-  if (Status s = save_weights(state, tmp / kModelFile); !s.ok()) return fail(s);
-  if (!info.hf_config_json.empty())
-    if (Status s = write_new_file(tmp / kConfigFile, info.hf_config_json); !s.ok()) return fail(s);
-  if (Status s = write_optimizer(state, tmp / kOptimizerFile, info.next_step - info.skipped_steps, options); !s.ok()) return fail(s);
-  std::map<std::string, FileDigest> files;
-  for (const char* f : {kModelFile, kOptimizerFile, kConfigFile}) {
-    if (f == kConfigFile && info.hf_config_json.empty()) continue;
-    auto d = digest_file(tmp / f);
-    if (!d.ok()) return fail(d.status());
-    files[f] = *d;
-  }
+  std::error_code ec;
   const std::string created = utc_now();
   if (Status s = write_new_file(tmp / kManifestFile, manifest_text(info, files, created)); !s.ok())
     return fail(s);
   if (Status s = fsync_path(tmp, true); !s.ok()) return fail(s);
 
-  // Publish: one rename. An existing step of the same number is swapped out atomically where the
-  // filesystem can (RENAME_EXCHANGE), otherwise moved aside just before the rename.
+  // Publish: the complete directory appears under its final name in one rename. When the step
+  // exists already (a re-save), RENAME_EXCHANGE swaps the two atomically, so a checkpoint of that
+  // number is visible at every instant; the old one is then deleted.
   const fs::path target = checkpoint_dir / name;
   fs::path old;  // what to delete once the new step is in place
   if (fs::exists(target, ec)) {
@@ -140,8 +137,7 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   if (Status s = fsync_path(checkpoint_dir, true); !s.ok()) return io_error(published + s.message());
   if (!old.empty()) fs::remove_all(old, ec);
 
-  // `latest` names the newest step: a temporary file, fsync, rename, fsync of the directory. The
-  // temporary keeps the name remove_stale_temporaries knows (".latest.tmp-<pid>").
+  // `latest`: a small file naming the step directory, replaced atomically.
   const fs::path latest_tmp = checkpoint_dir / (".latest.tmp-" + pid);
   fs::remove(latest_tmp, ec);
   if (Status s = write_new_file(latest_tmp, latest_text(name)); !s.ok())
@@ -153,7 +149,123 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
   return {};
 }
 
-// ---- loading -------------------------------------------------------------------------------------
+// The weights, config.json and the optimizer file(s) of rank 0 (or the only process) into `tmp`.
+Status write_rank0_files(const fs::path& tmp, const HostState& state, const CheckpointInfo& info, const SaveOptions& options,
+                         const std::string& optimizer_file) {
+  MT_RETURN_IF_ERROR(save_weights(state, tmp / kModelFile));
+  if (!info.hf_config_json.empty()) MT_RETURN_IF_ERROR(write_new_file(tmp / kConfigFile, info.hf_config_json));
+  return write_optimizer(state, tmp / optimizer_file, info.next_step - info.skipped_steps, options);
+}
+
+// Sharded states (docs/data-parallel.md): every rank writes the shard of the moments it owns into
+// rank 0's temporary directory; rank 0 writes the weights and, once every shard is complete, the
+// manifest, and publishes the step in one rename, so the checkpoint is visible only whole. Every
+// rank returns the same verdict.
+Status save_sharded(const fs::path& checkpoint_dir, const HostState& state, CheckpointInfo info, const SaveOptions& options,
+                    const std::string& name, const std::string& what) {
+  Communicator& comm = *options.comm;
+  const int rank = comm.rank(), ranks = comm.size();
+  if (state.sharding().ranks != ranks || state.sharding().rank != rank)
+    return internal_error(what + "the state is sharded as rank " + std::to_string(state.sharding().rank) + " of " +
+                          std::to_string(state.sharding().ranks) + ", the job is rank " + std::to_string(rank) + " of " + std::to_string(ranks));
+  info.optimizer_shards = ranks;
+  // Rank 0 makes the temporary directory; every rank learns its name (rank 0's process id).
+  Status mine;
+  fs::path tmp;
+  int64_t head[2] = {0, 0};  // rank 0: started, its pid
+  if (rank == 0) {
+    auto t = start_save(checkpoint_dir, name, info, what);
+    if (t.ok()) tmp = *t, head[0] = 1, head[1] = ::getpid();
+    else mine = t.status();
+  }
+  MT_RETURN_IF_ERROR(comm.sum(head, 2, Channel::kMain));
+  if (head[0] == 0)
+    return rank == 0 ? mine : unavailable(what + "rank 0 could not start it (its message says why)");
+  if (rank != 0) tmp = checkpoint_dir / ("." + name + ".tmp-" + std::to_string(head[1]));
+  // Every rank its shard (rank 0 also the weights), its size and checksum to rank 0.
+  const std::string shard = optimizer_file_name(rank, ranks);
+  mine = rank == 0 ? write_rank0_files(tmp, state, info, options, shard)
+                   : write_optimizer(state, tmp / shard, info.next_step - info.skipped_steps, options);
+  std::vector<int64_t> digests(3 * static_cast<size_t>(ranks), 0);  // per rank: ok, bytes, xxh64 bits
+  if (mine.ok()) {
+    auto d = digest_file(tmp / shard);
+    if (d.ok()) {
+      digests[3 * static_cast<size_t>(rank)] = 1;
+      digests[3 * static_cast<size_t>(rank) + 1] = static_cast<int64_t>(d->bytes);
+      digests[3 * static_cast<size_t>(rank) + 2] = static_cast<int64_t>(d->xxh64);
+    } else {
+      mine = d.status();
+    }
+  }
+  MT_RETURN_IF_ERROR(comm.sum(digests.data(), static_cast<int64_t>(digests.size()), Channel::kMain));
+  int64_t published = 0;
+  if (rank == 0) {
+    std::string failed;
+    for (int r = 0; r < ranks; ++r)
+      if (digests[3 * static_cast<size_t>(r)] == 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    if (!failed.empty()) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      if (mine.ok()) mine = io_error(what + "rank " + failed + " could not write its optimizer shard (its message says why); earlier checkpoints are unchanged");
+      else mine = Status(mine.code(), what + mine.message() + "; earlier checkpoints are unchanged");
+    } else {
+      std::map<std::string, FileDigest> files;
+      for (int r = 0; r < ranks; ++r)
+        files[optimizer_file_name(r, ranks)] = FileDigest{static_cast<uint64_t>(digests[3 * static_cast<size_t>(r) + 1]),
+                                                          static_cast<uint64_t>(digests[3 * static_cast<size_t>(r) + 2])};
+      for (const char* f : {kModelFile, kConfigFile}) {
+        if (f == kConfigFile && info.hf_config_json.empty()) continue;
+        auto d = digest_file(tmp / f);
+        if (!d.ok()) {
+          mine = d.status();
+          break;
+        }
+        files[f] = *d;
+      }
+      if (mine.ok()) mine = publish_save(checkpoint_dir, name, tmp, info, files, what);
+      else {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        mine = Status(mine.code(), what + mine.message() + "; earlier checkpoints are unchanged");
+      }
+    }
+    published = mine.ok() ? 1 : 0;
+  }
+  MT_RETURN_IF_ERROR(comm.sum(&published, 1, Channel::kMain));
+  if (rank == 0) return mine;
+  if (!mine.ok()) return Status(mine.code(), what + mine.message());
+  if (published == 0) return unavailable(what + "rank 0 could not complete it (its message says why)");
+  return {};
+}
+
+}  // namespace
+
+// Everything goes to a hidden temporary directory, every file and the directory are fsynced, then
+// one rename publishes it.
+Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info,
+                       const SaveOptions& options) {
+  const std::string name = step_dir_name(info.next_step);
+  const std::string what = "cannot save checkpoint " + name + " in '" + checkpoint_dir.string() + "': ";
+  if (state.sharded()) {
+    if (options.comm == nullptr) return invalid_argument(what + "the optimizer states are sharded, and no communicator was given to gather the shards");
+    return save_sharded(checkpoint_dir, state, info, options, name, what);
+  }
+  MT_ASSIGN_OR_RETURN(const fs::path tmp, start_save(checkpoint_dir, name, info, what));
+  auto fail = [&](const Status& s) {
+    std::error_code ec2;
+    fs::remove_all(tmp, ec2);
+    return Status(s.code(), what + s.message() + "; earlier checkpoints are unchanged");
+  };
+  if (Status s = write_rank0_files(tmp, state, info, options, kOptimizerFile); !s.ok()) return fail(s);
+  std::map<std::string, FileDigest> files;
+  for (const char* f : {kModelFile, kOptimizerFile, kConfigFile}) {
+    if (f == kConfigFile && info.hf_config_json.empty()) continue;
+    auto d = digest_file(tmp / f);
+    if (!d.ok()) return fail(d.status());
+    files[f] = *d;
+  }
+  return publish_save(checkpoint_dir, name, tmp, info, files, what);
+}
 
 namespace {
 
@@ -162,7 +274,7 @@ Status apply(const Verified& v, HostState& state) {
     return Status(s.code(), s.message() + "; the training state is incomplete and must not be used");
   };
   const SafetensorsFile& model = *v.model;
-  const SafetensorsFile& opt = *v.optimizer;
+  const OptimizerFiles& opt = v.optimizer;
   // A unit on NVMe is paged in zero-filled, set from the files and written back.
   UnitPager pager(state);
   for (size_t u = 0; u < state.units().size(); ++u) {
@@ -177,7 +289,7 @@ Status apply(const Verified& v, HostState& state) {
     }
   }
   if (Status s = pager.finish(); !s.ok()) return incomplete(s);
-  if (Status s = read_expert_steps(opt, state); !s.ok()) return incomplete(s);
+  if (Status s = read_expert_steps(opt.files.front(), state); !s.ok()) return incomplete(s);
   if (Status s = state.refresh_stream(); !s.ok()) return incomplete(s);
   return {};
 }

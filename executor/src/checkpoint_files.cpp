@@ -45,6 +45,13 @@ Result<std::string> read_small_file(const fs::path& path, uint64_t limit) {
   return out;
 }
 
+std::string optimizer_file_name(int64_t shard, int64_t shards) {
+  if (shards <= 1) return kOptimizerFile;
+  char b[64];
+  std::snprintf(b, sizeof b, "optimizer-%05lld-of-%05lld.safetensors", static_cast<long long>(shard), static_cast<long long>(shards));
+  return b;
+}
+
 std::string step_dir_name(int64_t step) {
   char b[32];
   std::snprintf(b, sizeof b, "step-%08lld", static_cast<long long>(step));

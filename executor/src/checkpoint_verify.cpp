@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "detail/checkpoint_hash.h"
@@ -30,6 +31,7 @@ Json manifest_json(const CheckpointInfo& info, const std::map<std::string, FileD
   Json jf = Json::object();
   for (const auto& [name, d] : files) jf[name] = {{"bytes", d.bytes}, {"xxh64", hex64(d.xxh64)}};
   j["files"] = std::move(jf);
+  if (info.optimizer_shards > 1) j["optimizer_shards"] = info.optimizer_shards;
   const DataPosition& dp = info.data;
   j["data"] = {{"next_step", info.next_step}, {"next_micro_batch", 0},   {"seq_len", dp.seq_len},
                {"micro_batch", dp.micro_batch}, {"grad_accum", dp.grad_accum}, {"order", dp.order},
@@ -96,7 +98,11 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
         info.losses.push_back(v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>());
     }
     if (!j.at("plan").is_null()) info.plan_json = j["plan"].dump(2);
-    for (const char* f : {kModelFile, kOptimizerFile}) j.at("files").at(f);  // required
+    info.optimizer_shards = j.value("optimizer_shards", int64_t{1});  // absent: one optimizer file
+    if (info.optimizer_shards < 1 || info.optimizer_shards > 65536)
+      return corrupt(where + "optimizer_shards " + std::to_string(info.optimizer_shards) + " is not between 1 and 65536");
+    j.at("files").at(kModelFile);  // required, with every optimizer file
+    for (int64_t k = 0; k < info.optimizer_shards; ++k) j.at("files").at(optimizer_file_name(k, info.optimizer_shards));
     for (auto it = j.at("files").begin(); it != j.at("files").end(); ++it) {
       const Json& e = it.value();
       e.at("bytes").get<uint64_t>();
@@ -152,7 +158,8 @@ std::vector<ExpectedTensor> expected_model_tensors(const HostState& state) {
 }
 
 // Every tensor the state needs, present with its dtype and shape, and nothing else.
-Status check_tensors(const SafetensorsFile& f, const std::vector<ExpectedTensor>& expected, const CheckpointInfo& info) {
+Status check_tensors(const SafetensorsFile& f, const std::vector<ExpectedTensor>& expected, const CheckpointInfo& info,
+                     bool exact_count = true) {
   const std::string where = "'" + f.path().string() + "' (a checkpoint of model '" + info.model_name + "'): ";
   auto text = [](const std::vector<int64_t>& s) {
     std::string r = "[";
@@ -171,9 +178,26 @@ Status check_tensors(const SafetensorsFile& f, const std::vector<ExpectedTensor>
       return invalid_argument(where + "tensor " + x.name + " has shape " + text(e->shape) + ", the model needs " +
                               text(x.shape) + "; is this checkpoint of another model?");
   }
-  if (f.entries().size() != expected.size())
+  if (exact_count && f.entries().size() != expected.size())
     return invalid_argument(where + "it holds " + std::to_string(f.entries().size()) + " tensors, the model has " +
                             std::to_string(expected.size()) + "; is this checkpoint of another model?");
+  return {};
+}
+
+// check_tensors over the optimizer files together: every expected entry in one of them, nothing else.
+Status check_sharded_tensors(const OptimizerFiles& opt, const std::vector<ExpectedTensor>& expected, const CheckpointInfo& info) {
+  if (opt.files.size() == 1) return check_tensors(opt.files[0], expected, info);
+  for (const ExpectedTensor& x : expected) {
+    const SafetensorsFile* f = opt.holder(x.name);
+    if (f == nullptr)
+      return invalid_argument("the optimizer shards of '" + opt.files[0].path().parent_path().string() + "' (a checkpoint of model '" +
+                              info.model_name + "'): tensor " + x.name + " is in none of them; is this checkpoint of another model?");
+    MT_RETURN_IF_ERROR(check_tensors(*f, {x}, info, /*exact_count=*/false));
+  }
+  if (opt.file_of.size() != expected.size())
+    return invalid_argument("the optimizer shards of '" + opt.files[0].path().parent_path().string() + "' hold " +
+                            std::to_string(opt.file_of.size()) + " tensors together, the model has " + std::to_string(expected.size()) +
+                            "; is this checkpoint of another model?");
   return {};
 }
 
@@ -192,20 +216,35 @@ Result<Verified> verify_step_dir(const fs::path& dir, const HostState& state) {
   v.dir = dir;
   MT_ASSIGN_OR_RETURN(v.info, parse_manifest(dir));
   MT_ASSIGN_OR_RETURN(SafetensorsFile model, SafetensorsFile::open(dir / kModelFile));
-  MT_ASSIGN_OR_RETURN(SafetensorsFile optimizer, SafetensorsFile::open(dir / kOptimizerFile));
   MT_RETURN_IF_ERROR(check_tensors(model, expected_model_tensors(state), v.info));
-  MT_ASSIGN_OR_RETURN(const MomentFormats saved, formats_in(optimizer));
+  // The optimizer file, or the shards of a job with sharded states: each in the run's formats (and
+  // the same storage), every moment entry in exactly one of them, together the whole model's.
   const MomentFormats now = formats_of(state);
-  if (!(saved == now))
-    return invalid_argument("'" + optimizer.path().string() + "': the checkpoint keeps m/v in " + saved.text() +
-                            ", this run's plan says " + now.text() +
-                            "; accepted: resume with the plan the checkpoint was written with (optimizer.m_format, "
-                            "optimizer.v_format, optimizer.block_size)");
-  MT_ASSIGN_OR_RETURN(const std::vector<ExpectedTensor> opt_tensors, expected_optimizer_tensors(state, saved.compressed));
-  MT_RETURN_IF_ERROR(check_tensors(optimizer, opt_tensors, v.info));
-  v.compressed = saved.compressed;
+  std::optional<MomentFormats> first;
+  for (int64_t k = 0; k < v.info.optimizer_shards; ++k) {
+    MT_ASSIGN_OR_RETURN(SafetensorsFile optimizer, SafetensorsFile::open(dir / optimizer_file_name(k, v.info.optimizer_shards)));
+    MT_ASSIGN_OR_RETURN(const MomentFormats saved, formats_in(optimizer));
+    if (!(saved == now))
+      return invalid_argument("'" + optimizer.path().string() + "': the checkpoint keeps m/v in " + saved.text() +
+                              ", this run's plan says " + now.text() +
+                              "; accepted: resume with the plan the checkpoint was written with (optimizer.m_format, "
+                              "optimizer.v_format, optimizer.block_size)");
+    if (first && first->compressed != saved.compressed)
+      return corrupt("'" + optimizer.path().string() + "': its fp32 moments are stored " + (saved.compressed ? "compressed" : "plain") +
+                     ", the first shard's are not; the shards were not written by one save");
+    first = saved;
+    for (const SafetensorsEntry& e : optimizer.entries()) {
+      const auto [it, fresh] = v.optimizer.file_of.emplace(e.name, v.optimizer.files.size());
+      if (!fresh)
+        return corrupt("'" + optimizer.path().string() + "': tensor " + e.name + " is also in '" +
+                       v.optimizer.files[it->second].path().string() + "'; each moment belongs to one shard");
+    }
+    v.optimizer.files.push_back(std::move(optimizer));
+  }
+  v.compressed = first->compressed;
+  MT_ASSIGN_OR_RETURN(const std::vector<ExpectedTensor> opt_tensors, expected_optimizer_tensors(state, v.compressed));
+  MT_RETURN_IF_ERROR(check_sharded_tensors(v.optimizer, opt_tensors, v.info));
   v.model.emplace(std::move(model));
-  v.optimizer.emplace(std::move(optimizer));
   return v;
 }
 

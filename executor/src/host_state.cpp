@@ -182,8 +182,10 @@ Status UnitPager::finish() {
 }
 
 Result<HostState> HostState::create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
-                                    int64_t block_size, const NvmePlacement& nvme, bool all_gradients) {
-  if (!nvme.master && !nvme.states && all_gradients) return create(model, transfer, m_format, v_format, block_size);
+                                    int64_t block_size, const NvmePlacement& nvme, bool all_gradients, StateSharding sharding) {
+  if (sharding.ranks < 1 || sharding.rank < 0 || sharding.rank >= sharding.ranks)
+    return internal_error("state sharding: rank " + std::to_string(sharding.rank) + " of " + std::to_string(sharding.ranks));
+  if (!nvme.master && !nvme.states && all_gradients && sharding.ranks == 1) return create(model, transfer, m_format, v_format, block_size);
   if (nvme.master && transfer != DType::kBf16)
     return unsupported("placement.master_weights nvme with precision.transfer " + std::string(dtype_name(transfer)) +
                        ": the weights streamed to the device stay in RAM, so with master weights on NVMe they must be a bf16 "
@@ -192,6 +194,7 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
   hs.transfer_ = transfer;
   hs.tied_ = model.config().tie_word_embeddings;
   hs.all_gradients_ = all_gradients;
+  hs.sharding_ = sharding;
   if (!nvme.master && !nvme.states) {
     hs.build_units(model, m_format, v_format, block_size);
     return hs;
@@ -204,11 +207,18 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
   std::vector<int64_t> region;
   static_assert(kNvmeArrayAlignment % kNvmeAlignment == 0, "every array of a region is aligned for O_DIRECT");
   for (const UnitState& us : hs.units_) {
-    std::vector<int64_t> numels;
-    for (const auto& tensor : us.tensors) numels.push_back(tensor.numel);
-    const NvmeRegionLayout r = nvme_region_layout(numels, t.master, t.states, m_format, v_format, block_size);
-    t.layout.push_back(Tier::Layout{r.master, r.m, r.v});
-    region.push_back(r.bytes);
+    // The master weights of every tensor; the moments of the tensors this rank owns (all unsharded).
+    std::vector<int64_t> numels, owned;
+    for (const auto& tensor : us.tensors) {
+      numels.push_back(tensor.numel);
+      owned.push_back(hs.owns(tensor) ? tensor.numel : 0);
+    }
+    const NvmeRegionLayout w = nvme_region_layout(numels, t.master, false, m_format, v_format, block_size);
+    NvmeRegionLayout r = nvme_region_layout(owned, false, t.states, m_format, v_format, block_size);
+    for (int64_t& off : r.m) off += w.bytes;
+    for (int64_t& off : r.v) off += w.bytes;
+    t.layout.push_back(Tier::Layout{w.master, r.m, r.v});
+    region.push_back(w.bytes + r.bytes);
   }
   // Buffers: as many whole units as the staging bytes hold, counted at the units' own NVMe bytes
   // (master, m, v) by the core function the simulator's staging rule uses; fewer than one unit is
@@ -248,19 +258,37 @@ void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateF
     else u = static_cast<size_t>(L + 1);
     units_[u].tensors.push_back(TensorSlot{t.name, t.shape, t.role, 0, t.numel, !is_norm_or_bias(t.role), t.expert, t.layer});
   }
+  // Sharded states: owners over the tensors in unit order (core/plan.h).
+  std::vector<int64_t> all_numels;
+  for (const UnitState& us : units_)
+    for (const TensorSlot& t : us.tensors) all_numels.push_back(t.numel);
+  const std::vector<int> owners = shard_owners(all_numels, sharding_.ranks);
+  size_t next_owner = 0;
   for (UnitState& us : units_) {
-    std::vector<int64_t> sizes;
-    for (const TensorSlot& t : us.tensors) sizes.push_back(t.numel);
+    std::vector<int64_t> sizes, owned;
+    for (TensorSlot& t : us.tensors) {
+      t.owner = owners[next_owner++];
+      sizes.push_back(t.numel);
+      owned.push_back(owns(t) ? t.numel : 0);
+    }
     const UnitLayout layout = unit_layout(sizes);  // each tensor on an aligned offset (core/plan.h)
     for (size_t a = 0; a < us.tensors.size(); ++a) us.tensors[a].offset = layout.offsets[a];
     us.numel = layout.numel;
+    // Rank r's range starts at its first tensor, or where the next rank's starts when it owns none here.
+    const auto R = static_cast<size_t>(sharding_.ranks);
+    std::vector<int64_t> start(R + 1, us.numel);
+    for (size_t a = us.tensors.size(); a-- > 0;)
+      for (size_t r = 0; r <= static_cast<size_t>(us.tensors[a].owner); ++r) start[r] = us.tensors[a].offset;
+    start[0] = 0;
+    us.shard_elems.resize(R);
+    for (size_t r = 0; r < R; ++r) us.shard_elems[r] = start[r + 1] - start[r];
     int64_t experts = 0;
     for (const TensorSlot& t : us.tensors) experts = std::max(experts, t.expert + 1);
     us.expert_steps.assign(static_cast<size_t>(experts), 0);
     if (master_ram) us.master.resize(us.numel);
     if (all_gradients_) us.grad.resize(us.numel);
-    us.m = MomentStore::create(m_format, false, sizes, block_size, states_ram);
-    us.v = MomentStore::create(v_format, true, sizes, block_size, states_ram);
+    us.m = MomentStore::create(m_format, false, owned, block_size, states_ram);
+    us.v = MomentStore::create(v_format, true, owned, block_size, states_ram);
     if (transfer_ == DType::kBf16) us.stream_bf16.resize(us.numel);
   }
 }
@@ -327,6 +355,23 @@ int64_t HostState::bytes() const {
     b += us.numel * ((all_gradients_ ? 4 : 0) + (transfer_ == DType::kBf16 ? 2 : 0));  // gradient, streaming copy
     if (!master_on_nvme()) b += 4 * us.numel;
     if (!states_on_nvme()) b += us.m.bytes() + us.v.bytes();
+  }
+  return b;
+}
+
+int64_t HostState::moment_bytes() const {
+  int64_t b = 0;
+  for (const UnitState& us : units_) b += us.m.bytes_if_allocated() + us.v.bytes_if_allocated();
+  return b;
+}
+
+int64_t HostState::unsharded_moment_bytes() const {
+  int64_t b = 0;
+  for (const UnitState& us : units_) {
+    std::vector<int64_t> sizes;
+    for (const TensorSlot& t : us.tensors) sizes.push_back(t.numel);
+    for (const MomentStore* ms : {&us.m, &us.v})
+      for (int64_t a : moment_array_bytes(ms->format(), sizes, ms->block_size())) b += a;
   }
   return b;
 }

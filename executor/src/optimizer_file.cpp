@@ -24,18 +24,20 @@ constexpr const char* kCompressedValue = "planes_zstd";
 // Mixture-of-Experts: each expert's AdamW update count (UnitState::expert_steps).
 constexpr const char* kExpertStepsKey = "expert_steps";
 
-// The spans of every tensor of `us` in `ms` (MomentSpan).
+// The spans of every tensor of `us` in `ms` (MomentSpan). With sharded states a tensor another rank
+// owns has no moments here: its span is empty (numel 0).
 std::vector<MomentSpan> moment_spans(const UnitState& us, const MomentStore& ms) {
   std::vector<MomentSpan> out;
   const int64_t bs = ms.block_size();
   const int64_t block_bytes = bs * state_format_bits(ms.format()) / 8;
   int64_t elems = 0, blocks = 0;
-  for (const TensorSlot& t : us.tensors) {
+  for (size_t i = 0; i < us.tensors.size(); ++i) {
+    const TensorSlot& t = us.tensors[i];
     MomentSpan sp;
     sp.elem_offset = elems;
-    sp.numel = t.numel;
+    sp.numel = i < static_cast<size_t>(ms.tensor_count()) && ms.tensor_numel(i) == 0 ? 0 : t.numel;
     sp.block_offset = blocks;
-    sp.blocks = is_quantised(ms.format()) ? (t.numel + bs - 1) / bs : 0;
+    sp.blocks = is_quantised(ms.format()) ? (sp.numel + bs - 1) / bs : 0;
     sp.code_offset = blocks * block_bytes;
     sp.code_bytes = sp.blocks * block_bytes;
     elems += t.numel;
@@ -52,8 +54,9 @@ Result<std::vector<MomentSpan>> checked_spans(const UnitState& us, const MomentS
   int64_t elems = 0, blocks = 0, codes = 0;
   for (const MomentSpan& sp : spans) elems += sp.numel, blocks += sp.blocks, codes += sp.code_bytes;
   int64_t params = 0;  // the moments pack the tensors; us.numel also counts the gaps of unit_layout
-  for (const TensorSlot& t : us.tensors) params += t.numel;
-  bool fits = elems == params && ms.numel() == params;
+  for (const MomentSpan& sp : spans) params += sp.numel;
+  bool fits = ms.tensor_count() == static_cast<int64_t>(us.tensors.size()) && elems == params && ms.numel() == params;
+  for (size_t i = 0; fits && i < spans.size(); ++i) fits = ms.tensor_numel(i) == spans[i].numel;
   // array_bytes, not the arrays: a unit on NVMe has none until it is paged in.
   const std::vector<int64_t> arrays = ms.array_bytes();
   switch (ms.format()) {
@@ -92,6 +95,7 @@ Status write_optimizer(const HostState& state, const fs::path& path, int64_t upd
     }
     for (size_t i = 0; i < us.tensors.size(); ++i) {
       const TensorSlot& t = us.tensors[i];
+      if (spans[0][i].numel == 0) continue;  // sharded: another rank's tensor, in its own file
       for (int k = 0; k < 2; ++k) {
         const StateFormat format = (k ? us.v : us.m).format();
         const MomentSpan sp = spans[k][i];
@@ -152,6 +156,8 @@ Status write_optimizer(const HostState& state, const fs::path& path, int64_t upd
   if (options.compress_fp32_moments && (f.m == StateFormat::kFp32 || f.v == StateFormat::kFp32))
     metadata[kCompressedKey] = kCompressedValue;
   if (std::string es = expert_steps_text(state); !es.empty()) metadata[kExpertStepsKey] = es;
+  if (state.sharded())
+    metadata["shard"] = std::to_string(state.sharding().rank) + " of " + std::to_string(state.sharding().ranks);
   Status s = write_safetensors(path, tensors, metadata);
   if (options.compress_fp32_moments) release_plane_codec_scratch();  // nothing stays held while training
   Status done = pager->finish();
@@ -163,13 +169,15 @@ Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& 
   std::vector<ExpectedTensor> out;
   for (const UnitState& us : state.units()) {
     const MomentStore* stores[2] = {&us.m, &us.v};
-    std::vector<MomentSpan> spans[2];
-    for (int k = 0; k < 2; ++k) {
-      MT_ASSIGN_OR_RETURN(spans[k], checked_spans(us, *stores[k], k));
-    }
+    for (int k = 0; k < 2; ++k) MT_RETURN_IF_ERROR(checked_spans(us, *stores[k], k).status());
     for (size_t i = 0; i < us.tensors.size(); ++i) {
+      // Every tensor of the model, also those whose moments another rank keeps (sharded states):
+      // a checkpoint is whole, whichever rank reads it.
+      const int64_t n = us.tensors[i].numel;
       for (int k = 0; k < 2; ++k) {
         const std::string name = us.tensors[i].name + kMomentSuffix[k];
+        const int64_t bs = stores[k]->block_size();
+        const int64_t blocks = (n + bs - 1) / bs;
         switch (stores[k]->format()) {
           case StateFormat::kFp32:
             if (compressed) out.push_back({name + kCompressedSuffix, "U8", {}, true});
@@ -177,8 +185,8 @@ Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& 
             break;
           case StateFormat::kBf16: out.push_back({name, "BF16", us.tensors[i].shape}); break;
           default:
-            out.push_back({name + ".codes", "U8", {spans[k][i].code_bytes}});
-            out.push_back({name + ".scales", "F32", {spans[k][i].blocks}});
+            out.push_back({name + ".codes", "U8", {blocks * bs * state_format_bits(stores[k]->format()) / 8}});
+            out.push_back({name + ".scales", "F32", {blocks}});
         }
       }
     }
@@ -277,7 +285,7 @@ Result<MomentFormats> formats_in(const SafetensorsFile& f) {
   return out;
 }
 
-Result<MomentReader> MomentReader::for_unit(const SafetensorsFile& opt, bool compressed, UnitState& us) {
+Result<MomentReader> MomentReader::for_unit(const OptimizerFiles& opt, bool compressed, UnitState& us) {
   MomentReader r(opt, compressed, us);
   for (int k = 0; k < 2; ++k) {
     MT_ASSIGN_OR_RETURN(r.spans_[k], checked_spans(us, k ? us.v : us.m, k));
@@ -286,35 +294,49 @@ Result<MomentReader> MomentReader::for_unit(const SafetensorsFile& opt, bool com
 }
 
 Status MomentReader::read(size_t i) {
-  const SafetensorsFile& opt = *opt_;
   const TensorSlot& t = us_->tensors[i];
   MomentStore* stores[2] = {&us_->m, &us_->v};
+  if (spans_[0][i].numel == 0) return {};  // sharded: another rank keeps this tensor's moments
+  // Each entry from the file that holds it: the one optimizer file, or the shard of the rank that
+  // kept the tensor (verify_step_dir checked that every entry is in exactly one).
+  Status missing;
+  auto in = [&](const std::string& entry, const SafetensorsEntry** e) -> const SafetensorsFile* {
+    const SafetensorsFile* f = opt_->holder(entry);
+    *e = f ? f->find(entry) : nullptr;
+    if (*e == nullptr) missing = internal_error("the verified optimizer files have no entry " + entry);
+    return *e ? f : nullptr;
+  };
   for (int k = 0; k < 2; ++k) {
     MomentStore& ms = *stores[k];
     const MomentSpan& sp = spans_[k][i];
     const std::string name = t.name + kMomentSuffix[k];
+    const SafetensorsEntry* e = nullptr;
+    const SafetensorsFile* f = nullptr;
     Status s;
     switch (ms.format()) {
       case StateFormat::kFp32:
         if (compressed_) {
-          const SafetensorsEntry& e = *opt.find(name + kCompressedSuffix);
-          std::vector<uint8_t> bytes(static_cast<size_t>(e.end - e.begin));
-          s = opt.read_raw(e, "U8", bytes.data(), bytes.size());
+          if ((f = in(name + kCompressedSuffix, &e)) == nullptr) return missing;
+          std::vector<uint8_t> bytes(static_cast<size_t>(e->end - e->begin));
+          s = f->read_raw(*e, "U8", bytes.data(), bytes.size());
           if (s.ok()) s = decompress_fp32(bytes, ms.f32().data() + sp.elem_offset, sp.numel);
-          if (!s.ok()) s = corrupt("'" + opt.path().string() + "': tensor " + e.name + ": " + s.message());
+          if (!s.ok()) s = corrupt("'" + f->path().string() + "': tensor " + e->name + ": " + s.message());
           break;
         }
-        s = opt.read_raw(*opt.find(name), "F32", ms.f32().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 4);
+        if ((f = in(name, &e)) == nullptr) return missing;
+        s = f->read_raw(*e, "F32", ms.f32().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 4);
         break;
       case StateFormat::kBf16:
-        s = opt.read_raw(*opt.find(name), "BF16", ms.bf16().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 2);
+        if ((f = in(name, &e)) == nullptr) return missing;
+        s = f->read_raw(*e, "BF16", ms.bf16().data() + sp.elem_offset, static_cast<size_t>(sp.numel) * 2);
         break;
       default:
-        s = opt.read_raw(*opt.find(name + ".codes"), "U8", ms.codes().data() + sp.code_offset,
-                         static_cast<size_t>(sp.code_bytes));
-        if (s.ok())
-          s = opt.read_raw(*opt.find(name + ".scales"), "F32", ms.scales().data() + sp.block_offset,
-                           static_cast<size_t>(sp.blocks) * 4);
+        if ((f = in(name + ".codes", &e)) == nullptr) return missing;
+        s = f->read_raw(*e, "U8", ms.codes().data() + sp.code_offset, static_cast<size_t>(sp.code_bytes));
+        if (s.ok()) {
+          if ((f = in(name + ".scales", &e)) == nullptr) return missing;
+          s = f->read_raw(*e, "F32", ms.scales().data() + sp.block_offset, static_cast<size_t>(sp.blocks) * 4);
+        }
     }
     if (!s.ok()) return s;
   }

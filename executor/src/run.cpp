@@ -158,8 +158,11 @@ Result<HostState> create_state(const RunOptions& o, const Plan& plan, const Mode
   // Where the trainer may lend gradients (step::lends_gradients, the rule it checks too) the state
   // holds a small pool of them instead of one per parameter.
   const bool all_gradients = !step::lends_gradients(plan, !o.in_memory);
+  // parallel.host_state sharded: this rank keeps the moments of the tensors it owns (ZeRO).
+  StateSharding sharding;
+  if (plan.parallel.host_state == "sharded") sharding = StateSharding{comm.rank(), comm.size()};
   MT_ASSIGN_OR_RETURN(HostState state, HostState::create(model, plan.precision.transfer, plan.optimizer.m_format, plan.optimizer.v_format,
-                                                         plan.optimizer.block_size, nvme, all_gradients));
+                                                         plan.optimizer.block_size, nvme, all_gradients, sharding));
   if (state.on_nvme())
     say(out, "NVMe tier: %s%s%s on %zu drive(s), %s reserved, %s; %lld staging buffer(s), %s of RAM",
         nvme.master ? "master weights" : "", nvme.master && nvme.states ? " and " : "", nvme.states ? "optimizer states" : "",
@@ -222,12 +225,12 @@ void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model,
 }
 
 // The checkpoint of the state after step next_step - 1, all its updates written.
-// With several ranks every one holds the same state (parallel.host_state replicated), and rank 0
-// writes it.
-Status save(const RunOptions& o, const Communicator& comm, const Plan& plan, const std::string& plan_text, const ModelSpec& model,
+// With several ranks and replicated states every one holds the same state, and rank 0 writes it;
+// with sharded states every rank writes the shard of the moments it owns (save_checkpoint).
+Status save(const RunOptions& o, Communicator& comm, const Plan& plan, const std::string& plan_text, const ModelSpec& model,
             const DataLoader& loader, HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out,
             const std::function<Status(int64_t, const std::string&)>& after_save) {
-  if (comm.rank() != 0) return {};
+  if (comm.rank() != 0 && !state.sharded()) return {};
   CheckpointInfo info;
   info.next_step = next_step;
   info.skipped_steps = summary.skipped_steps;
@@ -243,10 +246,14 @@ Status save(const RunOptions& o, const Communicator& comm, const Plan& plan, con
   SaveOptions options;
   options.compress_fp32_moments = o.compress_states;
   options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.comm = &comm;
   MT_RETURN_IF_ERROR(save_checkpoint(o.checkpoint_dir, state, info, options));
+  if (comm.rank() != 0) return {};
   const std::filesystem::path step_dir = checkpoint_step_dir(o.checkpoint_dir, next_step);
   std::error_code ec;
-  const auto opt_bytes = std::filesystem::file_size(step_dir / "optimizer.safetensors", ec);
+  uintmax_t opt_bytes = 0;  // optimizer.safetensors, or the shards of sharded states
+  for (const auto& e : std::filesystem::directory_iterator(step_dir, ec))
+    if (e.path().filename().string().rfind("optimizer", 0) == 0) opt_bytes += e.file_size(ec);
   say(out, "checkpoint %s written in %.2f s (optimizer states %s%s)", step_dir.string().c_str(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
       ec ? "?" : format_bytes(static_cast<double>(opt_bytes)).c_str(), o.compress_states ? ", fp32 moments compressed" : "");
@@ -431,15 +438,19 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   topt.record_trace = !o.trace_path.empty();
   topt.comm = comm;
   MT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(plan, model, state, loader, topt));
-  if (comm->local_size() > 1) {
-    // Every rank on a node keeps the whole training state (parallel.host_state replicated): the
-    // node's RAM must hold that many copies.
-    const int64_t ram = (o.in_memory ? trainer->memory_in_use().ram : trainer->footprint().peak.ram) * comm->local_size();
+  if (comm->size() > 1) {
+    // Every rank on a node keeps its training state: with replicated states a whole copy each, with
+    // sharded ones the moments of its own tensors only (the compiled step's footprint counts all
+    // of them). The node's RAM must hold the largest rank's that many times.
+    int64_t ram = o.in_memory ? trainer->memory_in_use().ram : trainer->footprint().peak.ram;
+    if (state.sharded() && !state.states_on_nvme() && !o.in_memory) ram += state.moment_bytes() - state.unsharded_moment_bytes();
+    MT_RETURN_IF_ERROR(comm->max(&ram, 1, Channel::kMain));
+    ram *= comm->local_size();
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0 && ram > static_cast<int64_t>(pages) * page)
       return resource_exhausted("the " + std::to_string(comm->local_size()) + " ranks on this node need " +
                                 format_bytes(static_cast<double>(ram)) + " (" + std::to_string(ram) + " bytes) of host RAM, " +
-                                std::to_string(comm->local_size()) + " copies of the training state (parallel.host_state " +
+                                std::to_string(comm->local_size()) + " times the largest rank's training state (parallel.host_state " +
                                 plan.parallel.host_state + "), but this machine has " +
                                 format_bytes(static_cast<double>(pages) * static_cast<double>(page)) +
                                 "; accepted: fewer ranks per node, or a plan that puts state on NVMe");
@@ -465,6 +476,16 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
     say(out, "data parallel: %s; each rank trains %lld of every %lld rows of a step and the gradients are summed before the update",
         comm->description().c_str(), static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum),
         static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum * comm->size()));
+  if (state.sharded()) {
+    int64_t owned = 0, tensors = 0;
+    for (const UnitState& us : state.units())
+      for (const TensorSlot& t : us.tensors) owned += state.owns(t), ++tensors;
+    say(out, "optimizer states sharded over the ranks: each keeps Adam's moments of its own tensors and updates them, then the ranks "
+             "gather the new weights; rank 0 keeps %lld of the %lld tensors' moments, %s of %s%s",
+        static_cast<long long>(owned), static_cast<long long>(tensors),
+        format_bytes(static_cast<double>(state.moment_bytes())).c_str(),
+        format_bytes(static_cast<double>(state.unsharded_moment_bytes())).c_str(), state.states_on_nvme() ? " (on NVMe)" : "");
+  }
   phase = RunPhase::kTraining;
   const std::string plan_text = plan.to_json_text();
   if (callbacks.before_first_step) callbacks.before_first_step();

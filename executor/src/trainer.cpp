@@ -211,6 +211,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
                             " (block " + std::to_string(plan.optimizer.block_size) +
                             "); accepted: a HostState created with the plan's optimizer formats");
+  if (state.sharded()) {
+    const int ranks = options.comm ? options.comm->size() : 1, rank = options.comm ? options.comm->rank() : 0;
+    if (state.sharding().ranks != ranks || state.sharding().rank != rank)
+      return invalid_argument("the training state is sharded as rank " + std::to_string(state.sharding().rank) + " of " +
+                              std::to_string(state.sharding().ranks) + ", but this trainer is rank " + std::to_string(rank) + " of " +
+                              std::to_string(ranks) + "; accepted: a HostState sharded for the job's communicator");
+  }
   if (!state.all_gradients() && !step::lends_gradients(plan, options.streamed))
     return invalid_argument("the training state lends gradients per unit (HostState created without all_gradients), which needs "
                             "the streamed pipeline in layer-major order without clipping (every gradient is needed until the "
@@ -373,6 +380,7 @@ Status Trainer::finish_updates() {
   wait_for_updates();
   std::lock_guard<std::mutex> g(impl_->mu);
   if (impl_->nvme_failed) return Status(impl_->nvme_error.code(), "the NVMe tier failed: " + impl_->nvme_error.message());
+  if (!impl_->collective_error.ok()) return impl_->collective_error;  // a sharded update's gather
   return {};
 }
 const step::StepSchedule& Trainer::schedule() const { return impl_->sched; }
@@ -503,7 +511,10 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t opt_step, float grad_scale
   // with its own update count (UnitState::expert_steps).
   const bool per_expert = !us.expert_steps.empty() && is_moe_unit(I, u);
   const std::vector<char>* chosen = per_expert ? &I.chosen[static_cast<size_t>(u)] : nullptr;
-  auto skipped = [&](const TensorSlot& t) { return chosen && t.expert >= 0 && !(*chosen)[static_cast<size_t>(t.expert)]; };
+  // Sharded states: only the tensors this rank owns (their moments are here; the others' are not).
+  auto skipped = [&](const TensorSlot& t) {
+    return !I.state->owns(t) || (chosen && t.expert >= 0 && !(*chosen)[static_cast<size_t>(t.expert)]);
+  };
   auto count_of = [&](const TensorSlot& t) {
     return chosen && t.expert >= 0 ? us.expert_steps[static_cast<size_t>(t.expert)] + 1 : opt_step + 1;
   };
@@ -524,7 +535,7 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t opt_step, float grad_scale
       int64_t n = t.numel;
       size_t b = a + 1;
       while (b < us.tensors.size() && us.tensors[b].decay == t.decay && us.tensors[b].expert == t.expert &&
-             us.tensors[b].offset == t.offset + n)
+             us.tensors[b].owner == t.owner && us.tensors[b].offset == t.offset + n)
         n += us.tensors[b++].numel;
       if (!skipped(t)) {
         AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, count_of(t), grad_scale};
@@ -537,6 +548,37 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t opt_step, float grad_scale
   if (chosen)
     for (size_t e = 0; e < us.expert_steps.size(); ++e)
       if ((*chosen)[e]) ++us.expert_steps[e];
+}
+
+// Sharded states: after the update, every rank takes the new weights of the tensors other ranks own
+// (the master weights, and the streamed bf16 copy made from them), so that all ranks stream the
+// same weights to the next step. A no-op unsharded.
+Status gather_unit_weights(Trainer::Impl& I, int64_t u, Channel channel) {
+  if (!I.state->sharded()) return {};
+  UnitState& us = I.state->units()[static_cast<size_t>(u)];
+  std::vector<int64_t> bytes(us.shard_elems.size());
+  for (size_t r = 0; r < bytes.size(); ++r) bytes[r] = 4 * us.shard_elems[r];
+  MT_RETURN_IF_ERROR(I.opt.comm->gather_from_owners(us.master.data(), bytes, channel));
+  if (I.state->transfer() != DType::kBf16) return {};
+  for (size_t r = 0; r < bytes.size(); ++r) bytes[r] = 2 * us.shard_elems[r];
+  return I.opt.comm->gather_from_owners(us.stream_bf16.data(), bytes, channel);
+}
+
+// The bytes of unit u's gather that come from other ranks.
+int64_t gathered_bytes(const Trainer::Impl& I, int64_t u) {
+  const UnitState& us = I.state->units()[static_cast<size_t>(u)];
+  const int64_t other = us.numel - us.shard_elems[static_cast<size_t>(I.state->sharding().rank)];
+  return other * (I.state->transfer() == DType::kBf16 ? 6 : 4);
+}
+
+// The elements of unit u whose summed gradient this rank holds: all of them, or with sharded
+// states its own range (UnitState::shard_elems).
+std::pair<int64_t, int64_t> owned_elements(const Trainer::Impl& I, const UnitState& us) {
+  if (!I.state->sharded()) return {0, us.numel};
+  int64_t begin = 0;
+  const auto rank = static_cast<size_t>(I.state->sharding().rank);
+  for (size_t r = 0; r < rank; ++r) begin += us.shard_elems[r];
+  return {begin, us.shard_elems[rank]};
 }
 
 int64_t nvme_unit_bytes(const Trainer::Impl& I, int64_t u) {
@@ -597,7 +639,17 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, int64_t opt_step, 
   if (!skip && apply) {
     const auto b = Clock::now();
     update_unit(I, u, opt_step, grad_scale);
-    I.record(SpanKind::kOptimizer, step, u, -1, b, Clock::now());
+    const auto c = Clock::now();
+    I.record(SpanKind::kOptimizer, step, u, -1, b, c);
+    // Every rank reaches this for every unit in the same order (the verdict is agreed), so the
+    // gathers on the optimizer's channel pair up.
+    Status s = gather_unit_weights(I, u, Channel::kOptimizer);
+    if (I.state->sharded()) I.record(SpanKind::kWeightGather, step, u, -1, c, Clock::now(), gathered_bytes(I, u));
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> g(I.mu);
+      if (I.collective_error.ok())
+        I.collective_error = Status(s.code(), "gathering the updated weights of unit " + std::to_string(u) + " failed: " + s.message());
+    }
   }
   {
     std::lock_guard<std::mutex> g(I.mu);
@@ -641,12 +693,20 @@ float clip_scale(const Trainer::Impl& I, double norm) {
   return s < 1.0 ? static_cast<float>(s) : 1.0f;
 }
 
-double global_norm(Trainer::Impl& I) {
-  double total = 0;
+// The norm of the step's whole gradient: tensor by tensor (each a fixed-order sum_of_squares), the
+// tensors' sums added in the model's order. With sharded states each rank holds the summed gradient
+// of its own tensors only: the per-tensor sums are summed over the ranks (one rank's value and zeros,
+// so exactly), and every rank, sharded or not, adds the same numbers in the same order.
+Result<double> global_norm(Trainer::Impl& I, Channel channel) {
+  std::vector<double> part;
   for (int64_t u = 0; u < I.U; ++u) {
     UnitState& us = I.state->units()[static_cast<size_t>(u)];
-    total += sum_of_squares(us.grad.data(), us.numel);
+    for (const TensorSlot& t : us.tensors)
+      part.push_back(!I.state->sharded() || I.state->owns(t) ? sum_of_squares(us.grad.data() + t.offset, t.numel) : 0.0);
   }
+  if (I.state->sharded()) MT_RETURN_IF_ERROR(I.opt.comm->sum(part.data(), static_cast<int64_t>(part.size()), channel));
+  double total = 0;
+  for (double p : part) total += p;
   return std::sqrt(total);
 }
 
@@ -669,7 +729,9 @@ Status reduce_loss(Trainer::Impl& I, double loss_sum, int64_t count, Channel cha
 // the same update), and, for a Mixture-of-Experts layer, which experts any rank's tokens chose.
 Status reduce_unit_gradient(Trainer::Impl& I, int64_t u, Channel channel) {
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
-  MT_RETURN_IF_ERROR(I.opt.comm->sum(us.grad.data(), us.numel, channel));
+  // Sharded states: each rank needs the sum of its own tensors' gradients only.
+  if (I.state->sharded()) MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_owners(us.grad.data(), us.shard_elems, channel));
+  else MT_RETURN_IF_ERROR(I.opt.comm->sum(us.grad.data(), us.numel, channel));
   if (!is_moe_unit(I, u)) return {};
   std::vector<char>& ch = I.chosen[static_cast<size_t>(u)];
   std::vector<int64_t> any(ch.begin(), ch.end());
@@ -755,13 +817,16 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     count = I.reduced_count;
   }
   // The norm is the guard's even without clipping: every gradient is here before any update.
-  const double norm = global_norm(I);
+  MT_ASSIGN_OR_RETURN(const double norm, global_norm(I, Channel::kMain));
   if (I.clip) res.grad_norm = norm;
   const float scale = clip_scale(I, res.grad_norm);
   I.not_applied = not_applied_reason(loss_sum, count, norm);
   for (int64_t u = 0; u < I.U && I.not_applied.empty(); ++u) {
     MT_RETURN_IF_ERROR(I.state->page_in(u, true));  // NVMe-resident units: read, update, write back
     update_unit(I, u, step - I.skipped, scale);
+    const auto b = Clock::now();
+    MT_RETURN_IF_ERROR(gather_unit_weights(I, u, Channel::kMain));
+    if (I.state->sharded()) I.record(SpanKind::kWeightGather, step, u, -1, b, Clock::now(), gathered_bytes(I, u));
     MT_RETURN_IF_ERROR(I.state->page_out(u, true));
   }
   res.loss = loss_sum / static_cast<double>(count);
@@ -994,8 +1059,18 @@ class RoundRun {
       if (why.empty())
         why = I_.ranks() > 1 ? not_applied_reason(I_.reduced_loss_sum, I_.reduced_count, 0.0) : not_applied_reason(*loss_sum_, *count_, 0.0);
       if (why.empty()) {
-        const double g = sum_of_squares(us.grad.data(), us.numel);
-        if (!std::isfinite(g)) why = "the gradient of unit " + std::to_string(u) + " is not finite (sum of squares " + std::to_string(g) + ")";
+        // Sharded states: each rank holds its own range of the summed gradient, so the ranks add up
+        // their ranges' sums and reach the same verdict.
+        const auto [begin, n] = owned_elements(I_, us);
+        double g = sum_of_squares(us.grad.data() + begin, n);
+        if (I_.state->sharded())
+          if (Status s = I_.opt.comm->sum(&g, 1, Channel::kGradients); !s.ok()) {
+            why = "summing the gradient norm of unit " + std::to_string(u) + " over the ranks failed";
+            std::lock_guard<std::mutex> lk(I_.mu);
+            if (I_.collective_error.ok()) I_.collective_error = Status(s.code(), why + ": " + s.message());
+          }
+        if (why.empty() && !std::isfinite(g))
+          why = "the gradient of unit " + std::to_string(u) + " is not finite (sum of squares " + std::to_string(g) + ")";
       }
       {
         std::lock_guard<std::mutex> g(I_.mu);
@@ -1317,7 +1392,7 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     // Every update waits for the global norm: the cost of clipping is losing the overlap of the
     // optimizer with backward (docs/executor.md).
     const auto a = Clock::now();
-    res.grad_norm = global_norm(I);
+    MT_ASSIGN_OR_RETURN(res.grad_norm, global_norm(I, Channel::kMain));
     I.record(SpanKind::kGradNorm, step, -1, -1, a, Clock::now());
     const float scale = clip_scale(I, res.grad_norm);
     I.not_applied = not_applied_reason(loss_sum, count, res.grad_norm);

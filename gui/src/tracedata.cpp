@@ -249,7 +249,8 @@ SpanCategory categoryOfKind(const std::string& k) {
       case SpanKind::kRecompute: return SpanCategory::Recompute;
       case SpanKind::kOptimizer: case SpanKind::kGradNorm: return SpanCategory::Optimizer;
       case SpanKind::kH2D: case SpanKind::kH2DCheckpoint: case SpanKind::kD2H: case SpanKind::kD2HCheckpoint:
-      case SpanKind::kNvmeRead: case SpanKind::kNvmeWrite: case SpanKind::kGradSum: return SpanCategory::Transfer;
+      case SpanKind::kNvmeRead: case SpanKind::kNvmeWrite: case SpanKind::kGradSum: case SpanKind::kWeightGather:
+        return SpanCategory::Transfer;
     }
   }
   if (k == "grad_accumulate") return SpanCategory::Backward;

@@ -157,7 +157,8 @@ std::string stall_reason(const Engine& e, TaskId t) {
     case SpanKind::kH2DCheckpoint: return "activations";
     case SpanKind::kD2HCheckpoint: return "checkpoint_copy";
     case SpanKind::kD2H: case SpanKind::kGradSum: return "gradients";
-    case SpanKind::kOptimizer: case SpanKind::kNvmeWrite: case SpanKind::kGradNorm: case SpanKind::kNvmeRead: return "optimizer";
+    case SpanKind::kOptimizer: case SpanKind::kNvmeWrite: case SpanKind::kGradNorm: case SpanKind::kNvmeRead:
+    case SpanKind::kWeightGather: return "optimizer";
     default: return "other";
   }
 }

@@ -148,6 +148,87 @@ run2 two-accum3 --steps 6 --checkpoint-dir "$tmp/r2" --resume >"$tmp/out" 2>"$tm
 check "a resume with another global batch (2 x 3 micro-batches) is refused, naming grad_accum x data_parallel" \
   "[ $? -ne 0 ] && grep -q 'grad_accum x parallel.data_parallel' $tmp/err"
 
+# ---- sharded optimizer states (ZeRO) -------------------------------------------------------------
+# With parallel.host_state sharded each rank keeps and updates the moments of its own tensors, and
+# the ranks gather the new weights. With 2 ranks every summed element is a + b either way, so the
+# sharded run must equal the replicated one bit for bit: the weights, and every moment entry of the
+# optimizer shards taken together.
+same_moments=$(cat <<'PY'
+import glob, json, struct, sys
+def entries(path):
+    b = open(path, 'rb').read()
+    n = struct.unpack('<Q', b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    return {k: b[8 + n + v['data_offsets'][0]:8 + n + v['data_offsets'][1]] for k, v in head.items() if k != '__metadata__'}
+def moments(d):  # the entries of optimizer.safetensors, or of the shards together (each in one)
+    out, sizes = {}, []
+    for f in sorted(glob.glob(d + '/optimizer*.safetensors')):
+        e = entries(f)
+        assert not (e.keys() & out.keys()), f
+        out.update(e)
+        sizes.append(sum(len(v) for v in e.values()))
+    return out, sizes
+(a, _), (b, sizes) = moments(sys.argv[1]), moments(sys.argv[2])
+assert a.keys() == b.keys(), (len(a), len(b))
+bad = [k for k in a if a[k] != b[k]]
+print(f'{len(a)} moment entries, {len(bad)} differ; shard bytes {sizes}')
+assert not bad, bad[:3]
+if len(sizes) > 1:  # each rank's share is about half (whole tensors, balanced by size)
+    assert max(sizes) < 0.75 * sum(sizes), sizes
+PY
+)
+# sharded NAME EXTRA_PYTHON [exec flags]: replicated and sharded on 2 ranks, 10 steps each.
+sharded() {
+  local name=$1 extra=$2
+  shift 2
+  plan "$name-rep" 2 4 2 "$extra"
+  plan "$name-shard" 2 4 2 "$extra; d['parallel']['host_state'] = 'sharded'"
+  run2 "$name-rep" --steps 10 --checkpoint-dir "$tmp/$name-rep.ck" "$@" >/dev/null 2>"$tmp/err" || cat "$tmp/err"
+  run2 "$name-shard" --steps 10 --checkpoint-dir "$tmp/$name-shard.ck" "$@" >"$tmp/$name-shard.out" 2>"$tmp/err" || cat "$tmp/err"
+  check "sharded $name: weights and optimizer states after 10 steps equal the replicated run's bit for bit" \
+    "cmp -s $tmp/$name-rep.ck/step-00000010/model.safetensors $tmp/$name-shard.ck/step-00000010/model.safetensors && [ -f $tmp/$name-shard.ck/step-00000010/optimizer-00001-of-00002.safetensors ] && /usr/bin/python3 -c \"\$same_moments\" $tmp/$name-rep.ck/step-00000010 $tmp/$name-shard.ck/step-00000010"
+}
+sharded fp32 "pass"
+check "the sharded run says how the states are split" "grep -q 'optimizer states sharded over the ranks: .*rank 0 keeps [0-9]* of the [0-9]* tensors' $tmp/fp32-shard.out"
+sharded unclipped "d['training']['clip_grad_norm'] = 0"
+sharded in-memory "pass" --in-memory
+sharded bf16-states "d['optimizer'].update(m_format='bf16', v_format='bf16')"
+sharded q4 "d['optimizer'].update(m_format='q4', v_format='q4')"
+sharded moe "d['model'] = 'tiny-mixtral'"
+mkdir -p "$tmp/nvme-shard"
+sharded nvme-q8 "d['precision']['transfer'] = 'bf16'; d['placement'].update(master_weights='nvme', optimizer_states='nvme', nvme_dirs=['$tmp/nvme-shard'], pinned_staging_bytes=4 << 20); d['optimizer'].update(m_format='q8', v_format='q8')"
+sharded compressed "pass" --checkpoint-compress
+
+# Sharded checkpoints: stopped and resumed on 2 sharded ranks bit for bit; resumed with replicated
+# states, and in one process, exactly as from the replicated checkpoint of the same step.
+run2 fp32-shard --steps 4 --checkpoint-dir "$tmp/s2" >/dev/null 2>"$tmp/err"
+run2 fp32-shard --steps 10 --checkpoint-dir "$tmp/s2" --resume >"$tmp/out" 2>"$tmp/err"
+check "a sharded run stopped at step 4 and resumed sharded equals the uninterrupted one bit for bit" \
+  "[ $? -eq 0 ] && grep -q 'resuming from' $tmp/out && ( for f in model.safetensors optimizer-00000-of-00002.safetensors optimizer-00001-of-00002.safetensors; do cmp -s $tmp/s2/step-00000010/\$f $tmp/fp32-shard.ck/step-00000010/\$f || exit 1; done )"
+for v in q4 nvme-q8; do
+  run2 $v-shard --steps 4 --checkpoint-dir "$tmp/s2-$v" >/dev/null 2>"$tmp/err"
+  run2 $v-shard --steps 10 --checkpoint-dir "$tmp/s2-$v" --resume >"$tmp/out" 2>"$tmp/err"
+  check "sharded $v: stopped at step 4 and resumed sharded, every file equals the uninterrupted run's" \
+    "[ $? -eq 0 ] && grep -q 'resuming from' $tmp/out && ( for f in model.safetensors optimizer-00000-of-00002.safetensors optimizer-00001-of-00002.safetensors; do cmp -s $tmp/s2-$v/step-00000010/\$f $tmp/$v-shard.ck/step-00000010/\$f || exit 1; done )"
+done
+mkdir -p "$tmp/s2r" && cp -r "$tmp/s2/step-00000004" "$tmp/s2r/"
+run2 fp32-rep --steps 10 --checkpoint-dir "$tmp/s2r" --resume >"$tmp/out" 2>"$tmp/err"
+check "a sharded checkpoint resumed on 2 replicated ranks goes on bit for bit as the sharded run" \
+  "[ $? -eq 0 ] && cmp -s $tmp/s2r/step-00000010/model.safetensors $tmp/fp32-shard.ck/step-00000010/model.safetensors"
+run2 fp32-rep --steps 4 --checkpoint-dir "$tmp/r2s" >/dev/null 2>"$tmp/err"
+run2 fp32-shard --steps 10 --checkpoint-dir "$tmp/r2s" --resume >"$tmp/out" 2>"$tmp/err"
+check "a replicated checkpoint resumed on 2 sharded ranks goes on bit for bit as the replicated run" \
+  "[ $? -eq 0 ] && cmp -s $tmp/r2s/step-00000010/model.safetensors $tmp/fp32-rep.ck/step-00000010/model.safetensors"
+mkdir -p "$tmp/s21" "$tmp/r21b" && cp -r "$tmp/s2/step-00000004" "$tmp/s21/" && cp -r "$tmp/r2s/step-00000004" "$tmp/r21b/"
+run1 clipped-1 --steps 6 --checkpoint-dir "$tmp/s21" --resume >"$tmp/out" 2>"$tmp/err" && \
+  run1 clipped-1 --steps 6 --checkpoint-dir "$tmp/r21b" --resume >/dev/null 2>>"$tmp/err"
+check "a sharded checkpoint resumes in 1 process exactly as the replicated checkpoint of the same step does" \
+  "[ $? -eq 0 ] && grep -q 'resuming from' $tmp/out && cmp -s $tmp/s21/step-00000006/model.safetensors $tmp/r21b/step-00000006/model.safetensors && /usr/bin/python3 -c \"\$same_moments\" $tmp/r21b/step-00000006 $tmp/s21/step-00000006"
+mkdir -p "$tmp/s2bad" && cp -r "$tmp/s2/step-00000004" "$tmp/s2bad/" && rm "$tmp/s2bad/step-00000004/optimizer-00001-of-00002.safetensors"
+run2 fp32-shard --steps 10 --checkpoint-dir "$tmp/s2bad" --resume >"$tmp/out" 2>"$tmp/err"
+check "a sharded checkpoint missing a shard is refused, naming the file" \
+  "[ $? -ne 0 ] && grep -q 'optimizer-00001-of-00002.safetensors.* is missing' $tmp/err"
+
 # ---- traces: one per rank ------------------------------------------------------------------------
 run2 clipped-2 --steps 4 --trace "$tmp/dp.mtrace" >"$tmp/out" 2>"$tmp/err"
 check "each rank writes its trace (rank 1's beside rank 0's), with every step" "[ $? -eq 0 ] && /usr/bin/python3 - $tmp/dp.mtrace $tmp/dp.rank1.mtrace <<'PY'
@@ -155,6 +236,21 @@ import sqlite3, sys
 for path in sys.argv[1:]:
     db = sqlite3.connect(path)
     assert db.execute('select count(*) from steps').fetchone()[0] == 4, path
+PY"
+
+run2 fp32-shard --steps 2 --trace "$tmp/shard.mtrace" >"$tmp/out" 2>"$tmp/err"
+check "with sharded states each rank's trace shows every unit's weight gather on the optimizer lane, after its update" \
+  "[ $? -eq 0 ] && /usr/bin/python3 - $tmp/shard.mtrace $tmp/shard.rank1.mtrace <<'PY'
+import sqlite3, sys
+for path in sys.argv[1:]:
+    db = sqlite3.connect(path)
+    rows = db.execute(\"select l.name, s.step, s.layer, s.start_ns, s.bytes from spans s join lanes l on s.lane = l.id where s.kind = 'weight_gather'\").fetchall()
+    adam = {(r[0], r[1]): r[2] for r in db.execute(\"select step, layer, end_ns from spans where kind = 'optimizer'\")}
+    units = db.execute(\"select count(distinct layer) from spans where kind = 'optimizer'\").fetchone()[0]
+    assert len(rows) == 2 * units, (path, len(rows), units)
+    for lane, step, layer, start, nbytes in rows:
+        assert lane.startswith('CPU optimizer') and nbytes >= 0 and start >= adam[(step, layer)], (path, lane, step, layer)
+    assert sum(r[4] for r in rows) > 0, path  # bytes received: 0 only for a unit this rank owns whole
 PY"
 
 # ---- a rank that dies ----------------------------------------------------------------------------

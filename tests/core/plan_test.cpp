@@ -438,6 +438,32 @@ TEST(Plan, ParallelSectionIsReadCheckedAndWrittenOnlyForSeveralRanks) {
   expect_error(j, StatusCode::kInvalidArgument, {"parallel.data_parallel"});
   j["parallel"] = {{"ranks_per_node", 2}};
   expect_error(j, StatusCode::kInvalidArgument, {"parallel.data_parallel"});
+  j["parallel"] = {{"data_parallel", 2}, {"host_state", "sharded"}};
+  auto sharded = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(sharded.ok()) << sharded.status().to_string();
+  EXPECT_EQ(sharded->parallel.host_state, "sharded");
+  EXPECT_EQ(Json::parse(sharded->to_json_text())["parallel"]["host_state"], "sharded");
+  j["parallel"]["host_state"] = "shared";
+  expect_error(j, StatusCode::kInvalidArgument, {"parallel.host_state", "replicated", "sharded"});
+}
+
+// Sharded states: whole tensors, consecutive runs per rank, each tensor to the rank whose equal
+// share holds its middle element. Hand-computed: sizes 10, 30, 20, 40 (total 100, middles 5, 25, 50,
+// 80): 2 ranks (shares of 50) give 0, 0, 1, 1; 3 ranks (33.3 each) give 0, 0, 1, 2; 4 ranks (25
+// each) 0, 1, 2, 3; 8 ranks (12.5) 0, 2, 4, 6. A lone tensor goes to the rank of its middle; the other ranks own
+// nothing.
+TEST(Plan, ShardOwnersGiveWholeTensorsInBalancedConsecutiveRuns) {
+  const std::vector<int64_t> sizes = {10, 30, 20, 40};
+  EXPECT_EQ(shard_owners(sizes, 1), (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(shard_owners(sizes, 2), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(shard_owners(sizes, 3), (std::vector<int>{0, 0, 1, 2}));
+  EXPECT_EQ(shard_owners(sizes, 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(shard_owners(sizes, 8), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(shard_owners({7}, 4), (std::vector<int>{2}));  // its middle, 3.5 of 7, is in share 2 of 4
+  EXPECT_TRUE(shard_owners({}, 2).empty());
+  // Many equal tensors: each rank gets the same number, in order.
+  const std::vector<int> owners = shard_owners(std::vector<int64_t>(12, 5), 4);
+  EXPECT_EQ(owners, (std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3}));
 }
 
 }  // namespace

@@ -78,3 +78,57 @@ TEST(UnitLayoutInRam, TheGapsHoldZerosAfterInitialisation) {
 }
 
 }  // namespace
+
+namespace {
+
+// Sharded states (docs/data-parallel.md): for 1 to 5 ranks, every tensor's moments are kept by
+// exactly one rank (its owner, from core's shard_owners), in its format, and by no other; each
+// unit's ranges (shard_elems) tile the unit and start at the first tensor of their rank; the ranks'
+// moment bytes add up to the unsharded state's, for fp32 and for quantised formats.
+TEST(UnitLayoutInRam, ShardedStatesKeepEachTensorsMomentsOnItsOwnerOnly) {
+  auto model = ModelSpec::load("tiny-mixtral");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  for (StateFormat f : {StateFormat::kFp32, StateFormat::kQ4}) {
+    const HostState whole = HostState::create(*model, DType::kFp32, f, f, 64);
+    for (int ranks = 1; ranks <= 5; ++ranks) {
+      std::vector<int64_t> all;
+      for (const UnitState& us : whole.units())
+        for (const TensorSlot& t : us.tensors) all.push_back(t.numel);
+      const std::vector<int> owners = shard_owners(all, ranks);
+      int64_t bytes = 0;
+      std::vector<int> kept(all.size(), 0);
+      for (int rank = 0; rank < ranks; ++rank) {
+        auto hs = HostState::create(*model, DType::kFp32, f, f, 64, NvmePlacement{}, true, StateSharding{rank, ranks});
+        ASSERT_TRUE(hs.ok()) << hs.status().to_string();
+        EXPECT_EQ(hs->sharded(), ranks > 1);
+        bytes += hs->moment_bytes();
+        EXPECT_EQ(hs->unsharded_moment_bytes(), whole.moment_bytes());
+        size_t k = 0;
+        for (const UnitState& us : hs->units()) {
+          ASSERT_EQ(us.shard_elems.size(), static_cast<size_t>(ranks));
+          int64_t tiled = 0, mine = 0;
+          for (int r = 0; r < ranks; ++r) {
+            if (r == rank) mine = tiled;
+            tiled += us.shard_elems[static_cast<size_t>(r)];
+          }
+          EXPECT_EQ(tiled, us.numel);
+          for (size_t a = 0; a < us.tensors.size(); ++a, ++k) {
+            const TensorSlot& t = us.tensors[a];
+            EXPECT_EQ(t.owner, owners[k]) << t.name;
+            const bool own = t.owner == rank;
+            EXPECT_EQ(hs->owns(t), own);
+            EXPECT_EQ(us.m.tensor_numel(a), own ? t.numel : 0) << t.name;
+            EXPECT_EQ(us.v.tensor_numel(a), own ? t.numel : 0) << t.name;
+            kept[k] += own;
+            if (own)  // inside this rank's range of the unit
+              EXPECT_TRUE(t.offset >= mine && t.offset + t.numel <= mine + us.shard_elems[static_cast<size_t>(rank)]) << t.name;
+          }
+        }
+      }
+      EXPECT_EQ(bytes, whole.moment_bytes()) << ranks << " ranks";
+      for (size_t k = 0; k < kept.size(); ++k) EXPECT_EQ(kept[k], 1) << "tensor " << k << ", " << ranks << " ranks";
+    }
+  }
+}
+
+}  // namespace

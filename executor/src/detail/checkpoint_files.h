@@ -19,6 +19,9 @@ inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kConfigFile = "config.json";  // optional: the HF config of the weights
 inline constexpr const char* kLatestFile = "latest";
+// The optimizer file of a step directory: optimizer.safetensors, or with sharded states (N > 1
+// shards, one per rank) "optimizer-<k>-of-<N>.safetensors", k and N in 5 digits.
+std::string optimizer_file_name(int64_t shard, int64_t shards);
 
 // strerror's text for `err`, as every checkpoint message spells it.
 std::string errno_text(int err);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "detail/checkpoint_hash.h"
+#include "detail/optimizer_file.h"
 #include "megatrain/core/status.h"
 #include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/host_state.h"
@@ -26,7 +27,8 @@ struct Verified {
   std::filesystem::path dir;
   CheckpointInfo info;
   bool compressed = false;  // fp32 moments stored as planes_zstd
-  std::optional<SafetensorsFile> model, optimizer;
+  std::optional<SafetensorsFile> model;
+  OptimizerFiles optimizer;
 };
 
 // Verifies the step directory `dir` for loading into `state`: the manifest's schema and checksum,

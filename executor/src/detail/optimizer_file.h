@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,8 @@ MomentFormats formats_of(const HostState& state);
 Status write_optimizer(const HostState& state, const std::filesystem::path& path, int64_t updates,
                        const SaveOptions& options);
 
-// The optimizer file's tensors for the state's formats: per parameter, m then v; fp32 and bf16 as
+// The optimizer files' tensors for the state's formats, of every tensor of the model (with sharded
+// states also those other ranks own): per parameter, m then v; fp32 and bf16 as
 // one tensor of the parameter's shape, a quantised format as ".codes" (U8) then ".scales" (F32).
 Result<std::vector<ExpectedTensor>> expected_optimizer_tensors(const HostState& state, bool compressed);
 
@@ -66,19 +68,31 @@ Result<MomentFormats> formats_in(const SafetensorsFile& f);
 std::string expert_steps_text(const HostState& state);
 Status read_expert_steps(const SafetensorsFile& f, HostState& state);
 
-// Reads the moments of one unit's tensors from a verified optimizer file into the unit's stores.
-// `opt` and `us` must outlive the reader.
+// A checkpoint's optimizer files: optimizer.safetensors, or one shard per rank of a job with
+// sharded states (optimizer-<k>-of-<N>.safetensors), each holding the moments of the tensors its
+// rank owned. Every moment entry is in exactly one file (verify_step_dir checks it).
+struct OptimizerFiles {
+  std::vector<SafetensorsFile> files;
+  std::map<std::string, size_t> file_of;  // entry name -> index in files
+  const SafetensorsFile* holder(const std::string& entry) const {
+    const auto it = file_of.find(entry);
+    return it == file_of.end() ? nullptr : &files[it->second];
+  }
+};
+
+// Reads the moments of one unit's tensors from verified optimizer files into the unit's stores
+// (with sharded states, of the tensors this rank owns). `opt` and `us` must outlive the reader.
 class MomentReader {
  public:
   // Fails (kInternal) when the unit's stores do not have the layout of its tensors (checked_spans).
-  static Result<MomentReader> for_unit(const SafetensorsFile& opt, bool compressed, UnitState& us);
-  // m, then v, of the unit's tensor `index`.
+  static Result<MomentReader> for_unit(const OptimizerFiles& opt, bool compressed, UnitState& us);
+  // m, then v, of the unit's tensor `index` (nothing when another rank owns it).
   Status read(size_t index);
 
  private:
-  MomentReader(const SafetensorsFile& opt, bool compressed, UnitState& us)
+  MomentReader(const OptimizerFiles& opt, bool compressed, UnitState& us)
       : opt_(&opt), compressed_(compressed), us_(&us) {}
-  const SafetensorsFile* opt_;
+  const OptimizerFiles* opt_;
   bool compressed_;
   UnitState* us_;
   std::vector<MomentSpan> spans_[2];

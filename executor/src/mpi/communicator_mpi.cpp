@@ -102,6 +102,40 @@ class MpiCommunicator final : public Communicator {
   Status sum(double* data, int64_t n, Channel c) override { return float_sum(data, n, c); }
   Status sum(int64_t* data, int64_t n, Channel c) override { return int_op(data, n, MPI_SUM, c); }
   Status max(int64_t* data, int64_t n, Channel c) override { return int_op(data, n, MPI_MAX, c); }
+  Status reduce_to_owners(float* data, const std::vector<int64_t>& counts, Channel c) override {
+    if (size_ == 1) return {};
+    if (Status s = check_counts(counts, "reduce_to_owners"); !s.ok()) return s;
+    int64_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = counts[static_cast<size_t>(r)];
+      for (int64_t k = 0; k < n; k += kChunk) {
+        const int len = static_cast<int>(std::min(kChunk, n - k));
+        float* p = data + at + k;
+        const Waiting w(*this, c, "summing a gradient shard for its owner");
+        const int rc = r == rank_ ? MPI_Reduce(MPI_IN_PLACE, p, len, MPI_FLOAT, MPI_SUM, r, comm(c))
+                                  : MPI_Reduce(p, nullptr, len, MPI_FLOAT, MPI_SUM, r, comm(c));
+        if (rc != MPI_SUCCESS) return mpi_failed("reduce", rc);
+      }
+      at += n;
+    }
+    return {};
+  }
+  Status gather_from_owners(void* data, const std::vector<int64_t>& byte_counts, Channel c) override {
+    if (size_ == 1) return {};
+    if (Status s = check_counts(byte_counts, "gather_from_owners"); !s.ok()) return s;
+    auto* bytes = static_cast<uint8_t*>(data);
+    int64_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = byte_counts[static_cast<size_t>(r)];
+      for (int64_t k = 0; k < n; k += kChunk) {
+        const int len = static_cast<int>(std::min(kChunk, n - k));
+        const Waiting w(*this, c, "gathering updated weights from their owners");
+        if (int rc = MPI_Bcast(bytes + at + k, len, MPI_BYTE, r, comm(c)); rc != MPI_SUCCESS) return mpi_failed("broadcast", rc);
+      }
+      at += n;
+    }
+    return {};
+  }
   Status barrier(Channel c) override {
     const Waiting w(*this, c, "a barrier");
     if (int rc = MPI_Barrier(comm(c)); rc != MPI_SUCCESS) return mpi_failed("barrier", rc);
@@ -122,6 +156,13 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm(Channel c) const { return channels_[static_cast<int>(c)]; }
+  Status check_counts(const std::vector<int64_t>& counts, const char* what) const {
+    if (counts.size() != static_cast<size_t>(size_))
+      return internal_error(std::string(what) + ": " + std::to_string(counts.size()) + " ranges for " + std::to_string(size_) + " ranks");
+    for (int64_t n : counts)
+      if (n < 0) return internal_error(std::string(what) + ": a negative range");
+    return {};
+  }
 
   // ---- the hang watchdog -------------------------------------------------------------------------
   // While a collective runs, its channel records since when and what it is; the watchdog thread
@@ -142,7 +183,7 @@ class MpiCommunicator final : public Communicator {
   int64_t waited_ns(const char** what) const {
     int64_t most = 0;
     const int64_t t = now_ns();
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < kChannels; ++c)
       if (const int64_t s = since_ns_[c].load(); s > 0 && t - s > most) {
         most = t - s;
         if (what) *what = what_[c].load();
@@ -255,10 +296,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, nodes_ = 1;
-  MPI_Comm channels_[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Comm channels_[kChannels] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
   MPI_Comm alive_ = MPI_COMM_NULL;  // the watchdog's pings and answers
-  std::atomic<int64_t> since_ns_[2] = {0, 0};
-  std::atomic<const char*> what_[2] = {nullptr, nullptr};
+  std::atomic<int64_t> since_ns_[kChannels] = {0, 0, 0};
+  std::atomic<const char*> what_[kChannels] = {nullptr, nullptr, nullptr};
   std::atomic<int64_t> timeout_ns_{0};
   std::atomic<bool> stop_{false};
   std::thread watchdog_;

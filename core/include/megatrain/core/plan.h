@@ -135,7 +135,10 @@ struct ParallelConfig {
   int64_t data_parallel = 1;   // ranks in the job
   int64_t ranks_per_node = 1;  // ranks on each node (a divisor of data_parallel); 0 when read: data_parallel
   std::string collective = "mpi";         // what the gradients are summed with: mpi (host memory)
-  std::string host_state = "replicated";  // every rank keeps the whole training state
+  // replicated: every rank keeps the whole training state and makes the whole update; sharded
+  // (ZeRO): each rank keeps Adam's moments of the tensors it owns (shard_owners), updates those, and
+  // the ranks gather the updated weights.
+  std::string host_state = "replicated";
   bool operator==(const ParallelConfig&) const = default;
 };
 
@@ -186,6 +189,12 @@ struct UnitLayout {
   int64_t numel = 0;
 };
 UnitLayout unit_layout(const std::vector<int64_t>& tensor_numels);
+// Sharded optimizer states (parallel.host_state sharded, docs/data-parallel.md): the rank that owns
+// each tensor, for the model's tensors in unit order (unit 0's tensors, then unit 1's, ...). Whole
+// tensors, in consecutive runs (rank r's tensors follow rank r - 1's), each run about one ranks-th of
+// the elements: a tensor goes to the rank whose equal share of the elements holds its middle one.
+// A rank may own nothing (more ranks than tensors, or one tensor larger than a share).
+std::vector<int> shard_owners(const std::vector<int64_t>& tensor_numels, int ranks);
 // One unit's region on the NVMe tier, as HostState lays it out and the footprint reserves it: its
 // fp32 master weights (when on nvme; unit_layout's extent), then each array of m and of v (moment_array_bytes; when the
 // states are on nvme), each starting on a kNvmeArrayAlignment boundary. Offsets are -1 / empty for

@@ -29,10 +29,12 @@ enum class SpanKind : int8_t {
   kNvmeRead, kNvmeWrite,                                                   // NVMe tier
   kStall,                                                                  // a lane waiting (name says why)
   kGradSum,                                                                // a gradient summed over the ranks
+  kWeightGather,                                                           // sharded states: new weights from their owners
 };
-inline constexpr int kSpanKindCount = 16;
+inline constexpr int kSpanKindCount = 17;
 // The trace's spans.kind: embed_forward, forward, head, recompute, backward, embed_backward, h2d,
-// h2d_checkpoint, d2h, d2h_checkpoint, optimizer, grad_norm, nvme_read, nvme_write, stall, grad_sum.
+// h2d_checkpoint, d2h, d2h_checkpoint, optimizer, grad_norm, nvme_read, nvme_write, stall, grad_sum,
+// weight_gather.
 const char* span_kind_name(SpanKind kind);
 std::optional<SpanKind> span_kind_from_name(std::string_view name);
 // The lane a span kind runs on (stalls: the lane that waits, so none is implied: kCompute).

@@ -15,6 +15,7 @@
 #include "megatrain/core/plan.h"
 #include "megatrain/core/xxh64.h"
 #include "megatrain/core/status.h"
+#include "megatrain/executor/communicator.h"
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 
@@ -55,6 +56,9 @@ struct CheckpointInfo {
   // (hf_checkpoint_config() makes it from the model's config). Verified and read back by load: a
   // resume compares it with the model.
   std::string hf_config_json;
+  // The optimizer files: 1 (optimizer.safetensors), or one shard per rank of a job with sharded
+  // states (parallel.host_state sharded; the manifest's "optimizer_shards").
+  int64_t optimizer_shards = 1;
 };
 
 // The model's config.json as it describes a checkpoint MegaTrain writes: the model's own keys,
@@ -88,6 +92,11 @@ struct SaveOptions {
   bool compress_fp32_moments = false;
   int zstd_level = 1;  // 1..19; level 3 measured no smaller on real moments (docs/optimizer-states.md)
   int threads = 1;     // zstd workers per plane of a large tensor (plane_codec.h)
+  // Sharded states (parallel.host_state sharded): the job's ranks, which all call save_checkpoint
+  // together. Rank k writes optimizer-<k>-of-<N>.safetensors, the moments of the tensors it owns,
+  // into rank 0's temporary directory; rank 0 writes the weights and the manifest (with
+  // "optimizer_shards": N) and publishes the step once every shard is complete.
+  Communicator* comm = nullptr;
 };
 Status save_checkpoint(const std::filesystem::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info,
                        const SaveOptions& options = {});

@@ -5,18 +5,21 @@
 //
 // Every rank calls the same collectives in the same order on each channel. Two threads of a rank
 // may call at once only on different channels: the caller's thread uses kMain, the thread that
-// copies gradients back uses kGradients (each channel is its own MPI communicator).
+// copies gradients back uses kGradients, the optimizer's thread kOptimizer (each channel is its own
+// MPI communicator).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "megatrain/core/status.h"
 
 namespace megatrain::exec {
 
-enum class Channel { kMain = 0, kGradients = 1 };
+enum class Channel { kMain = 0, kGradients = 1, kOptimizer = 2 };
+inline constexpr int kChannels = 3;
 
 class Communicator {
  public:
@@ -36,6 +39,13 @@ class Communicator {
   virtual Status sum(int64_t* data, int64_t n, Channel channel) = 0;
   // In place: data[i] becomes the largest data[i] of any rank.
   virtual Status max(int64_t* data, int64_t n, Channel channel) = 0;
+  // Sharded state (ZeRO): `data` is split into consecutive ranges, counts[r] elements for rank r
+  // (counts has size() entries). reduce_to_owners: in place, rank r's range becomes the sum over
+  // ranks of that range (the other ranges keep this rank's own values); each range is added up by
+  // one reduction to its owner, in an order fixed by the rank count and the size, never by timing.
+  // gather_from_owners: every rank's range r becomes rank r's (bytes: counts are in bytes).
+  virtual Status reduce_to_owners(float* data, const std::vector<int64_t>& counts, Channel channel) = 0;
+  virtual Status gather_from_owners(void* data, const std::vector<int64_t>& byte_counts, Channel channel) = 0;
   virtual Status barrier(Channel channel) = 0;
   // A rank that hangs: when this rank has waited `seconds` in one collective, it asks every other
   // rank whether it is alive (a few seconds to answer), names the ranks that did not answer, and

@@ -35,6 +35,7 @@ struct TensorSlot {
   bool decay = true;   // AdamW weight decay applies (not to norms and biases, as HF Trainer does)
   int64_t expert = -1; // the expert of a per-expert tensor (TensorInfo::expert)
   int64_t layer = -1;  // the decoder layer (TensorInfo::layer); -1 for the embedding, final norm and head
+  int owner = 0;       // sharded states: the rank that keeps its moments and updates it (shard_owners)
 };
 
 struct UnitState {
@@ -48,7 +49,17 @@ struct UnitState {
   // parameter (no decay, no moment update, its step count unchanged); the optimizer does the same
   // and corrects each expert's bias with its own count. Empty for units without such tensors.
   std::vector<int64_t> expert_steps;
+  // Sharded states: the unit's elements in consecutive ranges, shard_elems[r] for rank r (gaps
+  // included), each rank's range covering the tensors it owns; one range of all when not sharded.
+  std::vector<int64_t> shard_elems;
   const TensorSlot* find(TensorRole role) const;
+};
+
+// Which rank this process is among the ranks that share the optimizer states (parallel.host_state
+// sharded, docs/data-parallel.md); ranks 1 is the unsharded state.
+struct StateSharding {
+  int rank = 0;
+  int ranks = 1;
 };
 
 // Where the NVMe tier keeps what (the plan's placement section).
@@ -79,8 +90,16 @@ class HostState {
   // one from a small pool between its gradient's copy to the host and its update (layer-major
   // without clipping, where no gradient is needed after its own update), which saves 4 bytes per
   // parameter of RAM.
+  // With sharding, every rank keeps every master weight, gradient and streaming copy, but Adam's m
+  // and v (in RAM or on NVMe) only of the tensors it owns (TensorSlot::owner); the other tensors'
+  // moments are empty (zero elements).
   static Result<HostState> create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
-                                  int64_t block_size, const NvmePlacement& nvme, bool all_gradients = true);
+                                  int64_t block_size, const NvmePlacement& nvme, bool all_gradients = true,
+                                  StateSharding sharding = {});
+  const StateSharding& sharding() const { return sharding_; }
+  bool sharded() const { return sharding_.ranks > 1; }
+  // This rank keeps the moments of tensor t and updates it.
+  bool owns(const TensorSlot& t) const { return t.owner == sharding_.rank; }
   bool all_gradients() const { return all_gradients_; }
   // HF initialisation: matrices and the embedding ~ N(0, std), norms 1, biases 0; a counter-based
   // generator keyed by (seed, tensor name) makes it independent of thread count and layout.
@@ -96,6 +115,9 @@ class HostState {
   bool tied() const { return tied_; }
   // Bytes of host memory this state occupies (with the staging pool).
   int64_t bytes() const;
+  // The bytes of Adam's moments this state keeps (in RAM or on NVMe); and what they would be unsharded.
+  int64_t moment_bytes() const;
+  int64_t unsharded_moment_bytes() const;
 
   // ---- the NVMe tier ------------------------------------------------------------------------------
   bool master_on_nvme() const;
@@ -122,6 +144,7 @@ class HostState {
   DType transfer_ = DType::kFp32;
   bool tied_ = false;
   bool all_gradients_ = true;
+  StateSharding sharding_;
 };
 
 // Visits NVMe-resident units one at a time for whole-state passes (checkpoints, initialisation):

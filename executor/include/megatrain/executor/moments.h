@@ -110,6 +110,7 @@ class MomentStore {
   // Sets tensor `tensor_index` from fp32 values (encoding them in the format).
   void encode(size_t tensor_index, const float* in);
   int64_t tensor_numel(size_t tensor_index) const { return tensor_numel_[tensor_index]; }
+  int64_t tensor_count() const { return static_cast<int64_t>(tensor_numel_.size()); }
 
  private:
   StateFormat format_ = StateFormat::kFp32;
