@@ -4,7 +4,9 @@
 # small-llama, interleaved, 3 rounds, in the same run. Prints each side's tokens/s over the steps
 # after the first, their ratio (>1: 2 ranks are faster), and from the ranks' traces the share of the
 # step spent summing gradients (grad_sum spans) and how much of that time the rank's compute lane
-# was busy too (the overlap with the backward of the layers below).
+# was busy too (the overlap with the backward of the layers below). A third side runs the 2 ranks
+# with sharded optimizer states (parallel.host_state sharded): its tokens/s against the replicated
+# ranks', and the share of its step in weight_gather spans (the new weights from their owners).
 #   bench/data-parallel.sh [build-dir] [steps]
 set -euo pipefail
 build=${1:-build}
@@ -28,10 +30,13 @@ json.dump(d, open(sys.argv[2] + '/one.json', 'w'))
 d['training']['grad_accum'] = 4
 d['parallel'] = {'data_parallel': 2}
 json.dump(d, open(sys.argv[2] + '/two.json', 'w'))
+d['parallel']['host_state'] = 'sharded'
+json.dump(d, open(sys.argv[2] + '/sharded.json', 'w'))
 PY
 for round in 1 2 3; do
   "$exe" "$tmp/one.json" --data "$tmp/text.txt" --steps "$steps" --threads 2 --trace "$tmp/one-$round.mtrace" >"$tmp/one-$round.out"
   mpirun -np 2 "$exe" "$tmp/two.json" --data "$tmp/text.txt" --steps "$steps" --threads 1 --trace "$tmp/two-$round.mtrace" >"$tmp/two-$round.out"
+  mpirun -np 2 "$exe" "$tmp/sharded.json" --data "$tmp/text.txt" --steps "$steps" --threads 1 --trace "$tmp/sharded-$round.mtrace" >"$tmp/sharded-$round.out"
 done
 /usr/bin/python3 - "$tmp" <<'PY'
 import sqlite3, sys
@@ -47,10 +52,10 @@ def busy(intervals):  # merged intervals
         else:
             out.append([a, b])
     return out
-def collective(path):  # (grad_sum share of the steps after the first, share of it overlapped by compute)
+def collective(path, kind='grad_sum'):  # (share of the steps after the first, share of it overlapped by compute)
     db = sqlite3.connect(path)
     step_s = db.execute('select sum(time_s) from steps where step > 0').fetchone()[0]
-    sums = db.execute("select start_ns, end_ns from spans where kind = 'grad_sum' and step > 0").fetchall()
+    sums = db.execute("select start_ns, end_ns from spans where kind = ? and step > 0", (kind,)).fetchall()
     gpu = db.execute("select id from lanes where kind = 'gpu'").fetchone()[0]
     compute = busy(db.execute('select start_ns, end_ns from spans where lane = ? and step > 0 and kind != ?', (gpu, 'stall')).fetchall())
     total = sum(b - a for a, b in sums)
@@ -64,4 +69,10 @@ for r in (1, 2, 3):
     one, two = rate(f'{tmp}/one-{r}.mtrace'), rate(f'{tmp}/two-{r}.mtrace')
     c0, c1 = collective(f'{tmp}/two-{r}.mtrace'), collective(f'{tmp}/two-{r}.rank1.mtrace')
     print(f'{r:5d}  {one:18.0f}  {two:13.0f}  {two / one:5.2f}  {100 * c0[0]:12.1f}% / {100 * c1[0]:.1f}%  {100 * c0[1]:22.1f}% / {100 * c1[1]:.1f}%')
+print('round  sharded tok/s  x replicated  grad_sum share (rank 0 / 1)  weight_gather share (rank 0 / 1)')
+for r in (1, 2, 3):
+    two, sh = rate(f'{tmp}/two-{r}.mtrace'), rate(f'{tmp}/sharded-{r}.mtrace')
+    g0, g1 = collective(f'{tmp}/sharded-{r}.mtrace'), collective(f'{tmp}/sharded-{r}.rank1.mtrace')
+    w0, w1 = collective(f'{tmp}/sharded-{r}.mtrace', 'weight_gather'), collective(f'{tmp}/sharded-{r}.rank1.mtrace', 'weight_gather')
+    print(f'{r:5d}  {sh:13.0f}  {sh / two:12.2f}  {100 * g0[0]:12.1f}% / {100 * g1[0]:.1f}%  {100 * w0[0]:20.1f}% / {100 * w1[0]:.1f}%')
 PY

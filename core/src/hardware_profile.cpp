@@ -400,13 +400,41 @@ Status read_storage(const Json& arr, const std::string& path, std::vector<NvmeSp
   return {};
 }
 
+Status read_cluster(const Json& j, const std::string& path, ClusterSpec& c) {
+  MT_RETURN_IF_ERROR(check_keys(j, path, {"gpus_per_node", "nodes", "gpus_per_switch", "switch_uplink_bandwidth",
+                                          "inter_node_bandwidth", "inter_node_latency_s"}));
+  FieldReader r(j, path);
+  r.integer("gpus_per_node", c.gpus_per_node, Need::kRequired, 1, 4096);
+  r.integer("nodes", c.nodes, Need::kRequired, 1, 65536);
+  r.integer("gpus_per_switch", c.gpus_per_switch, Need::kOptional, 1, 4096);
+  MT_RETURN_IF_ERROR(first_error(r));
+  if (c.gpus_per_switch > c.gpus_per_node)
+    return invalid_argument(r.path_of("gpus_per_switch") + ": " + std::to_string(c.gpus_per_switch) + " is more than gpus_per_node (" +
+                            std::to_string(c.gpus_per_node) + "); accepted: 1 .. gpus_per_node");
+  auto optional_figure = [&](const char* key, std::optional<Figure>& out, bool needed, const char* why) -> Status {
+    if (!j.contains(key)) {
+      if (needed) return invalid_argument(r.path_of(key) + ": missing; " + why);
+      return {};
+    }
+    out.emplace();
+    return read_figure(r, key, *out, std::string(key) == "inter_node_latency_s" ? kNonNegative : kPositive);
+  };
+  MT_RETURN_IF_ERROR(optional_figure("switch_uplink_bandwidth", c.switch_uplink_bandwidth, c.gpus_per_switch > 1,
+                                     "GPUs that share a PCIe switch share its uplink to the host (bytes/s per direction)"));
+  MT_RETURN_IF_ERROR(optional_figure("inter_node_bandwidth", c.inter_node_bandwidth, c.nodes > 1,
+                                     "a cluster of several nodes needs its network's bandwidth (bytes/s per node per direction)"));
+  MT_RETURN_IF_ERROR(optional_figure("inter_node_latency_s", c.inter_node_latency_s, c.nodes > 1,
+                                     "a cluster of several nodes needs its network's latency (seconds per message)"));
+  return r.finish();
+}
+
 Result<HardwareProfile> from_json(const Json& root) {
   if (!root.is_object())
     return invalid_argument("the document: expected a rig object {\"schema\": \"" + std::string(kRigSchema) +
                             "\", ...}, got " + detail::json_type_name(root));
   // The schema first: a plan or model file given as a rig should say so, not list unknown keys.
   FieldReader r(root, "");
-  r.accept({"schema", "name", "description", "gpu", "links", "host", "storage"});
+  r.accept({"schema", "name", "description", "gpu", "links", "host", "storage", "cluster"});
   std::string schema;
   r.string("schema", schema, Need::kRequired);
   MT_RETURN_IF_ERROR(first_error(r));
@@ -423,12 +451,17 @@ Result<HardwareProfile> from_json(const Json& root) {
   const Json* links = r.object("links", Need::kRequired);
   const Json* host = r.object("host", Need::kRequired);
   const Json* storage = r.array("storage", Need::kOptional);
+  const Json* cluster = r.object("cluster", Need::kOptional);
   MT_RETURN_IF_ERROR(r.finish());
   if (hw.name.empty()) return invalid_argument("name: empty; expected the rig's name (\"h200-1.5tb\")");
   MT_RETURN_IF_ERROR(read_gpu(*gpu, "gpu", hw.gpu));
   MT_RETURN_IF_ERROR(read_links(*links, "links", hw.links));
   MT_RETURN_IF_ERROR(read_host(*host, "host", hw.host));
   if (storage) MT_RETURN_IF_ERROR(read_storage(*storage, "storage", hw.storage));
+  if (cluster) {
+    hw.cluster.emplace();
+    MT_RETURN_IF_ERROR(read_cluster(*cluster, "cluster", *hw.cluster));
+  }
   return hw;
 }
 
@@ -558,6 +591,17 @@ Json to_json(const HardwareProfile& hw) {
     storage.push_back(std::move(d));
   }
   root["storage"] = std::move(storage);
+  if (hw.cluster) {
+    const ClusterSpec& c = *hw.cluster;
+    Json cl;
+    cl["gpus_per_node"] = c.gpus_per_node;
+    cl["nodes"] = c.nodes;
+    cl["gpus_per_switch"] = c.gpus_per_switch;
+    if (c.switch_uplink_bandwidth) cl["switch_uplink_bandwidth"] = figure_json(*c.switch_uplink_bandwidth);
+    if (c.inter_node_bandwidth) cl["inter_node_bandwidth"] = figure_json(*c.inter_node_bandwidth);
+    if (c.inter_node_latency_s) cl["inter_node_latency_s"] = figure_json(*c.inter_node_latency_s);
+    root["cluster"] = std::move(cl);
+  }
   return root;
 }
 

@@ -18,6 +18,19 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   const double tb = static_cast<double>(dtype_bytes(plan.precision.transfer));
   peak_ = plan.precision.compute == DType::kFp32 ? rig.gpu.matmul_fp32.value : rig.gpu.matmul_bf16.value;
   host_bw_ = rig.host.memory_bandwidth.value;
+  // Data parallelism on a rig with a cluster section: this rank's share of its node.
+  if (plan.parallel.data_parallel > 1 && rig.cluster) {
+    const ClusterSpec& cl = *rig.cluster;
+    ranks_ = plan.parallel.data_parallel;
+    ranks_per_node_ = plan.parallel.ranks_per_node;
+    nodes_used_ = ranks_ / ranks_per_node_;
+    sharded_ = plan.parallel.host_state == "sharded";
+    host_bw_ /= static_cast<double>(ranks_per_node_);
+    const int64_t sharing = std::min(cl.gpus_per_switch, ranks_per_node_);
+    if (sharing > 1 && cl.switch_uplink_bandwidth) link_cap_ = cl.switch_uplink_bandwidth->value / static_cast<double>(sharing);
+    if (cl.inter_node_bandwidth) inter_bw_ = cl.inter_node_bandwidth->value;
+    if (cl.inter_node_latency_s) inter_latency_ = cl.inter_node_latency_s->value;
+  }
 
   // NVMe: the plan's directories matched to the profile's drives by path, else the first drives.
   std::vector<const NvmeSpec*> drives;
@@ -36,10 +49,14 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     nvme_read_bw_ += d->read_bandwidth(plan.placement.nvme_block_bytes, plan.placement.nvme_queue_depth);
     nvme_write_bw_ += d->write_bandwidth(plan.placement.nvme_block_bytes, plan.placement.nvme_queue_depth);
   }
+  nvme_read_bw_ /= static_cast<double>(ranks_per_node_);  // the node's drives, shared by its ranks
+  nvme_write_bw_ /= static_cast<double>(ranks_per_node_);
 
   // Adam: the profile's rate for the state format and the nearest thread count at or below the
   // plan's, scaled by threads, and never faster than host memory allows.
-  const int64_t threads = plan.optimizer.threads > 0 ? plan.optimizer.threads : rig.host.cores;
+  // With R ranks on a node each rank's optimizer has 1/R of its cores.
+  const int64_t rank_cores = std::max<int64_t>(1, rig.host.cores / ranks_per_node_);
+  const int64_t threads = plan.optimizer.threads > 0 ? std::min(plan.optimizer.threads, rank_cores) : rank_cores;
   const int64_t block = plan.optimizer.block_size;
   const double touched = tb + 4 + 2 * (bytes_per_param(plan.optimizer.m_format, block) +
                                        bytes_per_param(plan.optimizer.v_format, block)) +
@@ -60,7 +77,7 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     // Linear in threads from the nearest measurement, but never past the cores (or past the
     // measured thread count, when the profile measured more threads than cores): more threads than
     // cores share them.
-    const int64_t usable = std::min(threads, std::max(rig.host.cores, best->threads));
+    const int64_t usable = std::min(threads, std::max(rank_cores, best->threads));
     return best->params_per_s.value * static_cast<double>(usable) / static_cast<double>(best->threads);
   };
   const StateFormat slow = bytes_per_param(plan.optimizer.m_format, block) >= bytes_per_param(plan.optimizer.v_format, block)
@@ -232,11 +249,46 @@ const CostModel::LayerCost& CostModel::layer_cost(int64_t layer) const {
 double CostModel::elementwise_time(double bytes) const { return bytes / rig_.gpu.memory_bandwidth.value; }
 
 double CostModel::h2d_time(double bytes) const {
-  return bytes <= 0 ? 0 : bytes / rig_.links.h2d.pinned_bandwidth.at(bytes);
+  if (bytes <= 0) return 0;
+  const double bw = rig_.links.h2d.pinned_bandwidth.at(bytes);
+  return bytes / (link_cap_ > 0 ? std::min(bw, link_cap_) : bw);
 }
 
 double CostModel::d2h_time(double bytes) const {
-  return bytes <= 0 ? 0 : bytes / rig_.links.d2h.pinned_bandwidth.at(bytes);
+  if (bytes <= 0) return 0;
+  const double bw = rig_.links.d2h.pinned_bandwidth.at(bytes);
+  return bytes / (link_cap_ > 0 ? std::min(bw, link_cap_) : bw);
+}
+
+// MPI's collectives through host memory (docs/cost-model.md, "Data parallelism"). Within a node of
+// R ranks, a reduce-scatter moves 3 (R-1)/R S bytes of host memory per rank (its share of the other
+// ranks' data read, its own read, the sum written) and an allgather 2 (R-1)/R S (read, written), at
+// this rank's share of the host's bandwidth; across M nodes the node's network carries
+// 2 (M-1)/M S for an allreduce of the node's shards (each rank's 1/R of S at 1/R of the network's
+// bandwidth), (M-1)/M S for a reduce or a gather, plus one latency per ring step.
+CostModel::Collective CostModel::gradient_sum(double bytes) const {
+  Collective c;
+  if (ranks_ <= 1 || bytes <= 0) return c;
+  const double R = static_cast<double>(ranks_per_node_), M = static_cast<double>(nodes_used_);
+  const double intra = (sharded_ ? 3.0 : 5.0) * (R - 1) / R * bytes;  // reduce (to owners), or reduce-scatter + allgather
+  c.host_bytes = intra;
+  c.time_s = intra / host_bw_;
+  if (M > 1) {
+    const double steps = sharded_ ? (M - 1) : 2 * (M - 1);
+    c.time_s += steps / M * bytes / inter_bw_ + steps * inter_latency_;
+  }
+  return c;
+}
+
+CostModel::Collective CostModel::weight_gather(double bytes) const {
+  Collective c;
+  if (ranks_ <= 1 || !sharded_ || bytes <= 0) return c;
+  const double R = static_cast<double>(ranks_per_node_), M = static_cast<double>(nodes_used_);
+  const double intra = 2.0 * (R - 1) / R * bytes;
+  c.host_bytes = intra;
+  c.time_s = intra / host_bw_;
+  if (M > 1) c.time_s += (M - 1) / M * bytes / inter_bw_ + (M - 1) * inter_latency_;
+  return c;
 }
 
 double CostModel::nvme_read_time(double bytes) const { return bytes <= 0 ? 0 : bytes / nvme_read_bw_; }

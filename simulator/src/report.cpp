@@ -42,6 +42,7 @@ std::string result_json(const SimResult& r) {
   Json cp = Json::object();
   for (const auto& [k, v] : r.critical_path) cp[k] = v;
   j["critical_path"] = cp;
+  j["ranks"] = r.ranks;  // data-parallel ranks: tokens and FLOPs are the job's, bytes one rank's
   j["tokens_per_step"] = r.tokens_per_step;
   j["flops_per_step"] = r.flops_per_step;
   j["weight_bytes_per_step"] = r.weight_bytes_per_step;

@@ -44,6 +44,7 @@ class Builder {
     for (size_t l = 0; l < layer_flops_.size() && l < f.layer_forwards.size(); ++l) layer_flops_[l] = T * f.layer_forwards[l];
     head_flops_ = T * 3 * f.head_forward;
     tb_ = s_.transfer_bf16 ? 2 : 4;
+    sharded_ = cost_.multi_rank() && plan.parallel.host_state == "sharded";
     state_pp_ = state_format_bytes_per_element(s_.m_format, s_.block_size) + state_format_bytes_per_element(s_.v_format, s_.block_size);
   }
 
@@ -172,6 +173,7 @@ class Builder {
           break;
         case step::OpKind::kGradFinal:
           d2h[static_cast<size_t>(op.transfer)] = copy_out(rd.d2h[static_cast<size_t>(op.transfer)], r, reached);
+          if (last_round && cost_.multi_rank()) gradient_sum(op.layer);
           if (last_round && !s_.clip) optimizer(op.layer, -1);
           break;
         case step::OpKind::kConsumed: case step::OpKind::kBackwardBegins: break;  // edges wait for reached[k]
@@ -232,6 +234,18 @@ class Builder {
     return d;
   }
 
+  // Data parallelism: the unit's final gradient summed over the ranks on the D2H lane, after its
+  // copy (the executor's gradient thread does both), before its update.
+  void gradient_sum(int32_t u) {
+    const double bytes = 4 * numel(u);
+    const CostModel::Collective c = cost_.gradient_sum(bytes);
+    TaskId g = task(Lane::kD2H, c.time_s, SpanKind::kGradSum, u, -1, ceil_i(bytes));
+    if (c.time_s > 0) use_pool(g, id_.pool_host, c.host_bytes / c.time_s);
+    after(grad_ready_[static_cast<size_t>(u)], g);
+    grad_ready_[static_cast<size_t>(u)] = g;
+    last_d2h_ = g;
+  }
+
   double nvme_bytes(int32_t u) const {
     return (s_.states_nvme ? numel(u) * state_pp_ : 0) + (s_.master_nvme ? 4 * numel(u) : 0);
   }
@@ -248,7 +262,8 @@ class Builder {
   // AdamW of unit u once its gradient is final (and, with clipping, after the norm), then the
   // NVMe write-back.
   void optimizer(int32_t u, TaskId norm) {
-    const double p = numel(u);
+    // Sharded states: each rank updates its own tensors, about 1/N of every unit on average.
+    const double p = numel(u) * (sharded_ ? 1.0 / static_cast<double>(cost_.ranks()) : 1.0);
     const double work = cost_.adam_time(p);
     TaskId a = task(Lane::kOptimizer, work, SpanKind::kOptimizer, u, -1, 0);
     const double touched = p * (tb_ + 4 + 2 * state_pp_ + 4 + (tb_ < 4 ? tb_ : 0));
@@ -257,6 +272,14 @@ class Builder {
     after(norm, a);
     after(nvme_read_[static_cast<size_t>(u)], a);
     if (s_.lent_gradients > 0) e_.release(a, id_.mem_lent, 1);
+    if (sharded_) {  // the new weights from their owners (master, and the bf16 copy), before the next load
+      const double bytes = numel(u) * (4 + (tb_ < 4 ? tb_ : 0));
+      const CostModel::Collective c = cost_.weight_gather(bytes);
+      TaskId g = task(Lane::kOptimizer, c.time_s, SpanKind::kWeightGather, u, -1, ceil_i(bytes));
+      if (c.time_s > 0) use_pool(g, id_.pool_host, c.host_bytes / c.time_s);
+      after(a, g);
+      a = g;
+    }
     if (nvme_read_[static_cast<size_t>(u)] >= 0) {
       const double bytes = nvme_bytes(u);
       TaskId w = task(Lane::kNvmeWrite, cost_.nvme_write_time(bytes), SpanKind::kNvmeWrite, u, -1, ceil_i(bytes));
@@ -277,9 +300,29 @@ class Builder {
   TaskId last_gpu_ = -1, last_h2d_ = -1, last_d2h_ = -1;
   std::vector<double> layer_flops_;  // per decoder layer, one micro-batch's forward
   double head_flops_ = 0, tb_ = 2, state_pp_ = 8;
+  bool sharded_ = false;
   std::vector<TaskId> adam_prev_, prev_update_, nvme_write_prev_, grad_ready_, nvme_read_;
   std::vector<int32_t> carried_;  // the slots the next round's first loads fill
 };
+
+// Sharded states (core's shard_owners): Adam's moments of the whole model, and of the rank that
+// keeps the most, in bytes.
+int64_t unsharded_moment_bytes(const ModelSpec& model, const Plan& plan) {
+  int64_t b = 0;
+  for (const auto& numels : unit_tensor_numels(model))
+    for (StateFormat f : {plan.optimizer.m_format, plan.optimizer.v_format}) b += state_format_bytes(f, numels, plan.optimizer.block_size);
+  return b;
+}
+int64_t largest_moment_shard(const ModelSpec& model, const Plan& plan, int ranks) {
+  std::vector<int64_t> all;
+  for (const auto& numels : unit_tensor_numels(model)) all.insert(all.end(), numels.begin(), numels.end());
+  const std::vector<int> owner = shard_owners(all, ranks);
+  std::vector<int64_t> per(static_cast<size_t>(ranks), 0);
+  for (size_t i = 0; i < all.size(); ++i)
+    for (StateFormat f : {plan.optimizer.m_format, plan.optimizer.v_format})
+      per[static_cast<size_t>(owner[i])] += state_format_bytes(f, {all[i]}, plan.optimizer.block_size);
+  return *std::max_element(per.begin(), per.end());
+}
 
 }  // namespace
 
@@ -295,26 +338,53 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   CostModel cost(plan, model, rig);
   SimResult res;
   res.assumptions = cost.assumptions();
-  if (plan.parallel.data_parallel > 1)  // docs/data-parallel.md: the multi-rank model is still to come
-    res.assumptions.push_back("parallel: one rank's step of " + std::to_string(plan.parallel.data_parallel) +
-                              " is simulated (step time, tokens/s and memory are one rank's); the gradient sums between the ranks "
-                              "and their contention for one host's memory are not modelled yet");
   auto refuse = [&](std::string why) {
     res.feasible = false;
     res.reason = std::move(why);
     return res;
   };
+  const int64_t N = plan.parallel.data_parallel, R = plan.parallel.ranks_per_node;
+  if (N > 1 && !rig.cluster)  // a rig of one GPU: one rank's step, without the others
+    res.assumptions.push_back("parallel: one rank's step of " + std::to_string(N) +
+                              " is simulated alone (step time and memory are one rank's, tokens/s the job's); the rig has no "
+                              "cluster section, so the ranks' collectives and their sharing of one host are not modelled");
+  if (N > 1 && rig.cluster) {
+    if (R > rig.gpus_per_node())
+      return refuse("the plan puts " + std::to_string(R) + " ranks on each node (parallel.ranks_per_node), but the rig's nodes have " +
+                    std::to_string(rig.gpus_per_node()) + " GPUs (cluster.gpus_per_node); accepted: ranks_per_node <= " +
+                    std::to_string(rig.gpus_per_node()));
+    if (N / R > rig.nodes())
+      return refuse("the plan needs " + std::to_string(N / R) + " nodes of " + std::to_string(R) + " ranks (parallel.data_parallel " +
+                    std::to_string(N) + "), but the rig has " + std::to_string(rig.nodes()) + " (cluster.nodes); accepted: data_parallel <= " +
+                    std::to_string(R * rig.nodes()));
+    res.assumptions.push_back("parallel: " + std::to_string(N) + " ranks, " + std::to_string(R) + " per node on " + std::to_string(N / R) +
+                              " node(s): one rank's step is simulated with 1/" + std::to_string(R) +
+                              " of its node's host memory bandwidth, cores, drives, RAM and pinnable memory, its PCIe switch's uplink "
+                              "shared, and the collectives through host memory (MPI) as tasks; tokens/s and FLOPs are the job's, "
+                              "memory figures one rank's (docs/cost-model.md)");
+  }
   // The plan's own rules first (compile calls the function Plan reading and the executor call),
   // then the footprint against the capacities: the same figures the executor allocates.
   const step::ActivationLayout layout = step::layout_for(step::backend_of_rig(rig), model, plan);
   Result<step::StepSchedule> compiled = step::compile(plan, model, layout);
   if (!compiled.ok()) return refuse(compiled.status().message());
   const step::StepSchedule& sched = *compiled;
-  const step::Footprint fp = step::footprint(sched, layout);
-  const step::TierCapacity cap = step::capacity_of(plan, rig);
+  step::Footprint fp = step::footprint(sched, layout);
+  step::TierCapacity cap = step::capacity_of(plan, rig);
+  if (N > 1 && rig.cluster) {
+    // One rank's share of its node; sharded states keep only its own tensors' moments.
+    cap.ram /= R;
+    cap.pinned /= R;
+    cap.nvme /= R;
+    if (plan.parallel.host_state == "sharded") {
+      const int64_t saved = unsharded_moment_bytes(model, plan) - largest_moment_shard(model, plan, static_cast<int>(N));
+      (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= saved;
+    }
+  }
   res.capacity_bytes = {cap.device, cap.pinned, cap.ram, cap.nvme};
   res.peak_bytes = {fp.peak.device, fp.peak.pinned, fp.peak.ram, fp.peak.nvme};
-  if (Status fits = step::check_fits(fp, cap); !fits.ok()) return refuse(fits.message());
+  if (Status fits = step::check_fits(fp, cap); !fits.ok())
+    return refuse(N > 1 && rig.cluster ? "one rank's share of its node (1/" + std::to_string(R) + "): " + fits.message() : fits.message());
 
   // ---- the engine --------------------------------------------------------------------------------
   // Without keep_engine the engine is a per-thread scratch whose arrays keep their capacity
@@ -372,7 +442,8 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   res.step_time_s = t1 - t0;
   res.simulated_s = e.makespan();
   res.tasks = static_cast<int64_t>(e.task_count());
-  res.tokens_per_step = static_cast<double>(sched.tokens_per_mb) * sched.A;
+  res.ranks = N;
+  res.tokens_per_step = static_cast<double>(sched.tokens_per_mb) * sched.A * static_cast<double>(N);  // the job's
   res.flops_per_step = model.flops_per_token(plan.training.seq_len).training() * res.tokens_per_step;
   {
     double per_round = 0;
@@ -386,7 +457,7 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   if (res.step_time_s > 0) {
     res.tokens_per_s = res.tokens_per_step / res.step_time_s;
     res.tflops = res.flops_per_step / res.step_time_s / 1e12;
-    res.mfu = res.flops_per_step / res.step_time_s / cost.matmul_peak();
+    res.mfu = res.flops_per_step / static_cast<double>(N) / res.step_time_s / cost.matmul_peak();  // per GPU
   }
 
   // Busy fractions and GPU stalls inside [t0, t1).

@@ -24,8 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
-const std::vector<std::string> kShippedRigs = {"a100-80gb-pcie", "gh200-480gb", "h100-sxm-80gb",
-                                               "h200-1.5tb",     "rtx3090-256gb", "rtx4090-256gb"};
+const std::vector<std::string> kShippedRigs = {"a100-80gb-pcie", "gh200-480gb",   "h100-sxm-80gb",   "h200-1.5tb",
+                                               "rtx3090-256gb",  "rtx4090-256gb", "h200x8-2tb", "h200x8-2tb-4node"};
 
 fs::path rig_file(const std::string& name) { return fs::path(MEGATRAIN_PROFILES_DIR) / "hardware" / (name + ".json"); }
 
@@ -411,6 +411,42 @@ TEST(RigErrors, MissingRequiredKeysAreNamed) {
   // Storage alone is optional: a RAM-only rig.
   Status s = parse_edited([](Json& j) { j.erase("storage"); });
   EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+// The cluster section (several GPUs per node, several nodes): read, checked and written back; the
+// figures a cluster needs are required by name; the 8-GPU datasheet rigs say what DGX H200 says.
+TEST(RigErrors, TheClusterSectionIsCheckedAndRoundTrips) {
+  const Json fig = {{"value", 5.3e10}, {"provenance", {{"kind", "estimate"}, {"source", "a synthetic figure for this test"}}}};
+  Json j = Json::parse(read_text(rig_file("h200-1.5tb")));
+  j["cluster"] = {{"gpus_per_node", 8}, {"nodes", 2}, {"gpus_per_switch", 2}, {"switch_uplink_bandwidth", fig},
+                  {"inter_node_bandwidth", fig}, {"inter_node_latency_s", fig}};
+  auto hw = HardwareProfile::from_json_text(j.dump(2));
+  ASSERT_TRUE(hw.ok()) << hw.status().to_string();
+  EXPECT_EQ(hw->gpus_per_node(), 8);
+  EXPECT_EQ(hw->nodes(), 2);
+  auto again = HardwareProfile::from_json_text(hw->to_json_text());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(*again == *hw);
+  EXPECT_EQ(load_ok("h200-1.5tb").gpus_per_node(), 1);  // no section: one GPU
+  EXPECT_ERROR(parse_edited([&](Json& r) { r["cluster"] = {{"gpus_per_node", 8}, {"nodes", 2}}; }), StatusCode::kInvalidArgument,
+               "cluster.inter_node_bandwidth: missing", "network");
+  EXPECT_ERROR(parse_edited([&](Json& r) { r["cluster"] = {{"gpus_per_node", 8}, {"nodes", 1}, {"gpus_per_switch", 2}}; }),
+               StatusCode::kInvalidArgument, "cluster.switch_uplink_bandwidth: missing");
+  EXPECT_ERROR(parse_edited([&](Json& r) { r["cluster"] = {{"gpus_per_node", 2}, {"nodes", 1}, {"gpus_per_switch", 4}}; }),
+               StatusCode::kInvalidArgument, "cluster.gpus_per_switch", "more than gpus_per_node");
+  EXPECT_ERROR(parse_edited([&](Json& r) { r["cluster"] = {{"gpus_per_node", 0}, {"nodes", 1}}; }), StatusCode::kInvalidArgument,
+               "cluster.gpus_per_node");
+  EXPECT_ERROR(parse_edited([&](Json& r) { r["cluster"] = {{"gpus_per_node", 8}, {"nodes", 1}, {"nvlink", 1}}; }),
+               StatusCode::kInvalidArgument, "cluster", "nvlink");
+  const HardwareProfile node = load_ok("h200x8-2tb"), four = load_ok("h200x8-2tb-4node");
+  EXPECT_EQ(node.gpus_per_node(), 8);
+  EXPECT_EQ(node.nodes(), 1);
+  EXPECT_EQ(node.cluster->gpus_per_switch, 2);
+  EXPECT_DOUBLE_EQ(node.host.ram_bytes.value, 2048.0 * (1 << 30));  // DGX H200: 2 TB
+  EXPECT_EQ(node.host.cores, 112);                                    // 2x Xeon Platinum 8480C
+  EXPECT_EQ(node.storage.size(), 8u);                                 // 8x 3.84 TB NVMe U.2
+  EXPECT_EQ(four.nodes(), 4);
+  EXPECT_LE(four.cluster->inter_node_bandwidth->value, 8 * 400e9 / 8);  // 8x 400 Gb/s per node, at most
 }
 
 TEST(RigErrors, ProvenanceMustBeOneOfTheKindsWithASource) {

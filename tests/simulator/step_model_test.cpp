@@ -37,6 +37,9 @@ struct RigFigures {
   double ram = 1e15;
   double adam = 1e20;             // parameters/s
   int cores = 4;
+  // The cluster section (gpus_per_node 0: none).
+  int gpus_per_node = 0, nodes = 1, gpus_per_switch = 1;
+  double uplink = 0, inter_node = 0, inter_latency = 0;
 };
 
 Json figure(double v) { return Json{{"value", v}, {"provenance", {{"kind", "estimate"}, {"source", "synthetic test rig"}}}}; }
@@ -49,7 +52,7 @@ Json rig_json(const RigFigures& f) {
   Json d2h = link;
   d2h["pinned_bandwidth"] = flat_curve(f.d2h);
   d2h["pageable_bandwidth"] = flat_curve(f.d2h);
-  return Json{
+  Json rig = Json{
       {"schema", "megatrain.rig/1"},
       {"name", "synthetic"},
       {"gpu",
@@ -69,6 +72,13 @@ Json rig_json(const RigFigures& f) {
         {"pinnable_bytes", figure(f.ram)},
         {"adam", Json::array({{{"state_format", "fp32"}, {"threads", f.cores}, {"params_per_s", figure(f.adam)}}})}}},
       {"storage", Json::array()}};
+  if (f.gpus_per_node > 0) {
+    Json c = {{"gpus_per_node", f.gpus_per_node}, {"nodes", f.nodes}, {"gpus_per_switch", f.gpus_per_switch}};
+    if (f.uplink > 0) c["switch_uplink_bandwidth"] = figure(f.uplink);
+    if (f.inter_node > 0) c["inter_node_bandwidth"] = figure(f.inter_node), c["inter_node_latency_s"] = figure(f.inter_latency);
+    rig["cluster"] = c;
+  }
+  return rig;
 }
 
 // Llama, no GQA: H = q = kv = 512, I = 1024, V = 1024. Per layer 4 H^2 + 3 H I + 2 H parameters.
@@ -105,6 +115,8 @@ struct PlanKnobs {
   double clip = 0;
   std::string transfer = "bf16";
   int64_t device_budget = 0;
+  int ranks = 1, ranks_per_node = 0;  // the parallel section (ranks 1: none)
+  std::string host_state = "replicated";
 };
 
 Plan make_plan(const PlanKnobs& k, const RigFigures& f) {
@@ -120,6 +132,9 @@ Plan make_plan(const PlanKnobs& k, const RigFigures& f) {
               {"checkpoint_every", k.checkpoint_every},
               {"checkpoint_location", k.location}}},
             {"placement", {{"device_budget_bytes", k.device_budget}}}};
+  if (k.ranks > 1)
+    j["parallel"] = {{"data_parallel", k.ranks}, {"ranks_per_node", k.ranks_per_node > 0 ? k.ranks_per_node : k.ranks},
+                     {"host_state", k.host_state}};
   auto p = Plan::from_json_text(j.dump(), "synthetic plan");
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   return p.ok() ? *p : Plan{};
@@ -568,6 +583,102 @@ TEST(StepModelProperties, DeeperPrefetchNeverMakesTheStepSlowerWhileBuffersFit) 
     ASSERT_TRUE(shallow.result.feasible && deep.result.feasible) << what;
     EXPECT_LE(deep.result.step_time_s, shallow.result.step_time_s * (1 + 1e-9)) << what << ": prefetch " << deeper.prefetch;
   }
+}
+
+// ---- data parallelism (docs/cost-model.md, "Data parallelism") ------------------------------------
+
+// Hand-computed: R ranks per node each get 1/R of the host's memory bandwidth B, cores and RAM; a
+// gradient of S bytes costs 5 (R-1)/R S / (B/R) replicated (reduce-scatter + allgather through host
+// memory), 3 (R-1)/R S / (B/R) sharded (reduce to owners), a gather 2 (R-1)/R S / (B/R); across M
+// nodes add 2 (M-1)/M S / W + 2 (M-1) latency (allreduce of the shards) or (M-1)/M S / W + (M-1)
+// latency (reduce or gather) at the network's W bytes/s; two GPUs behind one switch share its uplink.
+TEST(StepModelDataParallel, CollectivesContentionAndLinksFollowTheHandFormulas) {
+  RigFigures f;
+  f.host_bandwidth = 8e10;
+  f.adam = 2e9;
+  f.cores = 8;
+  f.h2d = 5e10;
+  f.gpus_per_node = 8, f.nodes = 2, f.gpus_per_switch = 2, f.uplink = 6e10, f.inter_node = 1e11, f.inter_latency = 1e-5;
+  PlanKnobs k;
+  k.ranks = 4;  // one node of 4
+  const Sim one = simulate_plan(k, f);
+  const CostModel c(one.plan, one.model, one.rig);
+  const double S = 4e8, B = 8e10 / 4;
+  EXPECT_TRUE(c.multi_rank());
+  EXPECT_DOUBLE_EQ(c.host_bandwidth(), B);
+  EXPECT_LT(rel(c.gradient_sum(S).time_s, 5.0 * 3 / 4 * S / B), 1e-12);
+  EXPECT_LT(rel(c.gradient_sum(S).host_bytes, 5.0 * 3 / 4 * S), 1e-12);
+  EXPECT_EQ(c.weight_gather(S).time_s, 0);  // replicated: nothing to gather
+  EXPECT_DOUBLE_EQ(c.h2d_time(1e9), 1e9 / 3e10);  // min(link 5e10, uplink 6e10 / 2 GPUs)
+  EXPECT_DOUBLE_EQ(c.adam_rate(), 2e9 * 2 / 8);   // 8 cores / 4 ranks = 2 threads of the rate at 8
+  k.host_state = "sharded";
+  const CostModel cs(simulate_plan(k, f).plan, one.model, one.rig);
+  EXPECT_LT(rel(cs.gradient_sum(S).time_s, 3.0 * 3 / 4 * S / B), 1e-12);
+  EXPECT_LT(rel(cs.weight_gather(S).time_s, 2.0 * 3 / 4 * S / B), 1e-12);
+  k.ranks = 8, k.ranks_per_node = 4;  // two nodes of 4
+  const CostModel c2(simulate_plan(k, f).plan, one.model, one.rig);
+  EXPECT_EQ(c2.nodes_used(), 2);
+  EXPECT_LT(rel(c2.gradient_sum(S).time_s, 3.0 * 3 / 4 * S / B + 0.5 * S / 1e11 + 1e-5), 1e-12);
+  EXPECT_LT(rel(c2.weight_gather(S).time_s, 2.0 * 3 / 4 * S / B + 0.5 * S / 1e11 + 1e-5), 1e-12);
+  k.host_state = "replicated";
+  const CostModel c3(simulate_plan(k, f).plan, one.model, one.rig);
+  EXPECT_LT(rel(c3.gradient_sum(S).time_s, 5.0 * 3 / 4 * S / B + 2 * 0.5 * S / 1e11 + 2e-5), 1e-12);
+}
+
+// The step: one grad_sum task per unit after its gradient's copy on the D2H lane, before its update;
+// sharded, one weight_gather per unit after its update on the optimizer lane, before the next step's
+// load; tokens are the job's; memory is checked against one rank's share; too many ranks for the
+// rig are refused naming the key.
+TEST(StepModelDataParallel, CollectiveTasksMemoryShareAndRefusals) {
+  RigFigures f;
+  f.host_bandwidth = 8e10;
+  f.adam = 2e9;
+  f.gpus_per_node = 4, f.nodes = 1;
+  f.ram = 1e9;
+  PlanKnobs k;
+  const Sim alone = simulate_plan(k, f);
+  k.ranks = 4, k.host_state = "sharded";
+  const Sim s = simulate_plan(k, f, true);
+  ASSERT_TRUE(s.result.feasible) << s.result.reason;
+  EXPECT_EQ(s.result.ranks, 4);
+  EXPECT_DOUBLE_EQ(s.result.tokens_per_step, 4 * alone.result.tokens_per_step);
+  EXPECT_EQ(s.result.capacity_bytes.ram, static_cast<int64_t>(1e9) / 4);
+  const CostModel c(s.plan, s.model, s.rig);
+  const Engine& e = *s.result.engine;
+  const int L = k.layers;
+  std::map<std::pair<int, int>, size_t> sums, gathers, adams;  // (step, unit) -> task
+  for (size_t t = 0; t < e.task_count(); ++t) {
+    const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+    const auto key = std::make_pair(static_cast<int>(ts.step), static_cast<int>(ts.layer));
+    if (span_kind_of(ts) == SpanKind::kGradSum) sums[key] = t;
+    if (span_kind_of(ts) == SpanKind::kWeightGather) gathers[key] = t;
+    if (span_kind_of(ts) == SpanKind::kOptimizer) adams[key] = t;
+  }
+  ASSERT_EQ(sums.size(), static_cast<size_t>(3 * (L + 2)));  // 3 simulated steps x every unit
+  ASSERT_EQ(gathers.size(), sums.size());
+  for (const auto& [key, t] : sums) {
+    const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+    const double numel = static_cast<double>(ts.bytes) / 4;
+    EXPECT_LT(rel(ts.work_s, c.gradient_sum(ts.bytes).time_s), 1e-12);
+    EXPECT_EQ(e.resources()[static_cast<size_t>(ts.resource)].kind, std::string("d2h"));
+    const size_t a = adams.at(key), g = gathers.at(key);
+    EXPECT_GE(e.times(static_cast<TaskId>(a)).start, e.times(static_cast<TaskId>(t)).end - 1e-15);
+    EXPECT_GE(e.times(static_cast<TaskId>(g)).start, e.times(static_cast<TaskId>(a)).end - 1e-15);
+    EXPECT_LT(rel(e.task(static_cast<TaskId>(g)).work_s, c.weight_gather(numel * (4 + 2)).time_s), 1e-9);  // master + bf16 copy
+    EXPECT_LT(rel(e.task(static_cast<TaskId>(a)).work_s, c.adam_time(numel / 4)), 1e-9);  // a quarter of the unit each
+  }
+  k.ranks = 8;
+  auto too_many = simulate(make_plan(k, f));
+  ASSERT_TRUE(too_many.ok());
+  EXPECT_FALSE(too_many->feasible);
+  EXPECT_NE(too_many->reason.find("cluster.gpus_per_node"), std::string::npos) << too_many->reason;
+  k.ranks = 4;
+  k.host_state = "replicated";
+  f.ram = 2.5e7;  // a quarter of it is below one rank's RAM
+  auto small = simulate(make_plan(k, f));
+  ASSERT_TRUE(small.ok());
+  EXPECT_FALSE(small->feasible);
+  EXPECT_NE(small->reason.find("one rank's share of its node (1/4): ram needs"), std::string::npos) << small->reason;
 }
 
 }  // namespace

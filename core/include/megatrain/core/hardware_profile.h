@@ -146,6 +146,21 @@ struct NvmeSpec {
   bool operator==(const NvmeSpec&) const = default;
 };
 
+// Several GPUs (optional; absent: one GPU, the rig above): `gpus_per_node` GPUs like `gpu`, each on
+// a link like `links`, share one node's host (`host`: its RAM, memory bandwidth, cores and drives),
+// and `nodes` such nodes form a cluster. GPUs that share a PCIe switch share its uplink to the host;
+// nodes reach each other over the network at `inter_node_bandwidth` (per node, per direction).
+// The simulator's multi-GPU model (docs/cost-model.md, "Data parallelism") reads it.
+struct ClusterSpec {
+  int64_t gpus_per_node = 1;
+  int64_t nodes = 1;
+  int64_t gpus_per_switch = 1;                  // GPUs behind one PCIe switch (1: each its own uplink)
+  std::optional<Figure> switch_uplink_bandwidth;  // bytes/s per direction; required when gpus_per_switch > 1
+  std::optional<Figure> inter_node_bandwidth;     // bytes/s per node per direction; required when nodes > 1
+  std::optional<Figure> inter_node_latency_s;     // one message between nodes; required when nodes > 1
+  bool operator==(const ClusterSpec&) const = default;
+};
+
 struct HardwareProfile {
   std::string name;                 // "h200-1.5tb"
   std::string description;
@@ -153,6 +168,9 @@ struct HardwareProfile {
   LinksSpec links;
   HostSpec host;
   std::vector<NvmeSpec> storage;    // may be empty (RAM-only rig)
+  std::optional<ClusterSpec> cluster;  // several GPUs per node, several nodes (absent: one GPU)
+  int64_t gpus_per_node() const { return cluster ? cluster->gpus_per_node : 1; }
+  int64_t nodes() const { return cluster ? cluster->nodes : 1; }
   bool operator==(const HardwareProfile&) const = default;
 
   // Parses and validates; every error names the key path and what is accepted.

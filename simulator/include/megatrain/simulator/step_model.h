@@ -50,6 +50,24 @@ class CostModel {
   double adam_time(double params) const;
   double host_pass_time(double bytes) const;  // one CPU streaming pass over host memory
 
+  // ---- data parallelism (docs/cost-model.md, "Data parallelism") ----
+  // With a plan for several ranks on a rig with a cluster section, one rank's step is simulated
+  // with its share of its node: 1/R of the host's memory bandwidth, cores and drives (R ranks per
+  // node), its PCIe switch's uplink shared with the GPUs behind it, and the collectives as tasks.
+  bool multi_rank() const { return ranks_ > 1; }
+  int64_t ranks() const { return ranks_; }
+  int64_t ranks_per_node() const { return ranks_per_node_; }
+  int64_t nodes_used() const { return nodes_used_; }
+  // A collective on `bytes` of one rank's data: its time and the host memory it moves (bytes).
+  struct Collective {
+    double time_s = 0, host_bytes = 0;
+  };
+  // A unit's final gradient: summed onto every rank (replicated states), or onto its owners
+  // (sharded states).
+  Collective gradient_sum(double bytes) const;
+  // Sharded states: the updated weights (`bytes` of one unit) taken from their owners.
+  Collective weight_gather(double bytes) const;
+
   // The terms of one decoder layer's GPU work for one micro-batch (docs/cost-model.md).
   struct LayerCost {
     bool moe = false;            // the MoE block (router and experts) instead of the dense MLP
@@ -89,6 +107,10 @@ class CostModel {
  private:
   const HardwareProfile& rig_;
   double peak_ = 0, host_bw_ = 0, adam_rate_ = 0, nvme_read_bw_ = 0, nvme_write_bw_ = 0;
+  int64_t ranks_ = 1, ranks_per_node_ = 1, nodes_used_ = 1;
+  bool sharded_ = false;
+  double link_cap_ = 0;   // bytes/s: this GPU's share of its PCIe switch's uplink (0: no cap)
+  double inter_bw_ = 0, inter_latency_ = 0;
   std::vector<LayerCost> kinds_;        // the distinct layer kinds (at most 4: dense/MoE x full/window)
   std::vector<uint8_t> kind_of_layer_;  // index into kinds_ per decoder layer
   double layers_fwd_ = 0, layers_bwd_ = 0;
@@ -106,6 +128,7 @@ struct SimResult {
   bool feasible = true;
   std::string reason;        // when not feasible: which tier, by how many bytes
   double step_time_s = 0;
+  int64_t ranks = 1;          // data-parallel ranks (parallel.data_parallel): tokens and FLOPs are the job's
   double tokens_per_step = 0;
   double tokens_per_s = 0;
   double flops_per_step = 0; // model FLOPs (forward + backward, no recompute), as MFU counts them
