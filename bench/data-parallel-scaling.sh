@@ -5,9 +5,12 @@
 # 1/8 of its node's host memory bandwidth, cores, drives and RAM, two GPUs per PCIe switch uplink,
 # the gradient sums and weight gathers through host memory (MPI) and the nodes' InfiniBand.
 #
-# The 1-GPU plan is `megatrain-plan plan` on the node's rig (64 sequences of 4096 tokens per step,
-# the planner's default). The planner does not search the rank count yet (`plan --gpus` is the next
-# step), so for 8 and 32 GPUs this script searches: it simulates a grid of knobs around that plan
+# First `megatrain-plan plan --gpus N` for llama-2-7b, llama-2-70b and gpt-oss-120b at 1, 8 and 32
+# GPUs, 8 sequences of 4096 tokens per GPU and step, gradient clipping on (the planner never turns a
+# user's clipping off). Then, for the two large models, a grid that also tries without clipping
+# (which lets gradients be lent per unit, so that a rank's RAM holds no whole-model gradient): the
+# 1-GPU plan is `megatrain-plan plan` on the node's rig (64 sequences of 4096 tokens per step, the
+# planner's default), and for 8 and 32 GPUs the script simulates a grid of knobs around that plan
 # (replicated or sharded optimizer states, RAM or NVMe placement, schedule order with or without
 # clipping, 8 to 64 sequences per rank and step, micro-batch 1 to 8; NVMe staging for 16 GiB or two
 # of the largest unit's transfers) and keeps the fastest plan that
@@ -22,6 +25,33 @@ dir=${1:-$(mktemp -d)}
 mkdir -p "$dir"
 plan="$bin/megatrain-plan"
 
+echo "megatrain-plan plan --gpus N (8 sequences of 4096 tokens per GPU, clipping 1.0):"
+echo "| model | GPUs | tokens/s | per GPU | MFU | bottleneck | plan |"
+echo "|---|---|---|---|---|---|---|"
+for model in llama-2-7b llama-2-70b gpt-oss-120b; do
+  for n in 1 8 32; do
+    rig=h200x8-2tb
+    [ "$n" = 32 ] && rig=h200x8-2tb-4node
+    "$plan" plan --model "$model" --rig "$rig" --gpus "$n" --seq 4096 --tokens-per-step $((n * 8 * 4096)) --json \
+      >"$dir/$model-gpus$n.json" 2>/dev/null || true
+    /usr/bin/python3 - "$dir/$model-gpus$n.json" "$model" "$n" <<'PY'
+import json, sys
+r, model, n = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+def knobs(p):
+    t, sc, pl, par = p["training"], p["schedule"], p["placement"], p.get("parallel", {})
+    return (f"{sc['order']}, micro-batch {t['micro_batch']} x {t['grad_accum']}, master {pl['master_weights']}, "
+            f"states {pl['optimizer_states']}, transfer {p['precision']['transfer']}, host_state {par.get('host_state', '-')}")
+if not r.get("feasible"):
+    short = "; ".join(f"{x['tier']} short by {x['short_bytes'] / 2**30:.0f} GiB" for x in r.get("shortfalls", []) if x.get("short_bytes", 0) > 0)
+    print(f"| {model} | {n} | does not fit | | | | closest plan: {short} |")
+else:
+    pr = r["plan"]["predicted"]
+    print(f"| {model} | {n} | {pr['tokens_per_s']:.0f} | {pr['tokens_per_s'] / n:.0f} | {pr['mfu']:.1%} | "
+          f"{r['bottleneck']['resource']} | {knobs(r['plan'])} |")
+PY
+  done
+done
+echo
 for model in llama-2-70b gpt-oss-120b; do
   "$plan" plan --model "$model" --rig h200x8-2tb --seq 4096 --tokens-per-step $((64 * 4096)) --json -o "$dir/$model-1.json" \
     >"$dir/$model-1.search.json"

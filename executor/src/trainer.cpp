@@ -154,8 +154,10 @@ struct Trainer::Impl {
 // The budgets: the plan's device budget (or the rig's usable GPU memory) and the rig's host memory,
 // with the figures the simulator reports; and host memory against this machine's physical RAM too,
 // since the rig may describe a bigger machine, rather than found short by the OOM killer.
-static Status check_footprint_fits(const step::Footprint& fp, const Plan& plan, bool on_nvme) {
+// Sharded optimizer states keep only this rank's moments (the footprint counts the whole model's).
+static Status check_footprint_fits(step::Footprint fp, const Plan& plan, const ModelSpec& model, bool on_nvme) {
   MT_ASSIGN_OR_RETURN(HardwareProfile rig, plan.resolve_rig());
+  (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= step::sharded_moment_saving(plan, model);
   step::TierCapacity cap = step::capacity_of(plan, rig);
   if (on_nvme) cap.nvme = std::max(cap.nvme, fp.peak.nvme);  // the drives' own free space is checked by the store
   if (Status fits = step::check_fits(fp, cap); !fits.ok()) return Status(fits.code(), "the plan does not fit its budgets: " + fits.message());
@@ -177,7 +179,7 @@ Status check_plan_fits(const Plan& plan, const ModelSpec& model, const std::stri
   co.lent_gradients = step::lends_gradients(plan, true);
   MT_ASSIGN_OR_RETURN(const step::StepSchedule sched, step::compile(plan, model, layout, co));
   const bool on_nvme = plan.placement.master_weights == Tier::kNvme || plan.placement.optimizer_states == Tier::kNvme;
-  return check_footprint_fits(step::footprint(sched, layout), plan, on_nvme);
+  return check_footprint_fits(step::footprint(sched, layout), plan, model, on_nvme);
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSpec& model, HostState& state,
@@ -286,7 +288,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   const int64_t ws_floats = sb.workspace;
   const int64_t act_floats = sb.act_floats;
   if (options.streamed) {
-    MT_RETURN_IF_ERROR(check_footprint_fits(I.fp, plan, I.state->on_nvme()));
+    MT_RETURN_IF_ERROR(check_footprint_fits(I.fp, plan, model, I.state->on_nvme()));
     MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(I.fp.peak.device));
     Arena& ar = *I.arena;
     auto take = [&](std::vector<float*>& into, int64_t count, int64_t n, const char* what) -> Status {

@@ -108,6 +108,11 @@ Plan make_plan(const Knobs& k, const Space& s, const HardwareProfile& on) {
   p.optimizer.m_format = k.m_format;
   p.optimizer.v_format = k.v_format;
   p.optimizer.threads = k.threads;
+  if (s.ranks > 1) {
+    p.parallel.data_parallel = s.ranks;
+    p.parallel.ranks_per_node = s.ranks_per_node;
+    p.parallel.host_state = k.sharded ? "sharded" : "replicated";
+  }
   return p;
 }
 
@@ -128,6 +133,25 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
                             (below > 0 ? std::to_string(below) + " or " : std::string()) + std::to_string(above));
   }
   s.sequences = s.tokens / s.seq;
+  if (req.gpus < 1) return invalid_argument("--gpus " + std::to_string(req.gpus) + ": accepted: 1 or more");
+  if (req.gpus > 1) {
+    if (!rig.cluster)
+      return invalid_argument("--gpus " + std::to_string(req.gpus) + ": rig '" + rig.name +
+                              "' describes one GPU (it has no cluster section); accepted: --gpus 1, or a rig with a cluster section "
+                              "(h200x8-2tb, h200x8-2tb-4node; docs/hardware-profile.md)");
+    s.ranks = req.gpus;
+    s.ranks_per_node = std::min(req.gpus, rig.gpus_per_node());
+    if (s.ranks % s.ranks_per_node != 0 || s.ranks / s.ranks_per_node > rig.nodes())
+      return invalid_argument("--gpus " + std::to_string(req.gpus) + ": rig '" + rig.name + "' has " + std::to_string(rig.nodes()) +
+                              " node(s) of " + std::to_string(rig.gpus_per_node()) + " GPUs; accepted: up to " +
+                              std::to_string(rig.nodes() * rig.gpus_per_node()) + ", whole nodes beyond one (a multiple of " +
+                              std::to_string(rig.gpus_per_node()) + ")");
+    if (s.sequences % s.ranks != 0)
+      return invalid_argument("--gpus " + std::to_string(req.gpus) + " does not divide the step's " + std::to_string(s.sequences) +
+                              " sequences among the ranks; accepted: --tokens-per-step a multiple of " +
+                              std::to_string(s.ranks * s.seq) + " (gpus x seq)");
+    s.sequences /= s.ranks;  // each rank's
+  }
   if (req.micro_batch < 0 || (req.micro_batch > 0 && s.sequences % req.micro_batch != 0))
     return invalid_argument("micro-batch " + std::to_string(req.micro_batch) + " does not divide the step's " +
                             std::to_string(s.sequences) + " sequences; accepted: 0 (the search chooses) or a divisor of it");
@@ -208,7 +232,11 @@ std::vector<Knobs> structural_knobs(const Space& s) {
                   k.m_format = fp.m;
                   k.v_format = fp.v;
                   k.threads = s.threads_for.at(format_key(t, fp.m, fp.v));
-                  out.push_back(k);
+                  for (bool sharded : {false, true}) {  // several ranks: replicated or sharded optimizer states
+                    if (sharded && s.ranks == 1) continue;
+                    k.sharded = sharded;
+                    out.push_back(k);
+                  }
                 }
               }
             }

@@ -50,6 +50,7 @@ std::vector<std::pair<std::string, std::string>> knob_phrases(const Plan& p) {
       {"transfer", dtype_name(p.precision.transfer)},
       {"optimizer threads", std::to_string(p.optimizer.threads)},
       {"pinned staging", p.placement.pinned_staging_bytes > 0 ? format_bytes(static_cast<double>(p.placement.pinned_staging_bytes)) : ""},
+      {"optimizer states", p.parallel.data_parallel > 1 ? p.parallel.host_state + " over " + std::to_string(p.parallel.data_parallel) + " ranks" : ""},
   };
 }
 

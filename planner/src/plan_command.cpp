@@ -31,6 +31,7 @@ int plan_command(const PlanCommand& cmd) {
   req.seq_len = cmd.seq_len;
   req.tokens_per_step = cmd.tokens_per_step;
   req.micro_batch = cmd.micro_batch;
+  req.gpus = cmd.gpus;
   req.steps = cmd.steps;
   req.top = cmd.top;
   req.model_ref = profile_ref(cmd.model);

@@ -222,9 +222,14 @@ Status compare_orders(const Space& s, const std::vector<Structural>& pre, const 
 }
 
 void add_request_assumptions(const Space& s, SearchResult& res) {
-  res.assumptions.push_back("tokens per step " + std::to_string(s.tokens) + " = " + std::to_string(s.sequences) +
+  res.assumptions.push_back("tokens per step " + std::to_string(s.tokens) + " = " +
+                            (s.ranks > 1 ? std::to_string(s.ranks) + " ranks x " : std::string()) + std::to_string(s.sequences) +
                             " sequences of " + std::to_string(s.seq) + " tokens" +
                             (s.req.tokens_per_step > 0 ? "" : " (default: 64 sequences)"));
+  if (s.ranks > 1)
+    res.assumptions.push_back("data parallel: " + std::to_string(s.ranks) + " ranks, " + std::to_string(s.ranks_per_node) +
+                              " per node; each rank's share of its node and the collectives as docs/cost-model.md models them; "
+                              "optimizer states replicated or sharded, whichever is faster");
   std::string f;
   for (StateFormat x : s.formats) f += (f.empty() ? "" : ", ") + std::string(state_format_name(x));
   res.assumptions.push_back(std::string("compute ") + dtype_name(s.compute) + ", fp32 master weights; optimizer-state formats allowed: " + f);

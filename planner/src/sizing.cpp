@@ -33,6 +33,12 @@ Result<step::TierBytes> Sizer::need(const Knobs& k) {
   n.pinned = h->second.pinned;
   n.ram = h->second.ram_without_arena + (arena_in_ram ? n.device : 0);
   n.nvme = h->second.nvme;
+  if (k.sharded) {  // each rank keeps only its own tensors' moments (step::sharded_moment_saving)
+    const auto key = std::make_tuple(static_cast<int>(k.m_format), static_cast<int>(k.v_format));
+    auto it = sharded_saving_.find(key);
+    if (it == sharded_saving_.end()) it = sharded_saving_.emplace(key, step::sharded_moment_saving(plan, space_.model)).first;
+    (k.states_nvme ? n.nvme : n.ram) -= it->second;
+  }
   return n;
 }
 

@@ -305,25 +305,6 @@ class Builder {
   std::vector<int32_t> carried_;  // the slots the next round's first loads fill
 };
 
-// Sharded states (core's shard_owners): Adam's moments of the whole model, and of the rank that
-// keeps the most, in bytes.
-int64_t unsharded_moment_bytes(const ModelSpec& model, const Plan& plan) {
-  int64_t b = 0;
-  for (const auto& numels : unit_tensor_numels(model))
-    for (StateFormat f : {plan.optimizer.m_format, plan.optimizer.v_format}) b += state_format_bytes(f, numels, plan.optimizer.block_size);
-  return b;
-}
-int64_t largest_moment_shard(const ModelSpec& model, const Plan& plan, int ranks) {
-  std::vector<int64_t> all;
-  for (const auto& numels : unit_tensor_numels(model)) all.insert(all.end(), numels.begin(), numels.end());
-  const std::vector<int> owner = shard_owners(all, ranks);
-  std::vector<int64_t> per(static_cast<size_t>(ranks), 0);
-  for (size_t i = 0; i < all.size(); ++i)
-    for (StateFormat f : {plan.optimizer.m_format, plan.optimizer.v_format})
-      per[static_cast<size_t>(owner[i])] += state_format_bytes(f, {all[i]}, plan.optimizer.block_size);
-  return *std::max_element(per.begin(), per.end());
-}
-
 }  // namespace
 
 Result<SimResult> simulate(const Plan& plan, const SimOptions& options) {
@@ -371,16 +352,8 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   const step::StepSchedule& sched = *compiled;
   step::Footprint fp = step::footprint(sched, layout);
   step::TierCapacity cap = step::capacity_of(plan, rig);
-  if (N > 1 && rig.cluster) {
-    // One rank's share of its node; sharded states keep only its own tensors' moments.
-    cap.ram /= R;
-    cap.pinned /= R;
-    cap.nvme /= R;
-    if (plan.parallel.host_state == "sharded") {
-      const int64_t saved = unsharded_moment_bytes(model, plan) - largest_moment_shard(model, plan, static_cast<int>(N));
-      (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= saved;
-    }
-  }
+  // capacity_of gives one rank's share of its node; sharded states keep only its own tensors' moments.
+  (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= step::sharded_moment_saving(plan, model);
   res.capacity_bytes = {cap.device, cap.pinned, cap.ram, cap.nvme};
   res.peak_bytes = {fp.peak.device, fp.peak.pinned, fp.peak.ram, fp.peak.nvme};
   if (Status fits = step::check_fits(fp, cap); !fits.ok())

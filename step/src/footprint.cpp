@@ -88,13 +88,38 @@ FootprintKeys footprint_keys(const Plan& p) {
   return k;
 }
 
+int64_t ranks_sharing_host(const Plan& plan, const HardwareProfile& rig) {
+  return plan.parallel.data_parallel > 1 && rig.cluster ? plan.parallel.ranks_per_node : 1;
+}
+
 TierCapacity capacity_of(const Plan& plan, const HardwareProfile& rig) {
   TierCapacity c;
   c.device = device_budget_of(plan, rig);
   c.pinned = static_cast<int64_t>(rig.host.pinnable_bytes.value);
   c.ram = static_cast<int64_t>(rig.host.ram_bytes.value);
   for (const auto& d : rig.storage) c.nvme += static_cast<int64_t>(d.capacity_bytes.value);
+  const int64_t r = ranks_sharing_host(plan, rig);
+  c.pinned /= r;
+  c.ram /= r;
+  c.nvme /= r;
   return c;
+}
+
+int64_t sharded_moment_saving(const Plan& plan, const ModelSpec& model) {
+  if (plan.parallel.data_parallel <= 1 || plan.parallel.host_state != "sharded") return 0;
+  const auto ranks = static_cast<int>(plan.parallel.data_parallel);
+  std::vector<int64_t> all;
+  for (const auto& numels : unit_tensor_numels(model)) all.insert(all.end(), numels.begin(), numels.end());
+  const std::vector<int> owner = shard_owners(all, ranks);
+  std::vector<int64_t> per(static_cast<size_t>(ranks), 0);
+  int64_t whole = 0;
+  for (size_t i = 0; i < all.size(); ++i)
+    for (StateFormat f : {plan.optimizer.m_format, plan.optimizer.v_format}) {
+      const int64_t b = state_format_bytes(f, {all[i]}, plan.optimizer.block_size);
+      per[static_cast<size_t>(owner[i])] += b;
+      whole += b;
+    }
+  return whole - *std::max_element(per.begin(), per.end());
 }
 
 Status check_fits(const Footprint& f, const TierCapacity& cap) {

@@ -28,6 +28,7 @@ struct Knobs {
   int64_t staging = 0;
   int64_t threads = 1;
   int64_t prefetch = 1, buffers = 2;  // set per simulation
+  bool sharded = false;                // data parallelism: parallel.host_state sharded
 };
 
 // The knobs at prefetch depth K with the buffers the search gives it: max(K + 1, c + K), the count
@@ -49,7 +50,8 @@ struct Space {
   const HardwareProfile& rig;
   const SearchRequest& req;
   const SearchOptions& opt;
-  int64_t seq = 0, tokens = 0, sequences = 0;
+  int64_t seq = 0, tokens = 0, sequences = 0;  // tokens: the job's; sequences: one rank's
+  int64_t ranks = 1, ranks_per_node = 1;          // data parallelism (SearchRequest::gpus)
   DType compute = DType::kBf16;
   bool cpu = false;                    // the CPU backend (step::backend_of_rig)
   std::vector<DType> transfers;        // transfer precisions searched

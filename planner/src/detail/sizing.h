@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "search_space.h"
@@ -36,6 +37,7 @@ class Sizer {
   std::map<int64_t, step::ActivationLayout> layouts_;  // per micro-batch size
   std::map<std::vector<int64_t>, int64_t> device_;     // on step::FootprintKeys::device
   std::map<std::vector<int64_t>, Host> host_;          // on step::FootprintKeys::host
+  std::map<std::tuple<int, int>, int64_t> sharded_saving_;  // per (m, v) format
   int64_t compiles_ = 0;
 };
 

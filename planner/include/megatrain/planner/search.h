@@ -38,6 +38,10 @@ struct SearchRequest {
   // sequences), as when a user sets per_device_train_batch_size (the Python package).
   int64_t micro_batch = 0;
   int64_t steps = 1000;         // training.steps written into the plan
+  // Data parallelism (docs/data-parallel.md): the ranks (GPUs) of the job, min(gpus, the rig's
+  // cluster.gpus_per_node) per node. tokens_per_step is the job's; each rank trains 1/gpus of it. With
+  // gpus > 1 the search also chooses parallel.host_state (replicated or sharded).
+  int64_t gpus = 1;
   SearchPolicy policy;
   int top = 5;                  // alternatives reported
   // References written into the plan (a name in profiles/, an absolute path, or an embedded object).
@@ -179,6 +183,7 @@ struct PlanCommand {
   int64_t tokens_per_step = 0;
   int64_t micro_batch = 0;            // --micro-batch: 0, the search chooses
   int64_t steps = 1000;
+  int64_t gpus = 1;                   // --gpus: data-parallel ranks
   int top = 5;
   std::string output;                 // -o: write the best plan here, atomically
   std::string state_formats = "fp32"; // --state-formats

@@ -242,7 +242,15 @@ FootprintKeys footprint_keys(const Plan& plan);
 struct TierCapacity {
   int64_t device = 0, pinned = 0, ram = 0, nvme = 0;
 };
+// A plan for several ranks on a rig with a cluster section gets one rank's share of its node: the
+// pinnable memory, RAM and drives divided by parallel.ranks_per_node (docs/cost-model.md).
 TierCapacity capacity_of(const Plan& plan, const HardwareProfile& rig);
+// The ranks of such a plan share their node's host: the divisor capacity_of applies (1 otherwise).
+int64_t ranks_sharing_host(const Plan& plan, const HardwareProfile& rig);
 Status check_fits(const Footprint& f, const TierCapacity& cap);
+// Sharded optimizer states (parallel.host_state sharded): the bytes of Adam's moments a rank does
+// not keep, against the footprint's whole-model figure: all of them less those of the rank that keeps
+// the most (core's shard_owners). 0 for other plans. They come off the tier the states are on.
+int64_t sharded_moment_saving(const Plan& plan, const ModelSpec& model);
 
 }  // namespace megatrain::step
