@@ -122,6 +122,7 @@ Status Engine::run() {
   std::vector<double> demand_sum(np, 0.0);
   std::vector<int64_t> in_use(prealloc_.begin(), prealloc_.end());
   std::vector<std::vector<int32_t>> mem_waiters(nm);
+  std::vector<TaskId> last_release(nm, -1);  // per memory: the task that released it last
   mem_timeline_.assign(nm, {});
   mem_peak_.assign(in_use.begin(), in_use.end());
   for (size_t m = 0; m < nm; ++m) {
@@ -252,6 +253,13 @@ Status Engine::run() {
         const MemOp& op = acquires_[static_cast<size_t>(k)];
         in_use[static_cast<size_t>(op.memory)] += op.amount;
         record_memory(static_cast<size_t>(op.memory));
+        // It waited for memory: the release that came last freed it.
+        if (now > times_[ti].ready) {
+          const TaskId by = last_release[static_cast<size_t>(op.memory)];
+          if (by >= 0 && (times_[ti].memory_binding < 0 || times_[static_cast<size_t>(by)].end >=
+                                                               times_[static_cast<size_t>(times_[ti].memory_binding)].end))
+            times_[ti].memory_binding = by;
+        }
       }
       ++head[ri];
       ++running[ri];
@@ -315,6 +323,7 @@ Status Engine::run() {
       const auto m = static_cast<size_t>(op.memory);
       in_use[m] -= op.amount;
       record_memory(m);
+      last_release[m] = ev.task;
       for (int32_t w : mem_waiters[m]) mark(w);
       mem_waiters[m].clear();
     }

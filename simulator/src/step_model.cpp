@@ -508,6 +508,14 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
       const TaskId d = tt.binding, q = qprev[static_cast<size_t>(cur)];
       const double dend = d >= 0 ? e.times(d).end : -1, qend = q >= 0 ? e.times(q).end : -1;
       if (tt.start > std::max(dend, qend) + 1e-12) {
+        // It waited for a buffer: the path goes on through the task whose release freed it (an NVMe
+        // write freeing a staging buffer, a copy freeing a slot), so the drive or the link that holds
+        // the buffers is what the step waits for. Unknown releaser: the wait is memory_wait.
+        const TaskId m = tt.memory_binding;
+        if (m >= 0 && e.times(m).end > std::max(dend, qend) + 1e-12) {
+          cur = m;
+          continue;
+        }
         res.critical_path["memory_wait"] += std::min(tt.start, t1) - std::max(std::max(dend, qend), t0);
       }
       cur = dend >= qend ? d : q;

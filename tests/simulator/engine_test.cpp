@@ -164,6 +164,10 @@ TEST(Engine, MemoryWaitsForAnEarlierRelease) {
   EXPECT_DOUBLE_EQ(e.times(c).ready, 0.25);
   EXPECT_DOUBLE_EQ(e.times(c).start, 3.0);
   EXPECT_EQ(e.times(c).binding, delay);
+  // c waited for memory, and b's release at 3 let it start (d's at 0.75 did not); the others did not wait.
+  EXPECT_EQ(e.times(c).memory_binding, b);
+  EXPECT_EQ(e.times(d).memory_binding, -1);
+  EXPECT_EQ(e.times(a).memory_binding, -1);
   EXPECT_DOUBLE_EQ(e.makespan(), 4.0);
   EXPECT_EQ(e.memory_peak(mem), 70 + 30);
   const std::vector<std::pair<double, int64_t>> want = {{0.0, 70}, {0.25, 100}, {0.75, 70}, {3.0, 40}, {4.0, 0}};

@@ -56,6 +56,9 @@ struct TaskTimes {
   double start = 0;   // started (ready + any wait for memory)
   double end = 0;
   int32_t binding = -1;  // the dependency that ended last (-1: none, or the queue predecessor)
+  // When it waited for memory after it was ready: the task whose release of that memory let it
+  // start (the last release of any memory it acquires); -1 otherwise.
+  int32_t memory_binding = -1;
   double slowed_s[2] = {0, 0};  // time lost to sharing TaskSpec::pool[k] (the pool that limited it)
 };
 
