@@ -440,10 +440,9 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   MT_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::create(plan, model, state, loader, topt));
   if (comm->size() > 1) {
     // Every rank on a node keeps its training state: with replicated states a whole copy each, with
-    // sharded ones the moments of its own tensors only (the compiled step's footprint counts all
-    // of them). The node's RAM must hold the largest rank's that many times.
+    // sharded ones the moments of its own tensors only (the footprint is the rank's that keeps the
+    // most). The node's RAM must hold the largest rank's that many times.
     int64_t ram = o.in_memory ? trainer->memory_in_use().ram : trainer->footprint().peak.ram;
-    if (state.sharded() && !state.states_on_nvme() && !o.in_memory) ram += state.moment_bytes() - state.unsharded_moment_bytes();
     MT_RETURN_IF_ERROR(comm->max(&ram, 1, Channel::kMain));
     ram *= comm->local_size();
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

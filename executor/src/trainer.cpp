@@ -154,10 +154,8 @@ struct Trainer::Impl {
 // The budgets: the plan's device budget (or the rig's usable GPU memory) and the rig's host memory,
 // with the figures the simulator reports; and host memory against this machine's physical RAM too,
 // since the rig may describe a bigger machine, rather than found short by the OOM killer.
-// Sharded optimizer states keep only this rank's moments (the footprint counts the whole model's).
-static Status check_footprint_fits(step::Footprint fp, const Plan& plan, const ModelSpec& model, bool on_nvme) {
+static Status check_footprint_fits(const step::Footprint& fp, const Plan& plan, bool on_nvme) {
   MT_ASSIGN_OR_RETURN(HardwareProfile rig, plan.resolve_rig());
-  (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= step::sharded_moment_saving(plan, model);
   step::TierCapacity cap = step::capacity_of(plan, rig);
   if (on_nvme) cap.nvme = std::max(cap.nvme, fp.peak.nvme);  // the drives' own free space is checked by the store
   if (Status fits = step::check_fits(fp, cap); !fits.ok()) return Status(fits.code(), "the plan does not fit its budgets: " + fits.message());
@@ -179,7 +177,9 @@ Status check_plan_fits(const Plan& plan, const ModelSpec& model, const std::stri
   co.lent_gradients = step::lends_gradients(plan, true);
   MT_ASSIGN_OR_RETURN(const step::StepSchedule sched, step::compile(plan, model, layout, co));
   const bool on_nvme = plan.placement.master_weights == Tier::kNvme || plan.placement.optimizer_states == Tier::kNvme;
-  return check_footprint_fits(step::footprint(sched, layout), plan, model, on_nvme);
+  step::Footprint fp = step::footprint(sched, layout);
+  step::take_sharded_moments(fp, plan, model);  // sharded optimizer states: this rank's moments only
+  return check_footprint_fits(fp, plan, on_nvme);
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSpec& model, HostState& state,
@@ -280,6 +280,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             std::to_string(state.units()[static_cast<size_t>(u)].numel) + " elements, the compiled step " +
                             std::to_string(I.sched.unit_numel[static_cast<size_t>(u)]));
   I.fp = step::footprint(I.sched, layout);
+  step::take_sharded_moments(I.fp, plan, model);  // sharded optimizer states: this rank's moments only
   const step::Buffers& sb = I.sched.buffers;
   const int64_t max_unit = sb.slot_floats, max_layer = sb.grad_floats;
   const int64_t n_ckpt = I.sched.checkpoints_per_mb;
@@ -288,7 +289,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   const int64_t ws_floats = sb.workspace;
   const int64_t act_floats = sb.act_floats;
   if (options.streamed) {
-    MT_RETURN_IF_ERROR(check_footprint_fits(I.fp, plan, model, I.state->on_nvme()));
+    MT_RETURN_IF_ERROR(check_footprint_fits(I.fp, plan, I.state->on_nvme()));
     MT_ASSIGN_OR_RETURN(I.arena, I.be->create_arena(I.fp.peak.device));
     Arena& ar = *I.arena;
     auto take = [&](std::vector<float*>& into, int64_t count, int64_t n, const char* what) -> Status {

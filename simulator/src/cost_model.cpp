@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "megatrain/simulator/step_model.h"
+#include "megatrain/step/schedule.h"
 
 namespace megatrain::sim {
 namespace {
@@ -22,7 +23,7 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   if (plan.parallel.data_parallel > 1 && rig.cluster) {
     const ClusterSpec& cl = *rig.cluster;
     ranks_ = plan.parallel.data_parallel;
-    ranks_per_node_ = plan.parallel.ranks_per_node;
+    ranks_per_node_ = step::ranks_sharing_host(plan, rig);  // the divisor capacity_of applies
     nodes_used_ = ranks_ / ranks_per_node_;
     sharded_ = plan.parallel.host_state == "sharded";
     host_bw_ /= static_cast<double>(ranks_per_node_);

@@ -353,7 +353,7 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   step::Footprint fp = step::footprint(sched, layout);
   step::TierCapacity cap = step::capacity_of(plan, rig);
   // capacity_of gives one rank's share of its node; sharded states keep only its own tensors' moments.
-  (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= step::sharded_moment_saving(plan, model);
+  step::take_sharded_moments(fp, plan, model);
   res.capacity_bytes = {cap.device, cap.pinned, cap.ram, cap.nvme};
   res.peak_bytes = {fp.peak.device, fp.peak.pinned, fp.peak.ram, fp.peak.nvme};
   if (Status fits = step::check_fits(fp, cap); !fits.ok())

@@ -122,6 +122,10 @@ int64_t sharded_moment_saving(const Plan& plan, const ModelSpec& model) {
   return whole - *std::max_element(per.begin(), per.end());
 }
 
+void take_sharded_moments(Footprint& fp, const Plan& plan, const ModelSpec& model) {
+  (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= sharded_moment_saving(plan, model);
+}
+
 Status check_fits(const Footprint& f, const TierCapacity& cap) {
   auto over = [](const std::string& tier, int64_t need, int64_t have, const std::string& parts, const std::string& accepted) {
     return resource_exhausted(tier + " needs " + format_bytes(static_cast<double>(need)) + " (" + std::to_string(need) +

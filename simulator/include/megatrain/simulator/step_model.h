@@ -56,7 +56,6 @@ class CostModel {
   // node), its PCIe switch's uplink shared with the GPUs behind it, and the collectives as tasks.
   bool multi_rank() const { return ranks_ > 1; }
   int64_t ranks() const { return ranks_; }
-  int64_t ranks_per_node() const { return ranks_per_node_; }
   int64_t nodes_used() const { return nodes_used_; }
   // A collective on `bytes` of one rank's data: its time and the host memory it moves (bytes).
   struct Collective {

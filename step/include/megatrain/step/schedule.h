@@ -252,5 +252,8 @@ Status check_fits(const Footprint& f, const TierCapacity& cap);
 // not keep, against the footprint's whole-model figure: all of them less those of the rank that keeps
 // the most (core's shard_owners). 0 for other plans. They come off the tier the states are on.
 int64_t sharded_moment_saving(const Plan& plan, const ModelSpec& model);
+// That saving taken off the footprint's RAM or NVMe figure: the footprint of the rank that keeps the
+// most, as the simulator reports it and the executor checks it.
+void take_sharded_moments(Footprint& fp, const Plan& plan, const ModelSpec& model);
 
 }  // namespace megatrain::step
