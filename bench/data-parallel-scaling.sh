@@ -11,7 +11,7 @@
 # (which lets gradients be lent per unit, so that a rank's RAM holds no whole-model gradient): the
 # 1-GPU plan is `megatrain-plan plan` on the node's rig (64 sequences of 4096 tokens per step, the
 # planner's default), and for 8 and 32 GPUs the script simulates a grid of knobs around that plan
-# (replicated or sharded optimizer states, RAM or NVMe placement, schedule order with or without
+# (replicated, sharded or node-shared host state, RAM or NVMe placement, schedule order with or without
 # clipping, 8 to 64 sequences per rank and step, micro-batch 1 to 8; NVMe staging for 16 GiB or two
 # of the largest unit's transfers) and keeps the fastest plan that
 # fits one rank's share of its node. The table gives each size's global batch. Everything is simulated from datasheet figures and estimates;
@@ -83,8 +83,10 @@ for model in ("llama-2-70b", "gpt-oss-120b"):
     for n, rig in ((8, "h200x8-2tb"), (32, "h200x8-2tb-4node")):
         best, tried, why = None, 0, ""  # why: the refusal of the leanest grid point
         for host_state, place, (order, clip), seqs, mb in itertools.product(
-                ("replicated", "sharded"), (("ram", "ram"), ("ram", "nvme"), ("nvme", "nvme")),
+                ("replicated", "sharded", "shared"), (("ram", "ram"), ("ram", "nvme"), ("nvme", "nvme")),
                 (("layer-major", 0.0), ("microbatch-major", 1.0), ("layer-major", 1.0)), (8, 16, 32, 64), (1, 2, 4, 8)):
+            if host_state == "shared" and place[0] == "nvme":
+                continue  # a node-shared state keeps the master weights in RAM (plan-format.md)
             p = copy.deepcopy(base)
             p["rig"] = rig
             p["parallel"] = {"data_parallel": n, "ranks_per_node": 8, "collective": "mpi", "host_state": host_state}

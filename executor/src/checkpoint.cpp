@@ -164,11 +164,16 @@ Status write_rank0_files(const fs::path& tmp, const HostState& state, const Chec
 Status save_sharded(const fs::path& checkpoint_dir, const HostState& state, CheckpointInfo info, const SaveOptions& options,
                     const std::string& name, const std::string& what) {
   Communicator& comm = *options.comm;
-  const int rank = comm.rank(), ranks = comm.size();
-  if (state.sharding().ranks != ranks || state.sharding().rank != rank)
-    return internal_error(what + "the state is sharded as rank " + std::to_string(state.sharding().rank) + " of " +
-                          std::to_string(state.sharding().ranks) + ", the job is rank " + std::to_string(rank) + " of " + std::to_string(ranks));
-  info.optimizer_shards = ranks;
+  const int rank = comm.rank();
+  // The shards: one per rank, or with a shared host state one per rank of a node (every node holds
+  // the same states, and node 0's ranks write them).
+  const int shards = state.sharding().ranks, shard_index = state.sharding().rank;
+  const int expect_shards = state.shared() ? comm.local_size() : comm.size(), expect_index = state.shared() ? comm.local_rank() : rank;
+  const bool writer = !state.shared() || comm.node() == 0;
+  if (shards != expect_shards || shard_index != expect_index)
+    return internal_error(what + "the state is sharded as shard " + std::to_string(shard_index) + " of " + std::to_string(shards) +
+                          ", the job's rank is " + std::to_string(expect_index) + " of " + std::to_string(expect_shards));
+  info.optimizer_shards = shards;
   // Rank 0 makes the temporary directory; every rank learns its name (rank 0's process id).
   Status mine;
   fs::path tmp;
@@ -183,16 +188,18 @@ Status save_sharded(const fs::path& checkpoint_dir, const HostState& state, Chec
     return rank == 0 ? mine : unavailable(what + "rank 0 could not start it (its message says why)");
   if (rank != 0) tmp = checkpoint_dir / ("." + name + ".tmp-" + std::to_string(head[1]));
   // Every rank its shard (rank 0 also the weights), its size and checksum to rank 0.
-  const std::string shard = optimizer_file_name(rank, ranks);
-  mine = rank == 0 ? write_rank0_files(tmp, state, info, options, shard)
-                   : write_optimizer(state, tmp / shard, info.next_step - info.skipped_steps, options);
-  std::vector<int64_t> digests(3 * static_cast<size_t>(ranks), 0);  // per rank: ok, bytes, xxh64 bits
-  if (mine.ok()) {
+  const std::string shard = optimizer_file_name(shard_index, shards);
+  if (writer)
+    mine = rank == 0 ? write_rank0_files(tmp, state, info, options, shard)
+                     : write_optimizer(state, tmp / shard, info.next_step - info.skipped_steps, options);
+  std::vector<int64_t> digests(3 * static_cast<size_t>(shards), 0);  // per shard: ok, bytes, xxh64 bits
+  if (writer && mine.ok()) {
     auto d = digest_file(tmp / shard);
     if (d.ok()) {
-      digests[3 * static_cast<size_t>(rank)] = 1;
-      digests[3 * static_cast<size_t>(rank) + 1] = static_cast<int64_t>(d->bytes);
-      digests[3 * static_cast<size_t>(rank) + 2] = static_cast<int64_t>(d->xxh64);
+      const auto k = static_cast<size_t>(shard_index);
+      digests[3 * k] = 1;
+      digests[3 * k + 1] = static_cast<int64_t>(d->bytes);
+      digests[3 * k + 2] = static_cast<int64_t>(d->xxh64);
     } else {
       mine = d.status();
     }
@@ -201,17 +208,17 @@ Status save_sharded(const fs::path& checkpoint_dir, const HostState& state, Chec
   int64_t published = 0;
   if (rank == 0) {
     std::string failed;
-    for (int r = 0; r < ranks; ++r)
+    for (int r = 0; r < shards; ++r)
       if (digests[3 * static_cast<size_t>(r)] == 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
     if (!failed.empty()) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
-      if (mine.ok()) mine = io_error(what + "rank " + failed + " could not write its optimizer shard (its message says why); earlier checkpoints are unchanged");
+      if (mine.ok()) mine = io_error(what + "the rank writing optimizer shard " + failed + " could not write it (its message says why); earlier checkpoints are unchanged");
       else mine = Status(mine.code(), what + mine.message() + "; earlier checkpoints are unchanged");
     } else {
       std::map<std::string, FileDigest> files;
-      for (int r = 0; r < ranks; ++r)
-        files[optimizer_file_name(r, ranks)] = FileDigest{static_cast<uint64_t>(digests[3 * static_cast<size_t>(r) + 1]),
+      for (int r = 0; r < shards; ++r)
+        files[optimizer_file_name(r, shards)] = FileDigest{static_cast<uint64_t>(digests[3 * static_cast<size_t>(r) + 1]),
                                                           static_cast<uint64_t>(digests[3 * static_cast<size_t>(r) + 2])};
       for (const char* f : {kModelFile, kConfigFile}) {
         if (f == kConfigFile && info.hf_config_json.empty()) continue;
@@ -283,8 +290,9 @@ Status apply(const Verified& v, HostState& state) {
     MT_ASSIGN_OR_RETURN(MomentReader moments, MomentReader::for_unit(opt, v.compressed, us));
     for (size_t i = 0; i < us.tensors.size(); ++i) {
       const TensorSlot& t = us.tensors[i];
-      if (Status s = model.read_fp32(*model.find(t.name), us.master.data() + t.offset, t.numel); !s.ok())
-        return incomplete(s);
+      if (state.writes_weights())  // a shared state: the node's first rank loads the node's copy
+        if (Status s = model.read_fp32(*model.find(t.name), us.master.data() + t.offset, t.numel); !s.ok())
+          return incomplete(s);
       if (Status s = moments.read(i); !s.ok()) return incomplete(s);
     }
   }

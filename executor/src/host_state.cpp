@@ -13,6 +13,7 @@
 #include "megatrain/core/units.h"
 
 #include "megatrain/executor/optimizer.h"
+#include "megatrain/step/schedule.h"
 
 namespace megatrain::exec {
 
@@ -185,7 +186,11 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
                                     int64_t block_size, const NvmePlacement& nvme, bool all_gradients, StateSharding sharding) {
   if (sharding.ranks < 1 || sharding.rank < 0 || sharding.rank >= sharding.ranks)
     return internal_error("state sharding: rank " + std::to_string(sharding.rank) + " of " + std::to_string(sharding.ranks));
-  if (!nvme.master && !nvme.states && all_gradients && sharding.ranks == 1) return create(model, transfer, m_format, v_format, block_size);
+  if (!nvme.master && !nvme.states && all_gradients && sharding.ranks == 1 && sharding.node == nullptr)
+    return create(model, transfer, m_format, v_format, block_size);
+  if (sharding.node != nullptr && nvme.master)
+    return unsupported("parallel.host_state shared keeps one copy of the master weights per node in shared memory, and "
+                       "placement.master_weights is nvme; accepted: master_weights ram, or host_state sharded or replicated");
   if (nvme.master && transfer != DType::kBf16)
     return unsupported("placement.master_weights nvme with precision.transfer " + std::string(dtype_name(transfer)) +
                        ": the weights streamed to the device stay in RAM, so with master weights on NVMe they must be a bf16 "
@@ -197,6 +202,7 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
   hs.sharding_ = sharding;
   if (!nvme.master && !nvme.states) {
     hs.build_units(model, m_format, v_format, block_size);
+    MT_RETURN_IF_ERROR(hs.map_shared());
     return hs;
   }
   hs.tier_ = std::make_unique<Tier>();
@@ -235,7 +241,32 @@ Result<HostState> HostState::create(const ModelSpec& model, DType transfer, Stat
     t.free_slots.push_back(static_cast<int>(n_slots - 1 - k));
   }
   t.slot_of.assign(hs.units_.size(), -1);
+  MT_RETURN_IF_ERROR(hs.map_shared());
   return hs;
+}
+
+// One SharedMemory for the node: per unit its master weights, streaming copy (bf16 transfer) and
+// summed gradient, each array on a page boundary (the CUDA backend page-locks each one).
+Status HostState::map_shared() {
+  if (!shared()) return {};
+  auto pages = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  std::vector<int64_t> numels;
+  for (const UnitState& us : units_) numels.push_back(us.numel);
+  const int64_t total = step::node_shared_state_bytes(numels, transfer_ == DType::kBf16);  // the footprint's figure
+  MT_ASSIGN_OR_RETURN(shm_, sharding_.node->node_shared_memory(total));
+  auto* base = static_cast<uint8_t*>(shm_.data());
+  int64_t at = 0;
+  for (UnitState& us : units_) {
+    us.master.view(reinterpret_cast<float*>(base + at), us.numel);
+    at += pages(4 * us.numel);
+    if (transfer_ == DType::kBf16) {
+      us.stream_bf16.view(reinterpret_cast<uint16_t*>(base + at), us.numel);
+      at += pages(2 * us.numel);
+    }
+    us.summed.view(reinterpret_cast<float*>(base + at), us.numel);
+    at += pages(4 * us.numel);
+  }
+  return {};
 }
 
 HostState HostState::create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
@@ -285,11 +316,11 @@ void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateF
     int64_t experts = 0;
     for (const TensorSlot& t : us.tensors) experts = std::max(experts, t.expert + 1);
     us.expert_steps.assign(static_cast<size_t>(experts), 0);
-    if (master_ram) us.master.resize(us.numel);
+    if (master_ram && !shared()) us.master.resize(us.numel);  // shared: views of the node's memory (map_shared)
     if (all_gradients_) us.grad.resize(us.numel);
     us.m = MomentStore::create(m_format, false, owned, block_size, states_ram);
     us.v = MomentStore::create(v_format, true, owned, block_size, states_ram);
-    if (transfer_ == DType::kBf16) us.stream_bf16.resize(us.numel);
+    if (transfer_ == DType::kBf16 && !shared()) us.stream_bf16.resize(us.numel);
   }
 }
 
@@ -299,6 +330,7 @@ Status HostState::init_random(uint64_t seed, double std) {
     UnitState& us = units_[u];
     // NVMe-resident master weights: the unit is zero-filled (fresh moments), set and written back.
     if (master_on_nvme()) MT_RETURN_IF_ERROR(pager.get(static_cast<int64_t>(u), true).status());
+    if (!writes_weights()) continue;  // shared: the node's first rank sets them
     for (const TensorSlot& t : us.tensors) {
       float* w = us.master.data() + t.offset;
       if (t.role == TensorRole::kAttnNorm || t.role == TensorRole::kMlpNorm || t.role == TensorRole::kFinalNorm ||
@@ -339,7 +371,7 @@ Status HostState::init_random(uint64_t seed, double std) {
 }
 
 Status HostState::refresh_stream() {
-  if (transfer_ != DType::kBf16) return {};
+  if (transfer_ != DType::kBf16 || !writes_weights()) return {};
   UnitPager pager(*this);
   for (size_t u = 0; u < units_.size(); ++u) {
     if (master_on_nvme()) MT_RETURN_IF_ERROR(pager.get(static_cast<int64_t>(u)).status());
@@ -351,9 +383,10 @@ Status HostState::refresh_stream() {
 
 int64_t HostState::bytes() const {
   int64_t b = staging_bytes();
+  if (shared()) b += shm_.bytes() / sharding_.ranks;  // this rank's share of the node's copy
   for (const UnitState& us : units_) {
-    b += us.numel * ((all_gradients_ ? 4 : 0) + (transfer_ == DType::kBf16 ? 2 : 0));  // gradient, streaming copy
-    if (!master_on_nvme()) b += 4 * us.numel;
+    b += us.numel * ((all_gradients_ ? 4 : 0) + (transfer_ == DType::kBf16 && !shared() ? 2 : 0));  // gradient, streaming copy
+    if (!master_on_nvme() && !shared()) b += 4 * us.numel;
     if (!states_on_nvme()) b += us.m.bytes() + us.v.bytes();
   }
   return b;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <csignal>
 #include <cstdarg>
@@ -145,7 +146,7 @@ Status check_compression(const RunOptions& o, const Plan& plan) {
 
 // The training state: in RAM, or partly on the NVMe tier as placement says (the drives are checked
 // and their space reserved here, before anything runs).
-Result<HostState> create_state(const RunOptions& o, const Plan& plan, const ModelSpec& model, const Communicator& comm, std::ostream& out) {
+Result<HostState> create_state(const RunOptions& o, const Plan& plan, const ModelSpec& model, Communicator& comm, std::ostream& out) {
   NvmePlacement nvme = nvme_placement_of(plan.placement);
   if (comm.size() > 1)  // each rank keeps its own copy of the NVMe-resident state, in rank-<k> of each folder
     for (std::filesystem::path& dir : nvme.store.dirs) {
@@ -161,6 +162,8 @@ Result<HostState> create_state(const RunOptions& o, const Plan& plan, const Mode
   // parallel.host_state sharded: this rank keeps the moments of the tensors it owns (ZeRO).
   StateSharding sharding;
   if (plan.parallel.host_state == "sharded") sharding = StateSharding{comm.rank(), comm.size()};
+  // parallel.host_state shared: one copy per node in shared memory; the node's ranks own the moments.
+  if (node_shares_host_state(plan.parallel)) sharding = StateSharding{comm.local_rank(), comm.local_size(), &comm};
   MT_ASSIGN_OR_RETURN(HostState state, HostState::create(model, plan.precision.transfer, plan.optimizer.m_format, plan.optimizer.v_format,
                                                          plan.optimizer.block_size, nvme, all_gradients, sharding));
   if (state.on_nvme())
@@ -224,12 +227,34 @@ void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model,
   if (const std::string pinned = trainer.pinned_report(); !pinned.empty()) say(out, "%s", pinned.c_str());
 }
 
+// A shared host state on several nodes: every node made the same updates from the same summed
+// gradients, so their copies of the weights are equal bit for bit. Before node 0's copy is saved for
+// the job, the nodes' first ranks compare an XXH64 of theirs; a difference (a fault) stops the run
+// with the earlier checkpoints as they were.
+Status check_node_copies_agree(Communicator& comm, const HostState& state, int64_t next_step) {
+  int64_t h[2] = {INT64_MIN, INT64_MIN};  // the largest hash, and the largest of its negations
+  if (comm.local_rank() == 0) {
+    Xxh64 x;
+    for (const UnitState& us : state.units()) x.update(us.master.data(), sizeof(float) * static_cast<size_t>(us.numel));
+    h[0] = static_cast<int64_t>(x.digest() >> 1);
+    h[1] = -h[0];
+  }
+  MT_RETURN_IF_ERROR(comm.max(h, 2, Channel::kMain));
+  if (h[0] != -h[1])
+    return internal_error("after step " + std::to_string(next_step) + " the " + std::to_string(comm.nodes()) +
+                     " nodes' copies of the weights differ (parallel.host_state shared keeps one per node, and every node makes the "
+                     "same update), so no checkpoint is written; the newest earlier checkpoint is intact; this is a fault of a node's "
+                     "memory or of the MPI library, not of the plan");
+  return {};
+}
+
 // The checkpoint of the state after step next_step - 1, all its updates written.
 // With several ranks and replicated states every one holds the same state, and rank 0 writes it;
 // with sharded states every rank writes the shard of the moments it owns (save_checkpoint).
 Status save(const RunOptions& o, Communicator& comm, const Plan& plan, const std::string& plan_text, const ModelSpec& model,
             const DataLoader& loader, HostState& state, const RunSummary& summary, int64_t next_step, std::ostream& out,
             const std::function<Status(int64_t, const std::string&)>& after_save) {
+  if (state.shared() && comm.nodes() > 1) MT_RETURN_IF_ERROR(check_node_copies_agree(comm, state, next_step));
   if (comm.rank() != 0 && !state.sharded()) return {};
   CheckpointInfo info;
   info.next_step = next_step;
@@ -428,6 +453,8 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   RunSummary summary;
   if (o.resume) phase = RunPhase::kResume;
   MT_RETURN_IF_ERROR(start_state(o, plan, model, loader, state, summary, out));
+  // A shared state is set by the node's first rank; the others wait for it before they read it.
+  if (state.shared()) MT_RETURN_IF_ERROR(comm->node_barrier(Channel::kMain));
   phase = RunPhase::kState;
 
   TrainerOptions topt;
@@ -441,7 +468,8 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   if (comm->size() > 1) {
     // Every rank on a node keeps its training state: with replicated states a whole copy each, with
     // sharded ones the moments of its own tensors only (the footprint is the rank's that keeps the
-    // most). The node's RAM must hold the largest rank's that many times.
+    // most), with a shared state its share of the node's copy and its own moments and buffers. The
+    // node's RAM must hold the largest rank's that many times.
     int64_t ram = o.in_memory ? trainer->memory_in_use().ram : trainer->footprint().peak.ram;
     MT_RETURN_IF_ERROR(comm->max(&ram, 1, Channel::kMain));
     ram *= comm->local_size();
@@ -475,7 +503,17 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
     say(out, "data parallel: %s; each rank trains %lld of every %lld rows of a step and the gradients are summed before the update",
         comm->description().c_str(), static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum),
         static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum * comm->size()));
-  if (state.sharded()) {
+  if (state.shared()) {
+    int64_t owned = 0, tensors = 0;
+    for (const UnitState& us : state.units())
+      for (const TensorSlot& t : us.tensors) owned += state.owns(t), ++tensors;
+    say(out, "host state shared by each node's %d ranks: one copy of the master weights, streaming copy and summed gradients per "
+             "node (%s in %s), each rank keeping Adam's moments of its own tensors and updating them in place; rank 0 keeps %lld of "
+             "the %lld tensors' moments, %s of %s%s",
+        comm->local_size(), format_bytes(static_cast<double>(state.shared_memory()->bytes())).c_str(), SharedMemory::folder().c_str(),
+        static_cast<long long>(owned), static_cast<long long>(tensors), format_bytes(static_cast<double>(state.moment_bytes())).c_str(),
+        format_bytes(static_cast<double>(state.unsharded_moment_bytes())).c_str(), state.states_on_nvme() ? " (on NVMe)" : "");
+  } else if (state.sharded()) {
     int64_t owned = 0, tensors = 0;
     for (const UnitState& us : state.units())
       for (const TensorSlot& t : us.tensors) owned += state.owns(t), ++tensors;

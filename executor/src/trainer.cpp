@@ -145,8 +145,10 @@ struct Trainer::Impl {
     std::lock_guard<std::mutex> g(trace_mu);
     spans.push_back(Span{Lane::kCompute, SpanKind::kStall, stall_name(reason), step, layer, mb, ns(a), ns(b), 0, 0});
   }
-  Status register_host(void* p, int64_t bytes, const char* what) {
-    pinned_requested += bytes;
+  // `counted`: this rank's part of the bytes (a shared host state's arrays are the node's; each of
+  // its ranks counts its share, as the footprint does), or -1 for all of them.
+  Status register_host(void* p, int64_t bytes, const char* what, int64_t counted = -1) {
+    pinned_requested += counted >= 0 ? counted : bytes;
     return be->register_host(p, bytes, what);
   }
 };
@@ -178,7 +180,7 @@ Status check_plan_fits(const Plan& plan, const ModelSpec& model, const std::stri
   MT_ASSIGN_OR_RETURN(const step::StepSchedule sched, step::compile(plan, model, layout, co));
   const bool on_nvme = plan.placement.master_weights == Tier::kNvme || plan.placement.optimizer_states == Tier::kNvme;
   step::Footprint fp = step::footprint(sched, layout);
-  step::take_sharded_moments(fp, plan, model);  // sharded optimizer states: this rank's moments only
+  step::take_rank_share(fp, plan, model);  // data parallel: one rank's share (sharded moments, shared state)
   return check_footprint_fits(fp, plan, on_nvme);
 }
 
@@ -213,12 +215,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
                             " (block " + std::to_string(plan.optimizer.block_size) +
                             "); accepted: a HostState created with the plan's optimizer formats");
-  if (state.sharded()) {
-    const int ranks = options.comm ? options.comm->size() : 1, rank = options.comm ? options.comm->rank() : 0;
-    if (state.sharding().ranks != ranks || state.sharding().rank != rank)
+  if (state.sharded() || state.shared()) {
+    // Sharded: the job's ranks own the tensors; shared: the node's (every node holds its own copy).
+    const bool node = state.shared();
+    const int ranks = options.comm ? (node ? options.comm->local_size() : options.comm->size()) : 1;
+    const int rank = options.comm ? (node ? options.comm->local_rank() : options.comm->rank()) : 0;
+    if (state.sharding().ranks != ranks || state.sharding().rank != rank || (node && state.sharding().node != options.comm))
       return invalid_argument("the training state is sharded as rank " + std::to_string(state.sharding().rank) + " of " +
                               std::to_string(state.sharding().ranks) + ", but this trainer is rank " + std::to_string(rank) + " of " +
-                              std::to_string(ranks) + "; accepted: a HostState sharded for the job's communicator");
+                              std::to_string(ranks) + (node ? " on its node" : "") +
+                              "; accepted: a HostState sharded for the job's communicator");
   }
   if (!state.all_gradients() && !step::lends_gradients(plan, options.streamed))
     return invalid_argument("the training state lends gradients per unit (HostState created without all_gradients), which needs "
@@ -280,7 +286,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             std::to_string(state.units()[static_cast<size_t>(u)].numel) + " elements, the compiled step " +
                             std::to_string(I.sched.unit_numel[static_cast<size_t>(u)]));
   I.fp = step::footprint(I.sched, layout);
-  step::take_sharded_moments(I.fp, plan, model);  // sharded optimizer states: this rank's moments only
+  step::take_rank_share(I.fp, plan, model);  // data parallel: one rank's share (sharded moments, shared state)
   const step::Buffers& sb = I.sched.buffers;
   const int64_t max_unit = sb.slot_floats, max_layer = sb.grad_floats;
   const int64_t n_ckpt = I.sched.checkpoints_per_mb;
@@ -331,11 +337,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
     I.optim = std::make_unique<WorkQueue>();
     // Page-lock what the copy streams read and write (a no-op on the CPU backend): each unit's
     // streamed weights and its gradient, and the host checkpoints.
+    const int64_t sharing = state.shared() ? state.sharding().ranks : 1;
     for (UnitState& us : state.units()) {
       if (state.transfer() == DType::kBf16)
-        MT_RETURN_IF_ERROR(I.register_host(us.stream_bf16.data(), 2 * us.numel, "streamed weights"));
+        MT_RETURN_IF_ERROR(I.register_host(us.stream_bf16.data(), 2 * us.numel, "streamed weights", 2 * us.numel / sharing));
       else
-        MT_RETURN_IF_ERROR(I.register_host(us.master.data(), 4 * us.numel, "streamed weights"));
+        MT_RETURN_IF_ERROR(I.register_host(us.master.data(), 4 * us.numel, "streamed weights", 4 * us.numel / sharing));
       if (state.all_gradients()) MT_RETURN_IF_ERROR(I.register_host(us.grad.data(), 4 * us.numel, "gradients"));
     }
     if (!state.all_gradients()) {
@@ -527,7 +534,7 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t opt_step, float grad_scale
       const TensorSlot& t = us.tensors[a];
       if (skipped(t)) continue;
       AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, count_of(t), grad_scale};
-      adamw_update_moments(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.tensor(a), us.v.tensor(a), t.numel, s,
+      adamw_update_moments(us.master.data() + t.offset, us.final_grad() + t.offset, us.m.tensor(a), us.v.tensor(a), t.numel, s,
                            nullptr, stream ? stream + t.offset : nullptr, threads);
     }
   } else {
@@ -542,7 +549,7 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t opt_step, float grad_scale
         n += us.tensors[b++].numel;
       if (!skipped(t)) {
         AdamWStep s{lr, o.beta1, o.beta2, o.eps, t.decay ? o.weight_decay : 0.0, count_of(t), grad_scale};
-        adamw_update(us.master.data() + t.offset, us.grad.data() + t.offset, us.m.tensor(a).f32, us.v.tensor(a).f32, n,
+        adamw_update(us.master.data() + t.offset, us.final_grad() + t.offset, us.m.tensor(a).f32, us.v.tensor(a).f32, n,
                      s, nullptr, stream ? stream + t.offset : nullptr, threads);
       }
       a = b;
@@ -555,8 +562,11 @@ void update_unit(Trainer::Impl& I, int64_t u, int64_t opt_step, float grad_scale
 
 // Sharded states: after the update, every rank takes the new weights of the tensors other ranks own
 // (the master weights, and the streamed bf16 copy made from them), so that all ranks stream the
-// same weights to the next step. A no-op unsharded.
+// same weights to the next step. A shared state: the node's ranks updated the node's one copy in
+// place, each its own tensors, and meet at a barrier before any of them loads the unit again (every
+// node made the same update from the same summed gradient). A no-op otherwise.
 Status gather_unit_weights(Trainer::Impl& I, int64_t u, Channel channel) {
+  if (I.state->shared()) return I.opt.comm->node_barrier(channel);
   if (!I.state->sharded()) return {};
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
   std::vector<int64_t> bytes(us.shard_elems.size());
@@ -569,6 +579,7 @@ Status gather_unit_weights(Trainer::Impl& I, int64_t u, Channel channel) {
 
 // The bytes of unit u's gather that come from other ranks.
 int64_t gathered_bytes(const Trainer::Impl& I, int64_t u) {
+  if (I.state->shared()) return 0;  // nothing is copied: the node's ranks share the weights
   const UnitState& us = I.state->units()[static_cast<size_t>(u)];
   const int64_t other = us.numel - us.shard_elems[static_cast<size_t>(I.state->sharding().rank)];
   return other * (I.state->transfer() == DType::kBf16 ? 6 : 4);
@@ -647,7 +658,7 @@ void optimize_unit(Trainer::Impl& I, int64_t u, int64_t step, int64_t opt_step, 
     // Every rank reaches this for every unit in the same order (the verdict is agreed), so the
     // gathers on the optimizer's channel pair up.
     Status s = gather_unit_weights(I, u, Channel::kOptimizer);
-    if (I.state->sharded()) I.record(SpanKind::kWeightGather, step, u, -1, c, Clock::now(), gathered_bytes(I, u));
+    if (I.state->sharded() || I.state->shared()) I.record(SpanKind::kWeightGather, step, u, -1, c, Clock::now(), gathered_bytes(I, u));
     if (!s.ok()) {
       std::lock_guard<std::mutex> g(I.mu);
       if (I.collective_error.ok())
@@ -696,6 +707,13 @@ float clip_scale(const Trainer::Impl& I, double norm) {
   return s < 1.0 ? static_cast<float>(s) : 1.0f;
 }
 
+// Per-tensor figures of the owners' summed gradients added up over the ranks that own them: the
+// job's ranks with sharded states, the node's with a shared state (every node holds the same sums).
+Status sum_over_owners(Trainer::Impl& I, double* data, int64_t n, Channel channel) {
+  if (!I.state->sharded()) return {};
+  return I.state->shared() ? I.opt.comm->node_sum(data, n, channel) : I.opt.comm->sum(data, n, channel);
+}
+
 // The norm of the step's whole gradient: tensor by tensor (each a fixed-order sum_of_squares), the
 // tensors' sums added in the model's order. With sharded states each rank holds the summed gradient
 // of its own tensors only: the per-tensor sums are summed over the ranks (one rank's value and zeros,
@@ -705,9 +723,9 @@ Result<double> global_norm(Trainer::Impl& I, Channel channel) {
   for (int64_t u = 0; u < I.U; ++u) {
     UnitState& us = I.state->units()[static_cast<size_t>(u)];
     for (const TensorSlot& t : us.tensors)
-      part.push_back(!I.state->sharded() || I.state->owns(t) ? sum_of_squares(us.grad.data() + t.offset, t.numel) : 0.0);
+      part.push_back(!I.state->sharded() || I.state->owns(t) ? sum_of_squares(us.final_grad() + t.offset, t.numel) : 0.0);
   }
-  if (I.state->sharded()) MT_RETURN_IF_ERROR(I.opt.comm->sum(part.data(), static_cast<int64_t>(part.size()), channel));
+  MT_RETURN_IF_ERROR(sum_over_owners(I, part.data(), static_cast<int64_t>(part.size()), channel));
   double total = 0;
   for (double p : part) total += p;
   return std::sqrt(total);
@@ -732,8 +750,10 @@ Status reduce_loss(Trainer::Impl& I, double loss_sum, int64_t count, Channel cha
 // the same update), and, for a Mixture-of-Experts layer, which experts any rank's tokens chose.
 Status reduce_unit_gradient(Trainer::Impl& I, int64_t u, Channel channel) {
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
-  // Sharded states: each rank needs the sum of its own tensors' gradients only.
-  if (I.state->sharded()) MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_owners(us.grad.data(), us.shard_elems, channel));
+  // Sharded states: each rank needs the sum of its own tensors' gradients only; a shared state: each
+  // rank's range of the node's summed gradient is the sum over every rank of the job.
+  if (I.state->shared()) MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_node_owners(us.grad.data(), us.summed.data(), us.shard_elems, channel));
+  else if (I.state->sharded()) MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_owners(us.grad.data(), us.shard_elems, channel));
   else MT_RETURN_IF_ERROR(I.opt.comm->sum(us.grad.data(), us.numel, channel));
   if (!is_moe_unit(I, u)) return {};
   std::vector<char>& ch = I.chosen[static_cast<size_t>(u)];
@@ -829,7 +849,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     update_unit(I, u, step - I.skipped, scale);
     const auto b = Clock::now();
     MT_RETURN_IF_ERROR(gather_unit_weights(I, u, Channel::kMain));
-    if (I.state->sharded()) I.record(SpanKind::kWeightGather, step, u, -1, b, Clock::now(), gathered_bytes(I, u));
+    if (I.state->sharded() || I.state->shared()) I.record(SpanKind::kWeightGather, step, u, -1, b, Clock::now(), gathered_bytes(I, u));
     MT_RETURN_IF_ERROR(I.state->page_out(u, true));
   }
   res.loss = loss_sum / static_cast<double>(count);
@@ -1047,6 +1067,13 @@ class RoundRun {
         Status s = reduce_loss(I_, *loss_sum_, *count_, Channel::kGradients);
         if (s.ok()) s = reduce_unit_gradient(I_, u, Channel::kGradients);
         I_.record(SpanKind::kGradSum, step_, u, -1, b, Clock::now(), us.numel * 4);
+        if (I_.state->shared()) {  // the sum is in the node's memory: a lent buffer is free again
+          {
+            std::lock_guard<std::mutex> g(I_.mu);
+            return_lent_gradient(I_, static_cast<size_t>(u));
+          }
+          I_.cv.notify_all();
+        }
         if (!s.ok()) {
           collective_failed = "summing the gradient of unit " + std::to_string(u) + " over the ranks failed";
           std::lock_guard<std::mutex> g(I_.mu);
@@ -1065,9 +1092,9 @@ class RoundRun {
         // Sharded states: each rank holds its own range of the summed gradient, so the ranks add up
         // their ranges' sums and reach the same verdict.
         const auto [begin, n] = owned_elements(I_, us);
-        double g = sum_of_squares(us.grad.data() + begin, n);
+        double g = sum_of_squares(us.final_grad() + begin, n);
         if (I_.state->sharded())
-          if (Status s = I_.opt.comm->sum(&g, 1, Channel::kGradients); !s.ok()) {
+          if (Status s = sum_over_owners(I_, &g, 1, Channel::kGradients); !s.ok()) {
             why = "summing the gradient norm of unit " + std::to_string(u) + " over the ranks failed";
             std::lock_guard<std::mutex> lk(I_.mu);
             if (I_.collective_error.ok()) I_.collective_error = Status(s.code(), why + ": " + s.message());

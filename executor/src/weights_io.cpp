@@ -59,6 +59,7 @@ Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
                             " tensor(s) the model does not have (" + list +
                             "): is it the checkpoint of another (deeper or wider) model? --init takes the weights of the plan's model only");
   }
+  if (!state.writes_weights()) return {};  // a shared state: the node's first rank loads the node's copy
   UnitPager pager(state);  // master weights on NVMe: one unit at a time, set and written back
   for (size_t u = 0; u < state.units().size(); ++u) {
     UnitState& us = state.units()[u];

@@ -147,11 +147,11 @@ int main(int argc, char** argv) {
   megatrain::planner::SizeCommand size_cmd;
   CLI::App* size = app.add_subcommand("size", "The smallest rig per GPU that trains a model, or the largest model of a family a rig trains");
   size->add_option("--model,-m", size_cmd.model, "model to size rigs for: config.json, a folder holding one, or a name in profiles/models/");
-  size->add_option("--target-tokens-per-s", size_cmd.target_tokens_per_s, "the rig must also reach this many tokens/s")
+  size->add_option("--target-tokens-per-s", size_cmd.target_tokens_per_s, "the rig (or, with --rig, the GPU count) must also reach this many tokens/s")
       ->check(cli::number_range(0.0, 1e15));
   size->add_option("--gpu", size_cmd.gpu, "only GPUs whose rig or GPU name contains this (case-insensitive)");
   size->add_option("--family", size_cmd.family, "with --rig: the largest model of this family (llama-2, llama-3, qwen2.5, ...) the rig trains");
-  size->add_option("--rig,-r", size_cmd.rig, "with --family: the rig, a path or a name in profiles/hardware/");
+  size->add_option("--rig,-r", size_cmd.rig, "the rig, a path or a name in profiles/hardware/: with --family, the largest model it trains; with --model, how many of its GPUs (a rig with a cluster section)");
   size->add_option("--seq", size_cmd.seq_len, "sequence length (default: min(4096, the model's max))")->check(cli::int_range(1, kMaxSeq));
   size->add_option("--tokens-per-step", size_cmd.tokens_per_step, "tokens per step, a multiple of --seq (default: 64 sequences)")
       ->check(cli::int_range(1, kMaxTokensPerStep));

@@ -111,7 +111,7 @@ Plan make_plan(const Knobs& k, const Space& s, const HardwareProfile& on) {
   if (s.ranks > 1) {
     p.parallel.data_parallel = s.ranks;
     p.parallel.ranks_per_node = s.ranks_per_node;
-    p.parallel.host_state = k.sharded ? "sharded" : "replicated";
+    p.parallel.host_state = kHostStates[k.host_state];
   }
   return p;
 }
@@ -232,9 +232,12 @@ std::vector<Knobs> structural_knobs(const Space& s) {
                   k.m_format = fp.m;
                   k.v_format = fp.v;
                   k.threads = s.threads_for.at(format_key(t, fp.m, fp.v));
-                  for (bool sharded : {false, true}) {  // several ranks: replicated or sharded optimizer states
-                    if (sharded && s.ranks == 1) continue;
-                    k.sharded = sharded;
+                  // Several ranks: replicated, sharded or node-shared host state (shared keeps the
+                  // master weights in RAM, in the node's shared memory).
+                  for (int hs = 0; hs < 3; ++hs) {
+                    if (hs > 0 && s.ranks == 1) continue;
+                    if (hs == 2 && master_nvme) continue;
+                    k.host_state = hs;
                     out.push_back(k);
                   }
                 }

@@ -38,6 +38,14 @@ std::string fmt_pct(double f) {
   return b;
 }
 
+// "replicated on 8 ranks", "sharded over 8 ranks", "shared per node (8 ranks each)"; "" for one rank.
+std::string host_state_phrase(const Plan& p) {
+  const ParallelConfig& c = p.parallel;
+  if (c.data_parallel <= 1) return "";
+  if (node_shares_host_state(c)) return "shared per node (" + std::to_string(c.ranks_per_node) + " ranks each)";
+  return c.host_state + (c.host_state == "sharded" ? " over " : " on ") + std::to_string(c.data_parallel) + " ranks";
+}
+
 std::vector<std::pair<std::string, std::string>> knob_phrases(const Plan& p) {
   return {
       {"micro-batch", std::to_string(p.training.micro_batch) + " x " + std::to_string(p.training.grad_accum)},
@@ -50,7 +58,7 @@ std::vector<std::pair<std::string, std::string>> knob_phrases(const Plan& p) {
       {"transfer", dtype_name(p.precision.transfer)},
       {"optimizer threads", std::to_string(p.optimizer.threads)},
       {"pinned staging", p.placement.pinned_staging_bytes > 0 ? format_bytes(static_cast<double>(p.placement.pinned_staging_bytes)) : ""},
-      {"optimizer states", p.parallel.data_parallel > 1 ? p.parallel.host_state + " over " + std::to_string(p.parallel.data_parallel) + " ranks" : ""},
+      {"host state", host_state_phrase(p)},
   };
 }
 

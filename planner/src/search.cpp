@@ -229,7 +229,7 @@ void add_request_assumptions(const Space& s, SearchResult& res) {
   if (s.ranks > 1)
     res.assumptions.push_back("data parallel: " + std::to_string(s.ranks) + " ranks, " + std::to_string(s.ranks_per_node) +
                               " per node; each rank's share of its node and the collectives as docs/cost-model.md models them; "
-                              "optimizer states replicated or sharded, whichever is faster");
+                              "host state replicated, sharded or shared per node, whichever is faster");
   std::string f;
   for (StateFormat x : s.formats) f += (f.empty() ? "" : ", ") + std::string(state_format_name(x));
   res.assumptions.push_back(std::string("compute ") + dtype_name(s.compute) + ", fp32 master weights; optimizer-state formats allowed: " + f);

@@ -79,6 +79,16 @@ struct Verdict {
   std::string why_not;
 };
 
+// Why a search found no plan: the closest plan's shortfall per tier, or the simulator's refusal.
+std::string why_nothing_fits(const SearchResult& r) {
+  std::string shorts;
+  for (const TierNeed& t : r.closest_needs)
+    if (t.short_by() > 0) shorts += (shorts.empty() ? "" : ", ") + t.tier + " short by " + format_bytes(t.short_by());
+  if (!shorts.empty()) return "the closest plan is " + shorts;
+  if (!r.refusals.empty()) return "the simulator refuses every plan that fits statically: " + r.refusals.front();
+  return r.infeasible_reason;
+}
+
 Verdict try_rig(const ModelSpec& model, const HardwareProfile& rig, const SizeOptions& opt, bool full, int64_t& searches) {
   SearchRequest req;
   req.seq_len = opt.seq_len;
@@ -105,13 +115,7 @@ Verdict try_rig(const ModelSpec& model, const HardwareProfile& rig, const SizeOp
     return v;
   }
   if (!r->feasible) {
-    std::string shorts;
-    for (const TierNeed& t : r->closest_needs)
-      if (t.short_by() > 0) shorts += (shorts.empty() ? "" : ", ") + t.tier + " short by " + format_bytes(t.short_by());
-    if (!shorts.empty()) v.why_not = "the closest plan is " + shorts;
-    else if (!r->refusals.empty()) v.why_not = "the simulator refuses every plan that fits statically: " + r->refusals.front();
-    else v.why_not = r->infeasible_reason;
-    v.why_not = "on " + rig.name + ": " + v.why_not;
+    v.why_not = "on " + rig.name + ": " + why_nothing_fits(*r);
     return v;
   }
   if (so.feasibility_only) {
@@ -236,6 +240,153 @@ Result<SizeResult> size_rigs(const ModelSpec& model, const std::string& gpu_filt
   res.assumptions = a;
   res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return res;
+}
+
+// ---- GPU counts ----------------------------------------------------------------------------------------
+
+Result<GpuCountResult> size_gpu_count(const ModelSpec& model, const HardwareProfile& rig, const SizeOptions& opt) {
+  const auto t0 = Clock::now();
+  if (!rig.cluster)
+    return invalid_argument("size --model with --rig answers how many of the rig's GPUs train the model (at --target-tokens-per-s); rig '" +
+                            rig.name + "' has no cluster section (docs/hardware-profile.md), so it is one GPU; accepted: a rig with "
+                            "one (h200x8-2tb, h200x8-2tb-4node), or size --model without --rig to size a one-GPU rig");
+  GpuCountResult res;
+  res.model = model.name();
+  res.rig = rig.name;
+  res.seq_len = opt.seq_len > 0 ? opt.seq_len : default_seq_len(model);
+  res.tokens_per_step = opt.tokens_per_step > 0 ? opt.tokens_per_step : 64 * res.seq_len;
+  res.target_tokens_per_s = opt.target_tokens_per_s;
+  if (res.tokens_per_step % res.seq_len != 0)
+    return invalid_argument("--tokens-per-step " + std::to_string(res.tokens_per_step) + " is not a multiple of --seq " +
+                            std::to_string(res.seq_len) + "; accepted: whole sequences");
+  const int64_t sequences = res.tokens_per_step / res.seq_len;
+  const ClusterSpec& cl = *rig.cluster;
+  const int64_t most = cl.gpus_per_node * cl.nodes;
+  // One node's counts, then whole nodes; each must divide the step's sequences among its ranks.
+  std::vector<int64_t> counts;
+  for (int64_t n = 1; n <= most; ++n)
+    if ((n <= cl.gpus_per_node || n % cl.gpus_per_node == 0) && sequences % n == 0) counts.push_back(n);
+  std::string skipped;
+  for (int64_t n = 2; n <= most; ++n)
+    if ((n <= cl.gpus_per_node || n % cl.gpus_per_node == 0) && sequences % n != 0) skipped += (skipped.empty() ? "" : ", ") + std::to_string(n);
+  for (int64_t n : counts) {
+    SearchRequest req;
+    req.seq_len = res.seq_len;
+    req.tokens_per_step = res.tokens_per_step;
+    req.gpus = n;
+    req.policy = opt.policy;
+    req.top = 0;
+    req.model_ref = ProfileRef{false, model.name()};
+    req.rig_ref = ProfileRef{false, rig.name};
+    SearchOptions so;
+    so.relief = false;
+    so.compare_orders = false;
+    ++res.searches;
+    GpuCountOption o;
+    o.gpus = n;
+    o.nodes = (n + cl.gpus_per_node - 1) / cl.gpus_per_node;
+    auto r = search_plan(model, rig, req, so);
+    if (!r.ok()) {
+      o.why_not = r.status().message();
+    } else if (!r->feasible) {
+      o.why_not = "nothing fits: " + why_nothing_fits(*r);
+    } else {
+      o.fits = true;
+      o.tokens_per_s = r->best.result.tokens_per_s;
+      o.mfu = r->best.result.mfu;
+      o.bottleneck = r->bottleneck;
+      o.host_state = n > 1 ? r->best.plan.parallel.host_state : "-";
+      o.plan = describe_knobs(r->best.plan);
+      o.trains = opt.target_tokens_per_s <= 0 || o.tokens_per_s >= opt.target_tokens_per_s;
+      if (!o.trains) o.why_not = "its best plan reaches " + std::to_string(static_cast<int64_t>(o.tokens_per_s)) + " tokens/s";
+    }
+    res.counts.push_back(o);
+  }
+  for (size_t i = 0; i < res.counts.size(); ++i) {
+    const GpuCountOption& o = res.counts[i];
+    if (!o.trains) continue;
+    if (opt.target_tokens_per_s > 0) {
+      res.chosen = static_cast<int64_t>(i);
+      break;
+    }
+    if (res.chosen < 0 || o.tokens_per_s > res.counts[static_cast<size_t>(res.chosen)].tokens_per_s) res.chosen = static_cast<int64_t>(i);
+  }
+  std::vector<std::string> a = common_assumptions(opt, res.seq_len, res.tokens_per_step);
+  a.push_back("the step's tokens are the job's: each of N GPUs trains 1/N of them (one rank per GPU, docs/data-parallel.md); GPU counts "
+              "tried: 1 to " + std::to_string(cl.gpus_per_node) + " on one node, then whole nodes up to " + std::to_string(most) +
+              ", those that divide the step's " + std::to_string(sequences) + " sequences" +
+              (skipped.empty() ? std::string() : " (not: " + skipped + ")"));
+  a.push_back("each GPU count gets the plan search of megatrain-plan plan --gpus N (host state replicated, sharded or shared "
+              "per node, with the other knobs), simulated with each rank's share of its node (docs/cost-model.md)");
+  a.push_back(opt.target_tokens_per_s > 0 ? "the answer is the fewest GPUs whose best plan reaches the target"
+                                          : "no target: the answer is the GPU count with the most tokens/s");
+  res.assumptions = a;
+  res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return res;
+}
+
+std::string gpu_count_json(const GpuCountResult& r) {
+  Json counts = Json::array();
+  for (const GpuCountOption& o : r.counts) {
+    Json j = {{"gpus", o.gpus}, {"nodes", o.nodes}, {"trains", o.trains}, {"fits", o.fits}};
+    if (o.fits) {
+      j["tokens_per_s"] = o.tokens_per_s;
+      j["tokens_per_s_per_gpu"] = o.tokens_per_s / static_cast<double>(o.gpus);
+      j["mfu"] = o.mfu;
+      j["bottleneck"] = o.bottleneck;
+      j["host_state"] = o.host_state;
+      j["plan"] = o.plan;
+    }
+    if (!o.why_not.empty()) j["why_not"] = o.why_not;
+    counts.push_back(j);
+  }
+  Json j = {{"model", r.model}, {"rig", r.rig}, {"seq_len", r.seq_len}, {"tokens_per_step", r.tokens_per_step}};
+  if (r.target_tokens_per_s > 0) j["target_tokens_per_s"] = r.target_tokens_per_s;
+  j["gpus"] = r.chosen >= 0 ? Json(r.counts[static_cast<size_t>(r.chosen)].gpus) : Json(nullptr);
+  j["counts"] = counts;
+  j["assumptions"] = r.assumptions;
+  j["searches"] = r.searches;
+  j["seconds"] = r.seconds;
+  return j.dump(2) + "\n";
+}
+
+std::string gpu_count_table(const GpuCountResult& r) {
+  std::ostringstream o;
+  char line[512];
+  o << "megatrain-plan size: how many GPUs of " << r.rig << " train " << r.model << " (seq " << r.seq_len << ", " << r.tokens_per_step
+    << " tokens per step";
+  if (r.target_tokens_per_s > 0) o << ", at " << static_cast<int64_t>(r.target_tokens_per_s) << " tokens/s or more";
+  o << ")\n\n";
+  std::snprintf(line, sizeof line, "  %5s %5s %12s %10s %7s  %-12s %-10s\n", "GPUs", "nodes", "tokens/s", "per GPU", "MFU", "bottleneck", "host state");
+  o << line;
+  for (size_t i = 0; i < r.counts.size(); ++i) {
+    const GpuCountOption& x = r.counts[i];
+    const char* mark = static_cast<int64_t>(i) == r.chosen ? "*" : " ";
+    if (!x.fits) {
+      std::snprintf(line, sizeof line, "%s %5lld %5lld  ", mark, static_cast<long long>(x.gpus), static_cast<long long>(x.nodes));
+      o << line << x.why_not << "\n";
+      continue;
+    }
+    std::snprintf(line, sizeof line, "%s %5lld %5lld %12.0f %10.0f %6.1f%%  %-12s %-10s\n", mark, static_cast<long long>(x.gpus),
+                  static_cast<long long>(x.nodes), x.tokens_per_s, x.tokens_per_s / static_cast<double>(x.gpus), 100 * x.mfu,
+                  x.bottleneck.c_str(), x.host_state.c_str());
+    o << line;
+  }
+  o << "\n";
+  if (r.chosen >= 0) {
+    const GpuCountOption& c = r.counts[static_cast<size_t>(r.chosen)];
+    std::snprintf(line, sizeof line, "%s: %lld GPU%s (%lld node%s), %.0f tokens/s\n",
+                  r.target_tokens_per_s > 0 ? "fewest GPUs that reach the target" : "fastest", static_cast<long long>(c.gpus),
+                  c.gpus == 1 ? "" : "s", static_cast<long long>(c.nodes), c.nodes == 1 ? "" : "s", c.tokens_per_s);
+    o << line << "  plan: " << c.plan << "\n";
+  } else {
+    o << (r.target_tokens_per_s > 0 ? "no GPU count of this rig reaches the target\n" : "no GPU count of this rig trains the model\n");
+  }
+  o << "\n";
+  for (const std::string& a : r.assumptions) o << "assumption: " << a << "\n";
+  std::snprintf(line, sizeof line, "%lld searches, %.2f s\n", static_cast<long long>(r.searches), r.seconds);
+  o << line;
+  return o.str();
 }
 
 // ---- families ----------------------------------------------------------------------------------------
@@ -579,9 +730,22 @@ int size_command(const SizeCommand& cmd) {
     return 0;
   }
   if (cmd.model.empty()) return fail(invalid_argument("size needs --model M (which rigs train M) or --family F --rig R (the largest model R trains)"));
-  if (!cmd.rig.empty()) return fail(invalid_argument("--rig goes with --family; with --model, size tries every GPU (narrow it with --gpu)"));
   auto model = ModelSpec::load(cmd.model);
   if (!model.ok()) return fail(model.status().with_context("--model"));
+  if (!cmd.rig.empty()) {  // how many of this rig's GPUs
+    if (!cmd.gpu.empty()) return fail(invalid_argument("--gpu narrows the GPUs rig sizing tries; with --rig the GPU is the rig's"));
+    auto rig = HardwareProfile::load(cmd.rig);
+    if (!rig.ok()) return fail(rig.status().with_context("--rig"));
+    auto r = size_gpu_count(*model, *rig, opt);
+    if (!r.ok()) return fail(r.status());
+    std::fputs((cmd.json ? gpu_count_json(*r) : gpu_count_table(*r)).c_str(), stdout);
+    if (r->chosen < 0) {
+      std::fprintf(stderr, "megatrain-plan: no GPU count of %s %s %s; see the reasons above\n", rig->name.c_str(),
+                   r->target_tokens_per_s > 0 ? "reaches the target for" : "trains", r->model.c_str());
+      return 2;
+    }
+    return 0;
+  }
   auto r = size_rigs(*model, cmd.gpu, opt);
   if (!r.ok()) return fail(r.status());
   std::fputs((cmd.json ? size_json(*r) : size_table(*r)).c_str(), stdout);

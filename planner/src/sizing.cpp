@@ -33,11 +33,18 @@ Result<step::TierBytes> Sizer::need(const Knobs& k) {
   n.pinned = h->second.pinned;
   n.ram = h->second.ram_without_arena + (arena_in_ram ? n.device : 0);
   n.nvme = h->second.nvme;
-  if (k.sharded) {  // each rank keeps only its own tensors' moments (step::sharded_moment_saving)
-    const auto key = std::make_tuple(static_cast<int>(k.m_format), static_cast<int>(k.v_format));
-    auto it = sharded_saving_.find(key);
-    if (it == sharded_saving_.end()) it = sharded_saving_.emplace(key, step::sharded_moment_saving(plan, space_.model)).first;
-    (k.states_nvme ? n.nvme : n.ram) -= it->second;
+  if (k.host_state > 0) {  // one rank's share (step::take_rank_share): its moments, its part of a shared state
+    const auto share_key = std::make_tuple(k.host_state, static_cast<int>(k.m_format), static_cast<int>(k.v_format),
+                                     static_cast<int>(k.transfer), k.states_nvme);
+    auto it = rank_share_.find(share_key);
+    if (it == rank_share_.end()) {
+      step::Footprint delta;  // take_rank_share adds the same amounts to any footprint
+      step::take_rank_share(delta, plan, space_.model);
+      it = rank_share_.emplace(share_key, delta.peak).first;
+    }
+    n.pinned += it->second.pinned;
+    n.ram += it->second.ram;
+    n.nvme += it->second.nvme;
   }
   return n;
 }

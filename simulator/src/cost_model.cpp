@@ -26,6 +26,7 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     ranks_per_node_ = step::ranks_sharing_host(plan, rig);  // the divisor capacity_of applies
     nodes_used_ = ranks_ / ranks_per_node_;
     sharded_ = plan.parallel.host_state == "sharded";
+    shared_ = node_shares_host_state(plan.parallel);
     host_bw_ /= static_cast<double>(ranks_per_node_);
     const int64_t sharing = std::min(cl.gpus_per_switch, ranks_per_node_);
     if (sharing > 1 && cl.switch_uplink_bandwidth) link_cap_ = cl.switch_uplink_bandwidth->value / static_cast<double>(sharing);
@@ -266,12 +267,15 @@ double CostModel::d2h_time(double bytes) const {
 // ranks' data read, its own read, the sum written) and an allgather 2 (R-1)/R S (read, written), at
 // this rank's share of the host's bandwidth; across M nodes the node's network carries
 // 2 (M-1)/M S for an allreduce of the node's shards (each rank's 1/R of S at 1/R of the network's
-// bandwidth), (M-1)/M S for a reduce or a gather, plus one latency per ring step.
+// bandwidth), (M-1)/M S for a reduce or a gather, plus one latency per ring step. A shared host
+// state reduces to the node's owners (3 (R-1)/R S, the sums written into the node's memory) and the
+// owners of each range on the M nodes allreduce it (2 (M-1)/M S over the node's network); its
+// updated weights need no gather (weight_gather is 0).
 CostModel::Collective CostModel::gradient_sum(double bytes) const {
   Collective c;
   if (ranks_ <= 1 || bytes <= 0) return c;
   const double R = static_cast<double>(ranks_per_node_), M = static_cast<double>(nodes_used_);
-  const double intra = (sharded_ ? 3.0 : 5.0) * (R - 1) / R * bytes;  // reduce (to owners), or reduce-scatter + allgather
+  const double intra = (sharded_ || shared_ ? 3.0 : 5.0) * (R - 1) / R * bytes;  // reduce (to owners), or reduce-scatter + allgather
   c.host_bytes = intra;
   c.time_s = intra / host_bw_;
   if (M > 1) {

@@ -45,6 +45,9 @@ class Builder {
     head_flops_ = T * 3 * f.head_forward;
     tb_ = s_.transfer_bf16 ? 2 : 4;
     sharded_ = cost_.multi_rank() && plan.parallel.host_state == "sharded";
+    // A shared host state frees a lent gradient buffer once its sum is in the node's memory (with a
+    // cluster section after the gradient_sum task, else after the copy), not after the update.
+    shared_ = node_shares_host_state(plan.parallel);
     state_pp_ = state_format_bytes_per_element(s_.m_format, s_.block_size) + state_format_bytes_per_element(s_.v_format, s_.block_size);
   }
 
@@ -174,6 +177,7 @@ class Builder {
         case step::OpKind::kGradFinal:
           d2h[static_cast<size_t>(op.transfer)] = copy_out(rd.d2h[static_cast<size_t>(op.transfer)], r, reached);
           if (last_round && cost_.multi_rank()) gradient_sum(op.layer);
+          if (last_round && shared_ && s_.lent_gradients > 0) e_.release(grad_ready_[static_cast<size_t>(op.layer)], id_.mem_lent, 1);
           if (last_round && !s_.clip) optimizer(op.layer, -1);
           break;
         case step::OpKind::kConsumed: case step::OpKind::kBackwardBegins: break;  // edges wait for reached[k]
@@ -262,8 +266,9 @@ class Builder {
   // AdamW of unit u once its gradient is final (and, with clipping, after the norm), then the
   // NVMe write-back.
   void optimizer(int32_t u, TaskId norm) {
-    // Sharded states: each rank updates its own tensors, about 1/N of every unit on average.
-    const double p = numel(u) * (sharded_ ? 1.0 / static_cast<double>(cost_.ranks()) : 1.0);
+    // Sharded states: each rank updates its own tensors, about 1/N of every unit on average (1/R of
+    // the node's ranks with a shared host state).
+    const double p = numel(u) / static_cast<double>(cost_.update_share());
     const double work = cost_.adam_time(p);
     TaskId a = task(Lane::kOptimizer, work, SpanKind::kOptimizer, u, -1, 0);
     const double touched = p * (tb_ + 4 + 2 * state_pp_ + 4 + (tb_ < 4 ? tb_ : 0));
@@ -271,7 +276,7 @@ class Builder {
     after(grad_ready_[static_cast<size_t>(u)], a);
     after(norm, a);
     after(nvme_read_[static_cast<size_t>(u)], a);
-    if (s_.lent_gradients > 0) e_.release(a, id_.mem_lent, 1);
+    if (s_.lent_gradients > 0 && !shared_) e_.release(a, id_.mem_lent, 1);
     if (sharded_) {  // the new weights from their owners (master, and the bf16 copy), before the next load
       const double bytes = numel(u) * (4 + (tb_ < 4 ? tb_ : 0));
       const CostModel::Collective c = cost_.weight_gather(bytes);
@@ -300,7 +305,7 @@ class Builder {
   TaskId last_gpu_ = -1, last_h2d_ = -1, last_d2h_ = -1;
   std::vector<double> layer_flops_;  // per decoder layer, one micro-batch's forward
   double head_flops_ = 0, tb_ = 2, state_pp_ = 8;
-  bool sharded_ = false;
+  bool sharded_ = false, shared_ = false;
   std::vector<TaskId> adam_prev_, prev_update_, nvme_write_prev_, grad_ready_, nvme_read_;
   std::vector<int32_t> carried_;  // the slots the next round's first loads fill
 };
@@ -352,8 +357,8 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   const step::StepSchedule& sched = *compiled;
   step::Footprint fp = step::footprint(sched, layout);
   step::TierCapacity cap = step::capacity_of(plan, rig);
-  // capacity_of gives one rank's share of its node; sharded states keep only its own tensors' moments.
-  step::take_sharded_moments(fp, plan, model);
+  // capacity_of gives one rank's share of its node, and take_rank_share the rank's part of the state.
+  step::take_rank_share(fp, plan, model);
   res.capacity_bytes = {cap.device, cap.pinned, cap.ram, cap.nvme};
   res.peak_bytes = {fp.peak.device, fp.peak.pinned, fp.peak.ram, fp.peak.nvme};
   if (Status fits = step::check_fits(fp, cap); !fits.ok())

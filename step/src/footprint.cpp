@@ -106,8 +106,8 @@ TierCapacity capacity_of(const Plan& plan, const HardwareProfile& rig) {
 }
 
 int64_t sharded_moment_saving(const Plan& plan, const ModelSpec& model) {
-  if (plan.parallel.data_parallel <= 1 || plan.parallel.host_state != "sharded") return 0;
-  const auto ranks = static_cast<int>(plan.parallel.data_parallel);
+  const auto ranks = static_cast<int>(state_shard_ranks(plan.parallel));
+  if (ranks <= 1) return 0;
   std::vector<int64_t> all;
   for (const auto& numels : unit_tensor_numels(model)) all.insert(all.end(), numels.begin(), numels.end());
   const std::vector<int> owner = shard_owners(all, ranks);
@@ -122,8 +122,30 @@ int64_t sharded_moment_saving(const Plan& plan, const ModelSpec& model) {
   return whole - *std::max_element(per.begin(), per.end());
 }
 
-void take_sharded_moments(Footprint& fp, const Plan& plan, const ModelSpec& model) {
+int64_t node_shared_state_bytes(const std::vector<int64_t>& unit_numels, bool transfer_bf16) {
+  auto pages = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  int64_t total = 0;
+  for (int64_t n : unit_numels) total += pages(4 * n) + (transfer_bf16 ? pages(2 * n) : 0) + pages(4 * n);
+  return total;
+}
+
+void take_rank_share(Footprint& fp, const Plan& plan, const ModelSpec& model) {
   (plan.placement.optimizer_states == Tier::kNvme ? fp.peak.nvme : fp.peak.ram) -= sharded_moment_saving(plan, model);
+  if (!node_shares_host_state(plan.parallel)) return;
+  // A shared host state: the master weights and the streaming copy the footprint counts for this rank
+  // are the node's, in the node's shared memory with the summed gradients; this rank counts its share.
+  const bool bf16 = plan.precision.transfer == DType::kBf16;
+  std::vector<int64_t> numels;
+  for (const auto& t : unit_tensor_numels(model)) numels.push_back(unit_layout(t).numel);
+  const int64_t R = plan.parallel.ranks_per_node, streamed = bf16 ? 2 : 4;
+  int64_t n = 0;
+  for (int64_t v : numels) {
+    n += v;
+    fp.peak.pinned -= streamed * v - streamed * v / R;  // the streamed copy, page-locked once per node
+  }
+  const int64_t share = node_shared_state_bytes(numels, bf16) / R;
+  fp.peak.ram += share - n * (4 + (bf16 ? 2 : 0));
+  fp.ram_state += share - n * (4 + (bf16 ? 2 : 0));
 }
 
 Status check_fits(const Footprint& f, const TierCapacity& cap) {

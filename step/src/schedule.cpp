@@ -13,7 +13,10 @@ BackendKind backend_of_rig(const HardwareProfile& rig) {
 }
 
 bool lends_gradients(const Plan& plan, bool streamed) {
-  return streamed && plan.schedule.order == ScheduleOrder::kLayerMajor && plan.training.clip_grad_norm <= 0;
+  // A shared host state sums each gradient into the node's memory as soon as it is copied back, so
+  // the lent buffer is free again before the update, with clipping too.
+  return streamed && plan.schedule.order == ScheduleOrder::kLayerMajor &&
+         (plan.training.clip_grad_norm <= 0 || node_shares_host_state(plan.parallel));
 }
 
 namespace {

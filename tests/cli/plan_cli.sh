@@ -73,6 +73,16 @@ r = d['rigs'][0]; assert r['trains'] and r['ram_bytes'] > 0 and r['tokens_per_s'
 check "size --family --json gives the largest model" "[ $? -eq 0 ] && /usr/bin/python3 -c \"
 import json; d = json.load(open('$tmp/fam.json'))
 assert d['trains_any'] and 6e9 < d['largest']['parameters'] < 7e10\""
+"$plan" size --model llama-2-70b --rig h200x8-2tb-4node --target-tokens-per-s 8000 --json >"$tmp/gpus.json" 2>"$tmp/err"
+check "size --model --rig on a cluster rig answers how many GPUs reach the target, with every count's figures" "[ $? -eq 0 ] && /usr/bin/python3 -c \"
+import json; d = json.load(open('$tmp/gpus.json'))
+c = {x['gpus']: x for x in d['counts']}
+assert sorted(c) == [1, 2, 4, 8, 16, 32], sorted(c)
+assert d['gpus'] == min(n for n, x in c.items() if x['trains']), d['gpus']
+assert all(x['tokens_per_s'] >= 8000 for x in c.values() if x['trains']) and not c[1]['trains']
+assert c[d['gpus']]['host_state'] in ('replicated', 'sharded', 'shared')\""
+"$plan" size --model llama-2-70b --rig h200-1.5tb >"$tmp/out" 2>"$tmp/err"
+check "size --model --rig with a one-GPU rig is refused, naming the cluster section" "[ $? -eq 1 ] && grep -q 'no cluster section' $tmp/err"
 "$plan" size --model llama-2-7b --gpu voodoo >"$tmp/out" 2>"$tmp/err"
 check "size with an unknown GPU fails listing the known ones" "[ $? -eq 1 ] && grep -q 'h200-1.5tb' $tmp/err"
 

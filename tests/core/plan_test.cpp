@@ -444,7 +444,29 @@ TEST(Plan, ParallelSectionIsReadCheckedAndWrittenOnlyForSeveralRanks) {
   EXPECT_EQ(sharded->parallel.host_state, "sharded");
   EXPECT_EQ(Json::parse(sharded->to_json_text())["parallel"]["host_state"], "sharded");
   j["parallel"]["host_state"] = "shared";
-  expect_error(j, StatusCode::kInvalidArgument, {"parallel.host_state", "replicated", "sharded"});
+  auto shared = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(shared.ok()) << shared.status().to_string();
+  EXPECT_TRUE(node_shares_host_state(shared->parallel));
+  EXPECT_EQ(state_shard_ranks(shared->parallel), 2);
+  EXPECT_EQ(state_shard_ranks(sharded->parallel), 2);
+  j["parallel"]["host_state"] = "pooled";
+  expect_error(j, StatusCode::kInvalidArgument, {"parallel.host_state", "replicated", "sharded", "shared"});
+  // One copy per node lives in shared memory: master weights on NVMe (a copy per rank) are refused.
+  j["parallel"]["host_state"] = "shared";
+  j["precision"] = {{"transfer", "bf16"}};
+  j["placement"] = {{"master_weights", "nvme"}, {"nvme_dirs", {"/tmp"}}, {"pinned_staging_bytes", 1 << 26}};
+  expect_error(j, StatusCode::kInvalidArgument, {"parallel.host_state shared", "placement.master_weights"});
+  j["parallel"] = {{"data_parallel", 8}, {"ranks_per_node", 4}, {"host_state", "shared"}};
+  j.erase("placement");
+  auto nodes = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(nodes.ok()) << nodes.status().to_string();
+  EXPECT_EQ(state_shard_ranks(nodes->parallel), 4);  // the node's ranks own the moments
+  j["parallel"]["data_parallel"] = 1;
+  j["parallel"]["ranks_per_node"] = 1;
+  auto single = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(single.ok()) << single.status().to_string();
+  EXPECT_FALSE(node_shares_host_state(single->parallel));  // one rank: the same as replicated
+  EXPECT_EQ(state_shard_ranks(single->parallel), 1);
 }
 
 // Sharded states: whole tensors, consecutive runs per rank, each tensor to the rank whose equal

@@ -11,6 +11,7 @@
 
 #include "megatrain/core/plan.h"
 #include "megatrain/planner/search.h"
+#include "megatrain/planner/size.h"
 #include "megatrain/simulator/step_model.h"
 
 namespace megatrain::planner {
@@ -64,7 +65,7 @@ TEST(ParallelSearch, EightRanksOnOneNodeGiveAPlanTheSimulatorConfirms) {
 }
 
 // A tiny model on 4 ranks of a 4-GPU node: the pruned search against every candidate simulated
-// (exhaustive), replicated and sharded states both among them.
+// (exhaustive), replicated, sharded and shared host states all among them.
 TEST(ParallelSearch, ThePrunedSearchKeepsTheExhaustiveBestAcrossHostStates) {
   const ModelSpec m = model("tiny-llama-gqa");
   HardwareProfile node = rig("h200x8-2tb");
@@ -94,6 +95,86 @@ TEST(ParallelSearch, RequestsTheRigCannotServeAreRefusedByName) {
   auto uneven = search_plan(m, rig("h200x8-2tb"), request("llama-2-7b", "h200x8-2tb", 8, 4096, 4 * 4096));
   ASSERT_FALSE(uneven.ok());
   EXPECT_NE(uneven.status().message().find("does not divide the step's 4 sequences"), std::string::npos) << uneven.status().message();
+}
+
+// llama-2-7b on 8 ranks of a node with 400 GB of RAM: a whole host state per rank (replicated) is
+// about 1 TB in all, and one per node (shared) about 130 GB, so with the states in RAM only the shared
+// host state fits; the best plan uses it, and its footprint is one rank's share.
+TEST(ParallelSearch, ANodeTooSmallForACopyPerRankGetsTheSharedHostState) {
+  const ModelSpec m = model("llama-2-7b");
+  HardwareProfile node = rig("h200x8-2tb");
+  node.host.ram_bytes.value = 400e9;
+  node.host.pinnable_bytes.value = 360e9;
+  SearchRequest q = request("llama-2-7b", "h200x8-2tb", 8, 4096, 64 * 4096);
+  q.rig_ref = ProfileRef{true, node.to_json_text()};
+  auto r = search_plan(m, node, q);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(r->feasible) << r->infeasible_reason;
+  const Plan& p = r->best.plan;
+  EXPECT_EQ(p.parallel.host_state, "shared") << describe_knobs(p);
+  auto again = sim::simulate(p, m, node);
+  ASSERT_TRUE(again.ok() && again->feasible);
+  EXPECT_DOUBLE_EQ(again->tokens_per_s, r->best.result.tokens_per_s);
+  EXPECT_LE(again->peak_bytes.ram, static_cast<int64_t>(400e9 / 8));
+  // The same plan with a copy per rank does not fit the node.
+  Plan rep = p;
+  rep.parallel.host_state = "replicated";
+  auto whole = sim::simulate(rep, m, node);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_FALSE(whole->feasible);
+}
+
+// size --model M --rig R: the best plan per GPU count (each the search of plan --gpus N), the fewest
+// GPUs that reach a target, the fastest without one; a rig without a cluster section is refused.
+TEST(SizeGpuCount, TheFewestGpusThatReachTheTargetAndTheFastestWithoutOne) {
+  const ModelSpec m = model("tiny-llama-gqa");
+  HardwareProfile node = rig("h200x8-2tb-4node");
+  node.cluster->gpus_per_node = 4;
+  node.cluster->nodes = 2;
+  SizeOptions opt;
+  opt.seq_len = 128;
+  opt.tokens_per_step = 16 * 128;
+  auto all = size_gpu_count(m, node, opt);
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  std::vector<int64_t> counts;
+  for (const GpuCountOption& o : all->counts) counts.push_back(o.gpus);
+  EXPECT_EQ(counts, (std::vector<int64_t>{1, 2, 4, 8}));  // one node's counts, then whole nodes (8 = 2 x 4)
+  size_t fastest = 0;
+  for (size_t i = 0; i < all->counts.size(); ++i) {
+    const GpuCountOption& o = all->counts[i];
+    ASSERT_TRUE(o.fits) << o.gpus << ": " << o.why_not;
+    SearchRequest q = request("tiny-llama-gqa", node.name, o.gpus, 128, 16 * 128);
+    SearchOptions so;
+    so.relief = false;
+    so.compare_orders = false;
+    auto r = search_plan(m, node, q, so);
+    ASSERT_TRUE(r.ok() && r->feasible);
+    EXPECT_DOUBLE_EQ(o.tokens_per_s, r->best.result.tokens_per_s) << o.gpus;
+    if (o.tokens_per_s > all->counts[fastest].tokens_per_s) fastest = i;
+  }
+  EXPECT_EQ(all->chosen, static_cast<int64_t>(fastest));
+  // A target between the best 2-GPU and 4-GPU figures: the first count that reaches it.
+  const double lo = std::max(all->counts[0].tokens_per_s, all->counts[1].tokens_per_s);
+  opt.target_tokens_per_s = lo * 1.0001;
+  auto target = size_gpu_count(m, node, opt);
+  ASSERT_TRUE(target.ok());
+  int64_t expect = -1;
+  for (size_t i = 0; i < target->counts.size() && expect < 0; ++i)
+    if (target->counts[i].tokens_per_s >= opt.target_tokens_per_s) expect = static_cast<int64_t>(i);
+  ASSERT_GE(expect, 2);
+  EXPECT_EQ(target->chosen, expect);
+  EXPECT_FALSE(target->counts[0].trains);
+  auto json = Json::parse(gpu_count_json(*target));
+  EXPECT_EQ(json["gpus"], target->counts[static_cast<size_t>(expect)].gpus);
+  // Out of reach: no count, and the answer says so.
+  opt.target_tokens_per_s = 1e15;
+  auto none = size_gpu_count(m, node, opt);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->chosen, -1);
+  EXPECT_NE(gpu_count_table(*none).find("no GPU count of this rig reaches the target"), std::string::npos);
+  auto single = size_gpu_count(m, rig("h200-1.5tb"), opt);
+  ASSERT_FALSE(single.ok());
+  EXPECT_NE(single.status().message().find("has no cluster section"), std::string::npos) << single.status().message();
 }
 
 }  // namespace

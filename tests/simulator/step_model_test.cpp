@@ -635,6 +635,60 @@ TEST(StepModelDataParallel, CollectivesContentionAndLinksFollowTheHandFormulas) 
   k.host_state = "replicated";
   const CostModel c3(simulate_plan(k, f).plan, one.model, one.rig);
   EXPECT_LT(rel(c3.gradient_sum(S).time_s, 5.0 * 3 / 4 * S / B + 2 * 0.5 * S / 1e11 + 2e-5), 1e-12);
+  // A shared host state: reduce to the node's owners, then the owners' allreduce across the nodes;
+  // nothing gathered; each update a quarter (the node's 4 ranks own the tensors).
+  k.host_state = "shared";
+  const CostModel c4(simulate_plan(k, f).plan, one.model, one.rig);
+  EXPECT_LT(rel(c4.gradient_sum(S).time_s, 3.0 * 3 / 4 * S / B + 2 * 0.5 * S / 1e11 + 2e-5), 1e-12);
+  EXPECT_LT(rel(c4.gradient_sum(S).host_bytes, 3.0 * 3 / 4 * S), 1e-12);
+  EXPECT_EQ(c4.weight_gather(S).time_s, 0);
+  EXPECT_EQ(c4.update_share(), 4);
+  EXPECT_EQ(c2.update_share(), 8);
+  EXPECT_EQ(c3.update_share(), 1);
+}
+
+// A shared host state with clipping in layer-major order lends gradient buffers, freed after each
+// unit's sum (not after the update, which waits for the norm): the step runs (it would deadlock if
+// the buffers came back only after the updates), each update is a quarter of its unit, no weight
+// gathers, and the footprint is one rank's share of the node's copy (step::take_rank_share).
+TEST(StepModelDataParallel, SharedHostStateLendsBuffersWithClippingAndCountsItsShare) {
+  RigFigures f;
+  f.host_bandwidth = 8e10;
+  f.adam = 2e9;
+  f.gpus_per_node = 4, f.nodes = 1;
+  PlanKnobs k;
+  k.ranks = 4, k.clip = 1.0;
+  const Sim rep = simulate_plan(k, f, true);
+  ASSERT_TRUE(rep.result.feasible) << rep.result.reason;
+  k.host_state = "shared";
+  const Sim s = simulate_plan(k, f, true);
+  ASSERT_TRUE(s.result.feasible) << s.result.reason;
+  EXPECT_TRUE(step::lends_gradients(s.plan));
+  EXPECT_FALSE(step::lends_gradients(rep.plan));
+  const CostModel c(s.plan, s.model, s.rig);
+  const Engine& e = *s.result.engine;
+  int sums = 0, gathers = 0;
+  for (size_t t = 0; t < e.task_count(); ++t) {
+    const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+    if (span_kind_of(ts) == SpanKind::kGradSum) ++sums;
+    if (span_kind_of(ts) == SpanKind::kWeightGather) ++gathers;
+  }
+  EXPECT_EQ(sums, 3 * (k.layers + 2));
+  EXPECT_EQ(gathers, 0);
+  // The footprint: the replicated rank's whole-model gradients, master weights and bf16 copy become
+  // lent buffers and a quarter of the node's shared memory; the moments a quarter's worth.
+  std::vector<int64_t> numels;
+  int64_t n = 0;
+  for (const auto& t : unit_tensor_numels(s.model)) {
+    numels.push_back(unit_layout(t).numel);
+    n += numels.back();
+  }
+  const step::StepSchedule sched = *step::compile(s.plan, s.model, step::layout_for(step::backend_of_rig(s.rig), s.model, s.plan));
+  const int64_t max_unit = *std::max_element(numels.begin(), numels.end());
+  const int64_t expect = rep.result.peak_bytes.ram - n * (4 + 4 + 2) + step::kLentGradientBuffers * 4 * max_unit +
+                         step::node_shared_state_bytes(numels, true) / 4 - step::sharded_moment_saving(s.plan, s.model);
+  EXPECT_EQ(s.result.peak_bytes.ram, expect);
+  EXPECT_EQ(sched.lent_gradients, step::kLentGradientBuffers);
 }
 
 // The step: one grad_sum task per unit after its gradient's copy on the D2H lane, before its update;

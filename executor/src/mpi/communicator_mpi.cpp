@@ -9,9 +9,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "detail/mpi_world.h"
 
@@ -80,11 +83,38 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm node;
     if (int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node); rc != MPI_SUCCESS)
       return mpi_failed("MPI_Comm_split_type", rc);
+    // Tests emulate several nodes on one machine: MEGATRAIN_TEST_RANKS_PER_NODE=k groups each node's
+    // ranks k at a time, each group a "node" with its own shared memory (docs/data-parallel.md).
+    if (const char* e = std::getenv("MEGATRAIN_TEST_RANKS_PER_NODE"); e != nullptr && std::atoi(e) > 0) {
+      int lr = 0;
+      MPI_Comm_rank(node, &lr);
+      MPI_Comm group;
+      if (int rc = MPI_Comm_split(node, lr / std::atoi(e), rank_, &group); rc != MPI_SUCCESS) return mpi_failed("MPI_Comm_split", rc);
+      MPI_Comm_free(&node);
+      node = group;
+    }
     MPI_Comm_rank(node, &local_rank_);
     MPI_Comm_size(node, &local_size_);
-    int nodes_leader = local_rank_ == 0 ? 1 : 0, nodes = 0;
-    MPI_Allreduce(&nodes_leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    nodes_ = nodes;
+    // Nodes are numbered in the order of their first ranks (each node's local rank 0 is its lowest).
+    MPI_Comm leaders;
+    if (int rc = MPI_Comm_split(MPI_COMM_WORLD, local_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &leaders); rc != MPI_SUCCESS)
+      return mpi_failed("MPI_Comm_split", rc);
+    int where[2] = {0, 1};  // this node's index, the node count
+    if (local_rank_ == 0) {
+      MPI_Comm_rank(leaders, &where[0]);
+      MPI_Comm_size(leaders, &where[1]);
+      MPI_Comm_free(&leaders);
+    }
+    MPI_Bcast(where, 2, MPI_INT, 0, node);
+    node_ = where[0];
+    nodes_ = where[1];
+    for (int c = 0; c < kChannels; ++c) {
+      if (int rc = MPI_Comm_dup(node, &node_channels_[c]); rc != MPI_SUCCESS) return mpi_failed("MPI_Comm_dup", rc);
+      if (int rc = MPI_Comm_split(MPI_COMM_WORLD, local_rank_, rank_, &cross_channels_[c]); rc != MPI_SUCCESS)
+        return mpi_failed("MPI_Comm_split", rc);
+      MPI_Comm_set_errhandler(node_channels_[c], MPI_ERRORS_RETURN);
+      MPI_Comm_set_errhandler(cross_channels_[c], MPI_ERRORS_RETURN);
+    }
     MPI_Comm_free(&node);
     return {};
   }
@@ -93,6 +123,8 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   int local_size() const override { return local_size_; }
   int local_rank() const override { return local_rank_; }
+  int node() const override { return node_; }
+  int nodes() const override { return nodes_; }
   std::string description() const override {
     return "MPI (" + mpi_library_version() + "), " + std::to_string(size_) + " rank" + (size_ == 1 ? "" : "s") + " on " +
            std::to_string(nodes_) + " node" + (nodes_ == 1 ? "" : "s");
@@ -136,6 +168,62 @@ class MpiCommunicator final : public Communicator {
     }
     return {};
   }
+  Result<SharedMemory> node_shared_memory(int64_t bytes) override {
+    // The node's first rank makes and reserves the file; the others learn its name and map it; it is
+    // unlinked once all have (the mappings keep it alive, and nothing is left if a rank dies later).
+    char path[4096] = {};
+    Status made;
+    int64_t ok = 1;
+    if (local_rank_ == 0) {
+      const std::string p = SharedMemory::folder() + "/megatrain-" + std::to_string(::getpid()) + "-" + std::to_string(segments_);
+      made = SharedMemory::make_file(p, bytes);
+      ok = made.ok() ? 1 : 0;
+      std::snprintf(path, sizeof path, "%s", p.c_str());
+    }
+    ++segments_;
+    MPI_Comm node = node_comm(Channel::kMain);
+    if (int rc = MPI_Bcast(&ok, 1, MPI_INT64_T, 0, node); rc != MPI_SUCCESS) return mpi_failed("broadcast", rc);
+    if (ok == 0)
+      return local_rank_ == 0 ? made : unavailable("the first rank of this node could not make the node's shared training state (its message says why)");
+    if (int rc = MPI_Bcast(path, sizeof path, MPI_CHAR, 0, node); rc != MPI_SUCCESS) return mpi_failed("broadcast", rc);
+    auto mem = SharedMemory::map(path, bytes, bytes / local_size_);
+    int64_t mapped = mem.ok() ? 1 : 0;
+    if (int rc = MPI_Allreduce(MPI_IN_PLACE, &mapped, 1, MPI_INT64_T, MPI_MIN, node); rc != MPI_SUCCESS) return mpi_failed("allreduce", rc);
+    if (local_rank_ == 0) ::unlink(path);
+    if (!mem.ok()) return mem.status();
+    if (mapped == 0) return unavailable("another rank of this node could not map the node's shared training state (its message says why)");
+    return mem;
+  }
+  Status reduce_to_node_owners(const float* mine, float* shared, const std::vector<int64_t>& counts, Channel c) override {
+    if (counts.size() != static_cast<size_t>(local_size_))
+      return internal_error("reduce_to_node_owners: " + std::to_string(counts.size()) + " ranges for " + std::to_string(local_size_) + " ranks");
+    int64_t at = 0, my_at = 0;
+    for (int r = 0; r < local_size_; ++r) {
+      const int64_t n = counts[static_cast<size_t>(r)];
+      if (r == local_rank_) my_at = at;
+      for (int64_t k = 0; k < n; k += kChunk) {
+        const int len = static_cast<int>(std::min(kChunk, n - k));
+        if (local_size_ == 1) {
+          std::memcpy(shared + at + k, mine + at + k, sizeof(float) * static_cast<size_t>(len));
+          continue;
+        }
+        const Waiting w(*this, c, "summing a gradient shard for its owner on the node");
+        const int rc = MPI_Reduce(mine + at + k, r == local_rank_ ? shared + at + k : nullptr, len, MPI_FLOAT, MPI_SUM, r, node_comm(c));
+        if (rc != MPI_SUCCESS) return mpi_failed("reduce", rc);
+      }
+      at += n;
+    }
+    // Across nodes: the ranks that own this range on each node add up their nodes' sums.
+    if (nodes_ > 1) return float_sum_in(cross_channels_[static_cast<int>(c)], shared + my_at, counts[static_cast<size_t>(local_rank_)], c);
+    return {};
+  }
+  Status node_sum(double* data, int64_t n, Channel c) override { return float_sum_in(node_comm(c), data, n, c); }
+  Status node_barrier(Channel c) override {
+    if (local_size_ == 1) return {};
+    const Waiting w(*this, c, "a barrier of the node's ranks");
+    if (int rc = MPI_Barrier(node_comm(c)); rc != MPI_SUCCESS) return mpi_failed("barrier", rc);
+    return {};
+  }
   Status barrier(Channel c) override {
     const Waiting w(*this, c, "a barrier");
     if (int rc = MPI_Barrier(comm(c)); rc != MPI_SUCCESS) return mpi_failed("barrier", rc);
@@ -156,6 +244,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm(Channel c) const { return channels_[static_cast<int>(c)]; }
+  MPI_Comm node_comm(Channel c) const { return node_channels_[static_cast<int>(c)]; }
   Status check_counts(const std::vector<int64_t>& counts, const char* what) const {
     if (counts.size() != static_cast<size_t>(size_))
       return internal_error(std::string(what) + ": " + std::to_string(counts.size()) + " ranges for " + std::to_string(size_) + " ranks");
@@ -258,9 +347,14 @@ class MpiCommunicator final : public Communicator {
   static constexpr int64_t kChunk = int64_t{1} << 28;
 
   template <typename T>
-  Status float_sum(T* data, int64_t n, Channel c) {
-    if (size_ == 1 || n == 0) return {};
-    const int P = size_;
+  Status float_sum(T* data, int64_t n, Channel c) { return float_sum_in(comm(c), data, n, c); }
+  // The same over the ranks of `group`.
+  template <typename T>
+  Status float_sum_in(MPI_Comm group, T* data, int64_t n, Channel c) {
+    int P = 1, me = 0;
+    MPI_Comm_size(group, &P);
+    MPI_Comm_rank(group, &me);
+    if (P == 1 || n == 0) return {};
     std::vector<int> counts(static_cast<size_t>(P)), displs(static_cast<size_t>(P));
     std::vector<T> share;
     for (int64_t at = 0; at < n; at += kChunk) {
@@ -272,12 +366,12 @@ class MpiCommunicator final : public Communicator {
         displs[static_cast<size_t>(r)] = static_cast<int>(off);
         off += cnt;
       }
-      share.resize(static_cast<size_t>(std::max(counts[static_cast<size_t>(rank_)], 1)));
+      share.resize(static_cast<size_t>(std::max(counts[static_cast<size_t>(me)], 1)));
       const Waiting w(*this, c, c == Channel::kGradients ? "summing a gradient" : "a sum");
-      if (int rc = MPI_Reduce_scatter(data + at, share.data(), counts.data(), mpi_type<T>(), MPI_SUM, comm(c)); rc != MPI_SUCCESS)
+      if (int rc = MPI_Reduce_scatter(data + at, share.data(), counts.data(), mpi_type<T>(), MPI_SUM, group); rc != MPI_SUCCESS)
         return mpi_failed("reduce-scatter", rc);
-      if (int rc = MPI_Allgatherv(share.data(), counts[static_cast<size_t>(rank_)], mpi_type<T>(), data + at, counts.data(),
-                                  displs.data(), mpi_type<T>(), comm(c));
+      if (int rc = MPI_Allgatherv(share.data(), counts[static_cast<size_t>(me)], mpi_type<T>(), data + at, counts.data(),
+                                  displs.data(), mpi_type<T>(), group);
           rc != MPI_SUCCESS)
         return mpi_failed("allgather", rc);
     }
@@ -295,8 +389,11 @@ class MpiCommunicator final : public Communicator {
     return {};
   }
 
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, nodes_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, node_ = 0, nodes_ = 1;
+  int64_t segments_ = 0;  // node_shared_memory calls so far (each file's name has its number)
   MPI_Comm channels_[kChannels] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Comm node_channels_[kChannels] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};   // this node's ranks
+  MPI_Comm cross_channels_[kChannels] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};  // the same local rank on every node
   MPI_Comm alive_ = MPI_COMM_NULL;  // the watchdog's pings and answers
   std::atomic<int64_t> since_ns_[kChannels] = {0, 0, 0};
   std::atomic<const char*> what_[kChannels] = {nullptr, nullptr, nullptr};

@@ -28,8 +28,12 @@ struct Knobs {
   int64_t staging = 0;
   int64_t threads = 1;
   int64_t prefetch = 1, buffers = 2;  // set per simulation
-  bool sharded = false;                // data parallelism: parallel.host_state sharded
+  // data parallelism: parallel.host_state, one of kHostStates
+  int host_state = 0;
 };
+
+// parallel.host_state's values, as Knobs::host_state indexes them.
+inline constexpr const char* kHostStates[] = {"replicated", "sharded", "shared"};
 
 // The knobs at prefetch depth K with the buffers the search gives it: max(K + 1, c + K), the count
 // at which buffers never bind (docs/planner.md). K = 1 is the least a candidate can run with.

@@ -37,7 +37,8 @@ class Sizer {
   std::map<int64_t, step::ActivationLayout> layouts_;  // per micro-batch size
   std::map<std::vector<int64_t>, int64_t> device_;     // on step::FootprintKeys::device
   std::map<std::vector<int64_t>, Host> host_;          // on step::FootprintKeys::host
-  std::map<std::tuple<int, int>, int64_t> sharded_saving_;  // per (m, v) format
+  // step::take_rank_share's change to the footprint, per (host state, m and v formats, transfer, states on nvme)
+  std::map<std::tuple<int, int, int, int, bool>, step::TierBytes> rank_share_;
   int64_t compiles_ = 0;
 };
 

@@ -137,10 +137,25 @@ struct ParallelConfig {
   std::string collective = "mpi";         // what the gradients are summed with: mpi (host memory)
   // replicated: every rank keeps the whole training state and makes the whole update; sharded
   // (ZeRO): each rank keeps Adam's moments of the tensors it owns (shard_owners), updates those, and
-  // the ranks gather the updated weights.
+  // the ranks gather the updated weights; shared: one copy per node, in memory the node's ranks
+  // share, of the master weights, the streaming copy and the summed gradients, with each of the
+  // node's ranks keeping the moments of its own tensors (shard_owners over ranks_per_node) and
+  // updating those in place (see node_shares_host_state).
   std::string host_state = "replicated";
   bool operator==(const ParallelConfig&) const = default;
 };
+
+// parallel.host_state shared with more than one rank: the node's ranks share one host state. (With
+// one rank, shared is the same as replicated.)
+inline bool node_shares_host_state(const ParallelConfig& p) { return p.host_state == "shared" && p.data_parallel > 1; }
+// The ranks among which the optimizer states are split: the job's ranks when sharded, the node's
+// when shared, else 1.
+inline int64_t state_shard_ranks(const ParallelConfig& p) {
+  if (p.data_parallel <= 1) return 1;
+  if (p.host_state == "sharded") return p.data_parallel;
+  if (p.host_state == "shared") return p.ranks_per_node;
+  return 1;
+}
 
 struct PeakBytes {
   int64_t device = 0, pinned = 0, ram = 0, nvme = 0;

@@ -21,6 +21,7 @@
 #include "megatrain/core/plan.h"
 #include "megatrain/core/status.h"
 #include "megatrain/executor/aligned_array.h"
+#include "megatrain/executor/communicator.h"
 #include "megatrain/executor/moments.h"
 #include "megatrain/executor/nvme_store.h"
 
@@ -52,6 +53,11 @@ struct UnitState {
   // Sharded states: the unit's elements in consecutive ranges, shard_elems[r] for rank r (gaps
   // included), each rank's range covering the tensors it owns; one range of all when not sharded.
   std::vector<int64_t> shard_elems;
+  // Shared host state: the gradient summed over the ranks, in the node's shared memory (each range
+  // written by its owner); empty otherwise, when the sum is made in `grad` itself.
+  AlignedArray<float> summed;
+  float* final_grad() { return summed.size() > 0 ? summed.data() : grad.data(); }
+  const float* final_grad() const { return summed.size() > 0 ? summed.data() : grad.data(); }
   const TensorSlot* find(TensorRole role) const;
 };
 
@@ -60,6 +66,10 @@ struct UnitState {
 struct StateSharding {
   int rank = 0;
   int ranks = 1;
+  // parallel.host_state shared: the job's communicator, through which the node's ranks map one copy
+  // of the master weights, the streaming copy and the summed gradients; rank and ranks are then this
+  // rank's place among its node's (Communicator::local_rank, local_size).
+  Communicator* node = nullptr;
 };
 
 // Where the NVMe tier keeps what (the plan's placement section).
@@ -92,12 +102,21 @@ class HostState {
   // parameter of RAM.
   // With sharding, every rank keeps every master weight, gradient and streaming copy, but Adam's m
   // and v (in RAM or on NVMe) only of the tensors it owns (TensorSlot::owner); the other tensors'
-  // moments are empty (zero elements).
+  // moments are empty (zero elements). With sharding.node (a shared host state), the master weights,
+  // the streaming copy and the summed gradients (UnitState::summed) of every unit are views of one
+  // SharedMemory the node's ranks map (a collective call), and master weights on NVMe are refused.
   static Result<HostState> create(const ModelSpec& model, DType transfer, StateFormat m_format, StateFormat v_format,
                                   int64_t block_size, const NvmePlacement& nvme, bool all_gradients = true,
                                   StateSharding sharding = {});
   const StateSharding& sharding() const { return sharding_; }
   bool sharded() const { return sharding_.ranks > 1; }
+  // The node's ranks share the master weights, streaming copy and summed gradients.
+  bool shared() const { return sharding_.node != nullptr; }
+  // This rank writes the weights when they are set whole (initialisation, loading): with a shared
+  // state only the node's first rank does, and the node's ranks meet at a barrier after it.
+  bool writes_weights() const { return !shared() || sharding_.rank == 0; }
+  // The node's shared memory (null when not shared).
+  const SharedMemory* shared_memory() const { return shared() ? &shm_ : nullptr; }
   // This rank keeps the moments of tensor t and updates it.
   bool owns(const TensorSlot& t) const { return t.owner == sharding_.rank; }
   bool all_gradients() const { return all_gradients_; }
@@ -138,7 +157,9 @@ class HostState {
 
  private:
   void build_units(const ModelSpec& model, StateFormat m_format, StateFormat v_format, int64_t block_size);
+  Status map_shared();
   struct Tier;
+  SharedMemory shm_;
   std::unique_ptr<Tier> tier_;
   std::vector<UnitState> units_;
   DType transfer_ = DType::kFp32;

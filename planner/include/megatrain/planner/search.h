@@ -40,7 +40,7 @@ struct SearchRequest {
   int64_t steps = 1000;         // training.steps written into the plan
   // Data parallelism (docs/data-parallel.md): the ranks (GPUs) of the job, min(gpus, the rig's
   // cluster.gpus_per_node) per node. tokens_per_step is the job's; each rank trains 1/gpus of it. With
-  // gpus > 1 the search also chooses parallel.host_state (replicated or sharded).
+  // gpus > 1 the search also chooses parallel.host_state (replicated, sharded or shared).
   int64_t gpus = 1;
   SearchPolicy policy;
   int top = 5;                  // alternatives reported

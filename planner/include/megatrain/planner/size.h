@@ -81,6 +81,34 @@ struct FamilyResult {
   double seconds = 0;
 };
 
+// GPU-count sizing (`size --model M --rig R` on a rig with a cluster section): the best plan for each
+// GPU count the rig allows (1 .. gpus_per_node on one node, then whole nodes; counts that divide the
+// step's sequences), and the fewest GPUs whose best plan reaches the target tokens/s.
+struct GpuCountOption {
+  int64_t gpus = 0, nodes = 0;
+  bool trains = false;        // a plan fits (and, with a target, reaches it)
+  bool fits = false;          // a plan fits, whether or not it reaches the target
+  double tokens_per_s = 0, mfu = 0;
+  std::string bottleneck;
+  std::string host_state;     // of the best plan (replicated, sharded, shared; "-" for one GPU)
+  std::string plan;           // describe_knobs
+  std::string why_not;
+};
+struct GpuCountResult {
+  std::string model, rig;
+  int64_t seq_len = 0, tokens_per_step = 0;
+  double target_tokens_per_s = 0;
+  std::vector<GpuCountOption> counts;  // ascending
+  int64_t chosen = -1;                 // index of the fewest GPUs that reach the target (no target: the fastest)
+  std::vector<std::string> assumptions;
+  int64_t searches = 0;
+  double seconds = 0;
+};
+// Errors: a rig without a cluster section, a step whose sequences no GPU count above 1 divides.
+Result<GpuCountResult> size_gpu_count(const ModelSpec& model, const HardwareProfile& rig, const SizeOptions& opt);
+std::string gpu_count_json(const GpuCountResult& r);
+std::string gpu_count_table(const GpuCountResult& r);
+
 // Families with two or more published sizes in profiles/models/ ("llama-2", "qwen2.5", ...).
 std::vector<std::string> model_families();
 Result<FamilyResult> largest_model(const std::string& family, const HardwareProfile& rig, const SizeOptions& opt);
@@ -90,8 +118,9 @@ std::string size_table(const SizeResult& r);
 std::string family_json(const FamilyResult& r);
 std::string family_table(const FamilyResult& r);
 
-// The `megatrain-plan size` command: `--model M` sizes rigs; `--family F --rig R` finds the
-// largest model of the family that R trains. Exit code 0, 2 when nothing trains it, 1 on errors.
+// The `megatrain-plan size` command: `--model M` sizes rigs; `--model M --rig R` (a rig with a
+// cluster section) the GPU count; `--family F --rig R` finds the largest model of the family that R
+// trains. Exit code 0, 2 when nothing trains it, 1 on errors.
 struct SizeCommand {
   std::string model;
   std::string family;

@@ -61,9 +61,12 @@ class CostModel {
   struct Collective {
     double time_s = 0, host_bytes = 0;
   };
-  // A unit's final gradient: summed onto every rank (replicated states), or onto its owners
-  // (sharded states).
+  // A unit's final gradient: summed onto every rank (replicated states), onto its owners (sharded
+  // states), or onto the node's owners into its shared memory and across nodes between the owners
+  // of each range (a shared host state).
   Collective gradient_sum(double bytes) const;
+  // The ranks whose owners split each unit's update: the job's (sharded), the node's (shared), or 1.
+  int64_t update_share() const { return sharded_ ? ranks_ : shared_ ? ranks_per_node_ : 1; }
   // Sharded states: the updated weights (`bytes` of one unit) taken from their owners.
   Collective weight_gather(double bytes) const;
 
@@ -107,7 +110,7 @@ class CostModel {
   const HardwareProfile& rig_;
   double peak_ = 0, host_bw_ = 0, adam_rate_ = 0, nvme_read_bw_ = 0, nvme_write_bw_ = 0;
   int64_t ranks_ = 1, ranks_per_node_ = 1, nodes_used_ = 1;
-  bool sharded_ = false;
+  bool sharded_ = false, shared_ = false;
   double link_cap_ = 0;   // bytes/s: this GPU's share of its PCIe switch's uplink (0: no cap)
   double inter_bw_ = 0, inter_latency_ = 0;
   std::vector<LayerCost> kinds_;        // the distinct layer kinds (at most 4: dense/MoE x full/window)

@@ -248,12 +248,18 @@ TierCapacity capacity_of(const Plan& plan, const HardwareProfile& rig);
 // The ranks of such a plan share their node's host: the divisor capacity_of applies (1 otherwise).
 int64_t ranks_sharing_host(const Plan& plan, const HardwareProfile& rig);
 Status check_fits(const Footprint& f, const TierCapacity& cap);
-// Sharded optimizer states (parallel.host_state sharded): the bytes of Adam's moments a rank does
-// not keep, against the footprint's whole-model figure: all of them less those of the rank that keeps
-// the most (core's shard_owners). 0 for other plans. They come off the tier the states are on.
+// Sharded optimizer states (parallel.host_state sharded, or shared over a node's ranks): the bytes of
+// Adam's moments a rank does not keep, against the footprint's whole-model figure: all of them less
+// those of the rank that keeps the most (core's shard_owners over state_shard_ranks). 0 for other
+// plans. They come off the tier the states are on.
 int64_t sharded_moment_saving(const Plan& plan, const ModelSpec& model);
-// That saving taken off the footprint's RAM or NVMe figure: the footprint of the rank that keeps the
-// most, as the simulator reports it and the executor checks it.
-void take_sharded_moments(Footprint& fp, const Plan& plan, const ModelSpec& model);
+// A shared host state (node_shares_host_state): the bytes of the node's shared memory, per unit (its
+// unit_layout extent) its fp32 master weights, its streaming copy when the transfer is bf16, and its
+// summed gradient, each on a 4096-byte page. HostState lays the memory out so.
+int64_t node_shared_state_bytes(const std::vector<int64_t>& unit_numels, bool transfer_bf16);
+// One rank's footprint from the whole-model figure: the sharded moments taken off, and with a shared
+// host state the master weights and streaming copy replaced by the rank's share (1/ranks_per_node)
+// of the node's shared memory. What the simulator reports and the executor checks.
+void take_rank_share(Footprint& fp, const Plan& plan, const ModelSpec& model);
 
 }  // namespace megatrain::step
