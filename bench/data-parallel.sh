@@ -6,7 +6,9 @@
 # step spent summing gradients (grad_sum spans) and how much of that time the rank's compute lane
 # was busy too (the overlap with the backward of the layers below). A third side runs the 2 ranks
 # with sharded optimizer states (parallel.host_state sharded): its tokens/s against the replicated
-# ranks', and the share of its step in weight_gather spans (the new weights from their owners).
+# ranks', and the share of its step in weight_gather spans (the new weights from their owners). A
+# fourth runs them with one host state per node (parallel.host_state shared): its tokens/s against
+# the replicated ranks', and its weight_gather share (there the wait for the node's other owners).
 #   bench/data-parallel.sh [build-dir] [steps]
 set -euo pipefail
 build=${1:-build}
@@ -32,11 +34,14 @@ d['parallel'] = {'data_parallel': 2}
 json.dump(d, open(sys.argv[2] + '/two.json', 'w'))
 d['parallel']['host_state'] = 'sharded'
 json.dump(d, open(sys.argv[2] + '/sharded.json', 'w'))
+d['parallel']['host_state'] = 'shared'
+json.dump(d, open(sys.argv[2] + '/shared.json', 'w'))
 PY
 for round in 1 2 3; do
   "$exe" "$tmp/one.json" --data "$tmp/text.txt" --steps "$steps" --threads 2 --trace "$tmp/one-$round.mtrace" >"$tmp/one-$round.out"
   mpirun -np 2 "$exe" "$tmp/two.json" --data "$tmp/text.txt" --steps "$steps" --threads 1 --trace "$tmp/two-$round.mtrace" >"$tmp/two-$round.out"
   mpirun -np 2 "$exe" "$tmp/sharded.json" --data "$tmp/text.txt" --steps "$steps" --threads 1 --trace "$tmp/sharded-$round.mtrace" >"$tmp/sharded-$round.out"
+  mpirun -np 2 "$exe" "$tmp/shared.json" --data "$tmp/text.txt" --steps "$steps" --threads 1 --trace "$tmp/shared-$round.mtrace" >"$tmp/shared-$round.out"
 done
 /usr/bin/python3 - "$tmp" <<'PY'
 import sqlite3, sys
@@ -69,10 +74,11 @@ for r in (1, 2, 3):
     one, two = rate(f'{tmp}/one-{r}.mtrace'), rate(f'{tmp}/two-{r}.mtrace')
     c0, c1 = collective(f'{tmp}/two-{r}.mtrace'), collective(f'{tmp}/two-{r}.rank1.mtrace')
     print(f'{r:5d}  {one:18.0f}  {two:13.0f}  {two / one:5.2f}  {100 * c0[0]:12.1f}% / {100 * c1[0]:.1f}%  {100 * c0[1]:22.1f}% / {100 * c1[1]:.1f}%')
-print('round  sharded tok/s  x replicated  grad_sum share (rank 0 / 1)  weight_gather share (rank 0 / 1)')
-for r in (1, 2, 3):
-    two, sh = rate(f'{tmp}/two-{r}.mtrace'), rate(f'{tmp}/sharded-{r}.mtrace')
-    g0, g1 = collective(f'{tmp}/sharded-{r}.mtrace'), collective(f'{tmp}/sharded-{r}.rank1.mtrace')
-    w0, w1 = collective(f'{tmp}/sharded-{r}.mtrace', 'weight_gather'), collective(f'{tmp}/sharded-{r}.rank1.mtrace', 'weight_gather')
-    print(f'{r:5d}  {sh:13.0f}  {sh / two:12.2f}  {100 * g0[0]:12.1f}% / {100 * g1[0]:.1f}%  {100 * w0[0]:20.1f}% / {100 * w1[0]:.1f}%')
+for side in ('sharded', 'shared'):
+    print(f'round  {side} tok/s  x replicated  grad_sum share (rank 0 / 1)  weight_gather share (rank 0 / 1)')
+    for r in (1, 2, 3):
+        two, sh = rate(f'{tmp}/two-{r}.mtrace'), rate(f'{tmp}/{side}-{r}.mtrace')
+        g0, g1 = collective(f'{tmp}/{side}-{r}.mtrace'), collective(f'{tmp}/{side}-{r}.rank1.mtrace')
+        w0, w1 = collective(f'{tmp}/{side}-{r}.mtrace', 'weight_gather'), collective(f'{tmp}/{side}-{r}.rank1.mtrace', 'weight_gather')
+        print(f'{r:5d}  {sh:{len(side) + 6}.0f}  {sh / two:12.2f}  {100 * g0[0]:12.1f}% / {100 * g1[0]:.1f}%  {100 * w0[0]:20.1f}% / {100 * w1[0]:.1f}%')
 PY

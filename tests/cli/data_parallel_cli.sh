@@ -324,18 +324,19 @@ PY"
 # Rank 1 is killed mid-run: the job ends within 60 s, non-zero, naming the rank, and the newest
 # checkpoint loads.
 plan long 2 4 2
-# long_run NAME [flags]: starts a long 2-rank run in the background (its pid in $job), waits for its
-# step-10 checkpoint, and sets $victim to rank 1's process.
+# long_run NAME [flags]: starts a long 2-rank run of plan $long_plan (default long) in the background
+# (its pid in $job), waits for its step-10 checkpoint, and sets $victim to rank 1's process.
+long_plan=long
 long_run() {
   local name=$1
   shift
   rm -rf "$tmp/k"
-  mpirun -np 2 "$exe" "$tmp/long.json" --data "$tmp/text.txt" --threads 1 --steps 100000 --checkpoint-dir "$tmp/k" \
+  mpirun -np 2 "$exe" "$tmp/$long_plan.json" --data "$tmp/text.txt" --threads 1 --steps 100000 --checkpoint-dir "$tmp/k" \
     --checkpoint-every 5 "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
   job=$!
   for _ in $(seq 1 600); do [ -d "$tmp/k/step-00000010" ] && break; sleep 0.1; done
   victim=""
-  for p in $(pgrep -f "$tmp/long.json"); do
+  for p in $(pgrep -f "$tmp/$long_plan.json"); do
     if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$p; fi
   done
 }
@@ -366,6 +367,23 @@ check "stopping rank 1 mid-run ends the job non-zero within 60 s ($took s), rank
 run2 long --steps 12 --checkpoint-dir "$tmp/k" --resume >"$tmp/out" 2>"$tmp/err"
 rc=$?
 check "after the hang the newest complete checkpoint loads" "[ $rc -eq 0 ] && { grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out; }"
+
+# The same kill with a shared host state: the job ends, the node's shared memory goes with its
+# processes (the file was unlinked once mapped, so /dev/shm holds nothing of it), the checkpoint loads.
+plan long-shared 2 4 2 "d['parallel']['host_state'] = 'shared'"
+long_plan=long-shared
+shm_before=$(ls /dev/shm 2>/dev/null | grep -c '^megatrain-')
+long_run kill-shared
+killed_at=$(date +%s)
+[ -n "$victim" ] && kill -9 "$victim"
+wait $job
+rc=$?
+took=$(($(date +%s) - killed_at))
+check "killing rank 1 of a shared-state job ends it non-zero within 60 s ($took s), leaving nothing in /dev/shm" \
+  "[ -n '$victim' ] && [ $rc -ne 0 ] && [ $took -le 60 ] && [ \$(ls /dev/shm 2>/dev/null | grep -c '^megatrain-') -eq $shm_before ]"
+run2 long-shared --steps 12 --checkpoint-dir "$tmp/k" --resume >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "after the kill the shared job's newest checkpoint loads" "[ $rc -eq 0 ] && { grep -q 'resuming from' $tmp/out || grep -q 'nothing to run' $tmp/out; }"
 
 [ $fails -eq 0 ] && echo "all data-parallel checks passed" || echo "$fails check(s) failed"
 exit $((fails > 0))
