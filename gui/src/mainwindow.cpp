@@ -417,7 +417,19 @@ void MainWindow::setCurrentDocument(int index) {
 void MainWindow::refreshCurrent() {
   const Document* d = currentDocument();
   const TraceDataPtr trace = d ? d->data : nullptr;
-  timeline_->setTrace(trace);
+  if (trace && !trace->otherRanks.empty()) {
+    // A data-parallel job: its ranks side by side on rank 0's time axis, each other rank shifted so
+    // that its reported step starts where rank 0's does (each rank's trace has its own clock; the
+    // ranks meet in every collective). Selections and the tables stay rank 0's.
+    QVector<TimelineWidget::Track> tracks = {{trace, 0, tr("rank 0")}};
+    for (size_t k = 0; k < trace->otherRanks.size(); ++k) {
+      const TraceDataPtr& r = trace->otherRanks[k];
+      tracks.push_back({r, trace->summary.windowStart - r->summary.windowStart, tr("rank %1").arg(k + 1)});
+    }
+    timeline_->setTracks(tracks);
+  } else {
+    timeline_->setTrace(trace);
+  }
   summaryModel_->setTrace(trace);
   laneModel_->setTrace(trace);
   stallModel_->setTrace(trace);

@@ -408,7 +408,34 @@ std::shared_ptr<TraceData> TraceDataBuilder::finish() {
   return data_;
 }
 
+namespace {
+Result<std::shared_ptr<TraceData>> loadOneTrace(const std::filesystem::path& path);
+}  // namespace
+
 Result<std::shared_ptr<const TraceData>> loadTraceFile(const std::filesystem::path& path) {
+  MT_ASSIGN_OR_RETURN(std::shared_ptr<TraceData> d, loadOneTrace(path));
+  // A data-parallel job's rank k > 0 writes <stem>.rank<k><ext> beside rank 0's trace (megatrain-exec
+  // --trace); a file that is itself such a rank's trace has no group of its own.
+  const std::string stem = path.stem().string();
+  if (stem.find(".rank") == std::string::npos) {
+    for (int k = 1;; ++k) {
+      const std::filesystem::path rank = path.parent_path() / (stem + ".rank" + std::to_string(k) + path.extension().string());
+      std::error_code ec;
+      if (!std::filesystem::exists(rank, ec)) break;
+      auto r = loadOneTrace(rank);
+      if (!r.ok())
+        return Status(r.status().code(), "rank " + std::to_string(k) + "'s trace beside " + path.filename().string() + ": " +
+                                             r.status().message());
+      d->otherRanks.push_back(*r);
+    }
+    if (!d->otherRanks.empty())
+      d->displayName += " (" + std::to_string(d->otherRanks.size() + 1) + " ranks)";
+  }
+  return std::shared_ptr<const TraceData>(std::move(d));
+}
+
+namespace {
+Result<std::shared_ptr<TraceData>> loadOneTrace(const std::filesystem::path& path) {
   MT_ASSIGN_OR_RETURN(auto reader, TraceReader::open(path));
   TraceDataBuilder b;
   b.setPath(path.string(), path.filename().string());
@@ -431,9 +458,9 @@ Result<std::shared_ptr<const TraceData>> loadTraceFile(const std::filesystem::pa
   auto steps = reader->steps();
   if (!steps.ok()) return steps.status().with_context(path.string());
   for (const auto& s : *steps) b.addStep(s);
-  std::shared_ptr<const TraceData> d = b.finish();
-  return d;
+  return b.finish();
 }
+}  // namespace
 
 Result<std::shared_ptr<const TraceData>> simulatePlan(const Plan& plan, const std::string& displayName,
                                                       const std::string& path, const std::filesystem::path& tracePath) {

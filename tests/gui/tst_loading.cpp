@@ -172,6 +172,37 @@ class TestLoading : public QObject {
     QVERIFY(w.currentDocument()->path.endsWith(QStringLiteral("b.mtrace")));
   }
 
+  // A data-parallel job's traces: rank 0's file opened, rank k's beside it as <stem>.rank<k>.mtrace;
+  // the timeline shows one track per rank, labelled, and a corrupt rank file is an error naming it.
+  void dataParallelRanksSideBySide() {
+    QTemporaryDir dir;
+    const std::filesystem::path r0 = dir.filePath(QStringLiteral("dp.mtrace")).toStdString();
+    QVERIFY(fixture::write(r0).ok());
+    QVERIFY(fixture::write(dir.filePath(QStringLiteral("dp.rank1.mtrace")).toStdString()).ok());
+    QVERIFY(fixture::write(dir.filePath(QStringLiteral("dp.rank2.mtrace")).toStdString(), 10).ok());
+    QVERIFY(fixture::write(dir.filePath(QStringLiteral("dp.rank4.mtrace")).toStdString()).ok());  // after a gap: not a rank of it
+    auto t = loadTraceFile(r0);
+    QVERIFY2(t.ok(), t.status().message().c_str());
+    QCOMPARE((*t)->otherRanks.size(), size_t{2});
+    QVERIFY((*t)->displayName.find("(3 ranks)") != std::string::npos);
+    QVERIFY((*t)->otherRanks[1]->spanCount > (*t)->spanCount);  // rank 2's own file
+    auto one = loadTraceFile(dir.filePath(QStringLiteral("dp.rank1.mtrace")).toStdString());
+    QVERIFY(one.ok() && (*one)->otherRanks.empty());  // a rank's own file opens alone
+    MainWindow w;
+    w.show();
+    w.openFiles({QString::fromStdString(r0.string())});
+    QTRY_COMPARE_WITH_TIMEOUT(w.documentCount(), 1, 30000);
+    const auto& tracks = w.timeline()->tracks();
+    QCOMPARE(tracks.size(), 3);
+    QCOMPARE(tracks[0].label, QStringLiteral("rank 0"));
+    QCOMPARE(tracks[2].label, QStringLiteral("rank 2"));
+    QCOMPARE(tracks[0].offset, int64_t{0});
+    writeBytes(dir, "dp.rank1.mtrace", "not a trace");
+    auto bad = loadTraceFile(r0);
+    QVERIFY(!bad.ok());
+    QVERIFY2(bad.status().message().find("rank 1's trace beside dp.mtrace") != std::string::npos, bad.status().message().c_str());
+  }
+
   void planIsSimulatedOnOpenAndWhatIfResimulates() {
     MainWindow w;
     w.show();

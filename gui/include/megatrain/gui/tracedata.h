@@ -95,6 +95,10 @@ class TraceData {
   StepSummary summary;
   std::string planJson;     // meta "plan", or the plan file's own text
   bool openedFromPlan = false;
+  // A data-parallel job's other ranks (docs/data-parallel.md): rank 0's trace is the file opened,
+  // rank k's lies beside it as <stem>.rank<k><extension>; loadTraceFile reads them with it, and the
+  // timeline shows the ranks side by side. Empty for a single-process trace.
+  std::vector<std::shared_ptr<const TraceData>> otherRanks;
 
   const std::string& str(uint32_t id) const { return strings[id]; }
   const CounterSeries* counter(const std::string& name) const;
@@ -120,7 +124,9 @@ class TraceDataBuilder {
   std::map<std::string, uint32_t> ids_;
 };
 
-// Reads a .mtrace file. Errors come from TraceReader (missing, not SQLite, no trace tables, corrupt).
+// Reads a .mtrace file, and with it the traces of a data-parallel job's other ranks that lie beside
+// it (<stem>.rank1<ext>, .rank2, ... up to the first missing one; TraceData::otherRanks). Errors come
+// from TraceReader (missing, not SQLite, no trace tables, corrupt), for a rank's file too, naming it.
 Result<std::shared_ptr<const TraceData>> loadTraceFile(const std::filesystem::path& path);
 // Simulates a plan and loads its timeline. The trace is written to `tracePath` and kept there
 // (TraceData::tracePath, for exporting it later), or to a temporary file that is removed when
