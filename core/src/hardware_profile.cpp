@@ -402,7 +402,7 @@ Status read_storage(const Json& arr, const std::string& path, std::vector<NvmeSp
 
 Status read_cluster(const Json& j, const std::string& path, ClusterSpec& c) {
   MT_RETURN_IF_ERROR(check_keys(j, path, {"gpus_per_node", "nodes", "gpus_per_switch", "switch_uplink_bandwidth",
-                                          "inter_node_bandwidth", "inter_node_latency_s"}));
+                                          "inter_node_bandwidth", "inter_node_latency_s", "gpu_peer_bandwidth"}));
   FieldReader r(j, path);
   r.integer("gpus_per_node", c.gpus_per_node, Need::kRequired, 1, 4096);
   r.integer("nodes", c.nodes, Need::kRequired, 1, 65536);
@@ -425,6 +425,7 @@ Status read_cluster(const Json& j, const std::string& path, ClusterSpec& c) {
                                      "a cluster of several nodes needs its network's bandwidth (bytes/s per node per direction)"));
   MT_RETURN_IF_ERROR(optional_figure("inter_node_latency_s", c.inter_node_latency_s, c.nodes > 1,
                                      "a cluster of several nodes needs its network's latency (seconds per message)"));
+  MT_RETURN_IF_ERROR(optional_figure("gpu_peer_bandwidth", c.gpu_peer_bandwidth, false, ""));
   return r.finish();
 }
 
@@ -600,6 +601,7 @@ Json to_json(const HardwareProfile& hw) {
     if (c.switch_uplink_bandwidth) cl["switch_uplink_bandwidth"] = figure_json(*c.switch_uplink_bandwidth);
     if (c.inter_node_bandwidth) cl["inter_node_bandwidth"] = figure_json(*c.inter_node_bandwidth);
     if (c.inter_node_latency_s) cl["inter_node_latency_s"] = figure_json(*c.inter_node_latency_s);
+    if (c.gpu_peer_bandwidth) cl["gpu_peer_bandwidth"] = figure_json(*c.gpu_peer_bandwidth);
     root["cluster"] = std::move(cl);
   }
   return root;

@@ -193,6 +193,10 @@ std::string cuda_unavailable_reason() {
 #endif
 }
 
+#if !defined(MEGATRAIN_HAVE_NCCL)
+std::string nccl_unavailable_reason() { return "this build has no NCCL (configured without nccl.h or with MEGATRAIN_NCCL=OFF)"; }
+#endif
+
 #if !defined(MEGATRAIN_HAVE_CUDA)
 bool have_cuda_backend() { return false; }
 Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec&, const Dims&, const BackendOptions&, std::vector<float>) {

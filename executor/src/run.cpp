@@ -500,9 +500,11 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   }
   print_header(o, plan, model, loader, *trainer, total, out);
   if (comm->size() > 1)
-    say(out, "data parallel: %s; each rank trains %lld of every %lld rows of a step and the gradients are summed before the update",
+    say(out, "data parallel: %s; each rank trains %lld of every %lld rows of a step and the gradients are summed before the update "
+             "(%s)",
         comm->description().c_str(), static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum),
-        static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum * comm->size()));
+        static_cast<long long>(plan.training.micro_batch * plan.training.grad_accum * comm->size()),
+        trainer->collective_description().c_str());
   if (state.shared()) {
     int64_t owned = 0, tensors = 0;
     for (const UnitState& us : state.units())

@@ -107,6 +107,11 @@ struct Trainer::Impl {
   int64_t reduced_count = 0;
   Status collective_error;
   int ranks() const { return opt.comm ? opt.comm->size() : 1; }
+  // parallel.collective nccl: each unit's gradient is summed between the GPUs before its copy to the
+  // host (Backend::sum_across_ranks), not through host memory; what does it, in words.
+  bool device_sums = false;
+  std::string collective_text = "MPI through host memory";
+  std::unique_ptr<Communicator> own_comm;  // one rank, when the caller gave no communicator
   std::unique_ptr<WorkQueue> h2d, d2h, optim;
   // The NVMe tier (host_state.h): units are read ahead of the optimizer, in its order, as far as
   // the staging buffers allow, and written back behind it. Guarded by mu.
@@ -235,6 +240,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   bo.transfer = state.transfer();
   bo.compute = plan.precision.compute;
   bo.pinned_limit_bytes = options.pinned_limit_bytes;
+  if (I.ranks() > 1) bo.device = options.comm->local_rank();  // one GPU per rank of a node
   // The in-memory loop is the CPU reference: "auto" means the CPU backend there.
   MT_ASSIGN_OR_RETURN(I.be, make_backend(!options.streamed && options.backend == "auto" ? "cpu" : options.backend, model, I.d, bo));
   if (I.be->name() == "cpu" && plan.precision.compute != DType::kFp32) {
@@ -243,6 +249,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                        ": the CPU backend computes in fp32, and bf16 compute is the CUDA backend's" +
                        (why.empty() ? std::string(" (pass --backend cuda or auto)") : " (no GPU here: " + why + ")") +
                        "; accepted on the CPU backend: precision.compute fp32");
+  }
+  if (plan.parallel.collective == "nccl") {
+    // Also with one rank (a 1-rank NCCL communicator: the sums are copies), so that one GPU runs
+    // the code path (scripts/gpu-check.sh).
+    if (!options.streamed)
+      return unsupported("parallel.collective nccl sums gradients between GPUs, and the in-memory loop is the CPU reference; "
+                         "accepted with --in-memory: parallel.collective mpi");
+    if (options.comm == nullptr) I.own_comm = single_communicator();
+    MT_ASSIGN_OR_RETURN(I.collective_text, I.be->enable_device_sums(options.comm ? *options.comm : *I.own_comm));
+    I.device_sums = true;
   }
   if (!options.streamed && I.be->name() != "cpu")
     return unsupported("the plain in-memory loop is the CPU reference; accepted: backend cpu with --in-memory");
@@ -409,6 +425,7 @@ MemoryInUse Trainer::memory_in_use() const {
   return m;
 }
 std::string Trainer::backend_description() const { return impl_->be->describe(); }
+std::string Trainer::collective_description() const { return impl_->collective_text; }
 std::string Trainer::pinned_report() const { return impl_->be->pinned_report(); }
 
 namespace {
@@ -747,14 +764,20 @@ Status reduce_loss(Trainer::Impl& I, double loss_sum, int64_t count, Channel cha
 }
 
 // Unit u's final gradient summed over the ranks (every rank then holds the same gradient and makes
-// the same update), and, for a Mixture-of-Experts layer, which experts any rank's tokens chose.
-Status reduce_unit_gradient(Trainer::Impl& I, int64_t u, Channel channel) {
+// the same update), unless `sum_gradient` is false (parallel.collective nccl summed it between the
+// GPUs already), and, for a Mixture-of-Experts layer, which experts any rank's tokens chose.
+Status reduce_unit_gradient(Trainer::Impl& I, int64_t u, Channel channel, bool sum_gradient = true) {
   UnitState& us = I.state->units()[static_cast<size_t>(u)];
   // Sharded states: each rank needs the sum of its own tensors' gradients only; a shared state: each
   // rank's range of the node's summed gradient is the sum over every rank of the job.
-  if (I.state->shared()) MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_node_owners(us.grad.data(), us.summed.data(), us.shard_elems, channel));
-  else if (I.state->sharded()) MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_owners(us.grad.data(), us.shard_elems, channel));
-  else MT_RETURN_IF_ERROR(I.opt.comm->sum(us.grad.data(), us.numel, channel));
+  if (!sum_gradient) {
+  } else if (I.state->shared()) {
+    MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_node_owners(us.grad.data(), us.summed.data(), us.shard_elems, channel));
+  } else if (I.state->sharded()) {
+    MT_RETURN_IF_ERROR(I.opt.comm->reduce_to_owners(us.grad.data(), us.shard_elems, channel));
+  } else {
+    MT_RETURN_IF_ERROR(I.opt.comm->sum(us.grad.data(), us.numel, channel));
+  }
   if (!is_moe_unit(I, u)) return {};
   std::vector<char>& ch = I.chosen[static_cast<size_t>(u)];
   std::vector<int64_t> any(ch.begin(), ch.end());
@@ -1050,6 +1073,20 @@ class RoundRun {
         us.grad.view(I_.grad_pool[static_cast<size_t>(k)].data(), us.numel);
       }
       I_.arena->check_view(src, us.numel, "a unit's gradient copy to the host");
+      std::string collective_failed;
+      if (I_.device_sums) {
+        // NCCL: this round's gradient summed between the GPUs before its copy (in microbatch-major
+        // order every round's: the host then adds up sums, which is the sum of the rounds).
+        const auto b = Clock::now();
+        Status s = be_.sum_across_ranks(kD, src, us.numel);
+        if (s.ok()) be_.synchronize(kD);
+        I_.record(SpanKind::kGradSum, step_, u, I_.sched.layer_major ? -1 : round_, b, Clock::now(), us.numel * 4);
+        if (!s.ok()) {
+          collective_failed = "summing the gradient of unit " + std::to_string(u) + " between the GPUs failed";
+          std::lock_guard<std::mutex> g(I_.mu);
+          if (I_.collective_error.ok()) I_.collective_error = Status(s.code(), collective_failed + ": " + s.message());
+        }
+      }
       const auto a = Clock::now();
       // microbatch-major: the first micro-batch's gradient is copied, the others are summed into the
       // RAM tier in fp32 (the previous step's update of this unit finished before its load).
@@ -1061,12 +1098,11 @@ class RoundRun {
       // Data parallelism: the final gradient is summed over the ranks here, on this thread, while
       // the compute stream goes on with the layers below; every rank walks the same schedule, so
       // the units are reduced in the same order everywhere. The loss is whole by now (below).
-      std::string collective_failed;
       if (last_round_ && I_.ranks() > 1) {
         const auto b = Clock::now();
         Status s = reduce_loss(I_, *loss_sum_, *count_, Channel::kGradients);
-        if (s.ok()) s = reduce_unit_gradient(I_, u, Channel::kGradients);
-        I_.record(SpanKind::kGradSum, step_, u, -1, b, Clock::now(), us.numel * 4);
+        if (s.ok()) s = reduce_unit_gradient(I_, u, Channel::kGradients, !I_.device_sums);
+        if (!I_.device_sums) I_.record(SpanKind::kGradSum, step_, u, -1, b, Clock::now(), us.numel * 4);
         if (I_.state->shared()) {  // the sum is in the node's memory: a lent buffer is free again
           {
             std::lock_guard<std::mutex> g(I_.mu);

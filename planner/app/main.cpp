@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
   plan->add_option("--gpus", plan_cmd.gpus,
                    "data-parallel ranks, one per GPU, on a rig with a cluster section (default 1); --tokens-per-step is the job's")
       ->check(cli::int_range(1, 65536));
+  plan->add_option("--nodes", plan_cmd.nodes,
+                   "with --gpus: the nodes the ranks spread over, evenly (default: as few as hold them)")
+      ->check(cli::int_range(1, 65536));
   plan->add_option("--top", plan_cmd.top, "alternatives to list (default 5)")->check(cli::int_range(0, 1000));
   plan->add_option("-o,--output", plan_cmd.output, "write the best plan (with predicted) to this file, atomically");
   plan->add_option("--state-formats", plan_cmd.state_formats,

@@ -112,6 +112,7 @@ Plan make_plan(const Knobs& k, const Space& s, const HardwareProfile& on) {
     p.parallel.data_parallel = s.ranks;
     p.parallel.ranks_per_node = s.ranks_per_node;
     p.parallel.host_state = kHostStates[k.host_state];
+    p.parallel.collective = k.nccl ? "nccl" : "mpi";
   }
   return p;
 }
@@ -134,6 +135,8 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
   }
   s.sequences = s.tokens / s.seq;
   if (req.gpus < 1) return invalid_argument("--gpus " + std::to_string(req.gpus) + ": accepted: 1 or more");
+  if (req.nodes > 0 && req.gpus == 1 && req.nodes != 1)
+    return invalid_argument("--nodes " + std::to_string(req.nodes) + " with one GPU; accepted: --nodes 1, or --gpus N");
   if (req.gpus > 1) {
     if (!rig.cluster)
       return invalid_argument("--gpus " + std::to_string(req.gpus) + ": rig '" + rig.name +
@@ -141,6 +144,14 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
                               "(h200x8-2tb, h200x8-2tb-4node; docs/hardware-profile.md)");
     s.ranks = req.gpus;
     s.ranks_per_node = std::min(req.gpus, rig.gpus_per_node());
+    if (req.nodes > 0) {  // --nodes M: the ranks spread evenly over M nodes
+      if (req.nodes > rig.nodes() || req.gpus % req.nodes != 0 || req.gpus / req.nodes > rig.gpus_per_node())
+        return invalid_argument("--gpus " + std::to_string(req.gpus) + " --nodes " + std::to_string(req.nodes) + ": rig '" + rig.name +
+                                "' has " + std::to_string(rig.nodes()) + " node(s) of " + std::to_string(rig.gpus_per_node()) +
+                                " GPUs; accepted: --nodes up to " + std::to_string(rig.nodes()) + " that divides --gpus into at most " +
+                                std::to_string(rig.gpus_per_node()) + " GPUs per node");
+      s.ranks_per_node = req.gpus / req.nodes;
+    }
     if (s.ranks % s.ranks_per_node != 0 || s.ranks / s.ranks_per_node > rig.nodes())
       return invalid_argument("--gpus " + std::to_string(req.gpus) + ": rig '" + rig.name + "' has " + std::to_string(rig.nodes()) +
                               " node(s) of " + std::to_string(rig.gpus_per_node()) + " GPUs; accepted: up to " +
@@ -238,7 +249,12 @@ std::vector<Knobs> structural_knobs(const Space& s) {
                     if (hs > 0 && s.ranks == 1) continue;
                     if (hs == 2 && master_nvme) continue;
                     k.host_state = hs;
-                    out.push_back(k);
+                    // On GPUs a replicated state may sum its gradients with NCCL between the GPUs.
+                    for (bool nccl : {false, true}) {
+                      if (nccl && (s.cpu || s.ranks == 1 || hs != 0)) continue;
+                      k.nccl = nccl;
+                      out.push_back(k);
+                    }
                   }
                 }
               }

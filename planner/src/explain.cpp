@@ -38,12 +38,14 @@ std::string fmt_pct(double f) {
   return b;
 }
 
-// "replicated on 8 ranks", "sharded over 8 ranks", "shared per node (8 ranks each)"; "" for one rank.
+// "replicated on 8 ranks, gradients summed with NCCL", "sharded over 8 ranks", "shared per node (8 ranks
+// each)"; "" for one rank.
 std::string host_state_phrase(const Plan& p) {
   const ParallelConfig& c = p.parallel;
   if (c.data_parallel <= 1) return "";
-  if (node_shares_host_state(c)) return "shared per node (" + std::to_string(c.ranks_per_node) + " ranks each)";
-  return c.host_state + (c.host_state == "sharded" ? " over " : " on ") + std::to_string(c.data_parallel) + " ranks";
+  const std::string sums = c.collective == "nccl" ? ", gradients summed with NCCL" : "";
+  if (node_shares_host_state(c)) return "shared per node (" + std::to_string(c.ranks_per_node) + " ranks each)" + sums;
+  return c.host_state + (c.host_state == "sharded" ? " over " : " on ") + std::to_string(c.data_parallel) + " ranks" + sums;
 }
 
 std::vector<std::pair<std::string, std::string>> knob_phrases(const Plan& p) {

@@ -32,6 +32,7 @@ int plan_command(const PlanCommand& cmd) {
   req.tokens_per_step = cmd.tokens_per_step;
   req.micro_batch = cmd.micro_batch;
   req.gpus = cmd.gpus;
+  req.nodes = cmd.nodes;
   req.steps = cmd.steps;
   req.top = cmd.top;
   req.model_ref = profile_ref(cmd.model);

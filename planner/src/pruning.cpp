@@ -37,8 +37,10 @@ int64_t drop_dominated_pairs(Space& s) {
 
 void drop_dominated_twins(std::vector<Structural>& feasible, DType compute, bool order_rule, int64_t& dominated) {
   auto key_of = [](const Knobs& k) {
+    // Twins differ in the one knob a rule flips: the host state and collective are part of the key.
     return std::make_tuple(k.micro_batch, k.layer_major, k.ckpt_every, k.ckpt_host, k.master_nvme, k.states_nvme,
-                           static_cast<int>(k.transfer), static_cast<int>(k.m_format), static_cast<int>(k.v_format));
+                           static_cast<int>(k.transfer), static_cast<int>(k.m_format), static_cast<int>(k.v_format), k.host_state,
+                           k.nccl);
   };
   std::map<decltype(key_of(Knobs{})), size_t> by_key;
   for (size_t i = 0; i < feasible.size(); ++i) by_key[key_of(feasible[i].k)] = i;

@@ -27,6 +27,8 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     nodes_used_ = ranks_ / ranks_per_node_;
     sharded_ = plan.parallel.host_state == "sharded";
     shared_ = node_shares_host_state(plan.parallel);
+    nccl_ = plan.parallel.collective == "nccl";
+    if (cl.gpu_peer_bandwidth) peer_bw_ = cl.gpu_peer_bandwidth->value;
     host_bw_ /= static_cast<double>(ranks_per_node_);
     const int64_t sharing = std::min(cl.gpus_per_switch, ranks_per_node_);
     if (sharing > 1 && cl.switch_uplink_bandwidth) link_cap_ = cl.switch_uplink_bandwidth->value / static_cast<double>(sharing);
@@ -270,11 +272,20 @@ double CostModel::d2h_time(double bytes) const {
 // bandwidth), (M-1)/M S for a reduce or a gather, plus one latency per ring step. A shared host
 // state reduces to the node's owners (3 (R-1)/R S, the sums written into the node's memory) and the
 // owners of each range on the M nodes allreduce it (2 (M-1)/M S over the node's network); its
-// updated weights need no gather (weight_gather is 0).
+// updated weights need no gather (weight_gather is 0). With parallel.collective nccl the sum is a
+// ring on the GPUs (below).
 CostModel::Collective CostModel::gradient_sum(double bytes) const {
   Collective c;
   if (ranks_ <= 1 || bytes <= 0) return c;
   const double R = static_cast<double>(ranks_per_node_), M = static_cast<double>(nodes_used_);
+  if (nccl_) {
+    // NCCL's ring all-reduce on the GPUs: 2 (R-1)/R S through each GPU's peer link (NVLink, or its
+    // PCIe link where the rig names none), then across the nodes as MPI's; no host memory.
+    const double peer = peer_bw_ > 0 ? peer_bw_ : bytes / std::max(1e-30, d2h_time(bytes));
+    c.time_s = 2 * (R - 1) / R * bytes / peer;
+    if (M > 1) c.time_s += 2 * (M - 1) / M * bytes / inter_bw_ + 2 * (M - 1) * inter_latency_;
+    return c;
+  }
   const double intra = (sharded_ || shared_ ? 3.0 : 5.0) * (R - 1) / R * bytes;  // reduce (to owners), or reduce-scatter + allgather
   c.host_bytes = intra;
   c.time_s = intra / host_bw_;

@@ -176,7 +176,7 @@ class Builder {
           break;
         case step::OpKind::kGradFinal:
           d2h[static_cast<size_t>(op.transfer)] = copy_out(rd.d2h[static_cast<size_t>(op.transfer)], r, reached);
-          if (last_round && cost_.multi_rank()) gradient_sum(op.layer);
+          if ((last_round || cost_.device_sums()) && cost_.multi_rank()) gradient_sum(op.layer);
           if (last_round && shared_ && s_.lent_gradients > 0) e_.release(grad_ready_[static_cast<size_t>(op.layer)], id_.mem_lent, 1);
           if (last_round && !s_.clip) optimizer(op.layer, -1);
           break;
@@ -346,8 +346,12 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
     res.assumptions.push_back("parallel: " + std::to_string(N) + " ranks, " + std::to_string(R) + " per node on " + std::to_string(N / R) +
                               " node(s): one rank's step is simulated with 1/" + std::to_string(R) +
                               " of its node's host memory bandwidth, cores, drives, RAM and pinnable memory, its PCIe switch's uplink "
-                              "shared, and the collectives through host memory (MPI) as tasks; tokens/s and FLOPs are the job's, "
-                              "memory figures one rank's (docs/cost-model.md)");
+                              "shared, and the collectives as tasks (" +
+                              (plan.parallel.collective == "nccl"
+                                   ? std::string("NCCL's ring between the GPUs, over ") +
+                                         (rig.cluster && rig.cluster->gpu_peer_bandwidth ? "cluster.gpu_peer_bandwidth" : "each GPU's PCIe link")
+                                   : std::string("MPI through host memory")) +
+                              "); tokens/s and FLOPs are the job's, memory figures one rank's (docs/cost-model.md)");
   }
   // The plan's own rules first (compile calls the function Plan reading and the executor call),
   // then the footprint against the capacities: the same figures the executor allocates.

@@ -53,6 +53,17 @@ run2 pernode --steps 1 >"$tmp/out" 2>"$tmp/err"
 check "a plan with 1 rank per node started as 2 ranks on one node is refused" \
   "[ $? -ne 0 ] && grep -q 'ranks_per_node' $tmp/err && ! grep -q '^step' $tmp/out"
 
+# parallel.collective nccl sums between GPUs: the CPU backend has none and refuses it by name; with
+# sharded or shared host states it is refused when the plan is read (scripts/gpu-check.sh runs NCCL).
+plan nccl 2 4 2 "d['parallel']['collective'] = 'nccl'"
+run2 nccl --steps 1 >"$tmp/out" 2>"$tmp/err"
+check "collective nccl on the CPU backend is refused before training, naming what is accepted" \
+  "[ $? -ne 0 ] && grep -q 'parallel.collective nccl sums the gradients between GPUs' $tmp/err && grep -q 'accepted here: parallel.collective mpi' $tmp/err && ! grep -q '^step' $tmp/out"
+plan nccl-sharded 2 4 2 "d['parallel'].update(collective='nccl', host_state='sharded')"
+run2 nccl-sharded --steps 1 >"$tmp/out" 2>"$tmp/err"
+check "collective nccl with sharded states is refused when the plan is read" \
+  "[ $? -ne 0 ] && grep -q 'parallel.collective nccl .*host_state is sharded' $tmp/err"
+
 # ---- 2 ranks x grad_accum 2 against 1 process x grad_accum 4 on the same rows -------------------
 # The rows are the same but not their grouping: rank k's micro-batch j holds rows 2i + k, the one
 # process's holds rows 4j .. 4j + 3, so the fp32 sums run in another order. The bound is measured,
@@ -194,6 +205,7 @@ sharded unclipped "d['training']['clip_grad_norm'] = 0"
 sharded in-memory "pass" --in-memory
 sharded bf16-states "d['optimizer'].update(m_format='bf16', v_format='bf16')"
 sharded q4 "d['optimizer'].update(m_format='q4', v_format='q4')"
+sharded q3-q2 "d['optimizer'].update(m_format='q3', v_format='q2')"
 sharded moe "d['model'] = 'tiny-mixtral'"
 mkdir -p "$tmp/nvme-shard"
 sharded nvme-q8 "d['precision']['transfer'] = 'bf16'; d['placement'].update(master_weights='nvme', optimizer_states='nvme', nvme_dirs=['$tmp/nvme-shard'], pinned_staging_bytes=4 << 20); d['optimizer'].update(m_format='q8', v_format='q8')"
@@ -251,6 +263,7 @@ shared unclipped "d['training']['clip_grad_norm'] = 0"
 shared microbatch-major "d['schedule']['order'] = 'microbatch-major'"
 shared in-memory "pass" --in-memory
 shared q4 "d['optimizer'].update(m_format='q4', v_format='q4')"
+shared q3-q2 "d['optimizer'].update(m_format='q3', v_format='q2')"
 shared moe "d['model'] = 'tiny-mixtral'"
 mkdir -p "$tmp/nvme-bf16"
 shared bf16-nvme-states "d['precision']['transfer'] = 'bf16'; d['placement'].update(optimizer_states='nvme', nvme_dirs=['$tmp/nvme-bf16'], pinned_staging_bytes=4 << 20); d['optimizer'].update(m_format='q8', v_format='q8')"

@@ -419,7 +419,7 @@ TEST(RigErrors, TheClusterSectionIsCheckedAndRoundTrips) {
   const Json fig = {{"value", 5.3e10}, {"provenance", {{"kind", "estimate"}, {"source", "a synthetic figure for this test"}}}};
   Json j = Json::parse(read_text(rig_file("h200-1.5tb")));
   j["cluster"] = {{"gpus_per_node", 8}, {"nodes", 2}, {"gpus_per_switch", 2}, {"switch_uplink_bandwidth", fig},
-                  {"inter_node_bandwidth", fig}, {"inter_node_latency_s", fig}};
+                  {"inter_node_bandwidth", fig}, {"inter_node_latency_s", fig}, {"gpu_peer_bandwidth", fig}};
   auto hw = HardwareProfile::from_json_text(j.dump(2));
   ASSERT_TRUE(hw.ok()) << hw.status().to_string();
   EXPECT_EQ(hw->gpus_per_node(), 8);
@@ -447,6 +447,13 @@ TEST(RigErrors, TheClusterSectionIsCheckedAndRoundTrips) {
   EXPECT_EQ(node.storage.size(), 8u);                                 // 8x 3.84 TB NVMe U.2
   EXPECT_EQ(four.nodes(), 4);
   EXPECT_LE(four.cluster->inter_node_bandwidth->value, 8 * 400e9 / 8);  // 8x 400 Gb/s per node, at most
+  ASSERT_TRUE(hw->cluster->gpu_peer_bandwidth.has_value());
+  EXPECT_DOUBLE_EQ(node.cluster->gpu_peer_bandwidth->value, 450e9);  // H200 SXM NVLink: 900 GB/s both directions
+  EXPECT_FALSE(load_ok("h200-1.5tb").cluster.has_value());
+  EXPECT_ERROR(parse_edited([&](Json& r) {
+                 r["cluster"] = {{"gpus_per_node", 8}, {"nodes", 1}, {"gpu_peer_bandwidth", {{"value", -1.0}, {"provenance", fig["provenance"]}}}};
+               }),
+               StatusCode::kInvalidArgument, "cluster.gpu_peer_bandwidth");
 }
 
 TEST(RigErrors, ProvenanceMustBeOneOfTheKindsWithASource) {

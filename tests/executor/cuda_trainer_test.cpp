@@ -122,6 +122,49 @@ TEST(CudaTraining, Fp32MicrobatchMajorWithHostCheckpointsMatches) {
   compare(pj, 1e-5, 1e-4);
 }
 
+// parallel.collective nccl on one GPU: a 1-rank NCCL communicator sums each gradient on the device
+// before its copy (an identity), so the run must equal the same plan with collective mpi bit for bit,
+// in both orders (microbatch-major sums every round's gradient). Issue 20's device path on the one
+// GPU scripts/gpu-check.sh has.
+TEST(CudaTraining, NcclOnOneRankEqualsTheHostSumBitForBit) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << "no GPU here: " << why;
+  if (const std::string why = nccl_unavailable_reason(); !why.empty()) GTEST_SKIP() << "no NCCL here: " << why;
+  for (const char* order : {"layer-major", "microbatch-major"}) {
+    SCOPED_TRACE(order);
+    Json pj = plan_for("tiny-llama-gqa", "fp32");
+    pj["schedule"]["order"] = order;
+    const struct Run mpi = train(pj, "cuda");
+    pj["parallel"] = {{"data_parallel", 1}, {"collective", "nccl"}};
+    const struct Run nccl = train(pj, "cuda");
+    ASSERT_EQ(nccl.losses.size(), mpi.losses.size());
+    for (size_t i = 0; i < mpi.losses.size(); ++i) EXPECT_EQ(nccl.losses[i], mpi.losses[i]) << "step " << i;
+    ASSERT_EQ(nccl.first_grads.size(), mpi.first_grads.size());
+    for (size_t u = 0; u < mpi.first_grads.size(); ++u) EXPECT_EQ(nccl.first_grads[u], mpi.first_grads[u]) << "unit " << u;
+  }
+}
+
+// The CPU backend has no GPUs to sum between: collective nccl is refused by name, on any machine.
+TEST(CudaTraining, NcclOnTheCpuBackendIsRefusedByName) {
+  Json pj = plan_for("tiny-llama-gqa", "fp32");
+  pj["parallel"] = {{"data_parallel", 1}, {"collective", "nccl"}};
+  auto plan = Plan::from_json_text(pj.dump());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  auto model = plan->resolve_model();
+  ASSERT_TRUE(model.ok());
+  HostState hs = HostState::create(*model, plan->precision.transfer);
+  std::vector<uint32_t> toks(4000, 7);
+  auto loader = DataLoader::create(std::make_shared<const TokenFile>(TokenFile::from_tokens(toks)), plan->training.seq_len,
+                                   plan->training.micro_batch, plan->training.grad_accum, DataOrder::kSequential, 1,
+                                   model->config().vocab_size);
+  ASSERT_TRUE(loader.ok());
+  TrainerOptions o;
+  o.backend = "cpu";
+  auto trainer = Trainer::create(*plan, *model, hs, *loader, o);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_NE(trainer.status().message().find("parallel.collective nccl"), std::string::npos) << trainer.status().message();
+  EXPECT_NE(trainer.status().message().find("accepted here: parallel.collective mpi"), std::string::npos) << trainer.status().message();
+}
+
 TEST(CudaTraining, Bf16StepsMatchWithinBf16Error) {
   if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << "no GPU here: " << why;
   // bf16 keeps 8 significant bits (relative rounding 2^-9): activations rounded at each op give

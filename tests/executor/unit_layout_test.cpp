@@ -120,8 +120,9 @@ TEST(UnitLayoutInRam, ShardedStatesKeepEachTensorsMomentsOnItsOwnerOnly) {
             EXPECT_EQ(us.m.tensor_numel(a), own ? t.numel : 0) << t.name;
             EXPECT_EQ(us.v.tensor_numel(a), own ? t.numel : 0) << t.name;
             kept[k] += own;
-            if (own)  // inside this rank's range of the unit
+            if (own) {  // inside this rank's range of the unit
               EXPECT_TRUE(t.offset >= mine && t.offset + t.numel <= mine + us.shard_elems[static_cast<size_t>(rank)]) << t.name;
+            }
           }
         }
       }

@@ -92,6 +92,19 @@ TEST(ParallelSearch, RequestsTheRigCannotServeAreRefusedByName) {
   auto many = search_plan(m, rig("h200x8-2tb"), request("llama-2-7b", "h200x8-2tb", 16, 4096, 64 * 4096));
   ASSERT_FALSE(many.ok());
   EXPECT_NE(many.status().message().find("accepted: up to 8"), std::string::npos) << many.status().message();
+  // --nodes: 8 ranks over 2 nodes of the 4-node rig is 4 per node; 3 nodes do not divide 8, 5 are too many.
+  SearchRequest spread = request("llama-2-7b", "h200x8-2tb-4node", 8, 4096, 64 * 4096);
+  spread.nodes = 2;
+  auto two = search_plan(m, rig("h200x8-2tb-4node"), spread);
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  ASSERT_TRUE(two->feasible);
+  EXPECT_EQ(two->best.plan.parallel.ranks_per_node, 4);
+  for (int64_t bad : {3, 5}) {
+    spread.nodes = bad;
+    auto r = search_plan(m, rig("h200x8-2tb-4node"), spread);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--nodes " + std::to_string(bad)), std::string::npos) << r.status().message();
+  }
   auto uneven = search_plan(m, rig("h200x8-2tb"), request("llama-2-7b", "h200x8-2tb", 8, 4096, 4 * 4096));
   ASSERT_FALSE(uneven.ok());
   EXPECT_NE(uneven.status().message().find("does not divide the step's 4 sequences"), std::string::npos) << uneven.status().message();

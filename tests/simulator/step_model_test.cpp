@@ -126,6 +126,7 @@ struct PlanKnobs {
   bool states_nvme = false;           // optimizer states on the synthetic drive, with one unit of staging
   int64_t staging = 0;
   std::string host_state = "replicated";
+  std::string collective = "mpi";
 };
 
 Plan make_plan(const PlanKnobs& k, const RigFigures& f) {
@@ -146,7 +147,7 @@ Plan make_plan(const PlanKnobs& k, const RigFigures& f) {
                       {"pinned_staging_bytes", k.staging}};
   if (k.ranks > 1)
     j["parallel"] = {{"data_parallel", k.ranks}, {"ranks_per_node", k.ranks_per_node > 0 ? k.ranks_per_node : k.ranks},
-                     {"host_state", k.host_state}};
+                     {"host_state", k.host_state}, {"collective", k.collective}};
   auto p = Plan::from_json_text(j.dump(), "synthetic plan");
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   return p.ok() ? *p : Plan{};
@@ -645,6 +646,20 @@ TEST(StepModelDataParallel, CollectivesContentionAndLinksFollowTheHandFormulas) 
   EXPECT_EQ(c4.update_share(), 4);
   EXPECT_EQ(c2.update_share(), 8);
   EXPECT_EQ(c3.update_share(), 1);
+  // NCCL: a ring on the GPUs, 2 (R-1)/R S through each GPU's PCIe link where the rig names no peer
+  // link (here min(link 5e10, uplink 6e10 / 2) = 3e10), or through the peer link (NVLink) when it
+  // does; across nodes as MPI's allreduce; no host memory moved.
+  k.host_state = "replicated", k.collective = "nccl";
+  const Sim n = simulate_plan(k, f);
+  const CostModel c5(n.plan, n.model, n.rig);
+  EXPECT_TRUE(c5.device_sums());
+  EXPECT_LT(rel(c5.gradient_sum(S).time_s, 2.0 * 3 / 4 * S / 3e10 + 2 * 0.5 * S / 1e11 + 2e-5), 1e-12);
+  EXPECT_EQ(c5.gradient_sum(S).host_bytes, 0);
+  HardwareProfile nvlink = n.rig;
+  nvlink.cluster->gpu_peer_bandwidth = Figure{4.5e11, {}};
+  const CostModel c6(n.plan, n.model, nvlink);
+  EXPECT_LT(rel(c6.gradient_sum(S).time_s, 2.0 * 3 / 4 * S / 4.5e11 + 2 * 0.5 * S / 1e11 + 2e-5), 1e-12);
+  EXPECT_FALSE(c3.device_sums());
 }
 
 // A shared host state with clipping in layer-major order lends gradient buffers, freed after each

@@ -65,6 +65,10 @@
 #include "megatrain/executor/backend.h"
 #include "megatrain/kernels/cuda_device.h"
 
+#ifdef MEGATRAIN_HAVE_NCCL
+#include "nccl_sum.h"
+#endif
+
 namespace megatrain::exec {
 
 namespace {
@@ -107,12 +111,16 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+#ifdef MEGATRAIN_HAVE_NCCL
+    nccl_.reset();  // before the streams its work was issued on
+#endif
     for (auto& [p, bytes] : registered_) cudaHostUnregister(p);
     if (staging_) cudaFreeHost(staging_);
     if (blas_) cublasDestroy(blas_);
     for (cudaStream_t s : streams_)
       if (s) cudaStreamDestroy(s);
   }
+
 
   Status init() {
     MT_CUDA_RETURN(cudaSetDevice(dev_.index));
@@ -467,7 +475,30 @@ class CudaBackend final : public Backend {
   }
   LayerActs bind_acts(float* base) const override { return carve_acts(base); }
 
+  Result<std::string> enable_device_sums(Communicator& comm) override {
+#ifdef MEGATRAIN_HAVE_NCCL
+    MT_ASSIGN_OR_RETURN(nccl_, cuda_nccl::make_nccl_sum(comm, dev_.index));
+    return nccl_->description() + " on " + dev_.name + " (device " + std::to_string(dev_.index) + ")";
+#else
+    (void)comm;
+    return unsupported("parallel.collective nccl: this build has no NCCL (configure found no nccl.h, MEGATRAIN_NCCL); accepted: "
+                       "parallel.collective mpi, or a build with NCCL");
+#endif
+  }
+  Status sum_across_ranks(StreamKind s, float* data, int64_t n) override {
+#ifdef MEGATRAIN_HAVE_NCCL
+    if (!nccl_) return internal_error("sum_across_ranks before enable_device_sums");
+    return nccl_->sum(data, n, stream(s));
+#else
+    (void)s, (void)data, (void)n;
+    return internal_error("sum_across_ranks in a build without NCCL");
+#endif
+  }
+
  private:
+#ifdef MEGATRAIN_HAVE_NCCL
+  std::unique_ptr<cuda_nccl::NcclSum> nccl_;  // parallel.collective nccl (enable_device_sums)
+#endif
   // ---- layouts ----------------------------------------------------------------------------
   // Each carve walks this backend's buffer list (megatrain/buffers), the one the footprint sums.
   LayerActs carve_acts(float* base) const {
@@ -900,6 +931,13 @@ class CudaBackend final : public Backend {
 
 bool have_cuda_backend() { return true; }
 
+#ifdef MEGATRAIN_HAVE_NCCL
+std::string nccl_unavailable_reason() {
+  auto v = cuda_nccl::nccl_version();
+  return v.ok() ? "" : v.status().message();
+}
+#endif
+
 // The CUDA backend's own sizes for these shapes: layer activations, layer workspace and head
 // workspace (floats) and its private bytes, in out[0..3]. The constructor touches no device, so
 // this runs without a GPU: tests/executor/cuda_trainer_test.cpp compares it with step::cuda_layout
@@ -928,9 +966,16 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const
                        " experts and fewer than 2^31 slots");
   MT_ASSIGN_OR_RETURN(std::vector<cuda::DeviceInfo> devices, cuda::list_devices());
   if (devices.empty()) return unavailable("--backend cuda: no CUDA device is visible; accepted here: --backend cpu");
-  if (devices[0].compute_major < 8)
-    return unsupported("--backend cuda: " + devices[0].name + " (sm_" + std::to_string(devices[0].compute_major) +
-                       std::to_string(devices[0].compute_minor) + ") has no bf16 tensor cores; accepted: sm_80 or newer, or --backend cpu");
+  // A data-parallel rank takes the GPU of its index among its node's ranks.
+  const int want = std::max(0, options.device);
+  if (want >= static_cast<int>(devices.size()))
+    return unavailable("--backend cuda: this rank is number " + std::to_string(want) + " on its node and takes GPU " + std::to_string(want) +
+                       ", but " + std::to_string(devices.size()) + " CUDA device(s) are visible; accepted: at most " +
+                       std::to_string(devices.size()) + " ranks per node (one GPU each)");
+  const cuda::DeviceInfo& device = devices[static_cast<size_t>(want)];
+  if (device.compute_major < 8)
+    return unsupported("--backend cuda: " + device.name + " (sm_" + std::to_string(device.compute_major) +
+                       std::to_string(device.compute_minor) + ") has no bf16 tensor cores; accepted: sm_80 or newer, or --backend cpu");
   if (dims.hd % 2 != 0) return invalid_argument("head_dim " + std::to_string(dims.hd) + " is odd; RoPE needs an even head_dim");
   if (options.compute != options.transfer || (options.compute != DType::kBf16 && options.compute != DType::kFp32))
     return unsupported(std::string("precision: the CUDA backend streams weights in the dtype it computes in; got compute ") +
@@ -938,11 +983,11 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const
                        "; accepted: compute bf16 with transfer bf16 (mixed precision), or fp32 with fp32");
   std::unique_ptr<Backend> be;
   if (options.compute == DType::kBf16) {
-    auto b = std::make_unique<CudaBackend<bf16>>(dims, options, std::move(inv_freq), devices[0]);
+    auto b = std::make_unique<CudaBackend<bf16>>(dims, options, std::move(inv_freq), device);
     MT_RETURN_IF_ERROR(b->init());
     be = std::move(b);
   } else {
-    auto b = std::make_unique<CudaBackend<float>>(dims, options, std::move(inv_freq), devices[0]);
+    auto b = std::make_unique<CudaBackend<float>>(dims, options, std::move(inv_freq), device);
     MT_RETURN_IF_ERROR(b->init());
     be = std::move(b);
   }

@@ -28,8 +28,10 @@ struct Knobs {
   int64_t staging = 0;
   int64_t threads = 1;
   int64_t prefetch = 1, buffers = 2;  // set per simulation
-  // data parallelism: parallel.host_state, one of kHostStates
+  // data parallelism: parallel.host_state, one of kHostStates, and parallel.collective nccl (GPU
+  // rigs, replicated host state) instead of mpi
   int host_state = 0;
+  bool nccl = false;
 };
 
 // parallel.host_state's values, as Knobs::host_state indexes them.

@@ -158,6 +158,9 @@ struct ClusterSpec {
   std::optional<Figure> switch_uplink_bandwidth;  // bytes/s per direction; required when gpus_per_switch > 1
   std::optional<Figure> inter_node_bandwidth;     // bytes/s per node per direction; required when nodes > 1
   std::optional<Figure> inter_node_latency_s;     // one message between nodes; required when nodes > 1
+  // bytes/s per GPU per direction between the GPUs of a node (NVLink, NVSwitch); absent: peer traffic
+  // (parallel.collective nccl) goes over each GPU's PCIe link.
+  std::optional<Figure> gpu_peer_bandwidth;
   bool operator==(const ClusterSpec&) const = default;
 };
 

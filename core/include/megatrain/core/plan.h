@@ -134,7 +134,7 @@ struct OptimizerConfig {
 struct ParallelConfig {
   int64_t data_parallel = 1;   // ranks in the job
   int64_t ranks_per_node = 1;  // ranks on each node (a divisor of data_parallel); 0 when read: data_parallel
-  std::string collective = "mpi";         // what the gradients are summed with: mpi (host memory)
+  std::string collective = "mpi";         // what the gradients are summed with: mpi (host memory), nccl (between the GPUs)
   // replicated: every rank keeps the whole training state and makes the whole update; sharded
   // (ZeRO): each rank keeps Adam's moments of the tensors it owns (shard_owners), updates those, and
   // the ranks gather the updated weights; shared: one copy per node, in memory the node's ranks

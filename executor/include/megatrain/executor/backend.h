@@ -138,6 +138,9 @@ struct BackendOptions {
   DType compute = DType::kFp32;
   // The most host memory the backend may page-lock (register) for copies; -1: half of physical RAM.
   int64_t pinned_limit_bytes = -1;
+  // Which of the visible GPUs (the CUDA backend): a data-parallel rank takes the one of its index
+  // among its node's ranks; -1: the first.
+  int device = -1;
 };
 
 class Backend {
@@ -207,6 +210,21 @@ class Backend {
   // One line on pinned host memory ("" when the backend pins nothing).
   virtual std::string pinned_report() const { return ""; }
 
+  // ---- sums between the ranks' devices (parallel.collective nccl, docs/data-parallel.md)
+  // Sets them up, collectively over `comm`'s ranks, before the first step; returns a one-line
+  // description. The CPU backend has no devices to sum between, and refuses.
+  virtual Result<std::string> enable_device_sums(Communicator& comm) {
+    (void)comm;
+    return unsupported("parallel.collective nccl sums the gradients between GPUs, and the " + name() +
+                       " backend has none; accepted here: parallel.collective mpi (through host memory)");
+  }
+  // In place, issued on stream s: `data` (n floats of device memory) becomes the sum over the
+  // ranks. Only after enable_device_sums.
+  virtual Status sum_across_ranks(StreamKind s, float* data, int64_t n) {
+    (void)s, (void)data, (void)n;
+    return internal_error("sum_across_ranks before enable_device_sums");
+  }
+
  protected:
   explicit Backend(const Dims& d) : dims_(d) {}
   Dims dims_;
@@ -228,5 +246,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const ModelSpec& model, const
                                                    std::vector<float> inv_freq);
 // Whether this build has the CUDA training backend.
 bool have_cuda_backend();
+// Why parallel.collective nccl cannot run here (no NCCL in the build, or its library not found), or
+// an empty string when NCCL's library loads.
+std::string nccl_unavailable_reason();
 
 }  // namespace megatrain::exec

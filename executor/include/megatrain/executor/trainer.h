@@ -122,6 +122,9 @@ class Trainer {
   MemoryInUse memory_in_use() const;
   // The backend in use, in words ("CPU backend (2 compute threads)").
   std::string backend_description() const;
+  // What sums the gradients over the ranks, in words ("MPI through host memory", "NCCL 2.27.3, 2
+  // ranks on NVIDIA H100 (device 1)").
+  std::string collective_description() const;
   // Page-locked host memory, in words ("" on the CPU backend).
   std::string pinned_report() const;
   // Writes every recorded span (compute, copies, optimizer, stalls), the steps and the memory

@@ -42,6 +42,9 @@ struct SearchRequest {
   // cluster.gpus_per_node) per node. tokens_per_step is the job's; each rank trains 1/gpus of it. With
   // gpus > 1 the search also chooses parallel.host_state (replicated, sharded or shared).
   int64_t gpus = 1;
+  // The nodes the ranks spread over (gpus / nodes per node, at most the rig's cluster.gpus_per_node);
+  // 0: as few as hold them (min(gpus, gpus_per_node) per node).
+  int64_t nodes = 0;
   SearchPolicy policy;
   int top = 5;                  // alternatives reported
   // References written into the plan (a name in profiles/, an absolute path, or an embedded object).
@@ -184,6 +187,7 @@ struct PlanCommand {
   int64_t micro_batch = 0;            // --micro-batch: 0, the search chooses
   int64_t steps = 1000;
   int64_t gpus = 1;                   // --gpus: data-parallel ranks
+  int64_t nodes = 0;                  // --nodes: the nodes they spread over (0: as few as hold them)
   int top = 5;
   std::string output;                 // -o: write the best plan here, atomically
   std::string state_formats = "fp32"; // --state-formats

@@ -67,6 +67,9 @@ class CostModel {
   Collective gradient_sum(double bytes) const;
   // The ranks whose owners split each unit's update: the job's (sharded), the node's (shared), or 1.
   int64_t update_share() const { return sharded_ ? ranks_ : shared_ ? ranks_per_node_ : 1; }
+  // parallel.collective nccl: each round's gradient is summed between the GPUs (not only the last
+  // round's through host memory).
+  bool device_sums() const { return nccl_ && ranks_ > 1; }
   // Sharded states: the updated weights (`bytes` of one unit) taken from their owners.
   Collective weight_gather(double bytes) const;
 
@@ -111,6 +114,8 @@ class CostModel {
   double peak_ = 0, host_bw_ = 0, adam_rate_ = 0, nvme_read_bw_ = 0, nvme_write_bw_ = 0;
   int64_t ranks_ = 1, ranks_per_node_ = 1, nodes_used_ = 1;
   bool sharded_ = false, shared_ = false;
+  bool nccl_ = false;      // parallel.collective nccl: gradients summed between the GPUs
+  double peer_bw_ = 0;     // bytes/s per GPU per direction to the node's other GPUs (0: over PCIe)
   double link_cap_ = 0;   // bytes/s: this GPU's share of its PCIe switch's uplink (0: no cap)
   double inter_bw_ = 0, inter_latency_ = 0;
   std::vector<LayerCost> kinds_;        // the distinct layer kinds (at most 4: dense/MoE x full/window)
