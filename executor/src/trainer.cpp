@@ -220,6 +220,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                             state_format_name(plan.optimizer.m_format) + "/" + state_format_name(plan.optimizer.v_format) +
                             " (block " + std::to_string(plan.optimizer.block_size) +
                             "); accepted: a HostState created with the plan's optimizer formats");
+  if (state.shared() && (options.comm == nullptr || options.comm->size() == 1))
+    return invalid_argument("the training state is shared by a node's ranks (parallel.host_state shared), and this trainer is one "
+                            "process; accepted: a shared state in a data-parallel job of several ranks, or a HostState without "
+                            "StateSharding::node");
   if (state.sharded() || state.shared()) {
     // Sharded: the job's ranks own the tensors; shared: the node's (every node holds its own copy).
     const bool node = state.shared();

@@ -5,13 +5,16 @@
 // layout from a 64-byte aligned carve, so the views a backend makes of a load are aligned too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatrain/core/plan.h"
 #include "megatrain/core/profiles.h"
 #include "megatrain/executor/host_state.h"
+#include "megatrain/step/schedule.h"
 
 namespace {
 
@@ -130,6 +133,64 @@ TEST(UnitLayoutInRam, ShardedStatesKeepEachTensorsMomentsOnItsOwnerOnly) {
       for (size_t k = 0; k < kept.size(); ++k) EXPECT_EQ(kept[k], 1) << "tensor " << k << ", " << ranks << " ranks";
     }
   }
+}
+
+// A shared host state (parallel.host_state shared) in one process, through the single-rank
+// communicator's private memory: every unit's master weights, bf16 copy and summed gradient are page-
+// aligned views of one segment of step::node_shared_state_bytes, none overlapping; the segment is
+// counted in aligned_bytes_in_use while it lives; initialisation writes the same weights as an
+// unshared state; and master weights on NVMe are refused. In-process, so the sanitizer build covers
+// the segment's mapping and accounting too.
+TEST(UnitLayoutInRam, ASharedStateIsOnePageAlignedSegmentOfTheFootprintsSize) {
+  auto model = ModelSpec::load("tiny-llama-gqa");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto comm = single_communicator();
+  const int64_t before = aligned_bytes_in_use().load();
+  {
+    auto shared = HostState::create(*model, DType::kBf16, StateFormat::kFp32, StateFormat::kFp32, 128, NvmePlacement{}, true,
+                                    StateSharding{0, 1, comm.get()});
+    ASSERT_TRUE(shared.ok()) << shared.status().to_string();
+    ASSERT_TRUE(shared->shared());
+    ASSERT_TRUE(shared->writes_weights());
+    const SharedMemory& mem = *shared->shared_memory();
+    std::vector<int64_t> numels;
+    for (const UnitState& us : shared->units()) numels.push_back(us.numel);
+    EXPECT_EQ(mem.bytes(), step::node_shared_state_bytes(numels, true));
+    const auto* lo = static_cast<const uint8_t*>(mem.data());
+    const uint8_t* hi = lo + mem.bytes();
+    std::vector<std::pair<const uint8_t*, const uint8_t*>> arrays;
+    for (const UnitState& us : shared->units()) {
+      const auto add = [&](const void* p, int64_t bytes) {
+        const auto* b = static_cast<const uint8_t*>(p);
+        EXPECT_TRUE(b >= lo && b + bytes <= hi);
+        EXPECT_TRUE(aligned(b, 4096));
+        arrays.emplace_back(b, b + bytes);
+      };
+      add(us.master.data(), 4 * us.numel);
+      add(us.stream_bf16.data(), 2 * us.numel);
+      add(us.summed.data(), 4 * us.numel);
+      EXPECT_EQ(us.final_grad(), us.summed.data());
+    }
+    std::sort(arrays.begin(), arrays.end());
+    for (size_t i = 1; i < arrays.size(); ++i) EXPECT_LE(arrays[i - 1].second, arrays[i].first);
+    EXPECT_GE(aligned_bytes_in_use().load() - before, mem.bytes());
+    ASSERT_TRUE(shared->init_random(5, 0.02).ok());
+    HostState plain = HostState::create(*model, DType::kBf16);
+    ASSERT_TRUE(plain.init_random(5, 0.02).ok());
+    for (size_t u = 0; u < plain.units().size(); ++u)
+      for (int64_t i = 0; i < plain.units()[u].numel; ++i) {
+        ASSERT_EQ(shared->units()[u].master[i], plain.units()[u].master[i]) << "unit " << u;
+        ASSERT_EQ(shared->units()[u].stream_bf16[i], plain.units()[u].stream_bf16[i]) << "unit " << u;
+      }
+  }
+  EXPECT_EQ(aligned_bytes_in_use().load(), before);  // the segment went with the state
+  NvmePlacement nvme;
+  nvme.master = true;
+  nvme.store.dirs.emplace_back("/tmp");
+  auto refused = HostState::create(*model, DType::kBf16, StateFormat::kFp32, StateFormat::kFp32, 128, nvme, true,
+                                   StateSharding{0, 1, comm.get()});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("host_state shared"), std::string::npos) << refused.status().message();
 }
 
 }  // namespace
