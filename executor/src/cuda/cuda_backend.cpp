@@ -209,7 +209,17 @@ class CudaBackend final : public Backend {
   }
 
   // ---- copies -----------------------------------------------------------------------------
+  // The copy streams are driven from the trainer's own threads, and CUDA's current device is per
+  // thread: a rank on GPU k makes k current on each thread before it issues work there (once).
+  void bind() const {
+    static thread_local int current = -1;
+    if (current != dev_.index) {
+      MT_CUDA_CHECK(cudaSetDevice(dev_.index));
+      current = dev_.index;
+    }
+  }
   void upload_unit(StreamKind s, const UnitState& unit, DType transfer, float* dst) override {
+    bind();
     Range r("prefetch");
     if constexpr (std::is_same_v<T, bf16>) {
       if (transfer != DType::kBf16) die("a bf16 CUDA backend was given fp32 weights to upload");
@@ -222,13 +232,16 @@ class CudaBackend final : public Backend {
     }
   }
   void copy_to_device(StreamKind s, float* dst, const float* src, int64_t n) override {
+    bind();
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, 4 * static_cast<size_t>(n), cudaMemcpyHostToDevice, stream(s)));
   }
   void copy_to_host(StreamKind s, float* dst, const float* src, int64_t n) override {
+    bind();
     Range r("offload");
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, 4 * static_cast<size_t>(n), cudaMemcpyDeviceToHost, stream(s)));
   }
   void add_to_host(StreamKind s, float* dst, const float* src, int64_t n) override {
+    bind();
     Range r("offload (accumulate)");
     // Through a pinned staging buffer, then summed on the host in index order (as the CPU backend).
     if (staging_bytes_ < 4 * n) {
@@ -243,14 +256,17 @@ class CudaBackend final : public Backend {
     for (int64_t k = 0; k < n; ++k) dst[k] += st[k];
   }
   void copy_on_device(StreamKind s, float* dst, const float* src, int64_t n) override {
+    bind();
     if (dst != src) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, 4 * static_cast<size_t>(n), cudaMemcpyDeviceToDevice, stream(s)));
   }
   void fill_zero(StreamKind s, float* dst, int64_t n) override {
+    bind();
     MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, 4 * static_cast<size_t>(n), stream(s)));
   }
 
   // ---- ordering ---------------------------------------------------------------------------
   void record(StreamKind s, Event& e) override {
+    bind();
     if (e.native == nullptr) {
       cudaEvent_t ev = nullptr;
       MT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
@@ -261,10 +277,14 @@ class CudaBackend final : public Backend {
     e.signal();
   }
   void wait(StreamKind s, Event& e) override {
+    bind();
     e.host_wait();
     if (e.native != nullptr) MT_CUDA_CHECK(cudaStreamWaitEvent(stream(s), static_cast<cudaEvent_t>(e.native), 0));
   }
-  void synchronize(StreamKind s) override { MT_CUDA_CHECK(cudaStreamSynchronize(stream(s))); }
+  void synchronize(StreamKind s) override {
+    bind();
+    MT_CUDA_CHECK(cudaStreamSynchronize(stream(s)));
+  }
 
   // ---- ops --------------------------------------------------------------------------------
   Status embed(const float* table, const int32_t* tokens, float* x_out) override {
@@ -488,6 +508,7 @@ class CudaBackend final : public Backend {
   Status sum_across_ranks(StreamKind s, float* data, int64_t n) override {
 #ifdef MEGATRAIN_HAVE_NCCL
     if (!nccl_) return internal_error("sum_across_ranks before enable_device_sums");
+    bind();
     return nccl_->sum(data, n, stream(s));
 #else
     (void)s, (void)data, (void)n;
