@@ -330,6 +330,9 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
     return res;
   };
   const int64_t N = plan.parallel.data_parallel, R = plan.parallel.ranks_per_node;
+  if (plan.parallel.collective == "nccl" && step::backend_of_rig(rig) == step::BackendKind::kCpu)  // as megatrain-exec refuses it
+    return refuse("parallel.collective nccl sums the gradients between GPUs, and rig '" + rig.name +
+                  "' is the CPU backend's; accepted on it: parallel.collective mpi");
   if (N > 1 && !rig.cluster)  // a rig of one GPU: one rank's step, without the others
     res.assumptions.push_back("parallel: one rank's step of " + std::to_string(N) +
                               " is simulated alone (step time and memory are one rank's, tokens/s the job's); the rig has no "

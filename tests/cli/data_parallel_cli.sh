@@ -59,6 +59,9 @@ plan nccl 2 4 2 "d['parallel']['collective'] = 'nccl'"
 run2 nccl --steps 1 >"$tmp/out" 2>"$tmp/err"
 check "collective nccl on the CPU backend is refused before training, naming what is accepted" \
   "[ $? -ne 0 ] && grep -q 'parallel.collective nccl sums the gradients between GPUs' $tmp/err && grep -q 'accepted here: parallel.collective mpi' $tmp/err && ! grep -q '^step' $tmp/out"
+"$(dirname "$1")/megatrain-plan" simulate "$tmp/nccl.json" >"$tmp/out" 2>"$tmp/err"
+check "simulate refuses collective nccl on the CPU backend's rig as megatrain-exec does" \
+  "[ $? -ne 0 ] && grep -q 'parallel.collective nccl sums the gradients between GPUs, and rig' $tmp/out $tmp/err"
 plan nccl-sharded 2 4 2 "d['parallel'].update(collective='nccl', host_state='sharded')"
 run2 nccl-sharded --steps 1 >"$tmp/out" 2>"$tmp/err"
 check "collective nccl with sharded states is refused when the plan is read" \
