@@ -3,7 +3,8 @@
 # GPUs (the shipped datasheet rigs h200x8-2tb: one DGX H200-like node, and h200x8-2tb-4node), as
 # the simulator's multi-GPU model sees them (docs/cost-model.md, "Data parallelism"): each rank with
 # 1/8 of its node's host memory bandwidth, cores, drives and RAM, two GPUs per PCIe switch uplink,
-# the gradient sums and weight gathers through host memory (MPI) and the nodes' InfiniBand.
+# the gradient sums through host memory (MPI) or between the GPUs (NCCL, NVLink), the weight gathers
+# through host memory, and the nodes' InfiniBand.
 #
 # First `megatrain-plan plan --gpus N` for llama-2-7b, llama-2-70b and gpt-oss-120b at 1, 8 and 32
 # GPUs, 8 sequences of 4096 tokens per GPU and step, gradient clipping on (the planner never turns a
@@ -11,7 +12,8 @@
 # (which lets gradients be lent per unit, so that a rank's RAM holds no whole-model gradient): the
 # 1-GPU plan is `megatrain-plan plan` on the node's rig (64 sequences of 4096 tokens per step, the
 # planner's default), and for 8 and 32 GPUs the script simulates a grid of knobs around that plan
-# (replicated, sharded or node-shared host state, RAM or NVMe placement, schedule order with or without
+# (gradients summed with MPI in host memory or with NCCL between the GPUs; replicated, sharded or
+# node-shared host state, RAM or NVMe placement, schedule order with or without
 # clipping, 8 to 64 sequences per rank and step, micro-batch 1 to 8; NVMe staging for 16 GiB or two
 # of the largest unit's transfers) and keeps the fastest plan that
 # fits one rank's share of its node. The table gives each size's global batch. Everything is simulated from datasheet figures and estimates;
@@ -40,7 +42,8 @@ r, model, n = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
 def knobs(p):
     t, sc, pl, par = p["training"], p["schedule"], p["placement"], p.get("parallel", {})
     return (f"{sc['order']}, micro-batch {t['micro_batch']} x {t['grad_accum']}, master {pl['master_weights']}, "
-            f"states {pl['optimizer_states']}, transfer {p['precision']['transfer']}, host_state {par.get('host_state', '-')}")
+            f"states {pl['optimizer_states']}, transfer {p['precision']['transfer']}, host_state {par.get('host_state', '-')}, "
+            f"collective {par.get('collective', '-')}")
 if not r.get("feasible"):
     short = "; ".join(f"{x['tier']} short by {x['short_bytes'] / 2**30:.0f} GiB" for x in r.get("shortfalls", []) if x.get("short_bytes", 0) > 0)
     print(f"| {model} | {n} | does not fit | | | | closest plan: {short} |")
@@ -73,7 +76,8 @@ def knobs(p):
     par = p.get("parallel", {})
     seqs = t["micro_batch"] * t["grad_accum"] * par.get("data_parallel", 1)
     return (f"{seqs} sequences/step; {s['order']}, micro-batch {t['micro_batch']} x {t['grad_accum']}, clip {t['clip_grad_norm']}, "
-            f"master {pl['master_weights']}, states {pl['optimizer_states']}, host_state {par.get('host_state', '-')}")
+            f"master {pl['master_weights']}, states {pl['optimizer_states']}, host_state {par.get('host_state', '-')}, "
+            f"collective {par.get('collective', '-')}")
 rows = []
 for model in ("llama-2-70b", "gpt-oss-120b"):
     base = json.load(open(f"{d}/{model}-1.json"))
@@ -82,14 +86,14 @@ for model in ("llama-2-70b", "gpt-oss-120b"):
     rows.append((model, 1, r1, knobs(base), 0))
     for n, rig in ((8, "h200x8-2tb"), (32, "h200x8-2tb-4node")):
         best, tried, why = None, 0, ""  # why: the refusal of the leanest grid point
-        for host_state, place, (order, clip), seqs, mb in itertools.product(
-                ("replicated", "sharded", "shared"), (("ram", "ram"), ("ram", "nvme"), ("nvme", "nvme")),
+        for collective, host_state, place, (order, clip), seqs, mb in itertools.product(
+                ("mpi", "nccl"), ("replicated", "sharded", "shared"), (("ram", "ram"), ("ram", "nvme"), ("nvme", "nvme")),
                 (("layer-major", 0.0), ("microbatch-major", 1.0), ("layer-major", 1.0)), (8, 16, 32, 64), (1, 2, 4, 8)):
             if host_state == "shared" and place[0] == "nvme":
                 continue  # a node-shared state keeps the master weights in RAM (plan-format.md)
             p = copy.deepcopy(base)
             p["rig"] = rig
-            p["parallel"] = {"data_parallel": n, "ranks_per_node": 8, "collective": "mpi", "host_state": host_state}
+            p["parallel"] = {"data_parallel": n, "ranks_per_node": 8, "collective": collective, "host_state": host_state}
             p["training"].update(micro_batch=mb, grad_accum=seqs // mb, clip_grad_norm=clip)
             p["schedule"]["order"] = order
             pl = p["placement"]
@@ -104,7 +108,7 @@ for model in ("llama-2-70b", "gpt-oss-120b"):
                 pl["pinned_staging_bytes"] = 2 * int(m.group(1))
                 r = simulate(p, f"{d}/{model}-{n}-try.json")
             tried += 1
-            if (host_state, place, order, clip, seqs, mb) == ("sharded", ("nvme", "nvme"), "layer-major", 0.0, 8, 1):
+            if (collective, host_state, place, order, clip, seqs, mb) == ("mpi", "sharded", ("nvme", "nvme"), "layer-major", 0.0, 8, 1):
                 why = r.get("reason", "")
             if r.get("feasible") and (best is None or r["tokens_per_s"] > best[0]["tokens_per_s"]):
                 best = (r, p)

@@ -425,10 +425,6 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     if (c.ranks_per_node > c.data_parallel || c.data_parallel % c.ranks_per_node != 0)
       return ctx(invalid_argument("parallel.ranks_per_node: " + std::to_string(c.ranks_per_node) + " does not divide data_parallel " +
                                   std::to_string(c.data_parallel) + " into whole nodes; accepted: a divisor of data_parallel"));
-    if (c.collective == "nccl" && c.host_state != "replicated")
-      return ctx(invalid_argument("parallel.collective nccl sums each gradient whole on every GPU, which is built for host_state "
-                                  "replicated, and host_state is " + c.host_state + "; accepted: collective nccl with host_state "
-                                  "replicated, or collective mpi with any host state"));
     if (c.host_state == "shared" && p.placement.master_weights == Tier::kNvme)
       return ctx(invalid_argument("parallel.host_state shared keeps one copy of the master weights per node, in shared memory, and "
                                   "placement.master_weights is nvme; accepted: placement.master_weights ram with host_state shared, or "

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "megatrain/buffers/buffers.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/bf16.h"
+#include "megatrain/executor/communicator.h"
 #include "megatrain/kernels/cpu/ops.h"
 #if defined(MEGATRAIN_HAVE_CUDA)
 #include "megatrain/kernels/cuda_device.h"
@@ -163,6 +165,23 @@ class CpuBackend final : public Backend {
   }
   void add(float* dst, const float* src, int64_t n) override { cpu::accumulate<float>(ctx_, src, n, dst); }
 
+  // parallel.collective nccl sums between GPUs, which this backend has none of. For tests only,
+  // MEGATRAIN_CPU_DEVICE_SUMS=mpi makes it sum its "device" gradients over MPI instead (the caller's
+  // thread is the stream): the trainer's NCCL path (each unit summed before its copy, and with split
+  // states each rank copying its own range) then runs on this machine's ranks, checked against the
+  // host sums (docs/data-parallel.md, "Testing the NCCL path without GPUs").
+  Result<std::string> enable_device_sums(Communicator& comm) override {
+    const char* v = std::getenv("MEGATRAIN_CPU_DEVICE_SUMS");
+    if (v == nullptr || std::string(v) != "mpi") return Backend::enable_device_sums(comm);
+    device_comm_ = &comm;
+    return std::string("the backend's gradients summed before their copy, over MPI (MEGATRAIN_CPU_DEVICE_SUMS=mpi, the CPU "
+                       "backend's test stand-in for NCCL)");
+  }
+  Status sum_across_ranks(StreamKind s, float* data, int64_t n) override {
+    if (device_comm_ == nullptr) return Backend::sum_across_ranks(s, data, n);
+    return device_comm_->sum(data, n, Channel::kGradients);
+  }
+
   int64_t layer_act_floats() const override { return exec::layer_act_floats(dims_); }
   int64_t layer_workspace_floats() const override { return exec::layer_workspace_floats(dims_); }
   int64_t head_workspace_floats() const override { return exec::head_workspace_floats(dims_); }
@@ -173,6 +192,7 @@ class CpuBackend final : public Backend {
   }
   cpu::CpuContext ctx_;
   LayerMath math_;
+  Communicator* device_comm_ = nullptr;  // MEGATRAIN_CPU_DEVICE_SUMS=mpi
 };
 
 }  // namespace

@@ -157,8 +157,10 @@ Result<HostState> create_state(const RunOptions& o, const Plan& plan, const Mode
       if (ec) return io_error("cannot create the NVMe folder '" + dir.string() + "' of rank " + std::to_string(comm.rank()) + ": " + ec.message());
     }
   // Where the trainer may lend gradients (step::lends_gradients, the rule it checks too) the state
-  // holds a small pool of them instead of one per parameter.
-  const bool all_gradients = !step::lends_gradients(plan, !o.in_memory);
+  // holds a small pool of them instead of one per parameter; where NCCL's sums go straight into the
+  // node's shared memory (step::gradients_in_node_memory), none.
+  const bool all_gradients =
+      !step::lends_gradients(plan, !o.in_memory) && !(step::gradients_in_node_memory(plan) && !o.in_memory);
   // parallel.host_state sharded: this rank keeps the moments of the tensors it owns (ZeRO).
   StateSharding sharding;
   if (plan.parallel.host_state == "sharded") sharding = StateSharding{comm.rank(), comm.size()};

@@ -235,10 +235,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
                               std::to_string(ranks) + (node ? " on its node" : "") +
                               "; accepted: a HostState sharded for the job's communicator");
   }
-  if (!state.all_gradients() && !step::lends_gradients(plan, options.streamed))
+  // Without all_gradients the state has no gradient array per unit: the trainer lends them, or
+  // copies NCCL's sums straight into the node's shared memory.
+  const bool node_gradients = step::gradients_in_node_memory(plan) && options.streamed && state.shared();
+  if (!state.all_gradients() && !step::lends_gradients(plan, options.streamed) && !node_gradients)
     return invalid_argument("the training state lends gradients per unit (HostState created without all_gradients), which needs "
-                            "the streamed pipeline in layer-major order without clipping (every gradient is needed until the "
-                            "global norm or the last micro-batch otherwise); accepted: a HostState with all_gradients for this plan");
+                            "the streamed pipeline in layer-major order without clipping or with a shared host state (every "
+                            "gradient is needed until the global norm or the last micro-batch otherwise), or NCCL's sums into a "
+                            "shared host state; accepted: a HostState with all_gradients for this plan");
   BackendOptions bo;
   bo.threads = options.threads;
   bo.transfer = state.transfer();
@@ -364,8 +368,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
       else
         MT_RETURN_IF_ERROR(I.register_host(us.master.data(), 4 * us.numel, "streamed weights", 4 * us.numel / sharing));
       if (state.all_gradients()) MT_RETURN_IF_ERROR(I.register_host(us.grad.data(), 4 * us.numel, "gradients"));
+      if (node_gradients) {  // NCCL's sums are copied into this rank's range of the node's
+        const auto [begin, n] = state.owned_range(us);
+        MT_RETURN_IF_ERROR(I.register_host(us.summed.data() + begin, 4 * n, "gradients"));
+      }
     }
-    if (!state.all_gradients()) {
+    if (!state.all_gradients() && !node_gradients) {
       // Three buffers: one being copied into, one being updated, one waiting between them.
       constexpr int kLentGradients = step::kLentGradientBuffers;
       I.grad_pool.resize(kLentGradients);
@@ -606,15 +614,6 @@ int64_t gathered_bytes(const Trainer::Impl& I, int64_t u) {
   return other * (I.state->transfer() == DType::kBf16 ? 6 : 4);
 }
 
-// The elements of unit u whose summed gradient this rank holds: all of them, or with sharded
-// states its own range (UnitState::shard_elems).
-std::pair<int64_t, int64_t> owned_elements(const Trainer::Impl& I, const UnitState& us) {
-  if (!I.state->sharded()) return {0, us.numel};
-  int64_t begin = 0;
-  const auto rank = static_cast<size_t>(I.state->sharding().rank);
-  for (size_t r = 0; r < rank; ++r) begin += us.shard_elems[r];
-  return {begin, us.shard_elems[rank]};
-}
 
 int64_t nvme_unit_bytes(const Trainer::Impl& I, int64_t u) {
   return I.state->nvme_store() ? I.state->nvme_store()->region_bytes(u) : 0;
@@ -1092,12 +1091,16 @@ class RoundRun {
         }
       }
       const auto a = Clock::now();
+      // What the host takes: the whole gradient, or, summed by NCCL with split states, this rank's
+      // range of it (with a shared state straight into the node's summed gradient).
+      const auto [first, count] = I_.device_sums ? I_.state->owned_range(us) : std::pair<int64_t, int64_t>{0, us.numel};
+      float* dst = (I_.device_sums && I_.state->shared() ? us.summed.data() : us.grad.data()) + first;
       // microbatch-major: the first micro-batch's gradient is copied, the others are summed into the
       // RAM tier in fp32 (the previous step's update of this unit finished before its load).
-      if (I_.sched.layer_major || round_ == 0) be_.copy_to_host(kD, us.grad.data(), src, us.numel);
-      else be_.add_to_host(kD, us.grad.data(), src, us.numel);
+      if (I_.sched.layer_major || round_ == 0) be_.copy_to_host(kD, dst, src + first, count);
+      else be_.add_to_host(kD, dst, src + first, count);
       be_.synchronize(kD);  // the host reads the gradient next, and the accumulator is free again
-      I_.record(SpanKind::kD2H, step_, u, I_.sched.layer_major ? -1 : round_, a, Clock::now(), us.numel * 4);
+      I_.record(SpanKind::kD2H, step_, u, I_.sched.layer_major ? -1 : round_, a, Clock::now(), count * 4);
       be_.record(kD, *d2h_done_[i]);
       // Data parallelism: the final gradient is summed over the ranks here, on this thread, while
       // the compute stream goes on with the layers below; every rank walks the same schedule, so
@@ -1131,7 +1134,7 @@ class RoundRun {
       if (why.empty()) {
         // Sharded states: each rank holds its own range of the summed gradient, so the ranks add up
         // their ranges' sums and reach the same verdict.
-        const auto [begin, n] = owned_elements(I_, us);
+        const auto [begin, n] = I_.state->owned_range(us);
         double g = sum_of_squares(us.final_grad() + begin, n);
         if (I_.state->sharded())
           if (Status s = sum_over_owners(I_, &g, 1, Channel::kGradients); !s.ok()) {

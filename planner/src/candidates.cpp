@@ -249,9 +249,10 @@ std::vector<Knobs> structural_knobs(const Space& s) {
                     if (hs > 0 && s.ranks == 1) continue;
                     if (hs == 2 && master_nvme) continue;
                     k.host_state = hs;
-                    // On GPUs a replicated state may sum its gradients with NCCL between the GPUs.
+                    // On GPUs the gradients may be summed with NCCL between the GPUs (then, with
+                    // split states, each rank copies only its share of the sum to the host).
                     for (bool nccl : {false, true}) {
-                      if (nccl && (s.cpu || s.ranks == 1 || hs != 0)) continue;
+                      if (nccl && (s.cpu || s.ranks == 1)) continue;
                       k.nccl = nccl;
                       out.push_back(k);
                     }

@@ -224,7 +224,8 @@ class Builder {
       dma(d, bytes, cost_.d2h_time(bytes));
     } else {
       const int32_t u = t.unit;
-      const double bytes = 4 * numel(u);  // fp32 gradients
+      // fp32 gradients; with NCCL and split states, the rank's share of the GPUs' sum
+      const double bytes = 4 * numel(u) / s_.grad_share;
       double work = cost_.d2h_time(bytes);
       if (!s_.layer_major && r > 0) work += cost_.host_pass_time(3 * bytes);  // added into the host gradient
       d = task(Lane::kD2H, work, SpanKind::kD2H, u, s_.layer_major ? -1 : r, ceil_i(bytes));

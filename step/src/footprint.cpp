@@ -48,8 +48,11 @@ Footprint footprint(const StepSchedule& s, const ActivationLayout& layout) {
     max_unit = std::max(max_unit, n);
     const auto& numels = s.unit_tensor_numels[u];
     const int64_t mv = state_format_bytes(s.m_format, numels, s.block_size) + state_format_bytes(s.v_format, numels, s.block_size);
-    f.ram_state += n * ((s.lent_gradients == 0 ? 4 : 0) + (bf16 ? 2 : 0)) + (s.master_nvme ? 0 : 4 * n) + (s.states_nvme ? 0 : mv);
-    f.peak.pinned += n * (bf16 ? 2 : 4) + (s.lent_gradients == 0 ? 4 * n : 0);
+    // The rank's own host gradient: every unit's, or none (lent, or summed into the node's memory,
+    // where the rank page-locks its range of it).
+    const bool own_gradient = s.lent_gradients == 0 && !s.node_gradients;
+    f.ram_state += n * ((own_gradient ? 4 : 0) + (bf16 ? 2 : 0)) + (s.master_nvme ? 0 : 4 * n) + (s.states_nvme ? 0 : mv);
+    f.peak.pinned += n * (bf16 ? 2 : 4) + (own_gradient ? 4 * n : 0) + (s.node_gradients ? 4 * n / s.grad_share : 0);
     if (s.master_nvme || s.states_nvme) {
       const NvmeRegionLayout region =
           nvme_region_layout(numels, s.master_nvme, s.states_nvme, s.m_format, s.v_format, s.block_size);
@@ -80,11 +83,13 @@ FootprintKeys footprint_keys(const Plan& p) {
   // Device: the layer buffers, and the compute dtype (the CUDA backend's activations and workspaces).
   k.device.insert(k.device.end(), {sc.device_layer_buffers, e(p.precision.compute)});
   // Host: the state's formats and places, the NVMe staging and request size, the streaming copy,
-  // and whether gradients are lent (no clipping, lends_gradients).
+  // whether gradients are lent (no clipping, lends_gradients), and whether the rank copies a share
+  // of them summed by NCCL (into the node's memory with a shared state).
   const PlacementConfig& pl = p.placement;
   const OptimizerConfig& o = p.optimizer;
   k.host.insert(k.host.end(), {e(pl.master_weights), e(pl.optimizer_states), pl.pinned_staging_bytes, pl.nvme_block_bytes,
-                               e(p.precision.transfer), e(o.m_format), e(o.v_format), o.block_size, e(lends_gradients(p))});
+                               e(p.precision.transfer), e(o.m_format), e(o.v_format), o.block_size, e(lends_gradients(p)),
+                               copies_gradient_share(p) ? state_shard_ranks(p.parallel) : 1, e(gradients_in_node_memory(p))});
   return k;
 }
 

@@ -12,10 +12,19 @@ BackendKind backend_of_rig(const HardwareProfile& rig) {
   return rig.gpu.name.rfind("CPU backend", 0) == 0 || rig.links.kind == "host-memcpy" ? BackendKind::kCpu : BackendKind::kCuda;
 }
 
+bool copies_gradient_share(const Plan& plan) {
+  return plan.parallel.collective == "nccl" && state_shard_ranks(plan.parallel) > 1;
+}
+
+bool gradients_in_node_memory(const Plan& plan) {
+  return plan.parallel.collective == "nccl" && node_shares_host_state(plan.parallel);
+}
+
 bool lends_gradients(const Plan& plan, bool streamed) {
   // A shared host state sums each gradient into the node's memory as soon as it is copied back, so
-  // the lent buffer is free again before the update, with clipping too.
-  return streamed && plan.schedule.order == ScheduleOrder::kLayerMajor &&
+  // the lent buffer is free again before the update, with clipping too; summed by NCCL, the copy
+  // needs no buffer at all.
+  return streamed && !gradients_in_node_memory(plan) && plan.schedule.order == ScheduleOrder::kLayerMajor &&
          (plan.training.clip_grad_norm <= 0 || node_shares_host_state(plan.parallel));
 }
 
@@ -239,6 +248,8 @@ Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const Act
   s.block_size = plan.optimizer.block_size;
   s.nvme_block_bytes = plan.placement.nvme_block_bytes;
   s.lent_gradients = options.lent_gradients && lends_gradients(plan) ? kLentGradientBuffers : 0;
+  if (copies_gradient_share(plan)) s.grad_share = static_cast<int32_t>(state_shard_ranks(plan.parallel));
+  s.node_gradients = gradients_in_node_memory(plan);
   s.tokens_per_mb = plan.training.micro_batch * plan.training.seq_len;
   s.unit_tensor_numels = units.tensor_numels;
   for (const auto& t : s.unit_tensor_numels) s.unit_numel.push_back(unit_layout(t).numel);

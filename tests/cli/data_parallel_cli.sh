@@ -53,8 +53,8 @@ run2 pernode --steps 1 >"$tmp/out" 2>"$tmp/err"
 check "a plan with 1 rank per node started as 2 ranks on one node is refused" \
   "[ $? -ne 0 ] && grep -q 'ranks_per_node' $tmp/err && ! grep -q '^step' $tmp/out"
 
-# parallel.collective nccl sums between GPUs: the CPU backend has none and refuses it by name; with
-# sharded or shared host states it is refused when the plan is read (scripts/gpu-check.sh runs NCCL).
+# parallel.collective nccl sums between GPUs: the CPU backend has none and refuses it by name, unless
+# its test stand-in is asked for (below); scripts/gpu-check.sh runs NCCL itself.
 plan nccl 2 4 2 "d['parallel']['collective'] = 'nccl'"
 run2 nccl --steps 1 >"$tmp/out" 2>"$tmp/err"
 check "collective nccl on the CPU backend is refused before training, naming what is accepted" \
@@ -62,10 +62,6 @@ check "collective nccl on the CPU backend is refused before training, naming wha
 "$(dirname "$1")/megatrain-plan" simulate "$tmp/nccl.json" >"$tmp/out" 2>"$tmp/err"
 check "simulate refuses collective nccl on the CPU backend's rig as megatrain-exec does" \
   "[ $? -ne 0 ] && grep -q 'parallel.collective nccl sums the gradients between GPUs, and rig' $tmp/out $tmp/err"
-plan nccl-sharded 2 4 2 "d['parallel'].update(collective='nccl', host_state='sharded')"
-run2 nccl-sharded --steps 1 >"$tmp/out" 2>"$tmp/err"
-check "collective nccl with sharded states is refused when the plan is read" \
-  "[ $? -ne 0 ] && grep -q 'parallel.collective nccl .*host_state is sharded' $tmp/err"
 
 # ---- 2 ranks x grad_accum 2 against 1 process x grad_accum 4 on the same rows -------------------
 # The rows are the same but not their grouping: rank k's micro-batch j holds rows 2i + k, the one
@@ -297,8 +293,8 @@ for v in rep shared; do
   MEGATRAIN_TEST_RANKS_PER_NODE=2 mpi 4 -x MEGATRAIN_TEST_RANKS_PER_NODE "$exe" "$tmp/four-$v.json" --data "$tmp/text.txt" --threads 1 \
     --steps 10 --checkpoint-every 5 --checkpoint-dir "$tmp/four-$v.ck" >"$tmp/four-$v.out" 2>"$tmp/err" || cat "$tmp/err"
 done
-check "4 ranks on 2 emulated nodes with shared host states: weights within 1e-6 of the replicated run, both nodes' copies equal at every save" \
-  "grep -q '4 ranks on 2 nodes' $tmp/four-shared.out && [ -f $tmp/four-shared.ck/step-00000005/model.safetensors ] && /usr/bin/python3 - $tmp/four-rep.ck/step-00000010/model.safetensors $tmp/four-shared.ck/step-00000010/model.safetensors <<'PY'
+# near WHAT A B: two runs' weights (safetensors files) within 1e-6 of each tensor's largest value.
+near=$(cat <<'PY'
 import json, struct, sys
 import numpy as np
 def load(p):
@@ -306,10 +302,75 @@ def load(p):
     n = struct.unpack('<Q', b[:8])[0]
     h = json.loads(b[8:8 + n])
     return {k: np.frombuffer(b[8 + n + v['data_offsets'][0]:8 + n + v['data_offsets'][1]], dtype=np.float32) for k, v in h.items() if k != '__metadata__'}
-a, b = load(sys.argv[1]), load(sys.argv[2])
+a, b = load(sys.argv[2]), load(sys.argv[3])
 worst = max(float(np.max(np.abs(a[k] - b[k])) / np.max(np.abs(a[k]))) for k in a)
-print(f'4 ranks, 2 nodes, shared vs replicated: largest difference {worst:.3g} of a tensor largest value')
+print(f'{sys.argv[1]}: largest difference {worst:.3g} of a tensor largest value')
 assert worst < 1e-6, worst
+PY
+)
+check "4 ranks on 2 emulated nodes with shared host states: weights within 1e-6 of the replicated run, both nodes' copies equal at every save" \
+  "grep -q '4 ranks on 2 nodes' $tmp/four-shared.out && [ -f $tmp/four-shared.ck/step-00000005/model.safetensors ] && /usr/bin/python3 -c \"\$near\" '4 ranks, 2 nodes, shared vs replicated' $tmp/four-rep.ck/step-00000010/model.safetensors $tmp/four-shared.ck/step-00000010/model.safetensors"
+
+# ---- the NCCL path without GPUs (MEGATRAIN_CPU_DEVICE_SUMS=mpi) -----------------------------------
+# parallel.collective nccl sums each unit's gradient on the devices before its copy to the host; with
+# sharded or shared states each rank then copies only its own range of the sum (into the node's
+# memory when shared, keeping no gradient of its own). The CPU backend's test stand-in sums its
+# "device" gradients over MPI, so the trainer's NCCL path runs on this machine's ranks. With 2 ranks
+# every sum is a + b as on the host, so each run must equal the MPI run of its host state bit for bit.
+nccl_run() {  # RANKS PLAN [flags]; $nodes_env: more mpirun -x options
+  local n=$1
+  shift
+  MEGATRAIN_CPU_DEVICE_SUMS=mpi mpi "$n" -x MEGATRAIN_CPU_DEVICE_SUMS ${nodes_env:-} "$exe" "$@" --data "$tmp/text.txt" --threads 1
+}
+# nccl_train NAME EXTRA_PYTHON: 10 steps with collective nccl on 2 ranks, checkpoints in nccl-NAME.ck.
+nccl_train() {
+  plan "nccl-$1" 2 4 2 "$2; d['parallel']['collective'] = 'nccl'"
+  nccl_run 2 "$tmp/nccl-$1.json" --steps 10 --checkpoint-dir "$tmp/nccl-$1.ck" >"$tmp/nccl-$1.out" 2>"$tmp/err" || cat "$tmp/err"
+}
+# nccl_same NAME REFERENCE_CHECKPOINTS EXTRA_PYTHON: that run equals the reference bit for bit.
+nccl_same() {
+  local name=$1 ref=$2
+  nccl_train "$name" "$3"
+  check "nccl $name: gradients summed before their copy train bit for bit as the MPI run" \
+    "grep -q 'stand-in for NCCL' $tmp/nccl-$name.out && cmp -s $ref/step-00000010/model.safetensors $tmp/nccl-$name.ck/step-00000010/model.safetensors && /usr/bin/python3 -c \"\$same_moments\" $ref/step-00000010 $tmp/nccl-$name.ck/step-00000010"
+}
+nccl_same replicated "$tmp/fp32-rep.ck" "pass"
+nccl_same sharded "$tmp/fp32-shard.ck" "d['parallel']['host_state'] = 'sharded'"
+nccl_same sharded-q4 "$tmp/q4-shard.ck" "d['optimizer'].update(m_format='q4', v_format='q4'); d['parallel']['host_state'] = 'sharded'"
+nccl_same shared "$tmp/fp32-shared.ck" "d['parallel']['host_state'] = 'shared'"
+nccl_same shared-unclipped "$tmp/unclipped-shared.ck" "d['training']['clip_grad_norm'] = 0; d['parallel']['host_state'] = 'shared'"
+nccl_same shared-moe "$tmp/moe-shared.ck" "d['model'] = 'tiny-mixtral'; d['parallel']['host_state'] = 'shared'"
+nccl_same shared-bf16-nvme-states "$tmp/bf16-nvme-states-shared.ck" "d['precision']['transfer'] = 'bf16'; d['placement'].update(optimizer_states='nvme', nvme_dirs=['$tmp/nvme-bf16'], pinned_staging_bytes=4 << 20); d['optimizer'].update(m_format='q8', v_format='q8'); d['parallel']['host_state'] = 'shared'"
+# Microbatch-major: each round's gradient is summed before it is added on the host, another order
+# than the host sum of the accumulated gradients: replicated within 1e-6 of MPI's, shared bit for bit
+# as replicated with NCCL.
+nccl_train mbm-replicated "d['schedule']['order'] = 'microbatch-major'"
+check "nccl microbatch-major: within 1e-6 of the MPI run" \
+  "/usr/bin/python3 -c \"\$near\" 'nccl vs mpi, microbatch-major' $tmp/microbatch-major-rep.ck/step-00000010/model.safetensors $tmp/nccl-mbm-replicated.ck/step-00000010/model.safetensors"
+nccl_same mbm-shared "$tmp/nccl-mbm-replicated.ck" "d['schedule']['order'] = 'microbatch-major'; d['parallel']['host_state'] = 'shared'"
+# 4 ranks as 2 emulated nodes: NCCL sums over all 4 ranks, each node's owners copy their ranges into
+# their node's memory; the same sums as 4 replicated ranks with NCCL, so equal bit for bit.
+for v in rep shared; do
+  plan "four-nccl-$v" 4 4 1 "d['parallel'].update(ranks_per_node=2, collective='nccl', host_state='${v/rep/replicated}')"
+  MEGATRAIN_TEST_RANKS_PER_NODE=2 nodes_env="-x MEGATRAIN_TEST_RANKS_PER_NODE" nccl_run 4 "$tmp/four-nccl-$v.json" --steps 6 --checkpoint-dir "$tmp/four-nccl-$v.ck" >"$tmp/four-nccl-$v.out" 2>"$tmp/err" || cat "$tmp/err"
+done
+check "nccl, 4 ranks on 2 emulated nodes: shared host states train bit for bit as replicated ones" \
+  "grep -q '4 ranks on 2 nodes' $tmp/four-nccl-shared.out && cmp -s $tmp/four-nccl-rep.ck/step-00000006/model.safetensors $tmp/four-nccl-shared.ck/step-00000006/model.safetensors"
+# What each rank copies: with shared states, its own range of every gradient; the two ranks' copies
+# of a unit add up to the unit's whole gradient, which the MPI run copies on each rank.
+run2 fp32-shared --steps 1 --trace "$tmp/whole.mtrace" >/dev/null 2>"$tmp/err"
+nccl_run 2 "$tmp/nccl-shared.json" --steps 1 --trace "$tmp/share.mtrace" >/dev/null 2>"$tmp/err"
+check "nccl with a shared state: each rank copies its range of each gradient, the ranges adding up to the whole" \
+  "[ $? -eq 0 ] && /usr/bin/python3 - $tmp/whole.mtrace $tmp/share.mtrace $tmp/share.rank1.mtrace <<'PY'
+import sqlite3, sys
+def copies(path):
+    return dict(sqlite3.connect(path).execute(\"select layer, sum(bytes) from spans where kind = 'd2h' group by layer\").fetchall())
+whole, r0, r1 = (copies(p) for p in sys.argv[1:])
+assert set(whole) == set(r0) == set(r1) and len(whole) > 2, (whole, r0, r1)
+for u in whole:
+    assert r0[u] + r1[u] == whole[u], (u, r0[u], r1[u], whole[u])
+assert sum(r0.values()) < 0.75 * sum(whole.values()) and sum(r1.values()) < 0.75 * sum(whole.values()), (r0, r1, whole)
+print('copied per rank:', sum(r0.values()), sum(r1.values()), 'of', sum(whole.values()))
 PY"
 
 # ---- traces: one per rank ------------------------------------------------------------------------

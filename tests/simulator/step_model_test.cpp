@@ -662,15 +662,21 @@ TEST(StepModelDataParallel, CollectivesContentionAndLinksFollowTheHandFormulas) 
   EXPECT_FALSE(c3.device_sums());
 }
 
+// One node of 4 GPUs sharing 80 GB/s of host memory bandwidth, for 4 ranks.
+RigFigures four_gpu_node() {
+  RigFigures f;
+  f.host_bandwidth = 8e10;
+  f.adam = 2e9;
+  f.gpus_per_node = 4, f.nodes = 1;
+  return f;
+}
+
 // A shared host state with clipping in layer-major order lends gradient buffers, freed after each
 // unit's sum (not after the update, which waits for the norm): the step runs (it would deadlock if
 // the buffers came back only after the updates), each update is a quarter of its unit, no weight
 // gathers, and the footprint is one rank's share of the node's copy (step::take_rank_share).
 TEST(StepModelDataParallel, SharedHostStateLendsBuffersWithClippingAndCountsItsShare) {
-  RigFigures f;
-  f.host_bandwidth = 8e10;
-  f.adam = 2e9;
-  f.gpus_per_node = 4, f.nodes = 1;
+  const RigFigures f = four_gpu_node();
   PlanKnobs k;
   k.ranks = 4, k.clip = 1.0;
   const Sim rep = simulate_plan(k, f, true);
@@ -704,6 +710,60 @@ TEST(StepModelDataParallel, SharedHostStateLendsBuffersWithClippingAndCountsItsS
                          step::node_shared_state_bytes(numels, true) / 4 - step::sharded_moment_saving(s.plan, s.model);
   EXPECT_EQ(s.result.peak_bytes.ram, expect);
   EXPECT_EQ(sched.lent_gradients, step::kLentGradientBuffers);
+}
+
+// NCCL with split states: the GPUs sum each gradient, and each of the 4 ranks copies a quarter of it
+// (its range) to the host. Sharded, into its own gradients (the footprint of the MPI run); shared,
+// straight into the node's summed gradient, so the rank keeps no gradient and lends none: its RAM is
+// the MPI shared run's without the lent buffers, and it page-locks its quarter of the node's sums.
+TEST(StepModelDataParallel, NcclWithSplitStatesCopiesEachRanksShareOfTheSum) {
+  const RigFigures f = four_gpu_node();
+  PlanKnobs k;
+  k.ranks = 4, k.clip = 1.0;
+  std::vector<int64_t> numels;
+  for (const auto& t : unit_tensor_numels(simulate_plan(k, f, true).model)) numels.push_back(unit_layout(t).numel);
+  auto d2h_bytes = [](const Sim& s) {
+    std::map<int32_t, int64_t> b;
+    const Engine& e = *s.result.engine;
+    for (size_t t = 0; t < e.task_count(); ++t) {
+      const TaskSpec& ts = e.task(static_cast<TaskId>(t));
+      if (span_kind_of(ts) == SpanKind::kD2H && ts.step == 0) b[ts.layer] += ts.bytes;
+    }
+    return b;
+  };
+  for (const char* hs : {"sharded", "shared"}) {
+    SCOPED_TRACE(hs);
+    k.host_state = hs, k.collective = "mpi";
+    const Sim mpi = simulate_plan(k, f, true);
+    k.collective = "nccl";
+    const Sim nccl = simulate_plan(k, f, true);
+    ASSERT_TRUE(mpi.result.feasible && nccl.result.feasible) << mpi.result.reason << nccl.result.reason;
+    EXPECT_TRUE(step::copies_gradient_share(nccl.plan));
+    EXPECT_FALSE(step::copies_gradient_share(mpi.plan));
+    const auto whole = d2h_bytes(mpi), share = d2h_bytes(nccl);
+    ASSERT_EQ(whole.size(), numels.size());
+    for (size_t u = 0; u < numels.size(); ++u) {
+      EXPECT_EQ(whole.at(static_cast<int32_t>(u)), 4 * numels[u]) << "unit " << u;
+      EXPECT_EQ(share.at(static_cast<int32_t>(u)), numels[u]) << "unit " << u;
+    }
+    const step::StepSchedule sched = *step::compile(nccl.plan, nccl.model, step::layout_for(step::backend_of_rig(nccl.rig), nccl.model, nccl.plan));
+    EXPECT_EQ(sched.grad_share, 4);
+    EXPECT_EQ(sched.lent_gradients, 0);
+    const int64_t max_unit = *std::max_element(numels.begin(), numels.end());
+    int64_t n = 0;
+    for (int64_t v : numels) n += v;
+    if (std::string(hs) == "sharded") {
+      EXPECT_FALSE(sched.node_gradients);
+      EXPECT_EQ(nccl.result.peak_bytes.ram, mpi.result.peak_bytes.ram);
+    } else {
+      EXPECT_TRUE(sched.node_gradients);
+      EXPECT_TRUE(step::lends_gradients(mpi.plan));
+      EXPECT_EQ(nccl.result.peak_bytes.ram, mpi.result.peak_bytes.ram - step::kLentGradientBuffers * 4 * max_unit);
+      int64_t quarter = 0;
+      for (int64_t v : numels) quarter += 4 * v / 4;
+      EXPECT_EQ(nccl.result.peak_bytes.pinned, mpi.result.peak_bytes.pinned - step::kLentGradientBuffers * 4 * max_unit + quarter);
+    }
+  }
 }
 
 // The step: one grad_sum task per unit after its gradient's copy on the D2H lane, before its update;

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatrain/core/model_spec.h"
@@ -119,6 +120,15 @@ class HostState {
   const SharedMemory* shared_memory() const { return shared() ? &shm_ : nullptr; }
   // This rank keeps the moments of tensor t and updates it.
   bool owns(const TensorSlot& t) const { return t.owner == sharding_.rank; }
+  // The elements of unit us (first, count) whose summed gradient this rank holds and whose tensors it
+  // updates: all of them, or with sharded states its own range (UnitState::shard_elems).
+  std::pair<int64_t, int64_t> owned_range(const UnitState& us) const {
+    if (!sharded()) return {0, us.numel};
+    int64_t begin = 0;
+    const auto rank = static_cast<size_t>(sharding_.rank);
+    for (size_t r = 0; r < rank; ++r) begin += us.shard_elems[r];
+    return {begin, us.shard_elems[rank]};
+  }
   bool all_gradients() const { return all_gradients_; }
   // HF initialisation: matrices and the embedding ~ N(0, std), norms 1, biases 0; a counter-based
   // generator keyed by (seed, tensor name) makes it independent of thread count and layout.

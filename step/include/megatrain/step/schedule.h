@@ -153,6 +153,11 @@ struct StepSchedule {
   int64_t block_size = 128;             // quantised moments' block
   int64_t nvme_block_bytes = 1 << 20;   // the NVMe store's request size (regions are whole blocks)
   int32_t lent_gradients = 0;           // 0: every unit has its host gradient; else the pool's size
+  // parallel.collective nccl with sharded or shared states: each rank copies 1/grad_share of every
+  // gradient to the host (copies_gradient_share), and with a shared state (node_gradients) into the
+  // node's memory, keeping no host gradient of its own (gradients_in_node_memory).
+  int32_t grad_share = 1;
+  bool node_gradients = false;
   int32_t staging_buffers = 0;          // NVMe staging buffers (whole units)
   int64_t tokens_per_mb = 0;
   std::vector<int64_t> unit_numel;      // per unit, as HostState lays them out (unit_layout: gaps included)
@@ -168,6 +173,14 @@ struct StepSchedule {
 // layer-major order without clipping on the streamed pipeline, where no gradient outlives its own
 // update; megatrain-exec lends them whenever the plan allows it.
 bool lends_gradients(const Plan& plan, bool streamed = true);
+// parallel.collective nccl with the optimizer states split between ranks (sharded, or shared by a
+// node's ranks): the GPUs sum each gradient, and each rank copies only its own range of the sum to
+// the host, state_shard_ranks(plan.parallel) of them making the whole (docs/data-parallel.md).
+bool copies_gradient_share(const Plan& plan);
+// parallel.collective nccl with a shared host state: the rank's range of the GPUs' sum goes straight
+// into the node's summed gradient, and the rank keeps no host gradient at all (no array per unit,
+// nothing lent).
+bool gradients_in_node_memory(const Plan& plan);
 inline constexpr int32_t kLentGradientBuffers = 3;
 
 // Each unit's tensor sizes (megatrain::unit_tensor_numels of the model). compile() groups the
