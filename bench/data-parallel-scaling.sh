@@ -17,7 +17,7 @@
 # clipping, 8 to 64 sequences per rank and step, micro-batch 1 to 8; NVMe staging for 16 GiB or two
 # of the largest unit's transfers) and keeps the fastest plan that
 # fits one rank's share of its node. The table gives each size's global batch. Everything is simulated from datasheet figures and estimates;
-# no GPU is used. A few seconds on the 2-core dev VM.
+# no GPU is used. Several minutes on the 2-core dev VM (768 simulated points per model and size).
 #
 # usage: bench/data-parallel-scaling.sh [DIR]   (plans and JSON in DIR, default a temp dir)
 set -euo pipefail
@@ -61,7 +61,7 @@ for model in llama-2-70b gpt-oss-120b; do
 done
 
 /usr/bin/python3 - "$dir" "$plan" <<'PY'
-import copy, itertools, json, re, subprocess, sys
+import concurrent.futures, copy, itertools, json, os, re, subprocess, sys
 d, plan = sys.argv[1], sys.argv[2]
 GiB = 2**30
 def simulate(p, path):
@@ -85,12 +85,8 @@ for model in ("llama-2-70b", "gpt-oss-120b"):
     r1 = simulate(base, f"{d}/{model}-1.sim.json")
     rows.append((model, 1, r1, knobs(base), 0))
     for n, rig in ((8, "h200x8-2tb"), (32, "h200x8-2tb-4node")):
-        best, tried, why = None, 0, ""  # why: the refusal of the leanest grid point
-        for collective, host_state, place, (order, clip), seqs, mb in itertools.product(
-                ("mpi", "nccl"), ("replicated", "sharded", "shared"), (("ram", "ram"), ("ram", "nvme"), ("nvme", "nvme")),
-                (("layer-major", 0.0), ("microbatch-major", 1.0), ("layer-major", 1.0)), (8, 16, 32, 64), (1, 2, 4, 8)):
-            if host_state == "shared" and place[0] == "nvme":
-                continue  # a node-shared state keeps the master weights in RAM (plan-format.md)
+        def point(knob):  # one grid point, simulated (the points run in parallel, one per core)
+            collective, host_state, place, (order, clip), seqs, mb = knob
             p = copy.deepcopy(base)
             p["rig"] = rig
             p["parallel"] = {"data_parallel": n, "ranks_per_node": 8, "collective": collective, "host_state": host_state}
@@ -102,16 +98,25 @@ for model in ("llama-2-70b", "gpt-oss-120b"):
                 pl["nvme_dirs"] = [f"/raid/nvme{k}" for k in range(8)]
                 pl["pinned_staging_bytes"] = max(pl.get("pinned_staging_bytes", 0), 16 * GiB)
                 p["precision"]["transfer"] = "bf16"
-            r = simulate(p, f"{d}/{model}-{n}-try.json")
+            path = f"{d}/{model}-{n}-try-{abs(hash(knob))}.json"
+            r = simulate(p, path)
             m = re.search(r"pinned_staging_bytes: .*accepted: >= ([0-9]+)", r.get("reason", ""))
             if m:  # staging for two of the largest unit's NVMe transfers
                 pl["pinned_staging_bytes"] = 2 * int(m.group(1))
-                r = simulate(p, f"{d}/{model}-{n}-try.json")
-            tried += 1
-            if (collective, host_state, place, order, clip, seqs, mb) == ("mpi", "sharded", ("nvme", "nvme"), "layer-major", 0.0, 8, 1):
-                why = r.get("reason", "")
-            if r.get("feasible") and (best is None or r["tokens_per_s"] > best[0]["tokens_per_s"]):
-                best = (r, p)
+                r = simulate(p, path)
+            os.remove(path)
+            return knob, r, p
+        grid = [k for k in itertools.product(
+                    ("mpi", "nccl"), ("replicated", "sharded", "shared"), (("ram", "ram"), ("ram", "nvme"), ("nvme", "nvme")),
+                    (("layer-major", 0.0), ("microbatch-major", 1.0), ("layer-major", 1.0)), (8, 16, 32, 64), (1, 2, 4, 8))
+                if not (k[1] == "shared" and k[2][0] == "nvme")]  # a node-shared state keeps the master weights in RAM
+        best, tried, why = None, len(grid), ""  # why: the refusal of the leanest grid point
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for knob, r, p in pool.map(point, grid):
+                if knob == ("mpi", "sharded", ("nvme", "nvme"), ("layer-major", 0.0), 8, 1):
+                    why = r.get("reason", "")
+                if r.get("feasible") and (best is None or r["tokens_per_s"] > best[0]["tokens_per_s"]):
+                    best = (r, p)
         if best is None:
             rows.append((model, n, {"feasible": False}, "nothing in the grid fits; the leanest point (sharded, master and states "
                          "on NVMe, layer-major without clipping, 8 sequences of micro-batch 1 per rank): " + why, tried))

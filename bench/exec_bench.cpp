@@ -1,6 +1,7 @@
-// megatrain-bench-exec: the executor's two speed targets (issue 4, "Speed"), each reported as a ratio
-// against a reference measured in the same run: `overlap` (streamed vs in-memory training tokens/s)
-// and `gemm` (the model's GEMM path, megatrain::cpu::linear_*, vs a plain Eigen product).
+// megatrain-bench-exec: the executor's speed, each figure reported as a ratio against a reference
+// measured in the same run: `overlap` (streamed vs in-memory training tokens/s), `gemm` (the model's
+// GEMM path, megatrain::cpu::linear_*, vs a plain Eigen product), `moe` (grouped expert GEMMs vs a
+// dense one) and `ops` (where the CPU backend's step goes, op by op, against each op's roofline).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include "megatrain/kernels/cpu/add.h"
 #include "megatrain/kernels/cpu/linear.h"
 #include "megatrain/kernels/cpu/moe.h"
+#include "megatrain/kernels/cpu/profile.h"
 #include "megatrain/kernels/cpu/swiglu.h"
 
 namespace {
@@ -639,10 +641,117 @@ int moe(int reps, int threads, bool json) {
   return 0;
 }
 
+// ---- ops ---------------------------------------------------------------------------------------
+
+// Where the CPU backend's step goes (issue 21): the bench model trained by the streamed trainer with
+// every state in RAM, its CPU ops timed through cpu::OpProfile over the steps after the first, and
+// each op kind set against its roofline measured in the same run: the compute peak (a plain Eigen
+// GEMM at the layers' largest shape, on one thread, times the threads) and the memory bandwidth (a
+// copy of 256 MiB split over the threads). An op's roofline time is the larger of its FLOPs at the
+// peak and its bytes at the bandwidth; "of roofline" is that time over the measured one.
+double peak_flops(int threads, int reps) {
+  const int64_t m = 512, k = 256, n = 688;
+  Eigen::MatrixXf a = Eigen::MatrixXf::Random(m, k), b = Eigen::MatrixXf::Random(k, n), c(m, n);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) best = std::min(best, seconds_per_call([&] { c.noalias() = a * b; }, 20));
+  return 2.0 * static_cast<double>(m * k * n) / best * threads;
+}
+
+double copy_bandwidth(int threads, int reps) {
+  const size_t n = (256u << 20) / sizeof(float);
+  std::vector<float> src(n, 1.0f), dst(n, 0.0f);
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        const size_t b = n * static_cast<size_t>(t) / static_cast<size_t>(threads);
+        const size_t e = n * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
+        std::memcpy(dst.data() + b, src.data() + b, (e - b) * sizeof(float));
+      });
+    for (auto& t : ts) t.join();
+    best = std::min(best, seconds_since(a));
+  }
+  return 2.0 * static_cast<double>(n * sizeof(float)) / best;  // read and written
+}
+
+int ops(int64_t steps, int threads, int checkpoint_every, bool json) {
+  Run r;
+  r.label = "streamed";
+  r.checkpoint_every = checkpoint_every;
+  auto tokens = std::make_shared<const exec::TokenFile>(exec::TokenFile::from_tokens(make_tokens(1 << 20, 512)));
+  setup(r, steps, threads, tokens);
+  const OtherLoad load;
+  megatrain::cpu::OpProfile profile;
+  double wall = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s == 1) megatrain::cpu::attach_op_profile(&profile);  // step 0 is the warm-up
+    const auto a = Clock::now();
+    auto res = r.trainer->run_step(s);
+    r.trainer->wait_for_updates();
+    if (s > 0) wall += seconds_since(a);
+    if (!res.ok()) die("step " + std::to_string(s), res.status());
+  }
+  megatrain::cpu::attach_op_profile(nullptr);
+  const double peak = peak_flops(threads, 5), bw = copy_bandwidth(threads, 5);
+  const double timed = static_cast<double>(steps - 1);
+  const double step_s = wall / timed;
+  struct Row {
+    std::string op;
+    megatrain::cpu::OpTally t;
+    double roof_s;
+  };
+  std::vector<Row> rows;
+  double ops_s = 0, roof_s = 0;
+  for (const auto& [op, t] : profile.tallies()) {
+    const double rs = std::max(t.flops / peak, t.bytes / bw) / timed;
+    rows.push_back({op, t, rs});
+    ops_s += t.seconds / timed;
+    roof_s += rs;
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.t.seconds > b.t.seconds; });
+  const double tok = static_cast<double>(r.tokens_per_step);
+  if (json) {
+    std::printf("{\"benchmark\": \"ops\", \"timed_steps\": %lld, \"threads\": %d, \"checkpoint_every\": %d, "
+                "\"tokens_per_s\": %.1f, \"step_s\": %.6f, \"peak_flops\": %.4g, \"bandwidth\": %.4g, \"ops\": [",
+                static_cast<long long>(steps - 1), threads, checkpoint_every, tok / step_s, step_s, peak, bw);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::printf("%s{\"op\": \"%s\", \"calls_per_step\": %.1f, \"s_per_step\": %.6f, \"flops_per_step\": %.4g, "
+                  "\"bytes_per_step\": %.4g, \"roofline_s_per_step\": %.6f}",
+                  i ? ", " : "", rows[i].op.c_str(), static_cast<double>(rows[i].t.calls) / timed, rows[i].t.seconds / timed,
+                  rows[i].t.flops / timed, rows[i].t.bytes / timed, rows[i].roof_s);
+    std::printf("], \"ops_s_per_step\": %.6f, \"outside_ops_s_per_step\": %.6f, \"roofline_s_per_step\": %.6f, "
+                "\"other_load\": %.3f}\n", ops_s, step_s - ops_s, roof_s, load.share());
+    return 0;
+  }
+  std::printf("megatrain-bench-exec ops: the overlap benchmark's model, streamed, every state in RAM, checkpoint_every %d,\n"
+              "  %d thread(s), %lld timed steps of %lld tokens: %.0f tokens/s, %.1f ms per step\n"
+              "  rooflines measured now: compute %.1f GFLOP/s (Eigen GEMM x %d threads), memory %.1f GB/s (copy)\n",
+              checkpoint_every, threads, static_cast<long long>(steps - 1), static_cast<long long>(r.tokens_per_step),
+              tok / step_s, step_s * 1e3, peak / 1e9, threads, bw / 1e9);
+  std::printf("| op | calls/step | ms/step | share of step | GFLOP/s | GB/s | roofline ms | of roofline |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (const Row& row : rows) {
+    const double sec = row.t.seconds / timed;
+    std::printf("| %s | %.0f | %.2f | %.1f%% | %.1f | %.1f | %.2f | %.0f%% |\n", row.op.c_str(),
+                static_cast<double>(row.t.calls) / timed, sec * 1e3, 100 * sec / step_s, row.t.flops / timed / sec / 1e9,
+                row.t.bytes / timed / sec / 1e9, row.roof_s * 1e3, 100 * row.roof_s / sec);
+  }
+  std::printf("| all ops | | %.2f | %.1f%% | | | %.2f | %.0f%% |\n", ops_s * 1e3, 100 * ops_s / step_s, roof_s * 1e3,
+              100 * roof_s / ops_s);
+  std::printf("| outside the ops (optimizer, norm, copies, waits) | | %.2f | %.1f%% | | | | |\n", (step_s - ops_s) * 1e3,
+              100 * (step_s - ops_s) / step_s);
+  std::printf("  other load on the machine during the run: %.0f%%%s\n", 100 * load.share(),
+              load.share() > 0.05 ? " (noisy: rerun when the machine is quiet)" : "");
+  return 0;
+}
+
 int usage() {
   std::fprintf(stderr, "usage: megatrain-bench-exec overlap [--steps N] [--threads T] [--json]\n"
                        "       megatrain-bench-exec gemm [--repeat N] [--json]\n"
-                       "       megatrain-bench-exec moe [--repeat N] [--threads T] [--json]\n");
+                       "       megatrain-bench-exec moe [--repeat N] [--threads T] [--json]\n"
+                       "       megatrain-bench-exec ops [--steps N] [--threads T] [--checkpoint-every C] [--json]\n");
   return 1;
 }
 
@@ -651,17 +760,20 @@ int usage() {
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string which = argv[1];
-  if (which != "overlap" && which != "gemm" && which != "moe") return usage();
+  if (which != "overlap" && which != "gemm" && which != "moe" && which != "ops") return usage();
   const std::string program = "megatrain-bench-exec " + which;
   int64_t steps = 5;
   int threads = which == "moe" ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 2;
   int reps = which == "moe" ? 5 : 7;
   bool json = false;
+  int checkpoint_every = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") json = true;
-    else if (a == "--steps" && which == "overlap") steps = megatrain::bench::int_arg(program.c_str(), argc, argv, i, 2, 100000);
-    else if (a == "--threads" && (which == "overlap" || which == "moe"))
+    else if (a == "--checkpoint-every" && which == "ops")
+      checkpoint_every = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 0, 64));
+    else if (a == "--steps" && (which == "overlap" || which == "ops")) steps = megatrain::bench::int_arg(program.c_str(), argc, argv, i, 2, 100000);
+    else if (a == "--threads" && (which == "overlap" || which == "moe" || which == "ops"))
       threads = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 1, 1024));
     else if (a == "--repeat" && (which == "gemm" || which == "moe")) reps = static_cast<int>(megatrain::bench::int_arg(program.c_str(), argc, argv, i, 1, 1000));
     else {
@@ -670,5 +782,6 @@ int main(int argc, char** argv) {
     }
   }
   if (which == "moe") return moe(reps, threads, json);
+  if (which == "ops") return ops(steps, threads, checkpoint_every, json);
   return which == "overlap" ? overlap(steps, threads, json) : gemm(reps, json);
 }

@@ -11,6 +11,7 @@ constexpr int64_t kChunk = 1 << 15;
 template <typename T>
 void add(CpuContext& ctx, const T* a, const T* b, int64_t n, T* out) {
   MT_CHECK(n >= 0, "add: bad size");
+  const ProfiledOp op("add", detail::dbl(n), static_cast<double>(sizeof(T)) * 3 * detail::dbl(n));
   detail::parallel_for(ctx, n, kChunk, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
   });
@@ -19,6 +20,7 @@ void add(CpuContext& ctx, const T* a, const T* b, int64_t n, T* out) {
 template <typename T>
 void accumulate(CpuContext& ctx, const T* src, int64_t n, T* dst) {
   MT_CHECK(n >= 0, "accumulate: bad size");
+  const ProfiledOp op("add", detail::dbl(n), static_cast<double>(sizeof(T)) * 3 * detail::dbl(n));
   detail::parallel_for(ctx, n, kChunk, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) dst[i] += src[i];
   });

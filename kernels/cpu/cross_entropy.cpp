@@ -27,6 +27,7 @@ template <typename T>
 Status cross_entropy_forward(CpuContext& ctx, const T* logits, const int32_t* targets, int64_t n, int64_t vocab,
                              T* lse, T* row_loss, CrossEntropyStats* stats, int32_t ignore_index) {
   MT_CHECK(n >= 0 && vocab > 0 && lse != nullptr, "cross_entropy_forward: bad arguments");
+  const ProfiledOp op("cross-entropy forward", 3 * detail::dbl(n * vocab), static_cast<double>(sizeof(T)) * detail::dbl(n * vocab + 2 * n));
   MT_RETURN_IF_ERROR(check_targets(targets, n, vocab, ignore_index));
   std::vector<T> own_loss;
   if (!row_loss) {
@@ -40,8 +41,8 @@ Status cross_entropy_forward(CpuContext& ctx, const T* logits, const int32_t* ta
       T acc[detail::kLanes] = {};
       int64_t j = 0;
       for (; j + detail::kLanes <= vocab; j += detail::kLanes)
-        for (int l = 0; l < detail::kLanes; ++l) acc[l] += std::exp(x[j + l] - mx);
-      for (int l = 0; j < vocab; ++j, ++l) acc[l] += std::exp(x[j] - mx);
+        for (int l = 0; l < detail::kLanes; ++l) acc[l] += detail::exp_of(x[j + l] - mx);
+      for (int l = 0; j < vocab; ++j, ++l) acc[l] += detail::exp_of(x[j] - mx);
       const T log_sum = std::log(detail::reduce_lanes(acc));
       lse[r] = mx + log_sum;
       // torch: nll of log_softmax, log_softmax(x)[t] = (x[t] - max) - log(sum).
@@ -64,6 +65,7 @@ template <typename T>
 Status cross_entropy_backward(CpuContext& ctx, const T* logits, const int32_t* targets, const T* lse, int64_t n,
                               int64_t vocab, T grad_scale, T* dlogits, int32_t ignore_index) {
   MT_CHECK(n >= 0 && vocab > 0, "cross_entropy_backward: bad sizes");
+  const ProfiledOp op("cross-entropy backward", 3 * detail::dbl(n * vocab), static_cast<double>(sizeof(T)) * detail::dbl(2 * n * vocab + n));
   MT_RETURN_IF_ERROR(check_targets(targets, n, vocab, ignore_index));
   detail::parallel_for(ctx, n, 1, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -76,8 +78,8 @@ Status cross_entropy_backward(CpuContext& ctx, const T* logits, const int32_t* t
       }
       const T l = lse[r];
       const T xt = x[t];  // read before the loop: dx may alias x
-      for (int64_t j = 0; j < vocab; ++j) dx[j] = std::exp(x[j] - l) * grad_scale;
-      dx[t] = (std::exp(xt - l) - T(1)) * grad_scale;
+      for (int64_t j = 0; j < vocab; ++j) dx[j] = detail::exp_of(x[j] - l) * grad_scale;
+      dx[t] = (detail::exp_of(xt - l) - T(1)) * grad_scale;
     }
   });
   return {};

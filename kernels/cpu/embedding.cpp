@@ -23,6 +23,7 @@ template <typename T>
 Status embedding_forward(CpuContext& ctx, const int32_t* tokens, int64_t n, const T* table, int64_t vocab,
                          int64_t hidden, T* out) {
   MT_CHECK(n >= 0 && vocab > 0 && hidden > 0, "embedding_forward: bad sizes");
+  const ProfiledOp op("embedding forward", 0, static_cast<double>(sizeof(T)) * 2 * detail::dbl(n * hidden));
   MT_RETURN_IF_ERROR(check_tokens(tokens, n, vocab));
   detail::parallel_for(ctx, n, 64, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; ++i)
@@ -35,6 +36,7 @@ template <typename T>
 Status embedding_backward(CpuContext& ctx, const int32_t* tokens, int64_t n, const T* dout, int64_t vocab,
                           int64_t hidden, T* dtable) {
   MT_CHECK(n >= 0 && vocab > 0 && hidden > 0, "embedding_backward: bad sizes");
+  const ProfiledOp op("embedding backward", detail::dbl(n * hidden), static_cast<double>(sizeof(T)) * 3 * detail::dbl(n * hidden));
   MT_RETURN_IF_ERROR(check_tokens(tokens, n, vocab));
   // Columns, not rows, are split: two tokens may share a table row, and each column must see the
   // tokens in order. 16 columns = one cache line of fp32, so threads never share a line.

@@ -1,23 +1,14 @@
 // Linear forward/backward and gemm: row-major arrays mapped into Eigen, split into aligned blocks.
 #include "megatrain/kernels/cpu/linear.h"
 
-// GCC 12 reports false "(may be) used uninitialized" warnings inside Eigen's AVX-512 packet code
-// (_mm256_undefined_pd); the diagnostics are emitted where Eigen is inlined, i.e. in this file.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <Eigen/Core>
-
 #include "detail.h"
+#include "eigen_maps.h"
 
 namespace megatrain::cpu {
 namespace {
 
-template <typename T>
-using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using CMap = Eigen::Map<const RowMat<T>, 0, Eigen::OuterStride<>>;
-template <typename T>
-using MMap = Eigen::Map<RowMat<T>, 0, Eigen::OuterStride<>>;
+using detail::CMap;
+using detail::MMap;
 
 // Block boundaries: a multiple of Eigen's register blocks (mr = 3 packets: 48 floats or 24 doubles
 // with AVX-512, nr = 4 or 8) so a block boundary never changes which micro-kernel handles a row.
@@ -62,6 +53,10 @@ void gemm(CpuContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int
   MT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size");
   MT_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n, "gemm: leading dimension too small");
   if (m == 0 || n == 0) return;
+  // Named by what the layers use each form for: y = x W^T, dx = dy W, dW += dy^T x.
+  const ProfiledOp op(trans_b ? "gemm x.W^T (forward)" : trans_a ? "gemm dy^T.x (weight grad)" : "gemm dy.W (input grad)",
+                      2 * detail::dbl(m) * detail::dbl(n) * detail::dbl(k),
+                      static_cast<double>(sizeof(T)) * detail::dbl(m * k + k * n + (beta != T(0) ? 2 : 1) * m * n));
   MMap<T> cm(c, m, n, Eigen::OuterStride<>(ldc));
   const CMap<T> am(a, trans_a ? k : m, trans_a ? m : k, Eigen::OuterStride<>(lda));
   const CMap<T> bm(b, trans_b ? n : k, trans_b ? k : n, Eigen::OuterStride<>(ldb));

@@ -10,6 +10,7 @@ namespace megatrain::cpu {
 template <typename T>
 void rmsnorm_forward(CpuContext& ctx, const T* x, const T* w, int64_t n, int64_t dim, double eps, T* y, T* rstd) {
   MT_CHECK(n >= 0 && dim > 0, "rmsnorm_forward: bad sizes");
+  const ProfiledOp op("rmsnorm forward", 4 * detail::dbl(n * dim), static_cast<double>(sizeof(T)) * detail::dbl(2 * n * dim + dim + n));
   const T eps_t = static_cast<T>(eps);
   detail::parallel_for(ctx, n, 8, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -27,6 +28,7 @@ template <typename T>
 void rmsnorm_backward(CpuContext& ctx, const T* dy, const T* x, const T* w, const T* rstd, int64_t n, int64_t dim,
                       T* dx, T* dw) {
   MT_CHECK(n >= 0 && dim > 0, "rmsnorm_backward: bad sizes");
+  const ProfiledOp op("rmsnorm backward", 8 * detail::dbl(n * dim), static_cast<double>(sizeof(T)) * detail::dbl(3 * n * dim + 2 * dim + n));
   // dw first: dx may alias dy, and the dx pass overwrites its row.
   if (dw) {
     detail::parallel_for(ctx, dim, 64, 16, [&](int64_t c0, int64_t c1) {

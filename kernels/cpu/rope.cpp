@@ -107,6 +107,8 @@ template <typename T>
 void rope_apply(CpuContext& ctx, const T* x, T* out, const int32_t* positions, int64_t n_tokens, int64_t n_heads,
                 int64_t head_dim, const T* inv_freq, T scale, bool transpose) {
   MT_CHECK(n_tokens >= 0 && n_heads > 0 && head_dim > 0 && head_dim % 2 == 0, "rope: bad sizes");
+  const ProfiledOp op(transpose ? "rope backward" : "rope forward", 3 * detail::dbl(n_tokens * n_heads * head_dim),
+                      static_cast<double>(sizeof(T)) * 2 * detail::dbl(n_tokens * n_heads * head_dim));
   const int64_t half = head_dim / 2;
   detail::parallel_for(ctx, n_tokens, 4, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> cs(static_cast<size_t>(2 * half));

@@ -28,8 +28,9 @@
 // Shapes (row-major, contiguous, as the projections produce them): q, out, dout, dq
 // [B, T, n_heads, head_dim]; k, v, dk, dv [B, T, n_kv_heads, head_dim]. q and k are after RoPE; a
 // q/k/v bias belongs to the projection (linear). dq, dk, dv are overwritten.
-// Deterministic and independent of the thread count: forward and dq split query rows (b, h, i);
-// dk/dv split key rows (b, g, j), each summing heads h of the group in order, then i ascending.
+// Deterministic and independent of the thread count: forward and dq split blocks of query rows of
+// one head (b, h, rows), each block's scores, output and dq Eigen products over the keys it sees;
+// dk/dv split blocks of key rows of one kv head (b, g, rows), summing the group's heads in order.
 #pragma once
 
 #include <cstdint>
