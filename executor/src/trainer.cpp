@@ -614,7 +614,6 @@ int64_t gathered_bytes(const Trainer::Impl& I, int64_t u) {
   return other * (I.state->transfer() == DType::kBf16 ? 6 : 4);
 }
 
-
 int64_t nvme_unit_bytes(const Trainer::Impl& I, int64_t u) {
   return I.state->nvme_store() ? I.state->nvme_store()->region_bytes(u) : 0;
 }
