@@ -68,6 +68,10 @@ int main(int argc, char** argv) {
                                   "write training checkpoints to this folder (always at the end of the run and on Ctrl-C)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "also write a checkpoint every N steps")
       ->check(cli::int_range(1, kMaxSteps))->needs(ckpt_opt);
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "after each checkpoint is written, remove the older ones but the newest N, counting it (default: keep all); "
+                 "a checkpoint is removed only once a newer one is complete")
+      ->check(cli::int_range(1, kMaxSteps))->needs(ckpt_opt);
   app.add_flag("--checkpoint-compress", o.compress_states,
                "store fp32 Adam moments in checkpoints losslessly compressed (byte planes + zstd; about 1.2x smaller, "
                "bit for bit the same on load; quantised and bf16 moments are stored as they are)")

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <ctime>
@@ -272,6 +273,54 @@ Status save_checkpoint(const fs::path& checkpoint_dir, const HostState& state, c
     files[f] = *d;
   }
   return publish_save(checkpoint_dir, name, tmp, info, files, what);
+}
+
+Result<std::vector<fs::path>> prune_checkpoints(const fs::path& checkpoint_dir, int64_t keep, int64_t saved_step) {
+  if (keep < 1)
+    return invalid_argument("keep " + std::to_string(keep) + " checkpoints: accepted: 1 or more (the newest, just saved, counts as one)");
+  const std::string saved = step_dir_name(saved_step);
+  const std::string what = "cannot remove old checkpoints of '" + checkpoint_dir.string() + "' (keeping " + std::to_string(keep) + "): ";
+  std::error_code ec;
+  if (!fs::is_directory(checkpoint_dir / saved, ec))
+    return not_found(what + "the checkpoint just saved, '" + saved + "', is not there; nothing was removed");
+  // Older steps, newest first: the first keep - 1 stay.
+  std::vector<fs::path> doomed;
+  int64_t kept = 1;
+  for (const auto& [step, dir] : list_step_dirs(checkpoint_dir)) {
+    if (step >= saved_step) continue;
+    if (kept < keep) ++kept;
+    else doomed.push_back(dir);
+  }
+  if (doomed.empty()) return std::vector<fs::path>{};
+  std::reverse(doomed.begin(), doomed.end());  // oldest first: a failure part-way keeps the newer ones
+  // Out of sight first: each step directory becomes a hidden name in one rename, so a directory
+  // is either a whole checkpoint or gone, whatever happens after.
+  const std::string pid = std::to_string(::getpid());
+  std::vector<fs::path> removed, aside;
+  std::string failure;  // what went wrong after the checks, if anything
+  for (const fs::path& dir : doomed) {
+    const fs::path hidden = checkpoint_dir / ("." + dir.filename().string() + ".old-" + pid);
+    fs::remove_all(hidden, ec);
+    if (file_io().rename(dir.c_str(), hidden.c_str()) != 0) {
+      failure = "cannot rename '" + dir.string() + "' to '" + hidden.string() + "': " + errno_text(errno) +
+                "; it and the newer checkpoints are kept";
+      break;
+    }
+    removed.push_back(dir);
+    aside.push_back(hidden);
+  }
+  // The renames made durable before anything is deleted (else a crash could keep a rename's undoing
+  // and lose the files); then the files themselves. Left hidden, the next save removes them.
+  if (!aside.empty())
+    if (Status s = fsync_path(checkpoint_dir, true); !s.ok())
+      return io_error(what + s.message() + "; the " + std::to_string(aside.size()) +
+                      " checkpoint(s) moved out of sight are deleted by the next save" + (failure.empty() ? "" : "; " + failure));
+  for (const fs::path& hidden : aside) {
+    fs::remove_all(hidden, ec);
+    if (ec && failure.empty()) failure = "cannot delete '" + hidden.string() + "': " + ec.message() + " (the next save tries again)";
+  }
+  if (!failure.empty()) return io_error(what + failure);
+  return removed;
 }
 
 namespace {

@@ -122,6 +122,8 @@ class FolderLock {
 
 // Everything that can be refused without loading anything: a bad path costs a second, not a run.
 Status check_before_loading(const RunOptions& o, bool writes_checkpoints) {
+  if (o.keep_checkpoints < 0)
+    return invalid_argument("--keep-checkpoints " + std::to_string(o.keep_checkpoints) + ": accepted: 1 or more, or 0 to keep every checkpoint");
   // A resumed run's folder must hold its checkpoints already, so it is not created.
   if (!o.checkpoint_dir.empty() && (writes_checkpoints || o.resume))
     MT_RETURN_IF_ERROR(check_output("--checkpoint-dir", o.checkpoint_dir, o.resume ? OutputKind::kExistingFolder : OutputKind::kFolder));
@@ -284,6 +286,19 @@ Status save(const RunOptions& o, Communicator& comm, const Plan& plan, const std
   say(out, "checkpoint %s written in %.2f s (optimizer states %s%s)", step_dir.string().c_str(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
       ec ? "?" : format_bytes(static_cast<double>(opt_bytes)).c_str(), o.compress_states ? ", fp32 moments compressed" : "");
+  if (o.keep_checkpoints > 0) {
+    // The new checkpoint is complete and durable: the old ones beyond the newest N go. A failure to
+    // remove one costs disk space, not training state, so the run goes on and says so.
+    auto removed = prune_checkpoints(o.checkpoint_dir, o.keep_checkpoints, next_step);
+    if (!removed.ok()) {
+      say(out, "warning: %s", removed.status().message().c_str());
+    } else if (!removed->empty()) {
+      std::string names;
+      for (const auto& d : *removed) names += (names.empty() ? "" : ", ") + d.filename().string();
+      say(out, "removed %zu older checkpoint%s (keeping the newest %lld): %s", removed->size(), removed->size() == 1 ? "" : "s",
+          static_cast<long long>(o.keep_checkpoints), names.c_str());
+    }
+  }
   if (after_save) return after_save(next_step, step_dir.string());
   return {};
 }

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "detail.h"
 #include "eigen_maps.h"
@@ -41,7 +40,6 @@ T attention_scale(int64_t head_dim) {
   return static_cast<T>(std::pow(static_cast<double>(head_dim), -0.5));
 }
 
-
 using detail::CMap;
 using detail::MMap;
 
@@ -50,6 +48,18 @@ using detail::MMap;
 constexpr int64_t kRows = 32;
 
 // Rows [i0, i1) of head h's (or kv head g's) slice of a [B, T, heads, head_dim] array, as a matrix.
+// Task t of a pass over blocks of query rows, numbered (b, h, block) in that order: its batch row,
+// head, kv head, rows [i0, i1) and the first key any of them sees.
+struct QueryBlock {
+  int64_t b, h, g, i0, i1, jlo;
+};
+QueryBlock query_block(const AttentionShape& s, int64_t t) {
+  const int64_t blocks = (s.seq + kRows - 1) / kRows, blk = t % blocks, h = (t / blocks) % s.n_heads;
+  const int64_t i0 = blk * kRows;
+  return {t / (blocks * s.n_heads), h, h / (s.n_heads / s.n_kv_heads), i0, std::min(s.seq, i0 + kRows),
+          first_key(s, i0)};
+}
+
 template <typename P>
 auto rows_of(P* base, int64_t b, int64_t i0, int64_t i1, int64_t seq, int64_t heads, int64_t h, int64_t hd) {
   using M = std::conditional_t<std::is_const_v<P>, CMap<std::remove_const_t<P>>, MMap<P>>;
@@ -68,14 +78,13 @@ Status attention_forward(CpuContext& ctx, const AttentionShape& s, const T* q, c
   const ProfiledOp op("attention forward", 4 * pairs * detail::dbl(s.head_dim),
                       static_cast<double>(sizeof(T)) * (detail::dbl(s.batch * s.seq * (2 * s.n_heads + 2 * s.n_kv_heads) * s.head_dim) +
                                     detail::dbl(s.batch * s.n_heads * s.seq * s.seq)));
-  const int64_t seq = s.seq, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim, rep = nh / nkv;
+  const int64_t seq = s.seq, nh = s.n_heads, nkv = s.n_kv_heads, hd = s.head_dim;
   const T scale = attention_scale<T>(hd);
   const int64_t blocks = (seq + kRows - 1) / kRows;
   // One item = one block of query rows of one head (b, h, block), numbered in that order.
   detail::parallel_for(ctx, s.batch * nh * blocks, 1, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t blk = t % blocks, h = (t / blocks) % nh, b = t / (blocks * nh), g = h / rep;
-      const int64_t i0 = blk * kRows, i1 = std::min(seq, i0 + kRows), jlo = first_key(s, i0);
+      const auto [b, h, g, i0, i1, jlo] = query_block(s, t);
       T* p0 = probs + ((b * nh + h) * seq + i0) * seq;  // row (b, h, i0)
       MMap<T>(p0 + jlo, i1 - i0, i1 - jlo, Eigen::OuterStride<>(seq)).noalias() =
           rows_of(q, b, i0, i1, seq, nh, h, hd) * rows_of(k, b, jlo, i1, seq, nkv, g, hd).transpose();
@@ -124,8 +133,7 @@ Status attention_backward(CpuContext& ctx, const AttentionShape& s, const T* q, 
   // Pass 1, per block of query rows of one head (b, h, block): ds into the workspace, and dq.
   detail::parallel_for(ctx, s.batch * nh * blocks, 1, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t blk = t % blocks, h = (t / blocks) % nh, b = t / (blocks * nh), g = h / rep;
-      const int64_t i0 = blk * kRows, i1 = std::min(seq, i0 + kRows), jlo = first_key(s, i0);
+      const auto [b, h, g, i0, i1, jlo] = query_block(s, t);
       T* w0 = workspace + ((b * nh + h) * seq + i0) * seq;  // row (b, h, i0)
       MMap<T>(w0 + jlo, i1 - i0, i1 - jlo, Eigen::OuterStride<>(seq)).noalias() =  // dp
           rows_of(dout, b, i0, i1, seq, nh, h, hd) * rows_of(v, b, jlo, i1, seq, nkv, g, hd).transpose();

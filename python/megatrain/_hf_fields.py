@@ -53,7 +53,6 @@ MUST_BE = {
     "save_strategy": {"steps", "no"},
     "eval_strategy": {"no", "steps"},
     "evaluation_strategy": {"no", "steps", None},
-    "save_total_limit": {None},
     "ignore_data_skip": {False},
     "optim_args": {None},
     "torch_empty_cache_steps": {None},

@@ -54,6 +54,7 @@ class TrainingArguments:
     warmup_steps: int = 0
     logging_steps: int = 10
     save_steps: int = 500
+    save_total_limit: Optional[int] = None
     eval_steps: Optional[int] = None
     seed: int = 42
     max_seq_length: Optional[int] = None
@@ -83,6 +84,7 @@ class TrainingArguments:
         count("warmup_steps", 0)
         count("logging_steps", 0)
         count("save_steps", 0)
+        count("save_total_limit", 0, none_ok=True)
         count("eval_steps", 1, none_ok=True)
         count("seed", 0)
         count("max_seq_length", 1, none_ok=True)
@@ -355,7 +357,7 @@ class Trainer:
             _say(f"data: {info['rows']} rows of {r['seq_len']} tokens: {info['padded']} shorter rows padded (the padding does "
                  f"not count), {info['truncated']} longer rows truncated")
         options = {"plan": r["plan_path"], "data": r["data"], "checkpoint_dir": self.checkpoint_dir, "steps": r["steps"],
-                   "resume": resume is not None, "backend": "auto"}
+                   "resume": resume is not None, "backend": "auto", "keep_checkpoints": a.save_total_limit or 0}
         if resume is None and model.weights is not None:
             options["init"] = model.weights
         if self.eval_dataset is not None:

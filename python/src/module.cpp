@@ -408,6 +408,7 @@ py::dict run(const py::dict& options, const py::object& hooks, const py::object&
   if (options.contains("eval_only")) o.eval_only = py::cast<bool>(options["eval_only"]);
   if (options.contains("steps")) o.steps = py::cast<int64_t>(options["steps"]);
   if (options.contains("checkpoint_every")) o.checkpoint_every = py::cast<int64_t>(options["checkpoint_every"]);
+  if (options.contains("keep_checkpoints")) o.keep_checkpoints = py::cast<int64_t>(options["keep_checkpoints"]);
   if (options.contains("resume")) o.resume = py::cast<bool>(options["resume"]);
   if (options.contains("threads")) o.threads = py::cast<int>(options["threads"]);
   if (options.contains("in_memory")) o.in_memory = py::cast<bool>(options["in_memory"]);

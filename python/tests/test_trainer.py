@@ -145,6 +145,27 @@ def test_a_callback_stops_training_and_resuming_matches_an_uninterrupted_run(tmp
     assert steps_logged == [(e["step"], e["loss"]) for e in whole.state.log_history if "loss" in e]
 
 
+def test_save_total_limit_keeps_the_newest_checkpoints_and_the_run_resumes_from_them(tmp_path):
+    data = rows(12, seed=3)
+    whole = mt.Trainer(model=MODEL, args=args(tmp_path / "whole", max_steps=6), train_dataset=data)
+    whole.train()
+    # A checkpoint after every step, the newest 2 kept; stopped after step 4 by a callback.
+    first = mt.Trainer(model=MODEL, args=args(tmp_path / "kept", max_steps=6, save_steps=1, save_total_limit=2), train_dataset=data,
+                       callbacks=[Recorder(stop_at=4)])
+    assert first.train().global_step == 4
+
+    def steps(t):
+        return sorted(d for d in os.listdir(t.checkpoint_dir) if d.startswith("step-"))
+
+    assert steps(first) == ["step-00000003", "step-00000004"]
+    assert not [d for d in os.listdir(first.checkpoint_dir) if d.startswith(".step-")]
+    again = mt.Trainer(model=MODEL, args=args(tmp_path / "kept", max_steps=6, save_steps=1, save_total_limit=1), train_dataset=data)
+    assert again.train(resume_from_checkpoint=True).global_step == 6
+    assert steps(again) == ["step-00000006"]
+    assert_same_tensors(os.path.join(whole.checkpoint_dir, "step-00000006", "model.safetensors"),
+                        os.path.join(again.checkpoint_dir, "step-00000006", "model.safetensors"))
+
+
 def test_a_callback_exception_stops_training_and_propagates(tmp_path):
     class Boom:
         def on_step_end(self, args, state, control, **kw):
@@ -192,6 +213,7 @@ def test_a_missing_model_folder_is_a_file_not_found_error(tmp_path):
     ("lr_scheduler_type", "polynomial", "'linear'"),
     ("data_order", "random", "'shuffled'"),
     ("max_steps", 0, "a positive integer"),
+    ("save_total_limit", -1, "an integer >= 0, or None"),
 ])
 def test_a_bad_argument_is_a_value_error_naming_it(tmp_path, field, value, accepted):
     with pytest.raises(ValueError) as e:
@@ -242,6 +264,7 @@ def test_hugging_face_arguments_are_read_and_unknown_settings_refused(tmp_path):
 
     a = mt.TrainingArguments.from_hf(HfArgs())
     assert (a.per_device_train_batch_size, a.gradient_accumulation_steps, a.learning_rate, a.logging_steps) == (2, 4, 2e-5, 5)
+    assert mt.TrainingArguments.from_hf(HfArgs(save_total_limit=3)).save_total_limit == 3
     with pytest.raises(ValueError, match="fp16"):
         mt.Trainer(model=MODEL, args=HfArgs(fp16=True), train_dataset=rows(4, seed=9))
     with pytest.raises(ValueError, match="label_smoothing_factor"):

@@ -78,6 +78,19 @@ json.dump(d, open('$tmp/q8.json', 'w'))"
 check "--checkpoint-compress with no fp32 moments is refused naming the formats" \
   "[ $? -ne 0 ] && grep -q 'q8/q8' $tmp/err && ! grep -q '^step' $tmp/out"
 
+# --keep-checkpoints (docs/checkpoints.md#retention): a checkpoint after every step, the newest 2
+# kept; the resume from what is left continues the straight run bit for bit.
+"$exe" "$plan" --data "$tmp/text.txt" --steps 4 --checkpoint-dir "$tmp/K" --checkpoint-every 1 --keep-checkpoints 2 >"$tmp/k1.out" 2>"$tmp/k1.err"
+check "--keep-checkpoints 2, a checkpoint every step: steps 3 and 4 left, nothing hidden, the removal said" \
+  "[ $? -eq 0 ] && [ \"\$(ls $tmp/K | grep '^step-' | tr '\n' ' ')\" = 'step-00000003 step-00000004 ' ] && [ -z \"\$(ls -A $tmp/K | grep '^\.step')\" ] && grep -q 'removed 1 older checkpoint (keeping the newest 2): step-00000002' $tmp/k1.out"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 8 --checkpoint-dir "$tmp/K" --resume --keep-checkpoints 1 >"$tmp/k2.out" 2>"$tmp/k2.err"
+check "the resume from what is left prints the straight run's losses and ends in its weights; keep 1 leaves step 8 alone" \
+  "[ $? -eq 0 ] && [ \"\$(losses $tmp/k2.out)\" = \"\$(losses $tmp/a.out | tail -n 4)\" ] && cmp -s $tmp/A/step-00000008/model.safetensors $tmp/K/step-00000008/model.safetensors && [ \"\$(ls $tmp/K | grep '^step-' | tr '\n' ' ')\" = 'step-00000008 ' ]"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 2 --keep-checkpoints 2 >"$tmp/out" 2>"$tmp/err"
+check "--keep-checkpoints without --checkpoint-dir is refused" "[ $? -ne 0 ] && grep -q 'checkpoint-dir' $tmp/err && ! grep -q '^step' $tmp/out"
+"$exe" "$plan" --data "$tmp/text.txt" --steps 2 --checkpoint-dir "$tmp/K0" --keep-checkpoints 0 >"$tmp/out" 2>"$tmp/err"
+check "--keep-checkpoints 0 is refused naming the option" "[ $? -ne 0 ] && grep -q 'keep-checkpoints' $tmp/err && ! grep -q '^step' $tmp/out"
+
 # SIGINT: the step in progress finishes, a checkpoint is written, exit 130; the checkpoint resumes.
 "$exe" "$plan" --data "$tmp/text.txt" --steps 100000 --checkpoint-dir "$tmp/S" >"$tmp/s.out" 2>"$tmp/s.err" &
 bg=$!

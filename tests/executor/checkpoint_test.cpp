@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -977,6 +978,131 @@ TEST_F(CheckpointFiles, FaultsAtEveryDurableOperationLeaveTheNewestCompleteCheck
   // Every short write is retried to completion; nothing else may pass as a success.
   EXPECT_EQ(saved_anyway, counts[static_cast<int>(Op::kWrite)]);
   EXPECT_EQ(crashes, durable + 1);
+}
+
+// Retention (--keep-checkpoints, save_total_limit; docs/checkpoints.md#retention).
+namespace {
+// The step-* directories of `dir`, in name order.
+std::vector<std::string> step_dirs(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+std::vector<std::string> names(const std::vector<fs::path>& paths) {
+  std::vector<std::string> out;
+  for (const fs::path& p : paths) out.push_back(p.filename().string());
+  return out;
+}
+}  // namespace
+
+TEST_F(CheckpointFiles, RetentionKeepsTheNewestAndNeverTouchesNewerSteps) {
+  ScratchDir dir("ckpt-keep");
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 1)).ok());
+  // Refused without touching anything: keep 0, and a step that was not saved.
+  auto r = prune_checkpoints(dir.path(), 0, 1);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
+  r = prune_checkpoints(dir.path(), 1, 9);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("step-00000009"), std::string::npos) << r.status().message();
+  EXPECT_EQ(step_dirs(dir.path()), std::vector<std::string>{"step-00000001"});
+
+  // Keep 2 after each save of steps 1..5: the two newest stay, the older go one by one.
+  const std::vector<std::vector<std::string>> expect_removed = {{}, {}, {"step-00000001"}, {"step-00000002"}, {"step-00000003"}};
+  for (int64_t step = 1; step <= 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    if (step > 1) ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, step)).ok());
+    auto removed = prune_checkpoints(dir.path(), 2, step);
+    ASSERT_TRUE(removed.ok()) << removed.status().to_string();
+    EXPECT_EQ(names(*removed), expect_removed[static_cast<size_t>(step - 1)]);
+  }
+  EXPECT_EQ(step_dirs(dir.path()), (std::vector<std::string>{"step-00000004", "step-00000005"}));
+  EXPECT_TRUE(temporaries(dir.path()).empty());
+
+  // A newer step than the one saved (a run resumed from an older checkpoint, or saved out of
+  // order) is never touched: saving step 7 and then step 6 with keep 1 removes 4 and 5 only.
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 7)).ok());
+  ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 6)).ok());
+  auto removed = prune_checkpoints(dir.path(), 1, 6);
+  ASSERT_TRUE(removed.ok()) << removed.status().to_string();
+  EXPECT_EQ(names(*removed), (std::vector<std::string>{"step-00000004", "step-00000005"}));
+  EXPECT_EQ(step_dirs(dir.path()), (std::vector<std::string>{"step-00000006", "step-00000007"}));
+  EXPECT_TRUE(temporaries(dir.path()).empty());
+  HostState hs = fresh();
+  auto loaded = load_checkpoint(dir.path(), hs);  // `latest` names step 6, the last saved
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->info.next_step, 6);
+  expect_same_state(hs, state_);
+}
+
+// Pruning with steps 1, 2 and 3 saved and keep 1, with every rename failing in turn, the folder's
+// fsync failing, and a crash followed by a power cut before every durable operation: each step-*
+// directory left is whole (it loads), step 3 is always there, and the next save clears whatever
+// was moved out of sight.
+TEST_F(CheckpointFiles, FaultsWhilePruningLeaveEveryStepDirectoryWholeOrGone) {
+  const HostState other = fresh();
+  auto prepare = [&](const fs::path& d) {
+    ASSERT_TRUE(save_checkpoint(d, other, info_for(*su_, 1)).ok());
+    ASSERT_TRUE(save_checkpoint(d, other, info_for(*su_, 2)).ok());
+    ASSERT_TRUE(save_checkpoint(d, state_, info_for(*su_, 3)).ok());
+  };
+  int renames = 0, fsyncs = 0, durable = 0;
+  {
+    ScratchDir dir("ckpt-prune-count");
+    prepare(dir.path());
+    test::FaultyIo io(dir.path());
+    {
+      ScopedFileIo use(io);
+      auto removed = prune_checkpoints(dir.path(), 1, 3);
+      ASSERT_TRUE(removed.ok()) << removed.status().to_string();
+      EXPECT_EQ(names(*removed), (std::vector<std::string>{"step-00000001", "step-00000002"}));  // the oldest first
+    }
+    renames = io.count(Op::kRename), fsyncs = io.count(Op::kFsync), durable = io.durable_ops();
+  }
+  ASSERT_EQ(renames, 2);
+  ASSERT_GE(fsyncs, 1);
+  ASSERT_GE(durable, 3);
+
+  std::vector<FaultCase> cases;
+  for (int k = 1; k <= renames; ++k)
+    cases.push_back({"rename " + std::to_string(k) + " fails with EIO", [k](test::FaultyIo& io) { io.inject(Op::kRename, k, Mode::kErrno, EIO); }});
+  for (int k = 1; k <= fsyncs; ++k)
+    cases.push_back({"fsync " + std::to_string(k) + " fails with EIO", [k](test::FaultyIo& io) { io.inject(Op::kFsync, k, Mode::kErrno, EIO); }});
+  for (int k = 1; k <= durable; ++k)
+    cases.push_back({"crash and power cut before durable operation " + std::to_string(k), [k](test::FaultyIo& io) { io.crash_before(k); }});
+  for (const FaultCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    ScratchDir dir("ckpt-prune-fault");
+    prepare(dir.path());
+    test::FaultyIo io(dir.path());
+    c.arm(io);
+    Result<std::vector<fs::path>> removed = std::vector<fs::path>{};
+    {
+      ScopedFileIo use(io);
+      removed = prune_checkpoints(dir.path(), 1, 3);
+    }
+    ASSERT_TRUE(io.fired()) << "the fault was not reached";
+    ASSERT_FALSE(removed.ok()) << "a failed pruning reported success";
+    EXPECT_NE(removed.status().message().find(dir.path().string()), std::string::npos) << removed.status().message();
+    if (c.what.rfind("crash", 0) == 0) io.lose_power();
+    // Whatever is left under a step-* name is a whole checkpoint of its own step.
+    const std::vector<std::string> left = step_dirs(dir.path());
+    ASSERT_FALSE(left.empty());
+    EXPECT_EQ(left.back(), "step-00000003");
+    for (const std::string& name : left) {
+      HostState hs = fresh();
+      auto r = load_checkpoint(dir / name, hs);
+      ASSERT_TRUE(r.ok()) << name << ": " << r.status().to_string();
+      expect_same_state(hs, name == "step-00000003" ? state_ : other);
+    }
+    // The next save (and its pruning) leaves exactly the newest, with nothing hidden.
+    ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, 4)).ok());
+    auto again = prune_checkpoints(dir.path(), 1, 4);
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    EXPECT_EQ(step_dirs(dir.path()), std::vector<std::string>{"step-00000004"});
+    EXPECT_TRUE(temporaries(dir.path()).empty());
+  }
 }
 
 // Reads that fail while a checkpoint loads (EIO at every read, a short read at every read): the

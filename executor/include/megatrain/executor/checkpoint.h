@@ -101,6 +101,20 @@ struct SaveOptions {
 Status save_checkpoint(const std::filesystem::path& checkpoint_dir, const HostState& state, const CheckpointInfo& info,
                        const SaveOptions& options = {});
 
+// Retention (megatrain-exec --keep-checkpoints N, the Python package's save_total_limit): once the
+// checkpoint of `saved_step` is complete, removes the step directories of `checkpoint_dir` older
+// than it beyond the newest `keep` - 1, so that `keep` checkpoints remain counting the one just
+// saved. A step directory of saved_step or later is never touched. Each one removed is first renamed
+// to a hidden `.step-<N>.old-<pid>` in one rename (the rename made durable before anything is
+// deleted), so a crash or a failure part-way never leaves a partly deleted step-* directory; a
+// hidden leftover is removed by the next save. The oldest go first. Returns the step directories
+// removed.
+// Errors: kInvalidArgument for keep < 1; kNotFound when saved_step's directory is not there
+// (nothing is removed); kIoError naming the directory, with every checkpoint not yet removed
+// left as it was.
+Result<std::vector<std::filesystem::path>> prune_checkpoints(const std::filesystem::path& checkpoint_dir, int64_t keep,
+                                                             int64_t saved_step);
+
 // Loads a checkpoint into `state` and refreshes its streaming copy. `path` is a step directory
 // (holding manifest.json), or a checkpoint_dir, whose newest checkpoint is the one `latest` names,
 // or, when `latest` is missing or names no directory, the highest-numbered step-* directory.

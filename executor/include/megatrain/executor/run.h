@@ -27,6 +27,7 @@ struct RunOptions {
   std::string init_dir;        // Hugging Face checkpoint to start from; "": random initialisation
   std::string checkpoint_dir;  // "": no checkpoints
   int64_t checkpoint_every = 0;  // also checkpoint every N steps (0: only at the end and on a stop)
+  int64_t keep_checkpoints = 0;  // after each checkpoint, keep only the newest N (prune_checkpoints); 0: keep all
   bool compress_states = false;  // fp32 moments stored losslessly compressed in checkpoints
   bool skip_nonfinite_steps = false;  // skip (and count) steps the non-finite guard refuses, instead of stopping
   bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
