@@ -63,7 +63,7 @@ DataPosition data_position(const DataLoader& loader) {
   // grad_accum counts the micro-batches of a step over every rank: the rows a step reads are the
   // same for N ranks x A as for one process x N*A (docs/data-parallel.md), so either resumes the other.
   return DataPosition{o.seq_len, o.micro_batch, o.grad_accum * o.ranks, data_order_name(o.order), o.seed,
-                      loader.source_name(), loader.source_tokens()};
+                      loader.source_name(), loader.source_tokens(), loader.source_fingerprint()};
 }
 
 // ---- saving --------------------------------------------------------------------------------------
@@ -499,6 +499,9 @@ Status check_resume_compatible(const CheckpointInfo& saved, const Plan& plan, co
   if (was.tokens != now.tokens)
     return differs("data.tokens (the token count of the data file)", std::to_string(was.tokens) + " ('" + was.source + "')",
                    std::to_string(now.tokens) + " ('" + now.source + "')", "data given");
+  if (!was.fingerprint.empty() && was.fingerprint != now.fingerprint)
+    return differs("data.fingerprint (the data's content: same size, other tokens or loss mask)",
+                   was.fingerprint + " ('" + was.source + "')", now.fingerprint + " ('" + now.source + "')", "data given");
   return {};
 }
 

@@ -36,6 +36,7 @@ Json manifest_json(const CheckpointInfo& info, const std::map<std::string, FileD
   j["data"] = {{"next_step", info.next_step}, {"next_micro_batch", 0},   {"seq_len", dp.seq_len},
                {"micro_batch", dp.micro_batch}, {"grad_accum", dp.grad_accum}, {"order", dp.order},
                {"seed", dp.seed}, {"source", dp.source}, {"tokens", dp.tokens}};
+  if (!dp.fingerprint.empty()) j["data"]["fingerprint"] = dp.fingerprint;
   j["rng"] = {{"seed", info.seed}};
   j["losses"] = {{"first_step", info.losses_first_step}, {"values", info.losses}};
   j["plan"] = info.plan_json.empty() ? Json(nullptr) : Json::parse(info.plan_json);
@@ -90,7 +91,8 @@ Result<CheckpointInfo> parse_manifest(const fs::path& dir) {
     info.data = DataPosition{d.at("seq_len").get<int64_t>(),
                              d.at("micro_batch").get<int64_t>(), d.at("grad_accum").get<int64_t>(),
                              d.at("order").get<std::string>(), d.at("seed").get<uint64_t>(),
-                             d.at("source").get<std::string>(), d.at("tokens").get<int64_t>()};
+                             d.at("source").get<std::string>(), d.at("tokens").get<int64_t>(),
+                             d.value("fingerprint", std::string())};  // checkpoints before the key have none
     info.seed = j.at("rng").at("seed").get<uint64_t>();
     if (j.contains("losses")) {
       info.losses_first_step = j["losses"].at("first_step").get<int64_t>();

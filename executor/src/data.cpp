@@ -15,6 +15,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "detail/checkpoint_hash.h"
+#include "megatrain/core/xxh64.h"
+
 namespace megatrain::exec {
 
 // Token files are little-endian by definition; reading them with plain loads needs a
@@ -378,6 +381,8 @@ struct DataLoader::PermutationCache {
   };
   Slot slots[2];
   uint64_t tick = 0;
+  std::once_flag fingerprinted;  // source_fingerprint, computed on the first call
+  std::string fingerprint;
 };
 
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
@@ -385,6 +390,47 @@ DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
 DataLoader::~DataLoader() = default;
 
 Status TokenFile::check_unchanged() const { return check_file_unchanged(name_, identity_); }
+
+std::string content_fingerprint(const std::vector<ByteRange>& parts, uint64_t whole_limit) {
+  uint64_t total = 0;
+  for (const ByteRange& p : parts) total += p.size;
+  Xxh64 h;
+  // Bytes [begin, begin + n) of the parts laid end to end.
+  auto hash_range = [&](uint64_t begin, uint64_t n) {
+    for (const ByteRange& p : parts) {
+      if (n == 0) break;
+      if (begin >= p.size) {
+        begin -= p.size;
+        continue;
+      }
+      const uint64_t take = std::min(n, p.size - begin);
+      h.update(p.data + begin, static_cast<size_t>(take));
+      n -= take;
+      begin = 0;
+    }
+  };
+  if (total <= whole_limit) {
+    hash_range(0, total);
+    return "xxh64:" + detail::hex64(h.digest());
+  }
+  constexpr uint64_t kWindows = 64, kWindow = 64 << 10;
+  const uint64_t window = std::min(kWindow, total), span = total - window;
+  for (uint64_t w = 0; w < kWindows; ++w) hash_range(span / (kWindows - 1) * w + (span % (kWindows - 1)) * w / (kWindows - 1), window);
+  h.update(&total, sizeof total);
+  return "xxh64-sampled-64x64KiB:" + detail::hex64(h.digest());
+}
+
+const std::string& DataLoader::source_fingerprint() const {
+  std::call_once(cache_->fingerprinted, [this] {
+    if (sequences_) {  // its header's XXH64 already covers the tokens, then the mask (checked when opened)
+      cache_->fingerprint = "xxh64:" + detail::hex64(sequences_->header().xxh64);
+      return;
+    }
+    cache_->fingerprint = content_fingerprint({{tokens_->token_bytes(), static_cast<uint64_t>(tokens_->size()) *
+                                                                          static_cast<uint64_t>(tokens_->token_width())}});
+  });
+  return cache_->fingerprint;
+}
 
 Status DataLoader::check_unchanged() const { return sequences_ ? sequences_->check_unchanged() : tokens_->check_unchanged(); }
 

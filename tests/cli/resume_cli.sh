@@ -55,6 +55,10 @@ check "a resume with another learning rate is refused naming training.lr" \
 head -c 10000 "$tmp/text.txt" >"$tmp/other.txt"
 "$exe" "$plan" --data "$tmp/other.txt" --steps 10 --checkpoint-dir "$tmp/B" --resume >"$tmp/out" 2>"$tmp/err"
 check "a resume on other data is refused naming data.tokens" "[ $? -ne 0 ] && grep -q 'data.tokens' $tmp/err"
+tr 'a-y' 'b-z' <"$tmp/text.txt" >"$tmp/same-size.txt"
+"$exe" "$plan" --data "$tmp/same-size.txt" --steps 10 --checkpoint-dir "$tmp/B" --resume >"$tmp/out" 2>"$tmp/err"
+check "a resume on other data of the same size is refused naming data.fingerprint" \
+  "[ $? -ne 0 ] && grep -q 'data.fingerprint' $tmp/err && [ \$(stat -c %s $tmp/same-size.txt) -eq \$(stat -c %s $tmp/text.txt) ] && ! grep -q '^step' $tmp/out"
 cp -r "$tmp/B" "$tmp/C"
 printf 'X' | dd of="$tmp/C/step-00000008/optimizer.safetensors" bs=1 seek=5000 conv=notrunc 2>/dev/null
 "$exe" "$plan" --data "$tmp/text.txt" --steps 10 --checkpoint-dir "$tmp/C" --resume >"$tmp/out" 2>"$tmp/err"

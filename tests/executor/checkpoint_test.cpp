@@ -609,6 +609,21 @@ TEST(CheckpointResume, APlanOrDataThatChangesTheRunIsRefusedNamingTheKey) {
   other_data.data.tokens += 1;
   Status s = check_resume_compatible(other_data, su.plan, su.model, *su.loader);
   EXPECT_NE(s.message().find("data.tokens"), std::string::npos) << s.message();
+  // Other data of the same size: the same token count, one token changed.
+  ASSERT_FALSE(info.data.fingerprint.empty());
+  std::vector<uint32_t> toks;
+  for (int64_t i = 0; i < su.loader->tokens().size(); ++i) toks.push_back(su.loader->tokens().token(i));
+  toks[1234] = (toks[1234] + 1) % 256;
+  auto edited = DataLoader::create(std::make_shared<const TokenFile>(TokenFile::from_tokens(toks, "edited")), su.loader->options());
+  ASSERT_TRUE(edited.ok()) << edited.status().to_string();
+  s = check_resume_compatible(info, su.plan, su.model, *edited);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("data.fingerprint"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(info.data.fingerprint), std::string::npos) << s.message();
+  // A checkpoint written before the fingerprint existed is checked by size only.
+  CheckpointInfo old_info = info;
+  old_info.data.fingerprint.clear();
+  EXPECT_TRUE(check_resume_compatible(old_info, su.plan, su.model, *edited).ok());
 }
 
 class CheckpointFiles : public ::testing::Test {
@@ -655,22 +670,27 @@ TEST_F(CheckpointFiles, LayoutManifestAndLatest) {
   const Json m = Json::parse(text);
   EXPECT_EQ(m["schema"].get<std::string>(), "megatrain.checkpoint/1");
   EXPECT_EQ(m["step"], 2);
+  char hex[17];
   for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
     const std::string bytes = test::read_bytes(step / f);
     EXPECT_EQ(m["files"][f]["bytes"].get<uint64_t>(), bytes.size());
-    char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(bytes.data(), bytes.size())));
     EXPECT_EQ(m["files"][f]["xxh64"].get<std::string>(), hex);
   }
   EXPECT_EQ(m["plan"]["training"]["seq_len"], 16);
   EXPECT_EQ(m["data"]["next_step"], 2);
   EXPECT_EQ(m["data"]["order"].get<std::string>(), "shuffled");
+  {  // the data's fingerprint: the XXH64 of the fixture's 3000 tokens as the in-memory file holds them (uint32)
+    std::vector<uint32_t> toks;
+    for (int64_t i = 0; i < su_->loader->tokens().size(); ++i) toks.push_back(su_->loader->tokens().token(i));
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(toks.data(), 4 * toks.size())));
+    EXPECT_EQ(m["data"]["fingerprint"].get<std::string>(), "xxh64:" + std::string(hex));
+  }
   EXPECT_EQ(m["rng"]["seed"], 7);
   EXPECT_EQ(m["losses"]["values"][1].get<double>(), 5.25);
   // The manifest's own checksum covers every byte before its trailer.
   const size_t at = text.rfind(",\n  \"manifest_xxh64\": \"");
   ASSERT_NE(at, std::string::npos);
-  char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(text.data(), at)));
   EXPECT_EQ(m["manifest_xxh64"].get<std::string>(), hex);
   // The newest wins and `latest` follows it; a step directory can be loaded directly too.
@@ -1012,7 +1032,9 @@ TEST_F(CheckpointFiles, RetentionKeepsTheNewestAndNeverTouchesNewerSteps) {
   const std::vector<std::vector<std::string>> expect_removed = {{}, {}, {"step-00000001"}, {"step-00000002"}, {"step-00000003"}};
   for (int64_t step = 1; step <= 5; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    if (step > 1) ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, step)).ok());
+    if (step > 1) {
+      ASSERT_TRUE(save_checkpoint(dir.path(), state_, info_for(*su_, step)).ok());
+    }
     auto removed = prune_checkpoints(dir.path(), 2, step);
     ASSERT_TRUE(removed.ok()) << removed.status().to_string();
     EXPECT_EQ(names(*removed), expect_removed[static_cast<size_t>(step - 1)]);

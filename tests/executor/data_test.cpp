@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <set>
 #include <sstream>
 
 #include "executor/file_test_util.h"
+#include "megatrain/core/xxh64.h"
 
 namespace megatrain::exec {
 namespace {
@@ -606,6 +608,84 @@ TEST_F(DataFixture, TokenFileMovesKeepTheirTokens) {
   TokenFile c = TokenFile::from_tokens({9, 8, 7});
   TokenFile d = std::move(c);
   EXPECT_EQ(d.token(2), 7u);
+}
+
+// ---- the content fingerprint a checkpoint records --------------------------------------------
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+TEST_F(DataFixture, AFingerprintIsTheXxh64OfTheTokensAsStoredAndOfAPreparedDatasetsTokensThenMask) {
+  // A u16 token file: 2 bytes per token, as on disk (the llm.c header is not part of it).
+  const auto toks = iota_tokens(5000, 7);
+  write_bytes(dir / "f.bin", llmc_bytes(toks));
+  auto f = TokenFile::open(dir / "f.bin");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  std::vector<uint16_t> u16(toks.begin(), toks.end());
+  auto loader = DataLoader::create(std::make_shared<const TokenFile>(std::move(*f)), 16, 2, 1, DataOrder::kSequential, 1);
+  ASSERT_TRUE(loader.ok());
+  EXPECT_EQ(loader->source_fingerprint(), "xxh64:" + hex(xxh64(u16.data(), 2 * u16.size())));
+  // One token changed: another fingerprint; the same tokens in memory as uint32: the uint32 bytes.
+  auto changed = toks;
+  changed[4321] += 1;
+  auto other = DataLoader::create(std::make_shared<const TokenFile>(TokenFile::from_tokens(changed)), 16, 2, 1,
+                                  DataOrder::kSequential, 1);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->source_fingerprint(), "xxh64:" + hex(xxh64(changed.data(), 4 * changed.size())));
+
+  // A prepared dataset: its tokens (uint32), then its mask (one byte per token), hashed in one stream.
+  data::SequenceRows rows;
+  for (int k = 0; k < 3 * 17; ++k) {
+    rows.tokens.push_back(static_cast<uint32_t>(k * 37 % 256));
+    rows.mask.push_back(k % 3 != 0);
+  }
+  data::SequenceHeader h;
+  h.seq_len = 16;
+  h.vocab_size = 256;
+  h.packing = "pad";
+  h.train_on = "answer";
+  ASSERT_TRUE(data::write_sequence_file(dir / "p.mtseq", h, rows).ok());
+  auto seq = data::SequenceFile::open(dir / "p.mtseq");
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  DataLoaderOptions o;
+  o.seq_len = 16;
+  auto prepared = DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(*seq)), o);
+  ASSERT_TRUE(prepared.ok()) << prepared.status().to_string();
+  Xxh64 x;
+  x.update(rows.tokens.data(), 4 * rows.tokens.size());
+  x.update(rows.mask.data(), rows.mask.size());
+  EXPECT_EQ(prepared->source_fingerprint(), "xxh64:" + hex(x.digest()));
+  EXPECT_EQ(content_fingerprint({{reinterpret_cast<const uint8_t*>(rows.tokens.data()), 4 * rows.tokens.size()},
+                                 {rows.mask.data(), rows.mask.size()}}),
+            prepared->source_fingerprint());
+}
+
+TEST_F(DataFixture, AboveTheWholeLimitAFingerprintSamples64WindowsAndTheSize) {
+  // 8 MiB in two parts, fingerprinted as if the whole-content limit were 1 MiB: 64 windows of
+  // 64 KiB about 129 KiB apart.
+  std::vector<uint8_t> bytes(8 << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  const std::vector<ByteRange> parts = {{bytes.data(), 1000003}, {bytes.data() + 1000003, bytes.size() - 1000003}};
+  const uint64_t total = bytes.size(), window = 64 << 10, span = total - window;
+  Xxh64 x;  // by hand: window w starts at floor(span * w / 63)
+  for (uint64_t w = 0; w < 64; ++w) x.update(bytes.data() + span * w / 63, window);
+  x.update(&total, 8);
+  const std::string fp = content_fingerprint(parts, 1 << 20);
+  EXPECT_EQ(fp, "xxh64-sampled-64x64KiB:" + hex(x.digest()));
+  // Within the limit: the whole content, in order across the parts.
+  EXPECT_EQ(content_fingerprint(parts, total), "xxh64:" + hex(xxh64(bytes.data(), bytes.size())));
+  // A byte in a window (the last, which ends at the last byte) changes it; one between windows does not.
+  bytes.back() ^= 1;
+  EXPECT_NE(content_fingerprint(parts, 1 << 20), fp);
+  bytes.back() ^= 1;
+  const uint64_t gap = window + (span / 63 - window) / 2;  // between window 0's end and window 1's start
+  ASSERT_LT(window, gap);
+  ASSERT_LT(gap, span / 63);
+  bytes[gap] ^= 1;
+  EXPECT_EQ(content_fingerprint(parts, 1 << 20), fp);
 }
 
 }  // namespace

@@ -34,6 +34,9 @@ struct DataPosition {
   uint64_t seed = 0;          // the shuffle seed
   std::string source;         // the token file as it was named (for people; not checked)
   int64_t tokens = 0;         // its token count (checked: other data means other batches)
+  // DataLoader::source_fingerprint (checked likewise: other data of the same size); "" in a
+  // checkpoint written before the key existed, which is then not checked.
+  std::string fingerprint;
 };
 
 // The options of `loader` as a checkpoint records them.

@@ -54,6 +54,9 @@ class TokenFile {
   int64_t format_vocab_limit() const;
 
   uint32_t token(int64_t i) const;  // 0 <= i < size(); checked (MT_CHECK), a caller bug otherwise
+  // The tokens as the file stores them: size() * token_width() bytes (little-endian).
+  const uint8_t* token_bytes() const { return tokens_; }
+  int token_width() const { return width_; }
   // Copies tokens [begin, begin+count) to `out` as int32, failing with kInvalidArgument (naming
   // the file, the position, the value and `vocab_size`) on the first token >= vocab_size.
   // vocab_size 0 means "no model limit"; tokens above INT32_MAX are refused either way.
@@ -142,6 +145,9 @@ class DataLoader {
   // The data as it was named, and its size in tokens (a checkpoint records both).
   const std::string& source_name() const;
   int64_t source_tokens() const;
+  // The source's content fingerprint (content_fingerprint of the tokens as stored, and of a prepared
+  // dataset's loss mask after them): computed once, on the first call (it reads the file), then kept.
+  const std::string& source_fingerprint() const;
   // The source file is still the one opened (TokenFile/SequenceFile::check_unchanged).
   Status check_unchanged() const;
   // Whole rows in the file: a row needs T+1 tokens starting at k*T, so floor((N - 1) / T).
@@ -166,6 +172,18 @@ class DataLoader {
   int64_t rows_per_epoch_ = 0;
   std::unique_ptr<PermutationCache> cache_;
 };
+
+// What a checkpoint records of its data's content, so that a resume on other data of the same
+// size is refused (docs/checkpoints.md): the XXH64 of the parts' bytes in order, "xxh64:<16 hex>",
+// when they hold at most `whole_limit` bytes; above that, of 64 windows of 64 KiB spread evenly
+// over them (the first at the start, the last at the end) and the total size,
+// "xxh64-sampled-64x64KiB:<16 hex>", so that a many-GB file costs 4 MiB of reads.
+inline constexpr uint64_t kFingerprintWholeLimit = uint64_t{1} << 30;
+struct ByteRange {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+std::string content_fingerprint(const std::vector<ByteRange>& parts, uint64_t whole_limit = kFingerprintWholeLimit);
 
 // The permutation of [0, n) that the shuffled order uses for `epoch` (Fisher-Yates driven by
 // xoshiro256** seeded through splitmix64; see the doc). Exposed so tests and tools can reproduce it.
