@@ -737,13 +737,18 @@ Status sum_over_owners(Trainer::Impl& I, double* data, int64_t n, Channel channe
 // tensors' sums added in the model's order. With sharded states each rank holds the summed gradient
 // of its own tensors only: the per-tensor sums are summed over the ranks (one rank's value and zeros,
 // so exactly), and every rank, sharded or not, adds the same numbers in the same order.
+// The pass runs on the optimizer's threads (the updates wait for it, so they are free), each
+// tensor's chunks spread over them (sums_of_squares: the same bits for any thread count).
 Result<double> global_norm(Trainer::Impl& I, Channel channel) {
-  std::vector<double> part;
+  std::vector<SquaresRange> ranges;
   for (int64_t u = 0; u < I.U; ++u) {
     UnitState& us = I.state->units()[static_cast<size_t>(u)];
     for (const TensorSlot& t : us.tensors)
-      part.push_back(!I.state->sharded() || I.state->owns(t) ? sum_of_squares(us.final_grad() + t.offset, t.numel) : 0.0);
+      ranges.push_back(!I.state->sharded() || I.state->owns(t) ? SquaresRange{us.final_grad() + t.offset, t.numel} : SquaresRange{});
   }
+  std::vector<double> part(ranges.size());
+  const int threads = I.plan.optimizer.threads > 0 ? static_cast<int>(I.plan.optimizer.threads) : std::max(1, I.opt.threads);
+  sums_of_squares(ranges, part.data(), threads);
   MT_RETURN_IF_ERROR(sum_over_owners(I, part.data(), static_cast<int64_t>(part.size()), channel));
   double total = 0;
   for (double p : part) total += p;

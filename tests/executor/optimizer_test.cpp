@@ -2,6 +2,7 @@
 // hand-computed points, bf16 rounding, and thread-count independence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -123,6 +124,49 @@ TEST(GradNorm, SumOfSquaresInDouble) {
   std::vector<float> g(10000, 0.5f);
   g[9999] = 3.0f;
   EXPECT_DOUBLE_EQ(sum_of_squares(g.data(), 10000), 9999 * 0.25 + 9.0);
+}
+
+// The order sum_of_squares documents, written out plainly (chunks, blocks of 4096, 16 running sums
+// added pairwise), against the function; the threaded form against both for several thread counts;
+// and the value against a long-double sum.
+TEST(GradNorm, SumOfSquaresHasItsDocumentedOrderForEveryThreadCount) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  const int64_t n = 2 * kSumOfSquaresChunk + 123457;  // three chunks, the last partial, a partial block and lanes
+  std::vector<float> g(static_cast<size_t>(n));
+  for (float& x : g) x = normal(rng);
+  auto by_hand = [](const float* p, int64_t len) {
+    double total = 0;
+    for (int64_t c = 0; c < len; c += kSumOfSquaresChunk) {
+      double chunk = 0;
+      for (int64_t b = c; b < std::min(len, c + kSumOfSquaresChunk); b += 4096) {
+        double lane[16] = {};
+        for (int64_t i = b; i < std::min({len, c + kSumOfSquaresChunk, b + 4096}); ++i)
+          lane[(i - b) % 16] += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+        for (int w = 8; w >= 1; w /= 2)
+          for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+        chunk += lane[0];
+      }
+      total += chunk;
+    }
+    return total;
+  };
+  const double expect = by_hand(g.data(), n);
+  EXPECT_EQ(sum_of_squares(g.data(), n), expect);
+  long double exact = 0;
+  for (float x : g) exact += static_cast<long double>(x) * x;
+  EXPECT_NEAR(sum_of_squares(g.data(), n), static_cast<double>(exact), 1e-12 * static_cast<double>(exact));
+  // Ranges of several sizes (empty, one element, under a block, several chunks), threaded.
+  const std::vector<SquaresRange> ranges = {{g.data(), 0}, {g.data() + 7, 1}, {g.data() + 100, 4000},
+                                            {g.data() + 9, n - 9}, {g.data() + 3, kSumOfSquaresChunk + 17}};
+  for (int threads : {1, 2, 3, 8}) {
+    std::vector<double> out(ranges.size(), -1);
+    sums_of_squares(ranges, out.data(), threads);
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      EXPECT_EQ(out[r], by_hand(ranges[r].g, ranges[r].n)) << "range " << r << ", " << threads << " threads";
+      EXPECT_EQ(out[r], sum_of_squares(ranges[r].g, ranges[r].n)) << "range " << r << ", " << threads << " threads";
+    }
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "megatrain/core/plan.h"
 #include "megatrain/executor/bf16.h"
@@ -32,9 +33,21 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const
 // reaches 0 one step after the last (core/plan.h).
 double learning_rate(const TrainingConfig& t, int64_t step);
 
-// Sum of squares in double, accumulated in fixed blocks of 4096 in order: the same for any thread
-// count and any call order of tensors that sums these partials in a fixed order.
+// Sum of squares in double, in a fixed order that no thread count or ISA changes: chunks of
+// kSumOfSquaresChunk elements added in order, each chunk's blocks of 4096 added in order, and each
+// block summed in 16 interleaved running sums (element i into sum i % 16) added pairwise. The 16
+// chains let the adds overlap instead of waiting one add's latency per element: 4.3 G elements/s
+// on one core of the development machine against 1.5 for one running sum, 8 on its two cores.
+inline constexpr int64_t kSumOfSquaresChunk = int64_t{1} << 20;
 double sum_of_squares(const float* g, int64_t n);
+
+// sum_of_squares of every range, out[r] for ranges[r], their chunks spread over `threads` threads:
+// the same bits as sum_of_squares range by range, whatever the thread count.
+struct SquaresRange {
+  const float* g = nullptr;
+  int64_t n = 0;
+};
+void sums_of_squares(const std::vector<SquaresRange>& ranges, double* out, int threads);
 
 
 }  // namespace megatrain::exec
