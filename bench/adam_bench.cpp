@@ -4,6 +4,10 @@
 //
 // megatrain-bench codec: the byte-plane codec (exec::compress_fp32) on real Adam moments, m and v
 // of a small Llama trained for a few steps in-process, against zstd on the raw bytes.
+//
+// megatrain-bench norm: the clipping norm's pass (exec::sums_of_squares) at 1 and T threads as a
+// fraction of the triad measured in the same run, against one running sum on one thread (what the
+// pass was before 2026-12-07).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +33,7 @@
 #include "megatrain/executor/data.h"
 #include "megatrain/executor/host_state.h"
 #include "megatrain/executor/moments.h"
+#include "megatrain/executor/optimizer.h"
 #include "megatrain/executor/plane_codec.h"
 #include "megatrain/executor/trainer.h"
 
@@ -317,6 +322,85 @@ int adam(int argc, char** argv) {
   return 0;
 }
 
+// ---- norm ---------------------------------------------------------------------------------------
+
+// One running sum on one thread: the pass before 2026-12-07, the reference. Not inlined, so the
+// compiler cannot fold repeated calls on the same array.
+[[gnu::noipa]] double one_running_sum(const float* g, int64_t n) {
+  double total = 0;
+  for (int64_t b = 0; b < n; b += 4096) {
+    double part = 0;
+    for (int64_t i = b; i < std::min(n, b + 4096); ++i) part += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+    total += part;
+  }
+  return total;
+}
+
+int norm(int argc, char** argv) {
+  constexpr const char* kNorm = "megatrain-bench norm";
+  bool json = false;
+  int64_t params = 64ll << 20;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int reps = 7;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") json = true;
+    else if (a == "--params") params = megatrain::bench::int_arg(kNorm, argc, argv, i, int64_t{1} << 16, int64_t{1} << 32);
+    else if (a == "--threads") threads = static_cast<int>(megatrain::bench::int_arg(kNorm, argc, argv, i, 1, 1024));
+    else if (a == "--repeat") reps = static_cast<int>(megatrain::bench::int_arg(kNorm, argc, argv, i, 1, 1000));
+    else {
+      std::fprintf(stderr, "megatrain-bench norm: unknown argument '%s'; accepted: --params N, --threads T, --repeat N, --json\n",
+                   a.c_str());
+      return 1;
+    }
+  }
+  const OtherLoad load;
+  const double triad = triad_gbps(params, threads, 3 * reps);
+  AdamArrays arr(params);
+  const std::vector<exec::SquaresRange> ranges = {{arr.g.data(), params}};
+  // Median elements/s of reps passes after one warm-up; every pass's sum must be the first's.
+  auto rate = [&](auto&& pass) {
+    const double first = pass();
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      const auto t0 = Clock::now();
+      const double v = pass();
+      t.push_back(seconds_since(t0));
+      if (v != first) {
+        std::fprintf(stderr, "megatrain-bench norm: a pass gave %.17g after %.17g\n", v, first);
+        std::exit(1);
+      }
+    }
+    return static_cast<double>(params) / median(t);
+  };
+  const double one_sum = rate([&] { return one_running_sum(arr.g.data(), params); });
+  const double one_thread = rate([&] { return exec::sum_of_squares(arr.g.data(), params); });
+  const double all_threads = rate([&] {
+    double out = 0;
+    exec::sums_of_squares(ranges, &out, threads);
+    return out;
+  });
+  const double other = load.share();
+  auto of_triad = [&](double elems_per_s) { return 4 * elems_per_s / (triad * 1e9); };
+  if (json) {
+    std::printf("{\"triad_gbps\": %.3f, \"one_running_sum\": %.0f, \"one_thread\": %.0f, \"threads\": %d, "
+                "\"all_threads\": %.0f, \"all_threads_of_triad\": %.4f, \"params\": %lld, \"other_load\": %.3f}\n",
+                triad, one_sum, one_thread, threads, all_threads, of_triad(all_threads), static_cast<long long>(params), other);
+    return 0;
+  }
+  std::printf("megatrain-bench norm: the clipping norm's sum of squares over %lld fp32 gradients, median of %d passes\n",
+              static_cast<long long>(params), reps);
+  std::printf("  STREAM triad (float, %d thread(s)): %.2f GB/s; fraction = 4 B x elements/s / triad\n", threads, triad);
+  std::printf("  one running sum, 1 thread (before)   %8.3g elements/s  %5.1f%% of triad\n", one_sum, 100 * of_triad(one_sum));
+  std::printf("  sum_of_squares, 1 thread              %8.3g elements/s  %5.1f%% of triad  %5.2fx before\n", one_thread,
+              100 * of_triad(one_thread), one_thread / one_sum);
+  std::printf("  sums_of_squares, %2d thread(s)         %8.3g elements/s  %5.1f%% of triad  %5.2fx before\n", threads, all_threads,
+              100 * of_triad(all_threads), all_threads / one_sum);
+  std::printf("  other processes used %.0f%% of the machine during the run%s\n", 100 * other,
+              other > 0.05 ? ": the numbers are noisy, rerun when the machine is quiet" : "");
+  return 0;
+}
+
 // ---- codec --------------------------------------------------------------------------------------
 
 [[noreturn]] void die(const std::string& what, const megatrain::Status& s) {
@@ -540,3 +624,4 @@ int codec(int argc, char** argv) {
 
 int adam_bench_main(int argc, char** argv) { return adam(argc, argv); }
 int codec_bench_main(int argc, char** argv) { return codec(argc, argv); }
+int norm_bench_main(int argc, char** argv) { return norm(argc, argv); }

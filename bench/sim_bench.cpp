@@ -62,6 +62,7 @@ int search_bench_main(int argc, char** argv);  // bench/search_bench.cpp
 #ifdef MEGATRAIN_BENCH_EXECUTOR
 int adam_bench_main(int argc, char** argv);   // bench/adam_bench.cpp
 int codec_bench_main(int argc, char** argv);  // bench/adam_bench.cpp
+int norm_bench_main(int argc, char** argv);   // bench/adam_bench.cpp
 int io_bench_main(int argc, char** argv);     // bench/io_bench.cpp
 #endif
 
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
 #ifdef MEGATRAIN_BENCH_EXECUTOR
   if (argc >= 2 && std::strcmp(argv[1], "adam") == 0) return adam_bench_main(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "codec") == 0) return codec_bench_main(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "norm") == 0) return norm_bench_main(argc, argv);
   if (argc >= 2 && std::strcmp(argv[1], "io") == 0) return io_bench_main(argc, argv);
 #endif
   if (argc < 2 || std::strcmp(argv[1], "sim") != 0) {
@@ -77,10 +79,11 @@ int main(int argc, char** argv) {
 #ifdef MEGATRAIN_BENCH_EXECUTOR
                          "       megatrain-bench adam [--params N] [--threads T] [--repeat N] [--json]\n"
                          "       megatrain-bench codec [--steps N] [--level L] [--repeat N] [--json]\n"
+                         "       megatrain-bench norm [--params N] [--threads T] [--repeat N] [--json]\n"
                          "       megatrain-bench io --dir D [--dir D2 ...] [--file-mib N] [--block-kib K] [--queue-depth Q]\n"
                          "                          [--thread-pool] [--repeat R] [--json]\n"
 #else
-                         "  (adam, codec and io need the executor, which this build lacks)\n"
+                         "  (adam, codec, norm and io need the executor, which this build lacks)\n"
 #endif
                          "  (the TraceStore benchmark is megatrain-bench-trace)\n");
     return 1;
