@@ -15,7 +15,7 @@ try:  # a transformers model object, as in Hugging Face's own examples
     from transformers import AutoConfig, AutoModelForCausalLM
     import torch
     has_weights = any(f.endswith(".safetensors") for f in __import__("os").listdir(model_dir))
-    model = (AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32) if has_weights
+    model = (AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) if has_weights
              else AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)))
 except ImportError:
     model = mt.Model.from_pretrained(model_dir)

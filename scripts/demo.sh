@@ -13,7 +13,10 @@ cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
 build_dir=${MEGATRAIN_BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# The project's Python environment (PyTorch 2.13 CPU, transformers: requirements.txt) in the build folder.
+./scripts/python-env.sh "$build_dir"
+py="$(cd "$build_dir" && pwd)/venv/bin/python"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$py" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)" --target megatrain-plan megatrain-exec
 plan="$build_dir/bin/megatrain-plan"
 exec_bin="$build_dir/bin/megatrain-exec"
@@ -77,9 +80,24 @@ if [ -f "$tok/tokenizer.json" ]; then
     mkdir -p out/tiny-llama2-vocab
     cp profiles/models/tiny-llama-32k.json out/tiny-llama2-vocab/config.json
     cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" out/tiny-llama2-vocab/
-    echo "== python3 examples/finetune.py out/tiny-llama2-vocab tests/data/sft/alpaca-sample.jsonl out/finetune"
-    PYTHONPATH="$build_dir/python" /usr/bin/python3 examples/finetune.py out/tiny-llama2-vocab tests/data/sft/alpaca-sample.jsonl \
+    echo "== python examples/finetune.py out/tiny-llama2-vocab tests/data/sft/alpaca-sample.jsonl out/finetune"
+    PYTHONPATH="$build_dir/python" HF_HUB_OFFLINE=1 "$py" examples/finetune.py out/tiny-llama2-vocab tests/data/sft/alpaca-sample.jsonl \
       out/finetune
+    echo "== the saved folder loaded back by transformers (AutoModelForCausalLM.from_pretrained), its logits against MegaTrain's"
+    PYTHONPATH="$build_dir/python" HF_HUB_OFFLINE=1 "$py" - out/finetune <<'PY'
+import os, sys
+import numpy as np, torch, transformers
+import megatrain as mt
+folder = os.path.join(sys.argv[1], "final-model") if os.path.isdir(os.path.join(sys.argv[1], "final-model")) else sys.argv[1]
+model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
+assert not info["missing_keys"] and not info["unexpected_keys"], info
+ids = np.arange(1, 33, dtype=np.int64)[None, :] * 997 % model.config.vocab_size
+with torch.no_grad():
+    theirs = model.eval()(torch.tensor(ids)).logits.numpy()
+ours = mt.Model.from_pretrained(folder).logits(ids)
+print(f"{folder}: {model.__class__.__name__} loaded, no missing or unexpected keys; logits differ from MegaTrain's by "
+      f"{np.abs(ours - theirs).max() / np.abs(theirs).max():.1e} of their largest")
+PY
   else
     echo "== examples/finetune.py skipped: configure found no pybind11 (pybind11-dev python3-dev)"
   fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package installed as users install it (docs/python.md): `pip install --no-build-isolation .`
-# into a fresh `python3 -m venv --system-site-packages` environment, offline, building in the CMake
+# into a fresh venv of the interpreter the build's module is for, building offline in the CMake
 # build folder given (so nothing is compiled twice), then `import megatrain` and a 2-step training
 # run from outside the source tree, with nothing of the source or build on the path.
 # Usage: scripts/python-install-check.sh [BUILD_DIR]   (default: build)
@@ -10,8 +10,14 @@ src=$(pwd)
 build=$(cd "${1:-build}" && pwd)
 work=$(mktemp -d /tmp/megatrain-venv.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 -m venv --system-site-packages "$work/venv"
-MEGATRAIN_BUILD_DIR="$build" "$work/venv/bin/pip" install --no-build-isolation --no-index --no-deps -q "$src" \
+# The interpreter the build's extension module was made for: the one the project's venv
+# (scripts/python-env.sh) was created from. The fresh venv gets the package's one dependency, NumPy
+# (pinned as in requirements.txt), then the package itself, built offline in the build folder.
+base=$("$build/venv/bin/python" -c 'import sys; print(sys._base_executable)')
+"$base" -m venv "$work/venv"
+numpy=$(grep -m1 -i '^numpy==' "$src/requirements.txt" || echo numpy)
+{ "$work/venv/bin/pip" install -q --upgrade setuptools wheel "$numpy" &&
+  MEGATRAIN_BUILD_DIR="$build" "$work/venv/bin/pip" install --no-build-isolation --no-index --no-deps -q "$src"; } \
   > "$work/pip.log" 2>&1 || { tail -40 "$work/pip.log"; echo "python-install-check: pip install failed" >&2; exit 1; }
 rm -rf "$src/python/megatrain.egg-info" "$src/build/lib" "$src/build/bdist.linux-x86_64" 2>/dev/null || true
 cd "$work"

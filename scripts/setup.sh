@@ -4,15 +4,17 @@
 # says so and changes nothing. Runs as root, or through sudo.
 set -euo pipefail
 
-# See ../shared/design/ENVIRONMENT.md for why each is here.
+# See ../shared/design/ENVIRONMENT.md for why each is here. The Python side (PyTorch, transformers,
+# tokenizers, pytest, pybind11) is not Debian's: scripts/python-env.sh installs requirements.txt
+# from PyPI into the build folder's venv.
 packages=(
   build-essential cmake ninja-build pkg-config
   libsqlite3-dev sqlite3 nlohmann-json3-dev libcli11-dev libeigen3-dev
   liburing-dev libzstd-dev libgtest-dev libgmock-dev libbenchmark-dev
   qt6-base-dev qt6-charts-dev libqt6opengl6-dev
-  fio python3-torch libopenblas0-openmp
+  fio libopenblas0-openmp
   libpcre2-dev libutf8proc-dev
-  python3-dev pybind11-dev python3-pybind11 python3-pytest python3-venv python3-pip python3-setuptools
+  python3-dev python3-venv python3-pip python3-setuptools
   openmpi-bin libopenmpi-dev
 )
 
@@ -21,6 +23,9 @@ for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
+
+# cuBLAS and NCCL into the CUDA toolkit where it came without them (scripts/cuda-libs.sh).
+"$(dirname "$0")/cuda-libs.sh"
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all ${#packages[@]} packages already installed; nothing to do."

@@ -18,8 +18,13 @@ for kisa in ${MEGATRAIN_ISA_BUILDS-avx2 baseline}; do
   [ "$kisa" = avx2 ] && ! has avx2 && { echo "== no avx2 variant: this CPU has no AVX2"; continue; }
   isa_variants="${isa_variants:+$isa_variants;}$kisa"
 done
+# The one Python environment (issue 46): <build>/venv with requirements.txt (PyTorch 2.13 CPU,
+# transformers, tokenizers, pytest, pybind11); the extension module is built for it and every Python
+# test and reference runs in it.
+stamp "python environment"
+./scripts/python-env.sh "$build_dir"
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_TESTS=ON \
-      -DMEGATRAIN_ISA_VARIANTS="$isa_variants"
+      -DMEGATRAIN_ISA_VARIANTS="$isa_variants" -DPython3_EXECUTABLE="$(cd "$build_dir" && pwd)/venv/bin/python"
 stamp "build"
 cmake --build "$build_dir" -j "$jobs"
 # The npm references of the tokenizer tests (tests/text): Hugging Face's tokenizers and real model
@@ -57,7 +62,6 @@ fi
 # and one end-to-end PyTorch reference; the kernels' tests would only repeat themselves.
 numeric_exec='^(TorchReference|StreamedTraining|MoeTraining|MoeLayerFd|NvmeTraining|Moments|AdamW|CheckpointResume|GradNorm|CpuBackend|LearningRate)\.'
 adamw_exec='^((StreamedTraining|MoeTraining|NvmeTraining|Moments|AdamW|CheckpointResume|GradNorm)\.|TorchReference\.Qwen2WithBiasesTiedHeadAndClippingTrainsLikePyTorch$)'
-if /usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1; then export MEGATRAIN_REQUIRE_TORCH=1; fi
 run_numeric() {  # instruction set: its kernels' tests, then the numeric executor tests linked with them
   stamp "numeric tests: kernels built for $1, AdamW auto (at most $1)"
   ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900 -L "^isa_$1_kernels\$"

@@ -39,6 +39,32 @@ std::string supported_list() {
 }
 
 // Reads an optional integer that HF writes as null when unused (sliding_window).
+// transformers 5 writes RoPE as one object, rope_parameters {rope_theta, rope_type, factor, ...},
+// where earlier releases (and the published configs) write rope_theta and rope_scaling. The object
+// is read as those two keys; a config that gives both forms must give the same theta.
+Status fold_rope_parameters(Json& j, const std::string& what) {
+  auto rp = j.find("rope_parameters");
+  if (rp == j.end() || rp->is_null()) return {};
+  if (!rp->is_object()) return invalid_argument(what + ": rope_parameters: expected an object (transformers 5), got " + rp->dump());
+  Json params = *rp;
+  if (auto th = params.find("rope_theta"); th != params.end()) {
+    if (!th->is_number()) return invalid_argument(what + ": rope_parameters.rope_theta: expected a number, got " + th->dump());
+    if (auto top = j.find("rope_theta"); top != j.end() && top->is_number() && top->get<double>() != th->get<double>())
+      return invalid_argument(what + ": rope_theta " + top->dump() + " contradicts rope_parameters.rope_theta " + th->dump());
+    j["rope_theta"] = *th;
+    params.erase("rope_theta");
+  }
+  auto type = params.find("rope_type");
+  const bool scaled = type != params.end() && !(type->is_string() && type->get<std::string>() == "default");
+  if (scaled) {
+    if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null() && *rs != params)
+      return invalid_argument(what + ": rope_scaling " + rs->dump() + " contradicts rope_parameters " + rp->dump());
+    j["rope_scaling"] = params;
+  }
+  j.erase("rope_parameters");
+  return {};
+}
+
 Status read_nullable_int(const Json& j, const std::string& key, int64_t& out, const std::string& what) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return {};
@@ -134,6 +160,7 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
   if (!j.is_object()) return invalid_argument(what + ": expected a JSON object (a Hugging Face config.json), got " +
                                               detail::json_type_name(j));
   ModelConfig c;
+  MT_RETURN_IF_ERROR(fold_rope_parameters(j, what));
 
   // The architecture decides the layer semantics; it must be one we implement exactly.
   auto arch_it = j.find("architectures");
@@ -202,7 +229,14 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
     c.norm_topk_prob = c.model_type == "mixtral";
     detail::FieldReader m(j, "");
     if (c.model_type == "qwen3_moe") {
-      m.integer("num_experts", c.num_experts, detail::Need::kRequired, 1, 1 << 16);
+      // The published configs say num_experts; transformers 5 writes num_local_experts (its
+      // Qwen3MoeConfig renamed the attribute). Either is read; both must agree.
+      auto ne = j.find("num_experts"), nl = j.find("num_local_experts");
+      if (ne != j.end() && nl != j.end() && !ne->is_null() && !nl->is_null() && *ne != *nl)
+        return invalid_argument(what + ": num_experts " + ne->dump() + " and num_local_experts " + nl->dump() +
+                                " disagree; give one (transformers 5 writes num_local_experts)");
+      m.integer(ne != j.end() && !ne->is_null() ? "num_experts" : "num_local_experts", c.num_experts, detail::Need::kRequired, 1,
+                1 << 16);
       m.integer("moe_intermediate_size", c.moe_intermediate_size, detail::Need::kRequired, 1, kBig);
       c.norm_topk_prob = false;  // Qwen3MoeConfig's default
       m.boolean("norm_topk_prob", c.norm_topk_prob, detail::Need::kOptional);

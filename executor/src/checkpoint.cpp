@@ -34,7 +34,10 @@ std::string hf_checkpoint_config(const ModelSpec& model) {
   Json j = Json::parse(model.config_json(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return "";
   j.erase("quantization_config");
+  // The weights written are fp32: transformers before 5 reads torch_dtype, transformers 5 dtype (a
+  // bf16 model's "dtype": "bfloat16" left as it was would load the fp32 weights rounded to bf16).
   j["torch_dtype"] = "float32";
+  if (j.contains("dtype")) j["dtype"] = "float32";
   return j.dump(2) + "\n";
 }
 

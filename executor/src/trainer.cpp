@@ -478,9 +478,12 @@ double moe_aux_loss(const Trainer::Impl& I, int64_t j, std::vector<double>* coun
   return static_cast<double>(E) * loss;
 }
 
-// The backward of layer l for micro-batch j gets d(objective)/d p[t][e] = coef / A * E * c_e / R^2
-// when the load-balancing loss is part of the objective (output_router_logits), else nothing. With
-// N ranks the step has N x A micro-batches, and the objective averages over all of them.
+// The backward of layer l for micro-batch j gets d(objective)/d p[t][e] = coef * E * c_e / R^2
+// when the load-balancing loss is part of the objective (output_router_logits), else nothing. As in
+// Hugging Face's Trainer (docs/moe.md): each micro-batch's loss carries coef times its own aux loss
+// and is not divided by the accumulation steps (the cross-entropy is already normalised by the
+// window's targets), so the aux terms add up over the micro-batches; with N ranks each rank's
+// gradient is averaged over the ranks, as DDP does, so the objective has coef / N per micro-batch.
 LayerActs moe_backward_acts(Trainer::Impl& I, LayerActs a, int64_t l, int64_t j) {
   const ModelConfig& mc = I.model->config();
   if (!is_moe_unit(I, l) || !mc.output_router_logits || mc.router_aux_loss_coef == 0) return a;
@@ -490,7 +493,7 @@ LayerActs moe_backward_acts(Trainer::Impl& I, LayerActs a, int64_t l, int64_t j)
     std::vector<double> c;
     (void)moe_aux_loss(I, j, &c);
     const double R = static_cast<double>(I.d.moe_layers * I.d.N);
-    const double scale = mc.router_aux_loss_coef / static_cast<double>(I.A * I.ranks()) * static_cast<double>(E) / (R * R);
+    const double scale = mc.router_aux_loss_coef / static_cast<double>(I.ranks()) * static_cast<double>(E) / (R * R);
     for (int64_t e = 0; e < E; ++e) g[e] = scale * c[static_cast<size_t>(e)];
     I.moe_grad_ready[static_cast<size_t>(j)] = 1;
   }

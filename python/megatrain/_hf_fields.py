@@ -32,7 +32,9 @@ HARMLESS = {
     "dispatch_batches", "split_batches", "accelerator_config", "xpu_backend", "tpu_num_cores", "tpu_metrics_debug",
     "sharded_ddp", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "fsdp_config", "optim_target_modules",
     "project", "trackio_space_id", "eval_do_concat_batches", "hub_revision", "liger_kernel_config", "use_legacy_prediction_loop", "save_total_limit_hub",
-    "enable_jit_checkpoint", "parallelism_config", "logging_dir_suffix",
+    "enable_jit_checkpoint", "parallelism_config", "logging_dir_suffix", "dataloader_in_order",
+    # Read by TrainingArguments.from_hf into data_order (random: shuffled, sequential: sequential).
+    "train_sampling_strategy",
 }
 
 # Fields that change training and that MegaTrain does not implement: accepted only at these values.

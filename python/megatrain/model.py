@@ -72,5 +72,27 @@ class Model:
     def vocab_size(self) -> int:
         return int(self._info["vocab_size"])
 
+    def logits(self, input_ids: Any, checkpoint: Optional[str] = None, threads: int = 1) -> Any:
+        """The model's logits for token rows, as transformers' ``model(input_ids).logits`` gives them:
+        a float32 NumPy array [rows, seq_len, vocab_size]. ``input_ids``: rows of equal length (a
+        list of lists or a 2-D array); each row attends causally to itself from position 0.
+
+        The weights are the folder's (``from_pretrained``), or ``checkpoint``'s: a folder with
+        model.safetensors that training or ``save_model`` wrote. Computed on the CPU by the same
+        layers the CPU backend trains with, with the whole model in RAM: meant for checking a model,
+        not for serving it. Raises ValueError naming a token outside the vocabulary or a bad shape.
+        """
+        import numpy as np
+
+        weights = os.fspath(checkpoint) if checkpoint is not None else self._weights
+        if weights is None:
+            raise ValueError(f"{self.name}: no weights to compute logits with (a profile name is randomly initialised by "
+                             "training); accepted: a model folder with model.safetensors, or checkpoint=<folder>")
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"input_ids: rows of equal length of integer token ids are accepted, not shape {ids.shape} "
+                             f"of {ids.dtype}")
+        return errors.call(_megatrain.forward_logits, self._ref, weights, ids.astype(np.int64), threads)
+
     def __repr__(self) -> str:
         return f"megatrain.Model({self.name!r}, {self.num_parameters:,} parameters, weights={self._weights!r})"

@@ -125,8 +125,26 @@ class TrainingArguments:
                 if v != int(v) or v < 1:
                     raise ValueError(f"{name}={v!r}: accepted: an integer number of steps (a fraction of the run is not supported)")
                 kwargs[name] = int(v)
-        if isinstance(kwargs.get("warmup_steps"), float):
-            kwargs["warmup_steps"] = int(kwargs["warmup_steps"])
+        w = kwargs.get("warmup_steps")
+        if isinstance(w, float):
+            # transformers 5: a warmup_steps below 1 is a ratio of the run's steps (ceil(ratio x steps)).
+            if 0 < w < 1:
+                if not values.get("max_steps") or values["max_steps"] <= 0:
+                    raise ValueError(f"warmup_steps={w!r} is a ratio of the run's steps, which MegaTrain knows only from max_steps; "
+                                     "accepted: an integer number of warmup steps, or a ratio with max_steps set")
+                kwargs["warmup_steps"] = math.ceil(values["max_steps"] * w)
+            elif w != int(w):
+                raise ValueError(f"warmup_steps={w!r}: accepted: an integer number of steps, or a ratio below 1")
+            else:
+                kwargs["warmup_steps"] = int(w)
+        # transformers 5's train_sampling_strategy: the order rows are drawn in.
+        strategy = getattr(values.get("train_sampling_strategy"), "value", values.get("train_sampling_strategy"))
+        if strategy is not None and "data_order" not in kwargs:
+            orders = {"random": "shuffled", "sequential": "sequential"}
+            if strategy not in orders:
+                raise ValueError(f"TrainingArguments.train_sampling_strategy={strategy!r} is not supported by MegaTrain; "
+                                 "accepted: 'random', 'sequential'")
+            kwargs["data_order"] = orders[strategy]
         return cls(**kwargs)
 
 
@@ -169,6 +187,11 @@ class TrainerControl:
 
 def _is_torch_model(obj: Any) -> bool:
     return hasattr(obj, "state_dict") and hasattr(obj, "config") and hasattr(obj.config, "to_dict")
+
+
+def _is_transformers_model(obj: Any) -> bool:
+    """A transformers PreTrainedModel (not only something shaped like one)."""
+    return any(c.__module__.startswith("transformers.") and c.__name__ == "PreTrainedModel" for c in type(obj).__mro__)
 
 
 class Trainer:
@@ -538,6 +561,12 @@ def _say(line: str) -> None:
 def _export_torch_model(model: Any, folder: str) -> Model:
     """A PyTorch model's config and weights as a Hugging Face folder (config.json, model.safetensors
     in fp32), from which the run starts."""
+    if _is_transformers_model(model):
+        # transformers' own writer: its state dict may differ from the checkpoint format (transformers
+        # 5 keeps Mixtral's and Qwen3-MoE's experts fused in memory and writes them one by one).
+        os.makedirs(folder, exist_ok=True)
+        model.save_pretrained(folder, safe_serialization=True)
+        return Model.from_pretrained(folder)
     cfg = model.config.to_dict()
     sd = model.state_dict()
     tied = bool(cfg.get("tie_word_embeddings", False))
@@ -559,6 +588,17 @@ def _copy_into_torch_model(model: Any, safetensors_path: str) -> None:
     """The trained weights into the PyTorch model's parameters, in place (their dtype and device kept)."""
     import torch
 
+    if _is_transformers_model(model):
+        # Read back by transformers itself (the checkpoint's names are the published ones).
+        folder = os.path.dirname(safetensors_path)
+        loaded = type(model).from_pretrained(folder, dtype=torch.float32)
+        params = dict(loaded.state_dict())
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                if name not in params:
+                    raise CheckpointError(f"{folder} has no tensor {name!r} of the model")
+                t.copy_(params[name].to(dtype=t.dtype, device=t.device))
+        return
     trained = errors.call(_megatrain.read_safetensors, safetensors_path)
     tied = bool(model.config.to_dict().get("tie_word_embeddings", False))
     with torch.no_grad():

@@ -12,6 +12,8 @@
 #include <pybind11/stl.h>
 
 #include <Python.h>
+#include <algorithm>
+#include <climits>
 #include <csignal>
 #include <cstring>
 #include <map>
@@ -33,9 +35,11 @@
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/executor/checkpoint.h"
 #include "megatrain/executor/data.h"
+#include "megatrain/executor/forward.h"
 #include "megatrain/executor/run.h"
 #include "megatrain/executor/safetensors.h"
 #include "megatrain/executor/trainer.h"
+#include "megatrain/executor/weights_io.h"
 #include "megatrain/planner/inspect.h"
 #include "megatrain/planner/profile.h"
 #include "megatrain/planner/search.h"
@@ -316,6 +320,33 @@ py::dict read_safetensors(const std::string& path) {
   return d;
 }
 
+// Logits [rows, seq_len, vocab] of a model folder's weights (or a checkpoint folder) for token rows
+// [rows, seq_len]: exec::forward_logits, the CPU backend's layers in fp32 (mt.Model.logits).
+py::array_t<float> forward_logits(const std::string& model, const std::string& weights,
+                                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> tokens, int threads) {
+  if (tokens.ndim() != 2) raise_status(invalid_argument("logits: tokens must be a 2-D array [rows, seq_len]"));
+  ModelSpec spec = value_or_raise(ModelSpec::load(model));
+  exec::HostState state = exec::HostState::create(spec, DType::kFp32);
+  if (Status s = exec::load_weights(state, weights); !s.ok()) raise_status(s);
+  const int64_t rows = tokens.shape(0), seq = tokens.shape(1);
+  std::vector<int32_t> ids(static_cast<size_t>(rows * seq));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t t = tokens.data()[i];
+    ids[i] = t < INT32_MIN || t > INT32_MAX ? -1 : static_cast<int32_t>(t);
+  }
+  Result<std::vector<float>> r = invalid_argument("logits: not run");
+  {
+    py::gil_scoped_release release;
+    r = exec::forward_logits(spec, state, ids, rows, seq, threads);
+  }
+  if (!r.ok()) raise_status(r.status());
+  const std::vector<float>& out = *r;
+  const int64_t vocab = spec.config().vocab_size;
+  py::array_t<float> a({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(seq), static_cast<py::ssize_t>(vocab)});
+  std::copy(out.begin(), out.end(), a.mutable_data());
+  return a;
+}
+
 // ---- training ------------------------------------------------------------------------------------
 
 // An exception a Python hook raised during a run, kept until the run returns and raised again then.
@@ -549,6 +580,7 @@ PYBIND11_MODULE(_megatrain, m) {
   m.def("sequence_header", &sequence_header, py::arg("path"));
   m.def("write_safetensors", &write_safetensors, py::arg("path"), py::arg("tensors"));
   m.def("read_safetensors", &read_safetensors, py::arg("path"));
+  m.def("forward_logits", &forward_logits, py::arg("model"), py::arg("weights"), py::arg("tokens"), py::arg("threads") = 1);
   m.def("latest_checkpoint", &latest_checkpoint, py::arg("checkpoint_dir"));
   m.def("run", &run, py::arg("options"), py::arg("hooks") = py::none(), py::arg("write_line") = py::none());
 }

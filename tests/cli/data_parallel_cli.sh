@@ -4,6 +4,8 @@
 # rows. Skips (77) where there is no mpirun or megatrain-exec was built without MPI.
 set -uo pipefail
 src=$2
+# The project's Python (its venv, with numpy: scripts/python-env.sh), as ctest passes it.
+py=${MEGATRAIN_PYTHON:-python3}
 exe="$(dirname "$1")/megatrain-exec"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -20,7 +22,7 @@ head -c 40000 /usr/share/common-licenses/GPL-3 >"$tmp/text.txt" 2>/dev/null || y
 
 # plan NAME RANKS MICRO_BATCH GRAD_ACCUM [python statements on d]: a variant of the tiny CPU plan.
 plan() {
-  /usr/bin/python3 - "$src/profiles/plans/tiny-cpu.json" "$tmp/$1.json" "$2" "$3" "$4" "${5:-pass}" <<'PY'
+  $py - "$src/profiles/plans/tiny-cpu.json" "$tmp/$1.json" "$2" "$3" "$4" "${5:-pass}" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 ranks, d['training']['micro_batch'], d['training']['grad_accum'] = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -93,7 +95,7 @@ PY
 )
 # equal NAME ONE_DIR TWO_DIR REGROUPED_DIRS...: the step-6 checkpoints of one process and 2 ranks.
 equal() {
-  /usr/bin/python3 - "$@" <<PY
+  $py - "$@" <<PY
 $compare
 name, one, two, regrouped = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 step = '/step-00000006'
@@ -196,7 +198,7 @@ sharded() {
   run2 "$name-rep" --steps 10 --checkpoint-dir "$tmp/$name-rep.ck" "$@" >/dev/null 2>"$tmp/err" || cat "$tmp/err"
   run2 "$name-shard" --steps 10 --checkpoint-dir "$tmp/$name-shard.ck" "$@" >"$tmp/$name-shard.out" 2>"$tmp/err" || cat "$tmp/err"
   check "sharded $name: weights and optimizer states after 10 steps equal the replicated run's bit for bit" \
-    "cmp -s $tmp/$name-rep.ck/step-00000010/model.safetensors $tmp/$name-shard.ck/step-00000010/model.safetensors && [ -f $tmp/$name-shard.ck/step-00000010/optimizer-00001-of-00002.safetensors ] && /usr/bin/python3 -c \"\$same_moments\" $tmp/$name-rep.ck/step-00000010 $tmp/$name-shard.ck/step-00000010"
+    "cmp -s $tmp/$name-rep.ck/step-00000010/model.safetensors $tmp/$name-shard.ck/step-00000010/model.safetensors && [ -f $tmp/$name-shard.ck/step-00000010/optimizer-00001-of-00002.safetensors ] && $py -c \"\$same_moments\" $tmp/$name-rep.ck/step-00000010 $tmp/$name-shard.ck/step-00000010"
 }
 sharded fp32 "pass"
 check "the sharded run says how the states are split" "grep -q 'optimizer states sharded over the ranks: .*rank 0 keeps [0-9]* of the [0-9]* tensors' $tmp/fp32-shard.out"
@@ -234,7 +236,7 @@ mkdir -p "$tmp/s21" "$tmp/r21b" && cp -r "$tmp/s2/step-00000004" "$tmp/s21/" && 
 run1 clipped-1 --steps 6 --checkpoint-dir "$tmp/s21" --resume >"$tmp/out" 2>"$tmp/err" && \
   run1 clipped-1 --steps 6 --checkpoint-dir "$tmp/r21b" --resume >/dev/null 2>>"$tmp/err"
 check "a sharded checkpoint resumes in 1 process exactly as the replicated checkpoint of the same step does" \
-  "[ $? -eq 0 ] && grep -q 'resuming from' $tmp/out && cmp -s $tmp/s21/step-00000006/model.safetensors $tmp/r21b/step-00000006/model.safetensors && /usr/bin/python3 -c \"\$same_moments\" $tmp/r21b/step-00000006 $tmp/s21/step-00000006"
+  "[ $? -eq 0 ] && grep -q 'resuming from' $tmp/out && cmp -s $tmp/s21/step-00000006/model.safetensors $tmp/r21b/step-00000006/model.safetensors && $py -c \"\$same_moments\" $tmp/r21b/step-00000006 $tmp/s21/step-00000006"
 mkdir -p "$tmp/s2bad" && cp -r "$tmp/s2/step-00000004" "$tmp/s2bad/" && rm "$tmp/s2bad/step-00000004/optimizer-00001-of-00002.safetensors"
 run2 fp32-shard --steps 10 --checkpoint-dir "$tmp/s2bad" --resume >"$tmp/out" 2>"$tmp/err"
 check "a sharded checkpoint missing a shard is refused, naming the file" \
@@ -251,7 +253,7 @@ shared() {
   plan "$name-shared" 2 4 2 "$extra; d['parallel']['host_state'] = 'shared'"
   run2 "$name-shared" --steps 10 --checkpoint-dir "$tmp/$name-shared.ck" "$@" >"$tmp/$name-shared.out" 2>"$tmp/err" || cat "$tmp/err"
   check "shared $name: weights and optimizer states after 10 steps equal the replicated run's bit for bit" \
-    "cmp -s $tmp/$name-rep.ck/step-00000010/model.safetensors $tmp/$name-shared.ck/step-00000010/model.safetensors && [ -f $tmp/$name-shared.ck/step-00000010/optimizer-00001-of-00002.safetensors ] && /usr/bin/python3 -c \"\$same_moments\" $tmp/$name-rep.ck/step-00000010 $tmp/$name-shared.ck/step-00000010"
+    "cmp -s $tmp/$name-rep.ck/step-00000010/model.safetensors $tmp/$name-shared.ck/step-00000010/model.safetensors && [ -f $tmp/$name-shared.ck/step-00000010/optimizer-00001-of-00002.safetensors ] && $py -c \"\$same_moments\" $tmp/$name-rep.ck/step-00000010 $tmp/$name-shared.ck/step-00000010"
 }
 shmbefore=$(ls /dev/shm 2>/dev/null | grep -c '^megatrain-')
 shared fp32 "pass"
@@ -309,7 +311,7 @@ assert worst < 1e-6, worst
 PY
 )
 check "4 ranks on 2 emulated nodes with shared host states: weights within 1e-6 of the replicated run, both nodes' copies equal at every save" \
-  "grep -q '4 ranks on 2 nodes' $tmp/four-shared.out && [ -f $tmp/four-shared.ck/step-00000005/model.safetensors ] && /usr/bin/python3 -c \"\$near\" '4 ranks, 2 nodes, shared vs replicated' $tmp/four-rep.ck/step-00000010/model.safetensors $tmp/four-shared.ck/step-00000010/model.safetensors"
+  "grep -q '4 ranks on 2 nodes' $tmp/four-shared.out && [ -f $tmp/four-shared.ck/step-00000005/model.safetensors ] && $py -c \"\$near\" '4 ranks, 2 nodes, shared vs replicated' $tmp/four-rep.ck/step-00000010/model.safetensors $tmp/four-shared.ck/step-00000010/model.safetensors"
 
 # ---- the NCCL path without GPUs (MEGATRAIN_CPU_DEVICE_SUMS=mpi) -----------------------------------
 # parallel.collective nccl sums each unit's gradient on the devices before its copy to the host; with
@@ -332,7 +334,7 @@ nccl_same() {
   local name=$1 ref=$2
   nccl_train "$name" "$3"
   check "nccl $name: gradients summed before their copy train bit for bit as the MPI run" \
-    "grep -q 'stand-in for NCCL' $tmp/nccl-$name.out && cmp -s $ref/step-00000010/model.safetensors $tmp/nccl-$name.ck/step-00000010/model.safetensors && /usr/bin/python3 -c \"\$same_moments\" $ref/step-00000010 $tmp/nccl-$name.ck/step-00000010"
+    "grep -q 'stand-in for NCCL' $tmp/nccl-$name.out && cmp -s $ref/step-00000010/model.safetensors $tmp/nccl-$name.ck/step-00000010/model.safetensors && $py -c \"\$same_moments\" $ref/step-00000010 $tmp/nccl-$name.ck/step-00000010"
 }
 nccl_same replicated "$tmp/fp32-rep.ck" "pass"
 nccl_same sharded "$tmp/fp32-shard.ck" "d['parallel']['host_state'] = 'sharded'"
@@ -346,7 +348,7 @@ nccl_same shared-bf16-nvme-states "$tmp/bf16-nvme-states-shared.ck" "d['precisio
 # as replicated with NCCL.
 nccl_train mbm-replicated "d['schedule']['order'] = 'microbatch-major'"
 check "nccl microbatch-major: within 1e-6 of the MPI run" \
-  "/usr/bin/python3 -c \"\$near\" 'nccl vs mpi, microbatch-major' $tmp/microbatch-major-rep.ck/step-00000010/model.safetensors $tmp/nccl-mbm-replicated.ck/step-00000010/model.safetensors"
+  "$py -c \"\$near\" 'nccl vs mpi, microbatch-major' $tmp/microbatch-major-rep.ck/step-00000010/model.safetensors $tmp/nccl-mbm-replicated.ck/step-00000010/model.safetensors"
 nccl_same mbm-shared "$tmp/nccl-mbm-replicated.ck" "d['schedule']['order'] = 'microbatch-major'; d['parallel']['host_state'] = 'shared'"
 # 4 ranks as 2 emulated nodes: NCCL sums over all 4 ranks, each node's owners copy their ranges into
 # their node's memory; the same sums as 4 replicated ranks with NCCL, so equal bit for bit.
@@ -361,7 +363,7 @@ check "nccl, 4 ranks on 2 emulated nodes: shared host states train bit for bit a
 run2 fp32-shared --steps 1 --trace "$tmp/whole.mtrace" >/dev/null 2>"$tmp/err"
 nccl_run 2 "$tmp/nccl-shared.json" --steps 1 --trace "$tmp/share.mtrace" >/dev/null 2>"$tmp/err"
 check "nccl with a shared state: each rank copies its range of each gradient, the ranges adding up to the whole" \
-  "[ $? -eq 0 ] && /usr/bin/python3 - $tmp/whole.mtrace $tmp/share.mtrace $tmp/share.rank1.mtrace <<'PY'
+  "[ $? -eq 0 ] && $py - $tmp/whole.mtrace $tmp/share.mtrace $tmp/share.rank1.mtrace <<'PY'
 import sqlite3, sys
 def copies(path):
     return dict(sqlite3.connect(path).execute(\"select layer, sum(bytes) from spans where kind = 'd2h' group by layer\").fetchall())
@@ -375,7 +377,7 @@ PY"
 
 # ---- traces: one per rank ------------------------------------------------------------------------
 run2 clipped-2 --steps 4 --trace "$tmp/dp.mtrace" >"$tmp/out" 2>"$tmp/err"
-check "each rank writes its trace (rank 1's beside rank 0's), with every step" "[ $? -eq 0 ] && /usr/bin/python3 - $tmp/dp.mtrace $tmp/dp.rank1.mtrace <<'PY'
+check "each rank writes its trace (rank 1's beside rank 0's), with every step" "[ $? -eq 0 ] && $py - $tmp/dp.mtrace $tmp/dp.rank1.mtrace <<'PY'
 import sqlite3, sys
 for path in sys.argv[1:]:
     db = sqlite3.connect(path)
@@ -384,7 +386,7 @@ PY"
 
 run2 fp32-shard --steps 2 --trace "$tmp/shard.mtrace" >"$tmp/out" 2>"$tmp/err"
 check "with sharded states each rank's trace shows every unit's weight gather on the optimizer lane, after its update" \
-  "[ $? -eq 0 ] && /usr/bin/python3 - $tmp/shard.mtrace $tmp/shard.rank1.mtrace <<'PY'
+  "[ $? -eq 0 ] && $py - $tmp/shard.mtrace $tmp/shard.rank1.mtrace <<'PY'
 import sqlite3, sys
 for path in sys.argv[1:]:
     db = sqlite3.connect(path)

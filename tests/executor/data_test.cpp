@@ -260,7 +260,7 @@ TEST_F(DataFixture, ShuffledIsDeterministicPerSeed) {
 // The permutation is defined by the algorithm in docs/data-and-checkpoints.md; an independent
 // Python implementation of that text must produce the same rows (so no C++ library detail leaks in).
 TEST_F(DataFixture, ShufflePermutationMatchesIndependentPython) {
-  if (!test::have_python3()) GTEST_SKIP() << "/usr/bin/python3 is missing: cannot cross-check the shuffle";
+  if (!test::have_python3()) FAIL() << "the project's Python (" << test::python() << ") is missing (run scripts/python-env.sh): cannot cross-check the shuffle";
   const char* script = R"PY(
 import sys
 M = (1 << 64) - 1

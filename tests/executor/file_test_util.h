@@ -1,5 +1,5 @@
 // Helpers for the executor's file tests: a self-deleting scratch folder, raw byte files, and running
-// /usr/bin/python3 as an independent reference.
+// the project's Python (its venv) as an independent reference.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -63,18 +63,24 @@ inline std::vector<std::string> files_containing(const std::filesystem::path& di
   return out;
 }
 
-inline bool have_python3() { return ::access("/usr/bin/python3", X_OK) == 0; }
+// The interpreter of the Python references: the project's venv (scripts/python-env.sh), as
+// configured (tests/CMakeLists.txt).
+inline const char* python() { return MEGATRAIN_TEST_PYTHON; }
+inline bool have_python3() {
+  const std::string p = python();
+  return p.find('/') == std::string::npos || ::access(p.c_str(), X_OK) == 0;
+}
 
 struct PythonRun {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
 };
 
-// Runs `script` (written to a file in `dir`) with /usr/bin/python3 and the given arguments.
+// Runs `script` (written to a file in `dir`) with python() and the given arguments.
 inline PythonRun run_python(const std::filesystem::path& dir, const std::string& script, const std::string& args = "") {
   const auto file = dir / "check.py";
   write_bytes(file, script);
-  const std::string cmd = "/usr/bin/python3 '" + file.string() + "' " + args + " 2>&1";
+  const std::string cmd = std::string(python()) + " '" + file.string() + "' " + args + " 2>&1";
   PythonRun r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) return r;

@@ -37,7 +37,9 @@ ModelSpec tiny_gpt_oss() {
   return *spec;
 }
 
-bool numpy_available() { return std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
+bool numpy_available() {
+  return std::system((std::string(megatrain::test::python()) + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0;
+}
 
 // ---- hand values ------------------------------------------------------------------------------
 
@@ -213,11 +215,8 @@ TEST(Mxfp4Init, PublishedConfigWithQuantizationConfigParses) {
 // ---- a whole tiny gpt-oss folder, against the independent Python dequantiser -------------------------
 
 TEST(Mxfp4Init, TinyGptOssFolderSingleAndShardedBitExact) {
-  const bool required = std::getenv("MEGATRAIN_REQUIRE_TORCH") != nullptr;
-  if (!megatrain::test::have_python3() || !numpy_available()) {
-    if (required) FAIL() << "numpy for /usr/bin/python3 is required (MEGATRAIN_REQUIRE_TORCH) but missing";
-    GTEST_SKIP() << "numpy is not installed for /usr/bin/python3";
-  }
+  if (!megatrain::test::have_python3() || !numpy_available())
+    FAIL() << "numpy is missing for " << megatrain::test::python() << " (run scripts/python-env.sh: requirements.txt)";
   const ModelSpec spec = tiny_gpt_oss();
   ScratchDir dir("mxfp4-init");
   HostState layout = HostState::create(spec, DType::kFp32);
@@ -238,7 +237,7 @@ TEST(Mxfp4Init, TinyGptOssFolderSingleAndShardedBitExact) {
     SCOPED_TRACE("shards " + std::to_string(shards));
     const fs::path folder = dir / ("ckpt-" + std::to_string(shards));
     const fs::path expected = dir / ("expected-" + std::to_string(shards) + ".safetensors");
-    const std::string cmd = "/usr/bin/python3 '" + script.string() + "' '" + (dir / "manifest.json").string() + "' '" +
+    const std::string cmd = std::string(megatrain::test::python()) + " '" + script.string() + "' '" + (dir / "manifest.json").string() + "' '" +
                             folder.string() + "' " + std::to_string(shards) + " '" + expected.string() + "' 2>&1";
     FILE* pipe = ::popen(cmd.c_str(), "r");
     ASSERT_NE(pipe, nullptr);

@@ -213,7 +213,7 @@ TEST_F(SafetensorsFixture, WriterRefusesBadRequestsBeforeTouchingDisk) {
 // ---- independent parsers -----------------------------------------------------------------------
 
 TEST_F(SafetensorsFixture, PythonReadsOurFile) {
-  if (!test::have_python3()) GTEST_SKIP() << "/usr/bin/python3 is missing: cannot check with an independent parser";
+  if (!test::have_python3()) FAIL() << "the project's Python (" << test::python() << ") is missing (run scripts/python-env.sh): cannot check with an independent parser";
   const std::vector<float> w = {0.5f, -1.25f, 3.0f, 1e-3f, -7.75f, 1e20f};
   const std::vector<float> bf = {1.0f, -2.0f, 0.1f, 300.0f};
   const std::vector<float> hf = {1.0f, -0.5f, 0.1f};
@@ -309,7 +309,7 @@ print("torch: checked, including %d fp32->bf16/fp16 conversions" % src.numel())
 }
 
 TEST_F(SafetensorsFixture, WeReadPythonsFile) {
-  if (!test::have_python3()) GTEST_SKIP() << "/usr/bin/python3 is missing: cannot make an independent file";
+  if (!test::have_python3()) FAIL() << "the project's Python (" << test::python() << ") is missing (run scripts/python-env.sh): cannot make an independent file";
   // Python writes the file (keys in its own order, no padding, data not in header order); we read it.
   const char* script = R"PY(
 import json, struct, sys

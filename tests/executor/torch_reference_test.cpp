@@ -1,5 +1,5 @@
 // MegaTrain's training against an independent PyTorch implementation of the same model
-// (tests/python/torch_train_ref.py, run with Debian's /usr/bin/python3): the same initial
+// (tests/python/torch_train_ref.py, run with the project's venv Python, PyTorch 2.13): the same initial
 // safetensors, the same sequential batches, AdamW for 10 steps, on both sides twice:
 //   - in float64: our layer templates (LayerMathT<double>, the same code the pipeline runs in
 //     float) in a plain in-memory loop, against PyTorch in float64. Rounding cannot hide a slip
@@ -41,7 +41,7 @@ namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
 bool torch_available() {
-  return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  return std::system((std::string(MEGATRAIN_TEST_PYTHON) + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
 }
 
 // The same training as the Trainer's plain in-memory loop, in float64 from the float64 instance of
@@ -128,7 +128,7 @@ Result<Float64Run> train_float64(const Plan& plan, const ModelSpec& model, const
         aux_sum += static_cast<double>(E) * aux;
         const double coef = mc.output_router_logits ? mc.router_aux_loss_coef : 0.0;
         for (int64_t e = 0; e < E; ++e)
-          agrad[static_cast<size_t>(e)] = coef / static_cast<double>(A) * static_cast<double>(E) * c[static_cast<size_t>(e)] / (R * R);
+          agrad[static_cast<size_t>(e)] = coef * static_cast<double>(E) * c[static_cast<size_t>(e)] / (R * R);
       }
       MT_RETURN_IF_ERROR(math.head(run.w[static_cast<size_t>(L + 1)].data() + fn_off, lm, x[static_cast<size_t>(L)].data(),
                                    targets.data(), 1.0 / static_cast<double>(counted), dx.data(),
@@ -332,7 +332,7 @@ std::string train_ours(const std::string& model_name, double clip, const fs::pat
   const bool own = model->config().is_moe() || model->config().qk_norm;
   const fs::path script =
       fs::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "python" / (own ? "torch_moe_ref.py" : "torch_train_ref.py");
-  return "/usr/bin/python3 " + script.string() + " " + dir.string();
+  return std::string(MEGATRAIN_TEST_PYTHON) + " " + script.string() + " " + dir.string();
 }
 
 fs::path scratch_dir(const std::string& name) {
@@ -340,8 +340,8 @@ fs::path scratch_dir(const std::string& name) {
 }
 
 void run_against_torch(const std::string& model_name, double clip, Shape shape = {}) {
-  if (!fs::exists("/usr/bin/python3") || !torch_available())
-    GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
+  if (!torch_available())
+    FAIL() << "PyTorch is missing for " << MEGATRAIN_TEST_PYTHON << " (run scripts/python-env.sh: requirements.txt)";
   const fs::path dir = scratch_dir(model_name);
   const std::string cmd = train_ours(model_name, clip, dir, shape);
   if (cmd.empty()) return;
@@ -393,8 +393,8 @@ std::string slip_name(const testing::TestParamInfo<Slip>& info) {
 // the test run's cache (scripts/test.sh), or else in the build folder, so that the unmutated runs
 // the slips compare against train once for the whole catalogue (tests/python/ref_cache.py).
 void expect_slip_caught(const Slip& c) {
-  if (!fs::exists("/usr/bin/python3") || !torch_available())
-    GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (scripts/setup.sh installs python3-torch)";
+  if (!torch_available())
+    FAIL() << "PyTorch is missing for " << MEGATRAIN_TEST_PYTHON << " (run scripts/python-env.sh: requirements.txt)";
   const std::string side = c.side;
   const fs::path dir = scratch_dir(std::string(c.model) + "_slip_" + c.slip + (side.empty() ? "" : "_" + side));
   std::string cmd = train_ours(c.model, 0.5, dir);

@@ -7,7 +7,7 @@ F.embedding and F.cross_entropy. Gradients come from torch autograd.
 Usage: kernels_ref.py DIR, where DIR holds manifest.json and the raw arrays written by
 tests/kernels_cpu/torch_reference_test.cpp (inputs, dout, and our outputs and gradients).
 Each case is recomputed in its dtype (float64 or float32) and compared with
-max|ours - torch| / max|torch| per output. Exit 0: all match; 1: a mismatch; 77: no torch.
+max|ours - torch| / max|torch| per output. Exit 0: all match; 1: a mismatch or no torch (named).
 Not a test on its own (the C++ test and tests/python/test_kernels_vs_torch.py run it)."""
 import json
 import math
@@ -19,8 +19,8 @@ try:
     import torch
     import torch.nn.functional as F
 except ImportError as e:
-    print(f"SKIP: PyTorch (or numpy) is not importable by {sys.executable}: {e}")
-    sys.exit(77)
+    print(f"FAIL: {e.name} is missing for {sys.executable} (scripts/python-env.sh installs requirements.txt)")
+    sys.exit(1)
 
 torch.set_num_threads(1)  # ctest runs two tests at once on two cores (docs/testing.md)
 

@@ -2,11 +2,15 @@
 """Writes a gpt-oss checkpoint folder whose expert weights are stored in MXFP4, as the published
 openai/gpt-oss-* checkpoints store them, and the fp32 values a correct loader must produce.
 
-Usage: mxfp4_checkpoint.py MANIFEST OUT_DIR SHARDS EXPECTED
+Usage: mxfp4_checkpoint.py MANIFEST OUT_DIR SHARDS EXPECTED [--trainable]
   MANIFEST  JSON list of {"name", "shape", "mxfp4"} (the model's tensors, from the C++ test)
   OUT_DIR   receives model.safetensors (SHARDS = 1) or SHARDS files model-0000i-of-0000n.safetensors
             and model.safetensors.index.json
   EXPECTED  receives one F32 safetensors file with every model tensor's expected fp32 values
+
+--trainable writes values of a trained model's size instead of the format's edge cases (expert
+scales 2^-7 .. 2^-3, other tensors 0.05 x N(0, 1), norms 1 + 0.05 x N(0, 1)), so that a forward pass
+stays finite: for comparing logits with transformers (tests/transformers).
 
 A tensor with "mxfp4": true, of model shape [E, A, B], is written as NAME_blocks [E, B, A/32, 16]
 U8 and NAME_scales [E, B, A/32] U8 (the layout of transformers' Mxfp4GptOssExperts and of
@@ -66,6 +70,7 @@ def write_safetensors(path, tensors):
 
 def main():
     manifest, out_dir, shards, expected_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    trainable = "--trainable" in sys.argv[5:]
     with open(manifest) as f:
         model = json.load(f)
     rng = np.random.default_rng(20261204)
@@ -78,14 +83,17 @@ def main():
             g = a // 32
             blocks = rng.integers(0, 256, size=(e, b, g, 16), dtype=np.uint8)
             scales = rng.integers(112, 143, size=(e, b, g), dtype=np.uint8)
-            # The ends of the E8M0 range: 0 and 1 give fp32 subnormals (0.5 * 2^-127 = 2^-128), 254
-            # the largest finite scale, whose blocks keep |code value| <= 1.5 so nothing overflows.
-            scales[0, 0, 0] = 0
-            scales[0, 1 % b, 0] = 1
-            scales[e - 1, b - 1, g - 1] = 254
-            blocks[e - 1, b - 1, g - 1] &= 0x33  # codes 0..3: 0, 0.5, 1, 1.5 (positive)
-            scales[e - 1, 0, 0] = 254
-            blocks[e - 1, 0, 0] = (blocks[e - 1, 0, 0] & 0x33) | 0x88  # codes 8..11: -0, -0.5, -1, -1.5
+            if trainable:
+                scales = rng.integers(120, 125, size=(e, b, g), dtype=np.uint8)
+            else:
+                # The ends of the E8M0 range: 0 and 1 give fp32 subnormals (0.5 * 2^-127 = 2^-128), 254
+                # the largest finite scale, whose blocks keep |code value| <= 1.5 so nothing overflows.
+                scales[0, 0, 0] = 0
+                scales[0, 1 % b, 0] = 1
+                scales[e - 1, b - 1, g - 1] = 254
+                blocks[e - 1, b - 1, g - 1] &= 0x33  # codes 0..3: 0, 0.5, 1, 1.5 (positive)
+                scales[e - 1, 0, 0] = 254
+                blocks[e - 1, 0, 0] = (blocks[e - 1, 0, 0] & 0x33) | 0x88  # codes 8..11: -0, -0.5, -1, -1.5
             stats["scale_0"] += int((scales == 0).sum())
             stats["scale_254"] += int((scales == 254).sum())
             values = dequantize(blocks, scales)
@@ -99,6 +107,8 @@ def main():
             expected.append((name, "F32", shape, values.astype("<f4").tobytes()))
         else:
             f32 = rng.standard_normal(size=shape).astype(np.float32)
+            if trainable:
+                f32 = (1.0 + 0.05 * f32 if "norm" in name else 0.05 * f32).astype(np.float32)
             bits = (f32.view(np.uint32) >> 16).astype("<u2")  # bf16 by truncation: the value is known exactly
             stored.append((name, "BF16", shape, bits.tobytes()))
             widened = (bits.astype(np.uint32) << 16).view(np.float32)

@@ -2,7 +2,7 @@
 """Independent check of ModelSpec: builds each profile's module tree in PyTorch (on the meta
 device, so 123B models cost no memory), following the HF modeling code's structure, and compares
 state-dict names, shapes and the unique parameter count with `megatrain-plan inspect --tensors --json`.
-Usage: test_tensors_vs_torch.py BUILD_DIR SOURCE_DIR. Exit 77 (skip) when PyTorch is missing."""
+Usage: test_tensors_vs_torch.py BUILD_DIR SOURCE_DIR. A missing PyTorch is a failure naming it."""
 import json
 import os
 import subprocess
@@ -11,9 +11,9 @@ import sys
 try:
     import torch
     from torch import nn
-except ImportError:
-    print("SKIP: PyTorch is not installed (/usr/bin/python3 -c 'import torch' fails)")
-    sys.exit(77)
+except ImportError as e:
+    print(f"FAIL: {e.name} is missing for {sys.executable} (scripts/python-env.sh installs requirements.txt)")
+    sys.exit(1)
 
 build_dir, source_dir = sys.argv[1], sys.argv[2]
 plan = os.path.join(build_dir, "bin", "megatrain-plan")

@@ -37,7 +37,8 @@ Semantics, each as HF computes it:
     mean over rows of the mask, router_prob_per_expert = mean over rows of the weights,
     loss = E * sum(tokens_per_expert * router_prob_per_expert). Added to the loss times
     router_aux_loss_coef when output_router_logits. With A micro-batches a step's objective is
-    mean CE over the step's tokens + coef * mean over micro-batches of the aux loss.
+    mean CE over the step's tokens + coef * the sum over micro-batches of the aux loss, as Hugging
+    Face's Trainer computes it (a loss normalised by num_items_in_batch is not divided by A).
   - AdamW parameter groups by HF Trainer's name rule: a parameter decays unless its name has
     "bias" or is a norm's ("norm" in the name); gpt-oss's sinks decay, its stacked biases do not.
 
@@ -47,8 +48,7 @@ to show that the float64 check catches it: the script must then exit 1 with a "f
 Checks, as torch_train_ref.py: float64 against float64 within F64_BOUND (losses, aux losses, final
 weights); fp32 each side's error against its own float64 run, ours within FP32_FACTOR times
 PyTorch's. Plus: the routing really spreads over several experts (the load is printed), and the
-unused-expert counts of both sides agree. Exit 0 when everything agrees, 1 otherwise, 77 when torch
-is missing."""
+unused-expert counts of both sides agree. Exit 0 when everything agrees, 1 otherwise (a missing torch included)."""
 import json
 import math
 import os
@@ -57,9 +57,9 @@ import sys
 
 try:
     import torch
-except ImportError:
-    print("SKIP: PyTorch is not installed for /usr/bin/python3")
-    sys.exit(77)
+except ImportError as e:
+    print(f"FAIL: {e.name} is missing for {sys.executable} (scripts/python-env.sh installs requirements.txt)")
+    sys.exit(1)
 
 import ref_cache  # noqa: E402 (after the check for PyTorch, which it imports)
 
@@ -355,7 +355,7 @@ def train(dtype):
             if aux is not None:
                 aux_total += aux.item() / A
                 if coef:
-                    objective = objective + coef * aux / A
+                    objective = objective + coef * aux
             objective.backward()
             total += loss.item() / A
         if spec["clip_grad_norm"] > 0:

@@ -26,8 +26,7 @@ cross-entropy over their number in the whole step (transformers' Trainer with nu
 and each micro-batch's backward takes its share of that sum.
 
 --mutate SLIP trains the reference with one deliberate semantic slip, to show the checks catch it
-(the exit status must then be 1). Exit 0 when everything agrees, 1 otherwise, 77 when torch is
-missing."""
+(the exit status must then be 1). Exit 0 when everything agrees, 1 otherwise."""
 import argparse
 import json
 import math
@@ -37,9 +36,9 @@ import sys
 
 try:
     import torch
-except ImportError:
-    print("SKIP: PyTorch is not installed for /usr/bin/python3")
-    sys.exit(77)
+except ImportError as e:
+    print(f"FAIL: {e.name} is missing for {sys.executable} (scripts/python-env.sh installs requirements.txt)")
+    sys.exit(1)
 
 import ref_cache  # noqa: E402 (after the check for PyTorch, which it imports)
 
