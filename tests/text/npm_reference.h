@@ -1,6 +1,7 @@
 // Where the npm references of the text tests live (scripts/npm-references.sh installs them; test.sh
-// into build/npm), why they cannot run here, if they cannot, and the reference tokenizer's ids of
-// a list of documents (tokenizer_reference.js).
+// into build/npm: the real model tokenizer files and chat templates), why they cannot run here, if
+// they cannot, and the reference tokenizer's ids of a list of documents: Hugging Face's tokenizers
+// library in Python (tokenizer_reference.py, the project's venv; issue 46).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -69,8 +70,9 @@ inline std::vector<Reference> reference_ids(const std::filesystem::path& json, c
       f.write(d.data(), static_cast<std::streamsize>(d.size()));
     }
   }
-  const std::string cmd = "NODE_PATH='" + (npm_dir() / "node_modules").string() + "' node '" +
-                          (std::filesystem::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "text" / "tokenizer_reference.js").string() + "' '" +
+  // Hugging Face's tokenizers library in Python (the project's venv), on the tokenizer files npm ships.
+  const std::string cmd = std::string(MEGATRAIN_TEST_PYTHON) + " '" +
+                          (std::filesystem::path(MEGATRAIN_TEST_DATA_DIR).parent_path() / "text" / "tokenizer_reference.py").string() + "' '" +
                           json.string() + "' '" + corpus.string() + "' '" + out.string() + "' " + (special ? "1" : "0") + " 2>&1";
   const std::string log = run(cmd);
   std::vector<Reference> ids;
