@@ -165,6 +165,15 @@ LayerMathT<T>::LayerMathT(cpu::CpuContext& ctx, const Dims& d, std::vector<T> in
 }
 
 template <typename T>
+const int32_t* LayerMathT<T>::positions_for(const LayerActsT<T>& a) {
+  if (a.doc_starts == nullptr) return positions_.data();
+  doc_positions_.resize(static_cast<size_t>(d_.N));
+  for (int64_t i = 0; i < d_.N; ++i)
+    doc_positions_[static_cast<size_t>(i)] = positions_[static_cast<size_t>(i)] - a.doc_starts[i];
+  return doc_positions_.data();
+}
+
+template <typename T>
 Status LayerMathT<T>::forward(const UnitViewT<T>& w, const T* x_in, T* x_out, const LayerActsT<T>& a) {
   const Dims& d = d_;
   if (a.x != x_in) std::memcpy(a.x, x_in, sizeof(T) * static_cast<size_t>(d.N * d.H));
@@ -179,9 +188,10 @@ Status LayerMathT<T>::forward(const UnitViewT<T>& w, const T* x_in, T* x_out, co
     cpu::rmsnorm_forward<T>(ctx_, a.k_pre, w[TensorRole::kKNorm], d.N * d.nkv, d.hd, d.eps, a.k, a.rstd_k);
   }
   const T rs = static_cast<T>(d.rope_scale);
-  cpu::rope_forward<T>(ctx_, a.q, a.q, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data(), rs);
-  cpu::rope_forward<T>(ctx_, a.k, a.k, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data(), rs);
-  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer)};
+  const int32_t* pos = positions_for(a);
+  cpu::rope_forward<T>(ctx_, a.q, a.q, pos, d.N, d.nh, d.hd, inv_freq_.data(), rs);
+  cpu::rope_forward<T>(ctx_, a.k, a.k, pos, d.N, d.nkv, d.hd, inv_freq_.data(), rs);
+  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer), a.doc_starts};
   MT_RETURN_IF_ERROR(cpu::attention_forward<T>(ctx_, s, a.q, a.k, a.v, a.attn, a.probs, w[TensorRole::kSinks], a.sink_probs));
   // h = x + o_proj(attn); x_out = h + down(silu(gate) * up)
   cpu::linear_forward<T>(ctx_, a.attn, w[TensorRole::kO], w[TensorRole::kOBias], d.N, d.q, d.H, a.h);
@@ -228,14 +238,15 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
   // Attention: h = x + o_proj(attn)
   cpu::linear_backward<T>(ctx_, dh, a.attn, w[TensorRole::kO], d.N, d.q, d.H, dattn, false, g[TensorRole::kO],
                           g[TensorRole::kOBias]);
-  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer)};
+  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer), a.doc_starts};
   const bool sinks = w[TensorRole::kSinks] != nullptr;
   MT_RETURN_IF_ERROR(cpu::attention_backward<T>(ctx_, s, a.q, a.k, a.v, a.probs, dattn, dq, dk, dv, dsw,
                                                 sinks ? a.sink_probs : nullptr, g[TensorRole::kSinks],
                                                 sinks ? more : nullptr));
   const T rs = static_cast<T>(d.rope_scale);
-  cpu::rope_backward<T>(ctx_, dq, dq, positions_.data(), d.N, d.nh, d.hd, inv_freq_.data(), rs);
-  cpu::rope_backward<T>(ctx_, dk, dk, positions_.data(), d.N, d.nkv, d.hd, inv_freq_.data(), rs);
+  const int32_t* pos = positions_for(a);
+  cpu::rope_backward<T>(ctx_, dq, dq, pos, d.N, d.nh, d.hd, inv_freq_.data(), rs);
+  cpu::rope_backward<T>(ctx_, dk, dk, pos, d.N, d.nkv, d.hd, inv_freq_.data(), rs);
   if (d.qk_norm) {  // through the per-head norms to the projections' outputs
     T* dq_pre = more;
     T* dk_pre = dq_pre + d.N * d.q;

@@ -23,6 +23,14 @@ Status check_attention_shape(const AttentionShape& s) {
   if (s.n_heads % s.n_kv_heads != 0)
     return invalid_argument("attention: n_kv_heads " + detail::str(s.n_kv_heads) + " does not divide n_heads " +
                             detail::str(s.n_heads));
+  if (s.starts)  // contiguous documents: each token's start is its own index or its predecessor's start
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t i = 0; i < s.seq; ++i) {
+        const int64_t st = s.starts[b * s.seq + i];
+        if (!(st == i || (i > 0 && st == s.starts[b * s.seq + i - 1])))
+          return invalid_argument("attention: document start " + detail::str(st) + " of row " + detail::str(b) + ", token " +
+                                  detail::str(i) + " is neither the token itself nor its predecessor's start");
+      }
   return {};
 }
 
@@ -30,9 +38,12 @@ int64_t attention_probs_elems(const AttentionShape& s) { return s.batch * s.n_he
 
 namespace {
 
-// The first key query row i sees: 0, or i - window + 1 within a sliding window (HF's mask keeps
-// key j when j > i - window).
-int64_t first_key(const AttentionShape& s, int64_t i) { return s.window > 0 ? std::max<int64_t>(0, i - s.window + 1) : 0; }
+// The first key query row i of batch row b sees: 0, or i - window + 1 within a sliding window
+// (HF's mask keeps key j when j > i - window), and not before its document's first token.
+int64_t first_key(const AttentionShape& s, int64_t b, int64_t i) {
+  const int64_t w = s.window > 0 ? std::max<int64_t>(0, i - s.window + 1) : 0;
+  return s.starts ? std::max<int64_t>(w, s.starts[b * s.seq + i]) : w;
+}
 
 // HF: self.scaling = head_dim ** -0.5 (a Python double), rounded to T when it meets the tensor.
 template <typename T>
@@ -55,9 +66,8 @@ struct QueryBlock {
 };
 QueryBlock query_block(const AttentionShape& s, int64_t t) {
   const int64_t blocks = (s.seq + kRows - 1) / kRows, blk = t % blocks, h = (t / blocks) % s.n_heads;
-  const int64_t i0 = blk * kRows;
-  return {t / (blocks * s.n_heads), h, h / (s.n_heads / s.n_kv_heads), i0, std::min(s.seq, i0 + kRows),
-          first_key(s, i0)};
+  const int64_t i0 = blk * kRows, b = t / (blocks * s.n_heads);
+  return {b, h, h / (s.n_heads / s.n_kv_heads), i0, std::min(s.seq, i0 + kRows), first_key(s, b, i0)};
 }
 
 template <typename P>
@@ -89,7 +99,7 @@ Status attention_forward(CpuContext& ctx, const AttentionShape& s, const T* q, c
       MMap<T>(p0 + jlo, i1 - i0, i1 - jlo, Eigen::OuterStride<>(seq)).noalias() =
           rows_of(q, b, i0, i1, seq, nh, h, hd) * rows_of(k, b, jlo, i1, seq, nkv, g, hd).transpose();
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t r = (b * nh + h) * seq + i, j0 = first_key(s, i);
+        const int64_t r = (b * nh + h) * seq + i, j0 = first_key(s, b, i);
         T* p = p0 + (i - i0) * seq;
         std::fill(p, p + j0, T(0));
         T mx = sinks ? sinks[h] : -std::numeric_limits<T>::infinity();
@@ -138,7 +148,7 @@ Status attention_backward(CpuContext& ctx, const AttentionShape& s, const T* q, 
       MMap<T>(w0 + jlo, i1 - i0, i1 - jlo, Eigen::OuterStride<>(seq)).noalias() =  // dp
           rows_of(dout, b, i0, i1, seq, nh, h, hd) * rows_of(v, b, jlo, i1, seq, nkv, g, hd).transpose();
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t r = (b * nh + h) * seq + i, j0 = first_key(s, i);
+        const int64_t r = (b * nh + h) * seq + i, j0 = first_key(s, b, i);
         const T* p = probs + r * seq;
         T* ds = w0 + (i - i0) * seq;
         T dsum = 0;

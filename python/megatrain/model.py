@@ -72,10 +72,13 @@ class Model:
     def vocab_size(self) -> int:
         return int(self._info["vocab_size"])
 
-    def logits(self, input_ids: Any, checkpoint: Optional[str] = None, threads: int = 1) -> Any:
+    def logits(self, input_ids: Any, checkpoint: Optional[str] = None, threads: int = 1, position_ids: Any = None) -> Any:
         """The model's logits for token rows, as transformers' ``model(input_ids).logits`` gives them:
         a float32 NumPy array [rows, seq_len, vocab_size]. ``input_ids``: rows of equal length (a
         list of lists or a 2-D array); each row attends causally to itself from position 0.
+        ``position_ids`` of the same shape, as transformers' flattening collator makes them (0 where
+        a document begins, then counting up), packs documents into a row without cross-document
+        attention: each attends only to itself, its positions restarting at 0.
 
         The weights are the folder's (``from_pretrained``), or ``checkpoint``'s: a folder with
         model.safetensors that training or ``save_model`` wrote. Computed on the CPU by the same
@@ -92,7 +95,13 @@ class Model:
         if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"input_ids: rows of equal length of integer token ids are accepted, not shape {ids.shape} "
                              f"of {ids.dtype}")
-        return errors.call(_megatrain.forward_logits, self._ref, weights, ids.astype(np.int64), threads)
+        pos = None
+        if position_ids is not None:
+            pos = np.asarray(position_ids)
+            if pos.shape != ids.shape or not np.issubdtype(pos.dtype, np.integer):
+                raise ValueError(f"position_ids: integers of input_ids' shape {ids.shape} are accepted, not {pos.shape} of {pos.dtype}")
+            pos = pos.astype(np.int64)
+        return errors.call(_megatrain.forward_logits, self._ref, weights, ids.astype(np.int64), threads, pos)
 
     def __repr__(self) -> str:
         return f"megatrain.Model({self.name!r}, {self.num_parameters:,} parameters, weights={self._weights!r})"

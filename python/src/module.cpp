@@ -323,7 +323,8 @@ py::dict read_safetensors(const std::string& path) {
 // Logits [rows, seq_len, vocab] of a model folder's weights (or a checkpoint folder) for token rows
 // [rows, seq_len]: exec::forward_logits, the CPU backend's layers in fp32 (mt.Model.logits).
 py::array_t<float> forward_logits(const std::string& model, const std::string& weights,
-                                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> tokens, int threads) {
+                                  py::array_t<int64_t, py::array::c_style | py::array::forcecast> tokens, int threads,
+                                  std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> position_ids) {
   if (tokens.ndim() != 2) raise_status(invalid_argument("logits: tokens must be a 2-D array [rows, seq_len]"));
   ModelSpec spec = value_or_raise(ModelSpec::load(model));
   exec::HostState state = exec::HostState::create(spec, DType::kFp32);
@@ -334,10 +335,20 @@ py::array_t<float> forward_logits(const std::string& model, const std::string& w
     const int64_t t = tokens.data()[i];
     ids[i] = t < INT32_MIN || t > INT32_MAX ? -1 : static_cast<int32_t>(t);
   }
+  std::vector<int32_t> pos;
+  if (position_ids) {
+    if (position_ids->ndim() != 2 || position_ids->shape(0) != rows || position_ids->shape(1) != seq)
+      raise_status(invalid_argument("logits: position_ids must have input_ids' shape [rows, seq_len]"));
+    pos.resize(ids.size());
+    for (size_t i = 0; i < pos.size(); ++i) {
+      const int64_t p = position_ids->data()[i];
+      pos[i] = p < 0 || p > INT32_MAX ? -1 : static_cast<int32_t>(p);
+    }
+  }
   Result<std::vector<float>> r = invalid_argument("logits: not run");
   {
     py::gil_scoped_release release;
-    r = exec::forward_logits(spec, state, ids, rows, seq, threads);
+    r = exec::forward_logits(spec, state, ids, rows, seq, threads, position_ids ? &pos : nullptr);
   }
   if (!r.ok()) raise_status(r.status());
   const std::vector<float>& out = *r;
@@ -580,7 +591,8 @@ PYBIND11_MODULE(_megatrain, m) {
   m.def("sequence_header", &sequence_header, py::arg("path"));
   m.def("write_safetensors", &write_safetensors, py::arg("path"), py::arg("tensors"));
   m.def("read_safetensors", &read_safetensors, py::arg("path"));
-  m.def("forward_logits", &forward_logits, py::arg("model"), py::arg("weights"), py::arg("tokens"), py::arg("threads") = 1);
+  m.def("forward_logits", &forward_logits, py::arg("model"), py::arg("weights"), py::arg("tokens"), py::arg("threads") = 1,
+        py::arg("position_ids") = py::none());
   m.def("latest_checkpoint", &latest_checkpoint, py::arg("checkpoint_dir"));
   m.def("run", &run, py::arg("options"), py::arg("hooks") = py::none(), py::arg("write_line") = py::none());
 }

@@ -118,6 +118,31 @@ def test_forward_logits_equal_transformers(arch, tmp_path):
     assert logits_check("logits", ours, model, ids)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt_oss"])
+def test_packed_documents_attend_only_to_themselves(arch, tmp_path):
+    """Rows packed with several documents and position_ids restarting at each (transformers'
+    flattening collator, LLaMA-Factory's neat_packing): MegaTrain's logits of each document equal
+    transformers' forward of that document alone (GQA, QK-norm, gpt-oss's sinks and sliding window)."""
+    model = hf.build(arch)
+    folder = saved(tmp_path, model)
+    ids = np.array([r["input_ids"] for r in hf.rows(2, seed=17)])
+    docs = [[5, 11, 8], [1, 13, 10]]  # lengths per row (a one-token document too)
+    pos = np.array([[p for n in row for p in range(n)] for row in docs])
+    ours = mt.Model.from_pretrained(folder).logits(ids, position_ids=pos)
+    print(arch)
+    ok = True
+    for r, row in enumerate(docs):
+        at = 0
+        for n in row:
+            alone = ids[r:r + 1, at:at + n]
+            ok &= logits_check(f"row {r}, document at {at} of {n} tokens", ours[r:r + 1, at:at + n], model, alone)
+            at += n
+    assert ok
+    # Without the position ids the same rows are one document each: different logits after the first.
+    whole = mt.Model.from_pretrained(folder).logits(ids)
+    assert np.abs(whole[0, 5:] - ours[0, 5:]).max() > 1e-3
+
+
 def test_bf16_weights_are_read_as_transformers_reads_them(tmp_path):
     """A checkpoint saved in bf16 (as published models are): MegaTrain widens it to fp32 exactly as
     transformers does when it loads it in fp32."""

@@ -90,6 +90,10 @@ struct LayerActsT {
   // of expert e) to the router's gradient when non-null.
   double *aux_count = nullptr, *aux_prob = nullptr;
   const double* aux_grad = nullptr;
+  // Set by the caller, not by bind: packed rows without cross-document attention. [B * T] int32,
+  // the first token of each token's document within its row (cpu::AttentionShape::starts); RoPE's
+  // positions then restart at 0 at each document. Null: one document per row.
+  const int32_t* doc_starts = nullptr;
 };
 using LayerActs = LayerActsT<float>;
 // Floats of one layer's activations for one micro-batch (buffers::cpu_layer_acts); a buffer of
@@ -129,12 +133,14 @@ class LayerMathT {
 
  private:
   Status moe_forward(const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a);
+  // RoPE's positions for this micro-batch: t within its row, or t - its document's start.
+  const int32_t* positions_for(const LayerActsT<T>& a);
   void moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, const UnitGradT<T>& g, T* dxn, T* da,
                     T* dgate, T* dup, T* more);
   cpu::CpuContext& ctx_;
   Dims d_;
   std::vector<T> inv_freq_;
-  std::vector<int32_t> positions_;
+  std::vector<int32_t> positions_, doc_positions_;
 };
 using LayerMath = LayerMathT<float>;
 

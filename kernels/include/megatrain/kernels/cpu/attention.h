@@ -14,6 +14,11 @@
 //
 // Sliding window (AttentionShape::window > 0; Mistral, Mixtral, gpt-oss's sliding layers): key j
 // is seen by query i when i - window < j <= i, as HF's sliding_window_overlay masks it.
+// Packed rows without cross-document attention (AttentionShape::starts non-null): each token's
+// document begins at key starts[b * T + i] of its row, and query i sees key j only when
+// starts[b * T + i] <= j (as well as j <= i and the window): what transformers computes for each
+// document alone (its flattening collator's position_ids, LLaMA-Factory's neat_packing). starts
+// must be non-decreasing along a row with starts[i] <= i (documents are contiguous).
 // Attention sinks (gpt-oss): one learned logit per query head joins each row's softmax as an extra
 // column with no value, HF's cat([scores, sink]) - max, softmax, drop the last column:
 //   p[j] = exp(s[j] - m) / (sum_j exp(s[j] - m) + exp(sink_h - m)),  m = max(max_j s[j], sink_h)
@@ -47,6 +52,8 @@ struct AttentionShape {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t window = 0;  // sliding window (HF sliding_window); 0: the whole causal prefix
+  // [B * T]: the first key of each token's document within its row; null: one document per row.
+  const int32_t* starts = nullptr;
 };
 
 // ok when every size is positive and n_kv_heads divides n_heads; otherwise invalid_argument.
