@@ -1,6 +1,7 @@
 // megatrain-bench adam: the fused AdamW pass (exec::adamw_update_moments) for every moment state
 // format, each as a fraction of the machine's memory bandwidth (a STREAM triad measured in the same
-// run) and against PyTorch's CPU AdamW on the same parameter count (a /usr/bin/python3 subprocess).
+// run) and against PyTorch's CPU AdamW and DeepSpeed's CPU Adam on the same parameter count (a
+// subprocess of the project's Python, MEGATRAIN_PYTHON).
 //
 // megatrain-bench codec: the byte-plane codec (exec::compress_fp32) on real Adam moments, m and v
 // of a small Llama trained for a few steps in-process, against zstd on the raw bytes.
@@ -138,22 +139,41 @@ except Exception as e:
 n, threads, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-p = torch.nn.Parameter(torch.randn(n) * 0.02)
-p.grad = torch.randn(n) * 1e-3
-opt = torch.optim.AdamW([p], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-opt.step(); opt.step()
-ts = []
-for _ in range(reps):
-    t0 = time.perf_counter(); opt.step(); ts.append(time.perf_counter() - t0)
-ts.sort()
-med = ts[len(ts) // 2] if len(ts) % 2 else 0.5 * (ts[len(ts) // 2 - 1] + ts[len(ts) // 2])
-print(json.dumps({"params_per_s": n / med, "version": torch.__version__,
-                  "foreach": opt.defaults.get("foreach"), "threads": torch.get_num_threads()}))
+
+def params_per_s(make):
+    """n / the median time of `reps` steps of the optimizer make(p) builds, after two warm-up steps."""
+    p = torch.nn.Parameter(torch.randn(n) * 0.02)
+    p.grad = torch.randn(n) * 1e-3
+    opt = make(p)
+    opt.step(); opt.step()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); opt.step(); ts.append(time.perf_counter() - t0)
+    ts.sort()
+    med = ts[len(ts) // 2] if len(ts) % 2 else 0.5 * (ts[len(ts) // 2 - 1] + ts[len(ts) // 2])
+    return n / med, opt
+
+rate, opt = params_per_s(lambda p: torch.optim.AdamW([p], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1))
+out = {"params_per_s": rate, "version": torch.__version__, "foreach": opt.defaults.get("foreach"),
+       "threads": torch.get_num_threads()}
+# DeepSpeed's CPU Adam (ZeRO-Offload's optimizer), AdamW mode, on the same tensor and threads
+# (OpenMP: OMP_NUM_THREADS, set by the caller); its C++ op is built on first use.
+try:
+    import deepspeed
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    out["deepspeed_params_per_s"], _ = params_per_s(lambda p: DeepSpeedCPUAdam(
+        [p], lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, adamw_mode=True))
+    out["deepspeed_version"] = deepspeed.__version__
+except Exception as e:
+    out["deepspeed_error"] = type(e).__name__ + ": " + str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+print(json.dumps(out))
 )PY";
 
 struct TorchResult {
   std::optional<double> params_per_s;
   std::string what;  // version and path, or why there is no figure
+  std::optional<double> deepspeed_params_per_s;  // DeepSpeedCPUAdam, when deepspeed imports
+  std::string deepspeed_what;
 };
 
 TorchResult torch_adamw(int64_t n, int threads, int reps) {
@@ -172,8 +192,11 @@ TorchResult torch_adamw(int64_t n, int threads, int reps) {
     r.what = "cannot write the torch script to /tmp";
     return r;
   }
-  const std::string cmd = "/usr/bin/python3 " + std::string(path) + " " + std::to_string(n) + " " + std::to_string(threads) +
-                          " " + std::to_string(reps) + " 2>/dev/null";
+  // The project's Python (its venv: MEGATRAIN_PYTHON=build/venv/bin/python), else python3.
+  const char* py = std::getenv("MEGATRAIN_PYTHON");
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + std::string(py && *py ? py : "python3") + " " +
+                          std::string(path) + " " + std::to_string(n) + " " + std::to_string(threads) + " " + std::to_string(reps) +
+                          " 2>/dev/null";
   std::string out;
   if (std::FILE* p = popen(cmd.c_str(), "r")) {
     char buf[512];
@@ -199,7 +222,13 @@ TorchResult torch_adamw(int64_t n, int threads, int reps) {
              (field("foreach") == "true" ? "multi-tensor" : "single-tensor") + " path), " + field("threads") + " threads";
   } else {
     const std::string err = field("error");
-    r.what = err.empty() ? "no result from /usr/bin/python3" : err;
+    r.what = err.empty() ? "no result from the Python (MEGATRAIN_PYTHON)" : err;
+  }
+  if (const std::string ds = field("deepspeed_params_per_s"); !ds.empty()) {
+    r.deepspeed_params_per_s = std::atof(ds.c_str());
+    r.deepspeed_what = "deepspeed " + field("deepspeed_version") + ", DeepSpeedCPUAdam(adamw_mode=True)";
+  } else {
+    r.deepspeed_what = field("deepspeed_error").empty() ? "deepspeed not run" : field("deepspeed_error");
   }
   return r;
 }
@@ -291,6 +320,9 @@ int adam(int argc, char** argv) {
     std::printf("}, \"speedup_vs_torch\": ");
     if (speedup > 0) std::printf("%.3f", speedup);
     else std::printf("null");
+    std::printf(", \"deepspeed_params_per_s\": ");
+    if (torch.deepspeed_params_per_s) std::printf("%.0f", *torch.deepspeed_params_per_s);
+    else std::printf("null");
     std::printf(", \"threads\": %d, \"params\": %lld, \"auto_isa\": \"%s\", \"other_load\": %.3f}\n", threads,
                 static_cast<long long>(params), exec::isa_name(best), other);
     return 0;
@@ -317,6 +349,11 @@ int adam(int argc, char** argv) {
                 speedup);
   else
     std::printf("  PyTorch: no figure (%s)\n", torch.what.c_str());
+  if (torch.deepspeed_params_per_s)
+    std::printf("  DeepSpeed (%s): %.4g params/s; fp32 fused pass / DeepSpeed = %.2fx\n", torch.deepspeed_what.c_str(),
+                *torch.deepspeed_params_per_s, fp32 / *torch.deepspeed_params_per_s);
+  else
+    std::printf("  DeepSpeed: no figure (%s)\n", torch.deepspeed_what.c_str());
   std::printf("  other processes used %.0f%% of the machine during the run%s\n", 100 * other,
               other > 0.05 ? ": the numbers are noisy, rerun when the machine is quiet" : "");
   return 0;
