@@ -482,8 +482,10 @@ double moe_aux_loss(const Trainer::Impl& I, int64_t j, std::vector<double>* coun
 // when the load-balancing loss is part of the objective (output_router_logits), else nothing. As in
 // Hugging Face's Trainer (docs/moe.md): each micro-batch's loss carries coef times its own aux loss
 // and is not divided by the accumulation steps (the cross-entropy is already normalised by the
-// window's targets), so the aux terms add up over the micro-batches; with N ranks each rank's
-// gradient is averaged over the ranks, as DDP does, so the objective has coef / N per micro-batch.
+// window's targets), so the aux terms add up over the micro-batches. With N ranks too: Trainer
+// (average_tokens_across_devices, its default) multiplies each rank's loss by N before DDP averages
+// the gradients, so the aux terms add up over every rank's micro-batches, as one process
+// accumulating all of them would.
 LayerActs moe_backward_acts(Trainer::Impl& I, LayerActs a, int64_t l, int64_t j) {
   const ModelConfig& mc = I.model->config();
   if (!is_moe_unit(I, l) || !mc.output_router_logits || mc.router_aux_loss_coef == 0) return a;
@@ -493,7 +495,7 @@ LayerActs moe_backward_acts(Trainer::Impl& I, LayerActs a, int64_t l, int64_t j)
     std::vector<double> c;
     (void)moe_aux_loss(I, j, &c);
     const double R = static_cast<double>(I.d.moe_layers * I.d.N);
-    const double scale = mc.router_aux_loss_coef / static_cast<double>(I.ranks()) * static_cast<double>(E) / (R * R);
+    const double scale = mc.router_aux_loss_coef * static_cast<double>(E) / (R * R);
     for (int64_t e = 0; e < E; ++e) g[e] = scale * c[static_cast<size_t>(e)];
     I.moe_grad_ready[static_cast<size_t>(j)] = 1;
   }
