@@ -43,7 +43,7 @@ std::string marked_row(const megatrain::data::Tokenizer& tok, const megatrain::d
     run.clear();
   };
   for (int64_t i = 0; i <= f.seq_len(); ++i) {
-    const bool c = m[i] != 0;
+    const bool c = (m[i] & megatrain::data::kMaskCounted) != 0;
     if (c != counted) flush();
     counted = c;
     run.push_back(static_cast<int32_t>(t[i]));
@@ -73,7 +73,8 @@ int run_prepare(const std::string& tokenizer_path, const std::vector<std::string
   const int64_t bytes = done->text_bytes;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("wrote %s: %s rows of %lld tokens (%s, train on %s)\n", out.c_str(), thousands(h.rows).c_str(),
-              static_cast<long long>(o.seq_len + 1), o.pack ? "packed" : "padded", h.train_on.c_str());
+              static_cast<long long>(o.seq_len + 1),
+              !o.pack ? "padded" : o.neat ? "packed, each document attending only to itself" : "packed", h.train_on.c_str());
   std::printf("documents %s (%s format), tokens %s, counted targets %s, truncated %s, split %s\n", thousands(h.documents).c_str(),
               found.c_str(), thousands(h.tokens).c_str(), thousands(h.counted).c_str(), thousands(h.truncated).c_str(),
               thousands(h.split).c_str());
@@ -140,10 +141,17 @@ int main(int argc, char** argv) {
   prepare->add_option("--seq", prep.seq_len, "Sequence length of a training row (the plan's training.seq_len)")
       ->required()
       ->check(megatrain::cli::int_range(1, int64_t{1} << 24));
-  bool pack = false;
-  auto* pack_flag = prepare->add_flag("--pack", pack, "Lay the documents end to end, EOS between them (the default)");
+  bool pack = false, neat = false;
+  auto* pack_flag = prepare->add_flag("--pack", pack,
+                                      "Lay the documents end to end, EOS between them, each attending to the ones before it in its row "
+                                      "(plain packing, the default)");
+  auto* neat_flag = prepare->add_flag("--pack-neat", neat,
+                                      "Lay the documents end to end, each attending only to itself with its positions from 0 "
+                                      "(transformers' flattening collator; the CPU backend trains it)");
   auto* pad_flag = prepare->add_flag("--pad", pad, "One document per row, padded; the padding never counts");
   pack_flag->excludes(pad_flag);
+  neat_flag->excludes(pad_flag);
+  neat_flag->excludes(pack_flag);
   prepare->add_flag("--split-long", prep.split_long, "With --pad: continue a document longer than a row on further rows");
   prepare->add_option("--train-on", train_on,
                       "all | assistant (the default for alpaca, messages and sharegpt: only the answers or assistant turns, with their "
@@ -169,6 +177,7 @@ int main(int argc, char** argv) {
   if (const int rc = megatrain::cli::parse(app, argc, argv, "megatrain-data"); rc >= 0) return rc;
   if (prepare->parsed()) {
     prep.pack = !pad;
+    prep.neat = neat;
     prep.train_on = train_on;
     prep.threads = static_cast<int>(threads);
     if (prep.split_long && prep.pack) return fail("--split-long goes with --pad (packed documents always continue on the next row)");

@@ -314,7 +314,7 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
   h.vocab_size = tok.vocab_size();
   h.eos_id = tok.eos_id();
   h.pad_id = pad;
-  h.packing = o.pack ? "pack" : "pad";
+  h.packing = !o.pack ? "pad" : o.neat ? "neat" : "pack";
   h.train_on = train_on;
   h.tokenizer = tok.source();
   h.documents = static_cast<int64_t>(docs.size());
@@ -335,15 +335,19 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
         n = static_cast<size_t>(width);
       }
     }
+    const size_t first = rows.mask.size();
     rows.tokens.insert(rows.tokens.end(), v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n));
     rows.mask.insert(rows.mask.end(), m.begin(), m.begin() + static_cast<std::ptrdiff_t>(n));
+    // A document's first token is no one's target: the token before it is another document's,
+    // which cannot see it (transformers' flattening collator labels it -100 too).
+    if (o.pack && o.neat && n > 0) rows.mask[first] = kMaskDocStart;
     h.tokens += static_cast<int64_t>(n);
     if (!o.pack) pad_row();
   }
   pad_row();
   const int64_t nrows = static_cast<int64_t>(rows.tokens.size()) / width;
   for (int64_t r = 0; r < nrows; ++r)
-    for (int64_t t = 1; t < width; ++t) h.counted += rows.mask[static_cast<size_t>(r * width + t)];
+    for (int64_t t = 1; t < width; ++t) h.counted += rows.mask[static_cast<size_t>(r * width + t)] & kMaskCounted;
   h.rows = nrows;
   return rows;
 }

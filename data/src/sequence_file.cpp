@@ -191,12 +191,24 @@ SequenceFile::~SequenceFile() {
   if (map_) ::munmap(map_, map_bytes_);
 }
 
-void SequenceFile::fill_row(int64_t row, int32_t* inputs, int32_t* targets) const {
+void SequenceFile::fill_row(int64_t row, int32_t* inputs, int32_t* targets, int32_t* starts) const {
   const uint32_t* t = row_tokens(row);
   const uint8_t* m = row_mask(row);
   for (int64_t i = 0; i < header_.seq_len; ++i) {
     inputs[i] = static_cast<int32_t>(t[i]);
-    targets[i] = m[i + 1] ? static_cast<int32_t>(t[i + 1]) : -1;
+    // In a "neat" row the first token of a document is no one's target (the token before it is in
+    // another document); prepare never marks it counted, and a file that does is read the same way.
+    const bool counted = (m[i + 1] & kMaskCounted) && !(m[i + 1] & kMaskDocStart);
+    targets[i] = counted ? static_cast<int32_t>(t[i + 1]) : -1;
+  }
+  if (starts == nullptr) return;
+  // A document continued from the row before begins again at position 0 here (rows never attend
+  // to each other).
+  const bool neat = document_masked();
+  int32_t at = 0;
+  for (int64_t i = 0; i < header_.seq_len; ++i) {
+    if (neat && (m[i] & kMaskDocStart)) at = static_cast<int32_t>(i);
+    starts[i] = at;
   }
 }
 

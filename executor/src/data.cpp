@@ -559,16 +559,17 @@ int64_t DataLoader::first_row(int64_t step, int64_t micro) const {
   return (step * options_.grad_accum + micro) * options_.micro_batch * options_.ranks + options_.rank;
 }
 
-Status DataLoader::fill(int64_t step, int64_t micro, int32_t* inputs, int32_t* targets) const {
+Status DataLoader::fill(int64_t step, int64_t micro, int32_t* inputs, int32_t* targets, int32_t* starts) const {
   MT_RETURN_IF_ERROR(check_position(step, micro));
   const int64_t t_len = options_.seq_len;
   const int64_t first = first_row(step, micro);
   for (int64_t b = 0; b < options_.micro_batch; ++b) {
     const RowSource src = row_source(first + b * options_.ranks);
     if (sequences_) {
-      sequences_->fill_row(src.file_row, inputs + b * t_len, targets + b * t_len);
+      sequences_->fill_row(src.file_row, inputs + b * t_len, targets + b * t_len, starts ? starts + b * t_len : nullptr);
       continue;
     }
+    if (starts) std::fill(starts + b * t_len, starts + (b + 1) * t_len, 0);
     const int64_t start = src.file_row * t_len;
     int32_t* in = inputs + b * t_len;
     int32_t* tg = targets + b * t_len;

@@ -80,6 +80,9 @@ struct Trainer::Impl {
   float* ws = nullptr;                 // layer backward / head workspace
   float* x_scratch = nullptr;          // forward output of the last layer per micro-batch
   std::vector<std::vector<int32_t>> inputs, targets;
+  // Per micro-batch, each token's document start in its row, when the data packs documents that
+  // attend only to themselves (DataLoader::document_masked); empty otherwise.
+  std::vector<std::vector<int32_t>> starts;
   std::vector<float> reference_x;      // the in-memory loop's working buffers
   // The in-memory loop's weights as the device would see them (the bf16 copy expanded), one array
   // per unit, allocated once so that each step only refills them.
@@ -251,6 +254,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   if (I.ranks() > 1) bo.device = options.comm->local_rank();  // one GPU per rank of a node
   // The in-memory loop is the CPU reference: "auto" means the CPU backend there.
   MT_ASSIGN_OR_RETURN(I.be, make_backend(!options.streamed && options.backend == "auto" ? "cpu" : options.backend, model, I.d, bo));
+  if (data.document_masked() && I.be->name() != "cpu")
+    return unsupported(data.source_name() + ": packed documents that attend only to themselves (packing \"neat\") train on the CPU "
+                       "backend only for now, not on " + I.be->name() + "; accepted: --backend cpu, or the data prepared with "
+                       "--pack or --pad");
   if (I.be->name() == "cpu" && plan.precision.compute != DType::kFp32) {
     const std::string why = cuda_unavailable_reason();
     return unsupported("precision.compute " + std::string(dtype_name(plan.precision.compute)) +
@@ -403,6 +410,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   }
   I.inputs.assign(static_cast<size_t>(I.A), std::vector<int32_t>(static_cast<size_t>(d.N)));
   I.targets.assign(static_cast<size_t>(I.A), std::vector<int32_t>(static_cast<size_t>(d.N)));
+  if (data.document_masked()) I.starts.assign(static_cast<size_t>(I.A), std::vector<int32_t>(static_cast<size_t>(d.N)));
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
@@ -432,6 +440,7 @@ MemoryInUse Trainer::memory_in_use() const {
   for (const auto& g : I.grad_pool) m.ram += 4 * g.size();
   for (const auto& v : I.inputs) m.ram += 4 * static_cast<int64_t>(v.size());
   for (const auto& v : I.targets) m.ram += 4 * static_cast<int64_t>(v.size());
+  for (const auto& v : I.starts) m.ram += 4 * static_cast<int64_t>(v.size());
   if (I.be->name() == "cpu") m.ram += m.device;  // the CPU backend's arena is host memory
   m.nvme = I.state->nvme_bytes();
   return m;
@@ -446,6 +455,13 @@ namespace {
 
 bool is_moe_unit(const Trainer::Impl& I, int64_t u) {
   return I.d.moe && u >= 1 && u <= I.L && I.state->units()[static_cast<size_t>(u)].find(TensorRole::kRouter) != nullptr;
+}
+
+// Micro-batch j's document starts on a layer's activations (packed documents that attend only to
+// themselves); every forward, recompute and backward of j gets them.
+LayerActs doc_acts(const Trainer::Impl& I, LayerActs a, int64_t j) {
+  if (!I.starts.empty()) a.doc_starts = I.starts[static_cast<size_t>(j)].data();
+  return a;
 }
 
 // The first forward of layer l for micro-batch j adds its routing statistics; a recompute does not.
@@ -848,7 +864,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     float* const* x = &xs[static_cast<size_t>(j * (I.L + 1))];
     MT_RETURN_IF_ERROR(I.be->embed(w[0].data(), I.inputs[static_cast<size_t>(j)].data(), x[0]));
     for (int64_t l = 1; l <= I.L; ++l) {
-      const LayerActs a = moe_forward_acts(I, bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]), l, j);
+      const LayerActs a = doc_acts(I, moe_forward_acts(I, bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]), l, j), j);
       MT_RETURN_IF_ERROR(I.be->layer_forward(view_unit(units(l), w[static_cast<size_t>(l)].data()), x[l - 1], x[l], a));
     }
     const float* fn = w[static_cast<size_t>(I.L + 1)].data() + head_u.find(TensorRole::kFinalNorm)->offset;
@@ -856,7 +872,7 @@ Status reference_step(Trainer::Impl& I, int64_t step, float grad_scale, StepResu
     MT_RETURN_IF_ERROR(I.be->head(fn, lm, x[I.L], I.targets[static_cast<size_t>(j)].data(), grad_scale, dx, dfn, dlm,
                                     &loss_sum, &count, ws));
     for (int64_t l = I.L; l >= 1; --l) {
-      const LayerActs a = moe_backward_acts(I, bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]), l, j);
+      const LayerActs a = doc_acts(I, moe_backward_acts(I, bind_layer_acts(d, act_buf[static_cast<size_t>(j * I.L + l - 1)]), l, j), j);
       MT_RETURN_IF_ERROR(I.be->layer_backward(view_unit(units(l), w[static_cast<size_t>(l)].data()), a, dx, dx,
                                           grad_unit(units(l), units(l).grad.data()), ws));
     }
@@ -1208,7 +1224,8 @@ class RoundRun {
     const int64_t l = op.layer, j = op.mb;
     float* act = I_.c > 0 ? I_.acts[0] : I_.acts[static_cast<size_t>((l - 1) * AR_ + j)];
     MT_RETURN_IF_ERROR(be_.layer_forward(weights_in(l, weights(op.load)), I_.hid[cur_][static_cast<size_t>(j)],
-                                         I_.hid[1 - cur_][static_cast<size_t>(j)], moe_forward_acts(I_, be_.bind_acts(act), l, j0_ + j)));
+                                         I_.hid[1 - cur_][static_cast<size_t>(j)],
+                                         doc_acts(I_, moe_forward_acts(I_, be_.bind_acts(act), l, j0_ + j), j0_ + j)));
     if (j == AR_ - 1) cur_ = 1 - cur_;  // the layer is done for every micro-batch
     return {};
   }
@@ -1233,7 +1250,7 @@ class RoundRun {
     const auto [lo, hi] = rd_.blocks[static_cast<size_t>(op.block)];
     const float* x = I_.host_ckpt ? I_.hid[0][jj] : I_.ckpt[static_cast<size_t>(op.checkpoint)][jj];
     float* out = l == hi ? I_.x_scratch : I_.acts[static_cast<size_t>(l - lo + 1)];  // the next layer's acts.x
-    const LayerActs acts = be_.bind_acts(I_.acts[static_cast<size_t>(l - lo)]);
+    const LayerActs acts = doc_acts(I_, be_.bind_acts(I_.acts[static_cast<size_t>(l - lo)]), j0_ + op.mb);
     return be_.layer_forward(weights_in(l, weights(op.load)), l == lo ? x : acts.x, out, acts);
   }
   Status backward(const step::Op& op) {
@@ -1243,7 +1260,7 @@ class RoundRun {
     float* dx = I_.dhid[static_cast<size_t>(j)];
     float* g = grad_of_[static_cast<size_t>(l)];
     I_.arena->check_view(g, unit(l).numel, "a unit's gradient");
-    return be_.layer_backward(weights_in(l, weights(op.load)), moe_backward_acts(I_, be_.bind_acts(act), l, j0_ + j), dx, dx,
+    return be_.layer_backward(weights_in(l, weights(op.load)), doc_acts(I_, moe_backward_acts(I_, be_.bind_acts(act), l, j0_ + j), j0_ + j), dx, dx,
                               grad_unit(unit(l), g), I_.ws);
   }
   Status embed_backward(const step::Op& op) {
@@ -1345,12 +1362,15 @@ Result<EvalResult> Trainer::evaluate(const DataLoader& eval) {
   };
   double loss_sum = 0;
   int64_t count = 0;
+  // Packed documents that attend only to themselves: each batch's document starts.
+  std::vector<std::vector<int32_t>> estarts(eval.document_masked() ? static_cast<size_t>(I.A) : 0,
+                                            std::vector<int32_t>(static_cast<size_t>(d.N)));
   for (int64_t g0 = 0; g0 < batches; g0 += I.A) {
     const int64_t n = std::min(I.A, batches - g0);
     for (int64_t j = 0; j < n; ++j) {
       std::vector<int32_t>& in = I.inputs[static_cast<size_t>(j)];
       std::vector<int32_t>& tg = I.targets[static_cast<size_t>(j)];
-      MT_RETURN_IF_ERROR(eval.fill(g0 + j, 0, in.data(), tg.data()));
+      MT_RETURN_IF_ERROR(eval.fill(g0 + j, 0, in.data(), tg.data(), estarts.empty() ? nullptr : estarts[static_cast<size_t>(j)].data()));
       // The last batch's rows past the end of the set come round again from its start: not counted.
       for (int64_t b = 0; b < d.B; ++b)
         if ((g0 + j) * d.B + b >= rows) std::fill(tg.begin() + b * d.T, tg.begin() + (b + 1) * d.T, -1);
@@ -1363,7 +1383,9 @@ Result<EvalResult> Trainer::evaluate(const DataLoader& eval) {
       for (int64_t j = 0; j < n; ++j) {
         float* x = cur0 ? hid0[static_cast<size_t>(j)] : hid1[static_cast<size_t>(j)];
         float* y = cur0 ? hid1[static_cast<size_t>(j)] : hid0[static_cast<size_t>(j)];
-        MT_RETURN_IF_ERROR(I.be->layer_forward(I.be->view_weights(units(l), w), x, y, moe_forward_acts(I, I.be->bind_acts(act), l, j)));
+        LayerActs a = moe_forward_acts(I, I.be->bind_acts(act), l, j);
+        if (!estarts.empty()) a.doc_starts = estarts[static_cast<size_t>(j)].data();
+        MT_RETURN_IF_ERROR(I.be->layer_forward(I.be->view_weights(units(l), w), x, y, a));
       }
       cur0 = !cur0;
     }
@@ -1422,7 +1444,8 @@ Result<StepResult> Trainer::run_step(int64_t step) {
     if (!r.applied) ++I.skipped;
   };
   for (int64_t j = 0; j < I.A; ++j)
-    MT_RETURN_IF_ERROR(I.data->fill(step, j, I.inputs[static_cast<size_t>(j)].data(), I.targets[static_cast<size_t>(j)].data()));
+    MT_RETURN_IF_ERROR(I.data->fill(step, j, I.inputs[static_cast<size_t>(j)].data(), I.targets[static_cast<size_t>(j)].data(),
+                                    I.starts.empty() ? nullptr : I.starts[static_cast<size_t>(j)].data()));
   // The loss is the mean over the step's counted targets (a prepared dataset's mask leaves prompts
   // and padding out as -1), as transformers' Trainer divides by the items in the whole batch: so
   // the gradient is scaled by one over their number, not over every token.

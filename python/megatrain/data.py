@@ -94,7 +94,7 @@ class Dataset:
             out = os.path.join(work_dir, f"{name}-{key}.mtseq")
             if not os.path.isfile(out):
                 self.info = errors.call(_megatrain.prepare_dataset, s["tokenizer"], s["paths"], s["format"], s["fields"], seq_len,
-                                        s["packing"] == "pack", s["split_long"], s["train_on"] or "", s["chat_template"] or "", out)
+                                        s["packing"], s["split_long"], s["train_on"] or "", s["chat_template"] or "", out)
             else:
                 self.info = dict(errors.call(_megatrain.sequence_header, out))
             return out
@@ -129,7 +129,11 @@ def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = Non
             file (then ``tokenizer`` is not needed).
         tokenizer: a model folder with tokenizer.json (and tokenizer_config.json for chat templates).
         format: "auto", "text", "alpaca", "chat" or "sharegpt" (megatrain-data prepare --format).
-        packing: "pack" (documents joined across rows) or "pad" (one document per row).
+        packing: "pack" (documents end to end, each attending to the ones before it in its row, as
+            transformers' group_texts; the default), "neat" (end to end, each attending only to
+            itself with its positions from 0, as transformers' flattening collator and
+            LLaMA-Factory's neat_packing; the CPU backend trains it, the CUDA backend refuses it
+            for now) or "pad" (one document per row).
         train_on: "all" or "assistant"; None: assistant answers for alpaca and chat, all otherwise.
         split_long: with packing "pad", a document longer than a row goes on in further rows.
         chat_template: a Jinja template's source to use instead of the tokenizer's.
@@ -146,8 +150,8 @@ def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = Non
         if len(paths) != 1:
             raise ValueError("load_dataset: several files need tokenizer=<model folder with tokenizer.json>")
         return Dataset.from_file(paths[0])
-    if packing not in ("pack", "pad"):
-        raise ValueError(f"packing={packing!r}: accepted: 'pack', 'pad'")
+    if packing not in ("pack", "neat", "pad"):
+        raise ValueError(f"packing={packing!r}: accepted: 'pack', 'neat', 'pad'")
     if train_on not in (None, "all", "assistant", "answer"):
         raise ValueError(f"train_on={train_on!r}: accepted: None, 'all', 'assistant'")
     fields = dict(fields or {})

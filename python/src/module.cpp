@@ -197,7 +197,7 @@ py::dict model_info(const std::string& model) {
 // A prepared dataset from rows the Python side made (tokens and mask: rows x (seq_len + 1)).
 void write_sequences(const std::string& path, py::array_t<uint32_t, py::array::c_style> tokens, py::array_t<uint8_t, py::array::c_style> mask,
                      int64_t vocab_size, int32_t eos_id, int32_t pad_id, int64_t documents, int64_t truncated, int64_t real_tokens,
-                     const std::string& train_on, const std::string& source) {
+                     const std::string& train_on, const std::string& source, const std::string& packing) {
   if (tokens.ndim() != 2 || mask.ndim() != 2 || tokens.shape(0) != mask.shape(0) || tokens.shape(1) != mask.shape(1) || tokens.shape(1) < 2)
     raise_status(invalid_argument("write_sequences: tokens and mask must both be rows x (seq_len + 1), seq_len >= 1"));
   data::SequenceHeader h;
@@ -205,7 +205,9 @@ void write_sequences(const std::string& path, py::array_t<uint32_t, py::array::c
   h.vocab_size = vocab_size;
   h.eos_id = eos_id;
   h.pad_id = pad_id;
-  h.packing = "pad";
+  if (packing != "pad" && packing != "pack" && packing != "neat")
+    raise_status(invalid_argument("write_sequences: packing '" + packing + "': accepted: pad, pack, neat"));
+  h.packing = packing;
   h.train_on = train_on;
   h.documents = documents;
   h.truncated = truncated;
@@ -215,8 +217,10 @@ void write_sequences(const std::string& path, py::array_t<uint32_t, py::array::c
   data::SequenceRows rows;
   rows.tokens.assign(tokens.data(), tokens.data() + tokens.size());
   rows.mask.assign(mask.data(), mask.data() + mask.size());
-  int64_t counted = 0;
-  for (uint8_t m : rows.mask) counted += m != 0;
+  int64_t counted = 0;  // the targets fill_row counts: the counted bit, not at a document's first token
+  for (int64_t i = 0; i < static_cast<int64_t>(rows.mask.size()); ++i)
+    counted += (i % (h.seq_len + 1)) != 0 && (rows.mask[static_cast<size_t>(i)] & data::kMaskCounted) &&
+               !(rows.mask[static_cast<size_t>(i)] & data::kMaskDocStart);
   h.counted = counted;
   if (Status s = data::write_sequence_file(path, h, rows); !s.ok()) raise_status(s);
 }
@@ -240,8 +244,10 @@ py::dict header_dict(const data::SequenceHeader& h) {
 // megatrain-data prepare: a dataset file (or several) tokenized with a model folder's tokenizer into a
 // prepared dataset at `out`. Returns the header's counts.
 py::dict prepare_dataset(const std::string& tokenizer, const std::vector<std::string>& inputs, const std::string& format,
-                         const std::map<std::string, std::string>& fields, int64_t seq_len, bool pack, bool split_long,
+                         const std::map<std::string, std::string>& fields, int64_t seq_len, const std::string& packing, bool split_long,
                          const std::string& train_on, const std::string& chat_template, const std::string& out) {
+  if (packing != "pack" && packing != "neat" && packing != "pad")
+    raise_status(invalid_argument("packing '" + packing + "': accepted: pack, neat, pad"));
   data::FieldNames names;
   for (const auto& [k, v] : fields) {
     if (k == "text") names.text = v;
@@ -255,7 +261,8 @@ py::dict prepare_dataset(const std::string& tokenizer, const std::vector<std::st
   }
   data::PrepareOptions o;
   o.seq_len = seq_len;
-  o.pack = pack;
+  o.pack = packing != "pad";
+  o.neat = packing == "neat";
   o.split_long = split_long;
   o.train_on = train_on;
   o.chat_template = chat_template;
@@ -584,9 +591,9 @@ PYBIND11_MODULE(_megatrain, m) {
   m.def("model_info", &model_info, py::arg("model"));
   m.def("write_sequences", &write_sequences, py::arg("path"), py::arg("tokens"), py::arg("mask"), py::arg("vocab_size"),
         py::arg("eos_id"), py::arg("pad_id"), py::arg("documents"), py::arg("truncated"), py::arg("real_tokens"),
-        py::arg("train_on"), py::arg("source"));
+        py::arg("train_on"), py::arg("source"), py::arg("packing") = "pad");
   m.def("prepare_dataset", &prepare_dataset, py::arg("tokenizer"), py::arg("inputs"), py::arg("format"), py::arg("fields"),
-        py::arg("seq_len"), py::arg("pack"), py::arg("split_long"), py::arg("train_on"), py::arg("chat_template"), py::arg("out"));
+        py::arg("seq_len"), py::arg("packing"), py::arg("split_long"), py::arg("train_on"), py::arg("chat_template"), py::arg("out"));
   m.def("rows_per_epoch", &rows_per_epoch, py::arg("path"), py::arg("seq_len"));
   m.def("sequence_header", &sequence_header, py::arg("path"));
   m.def("write_safetensors", &write_safetensors, py::arg("path"), py::arg("tensors"));

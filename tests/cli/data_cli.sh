@@ -63,6 +63,11 @@ PY
 check "prepare: exit 0 and a summary" "[ $? -eq 0 ] && grep -q 'documents 3 (alpaca format)' $tmp/out && grep -q 'train on assistant' $tmp/out"
 "$data" inspect "$tmp/sft.mtseq" --rows 1 >"$tmp/out" 2>&1
 check "inspect: counts and a row with the prompt marked" "grep -q '3 rows of 129 tokens (pad)' $tmp/out && grep -q 'counted targets' $tmp/out && grep -q \"\$(printf '\\u27e6')\" $tmp/out"
+"$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 16 --pack-neat -o "$tmp/neat.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare --pack-neat: the header says neat, and the summary says each document attends only to itself" \
+  "[ $? -eq 0 ] && grep -q 'each document attending only to itself' $tmp/out && \"$data\" inspect $tmp/neat.mtseq --rows 0 | grep -q 'neat'"
+"$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 16 --pack-neat --pad -o "$tmp/x.mtseq" >"$tmp/out" 2>"$tmp/err"
+check "prepare --pack-neat --pad: refused (one packing)" "[ $? -ne 0 ] && [ ! -e $tmp/x.mtseq ]"
 "$data" prepare --tokenizer "$tmp/model" --input "$tmp/bad.jsonl" --format alpaca --seq 128 -o "$tmp/x.mtseq" >"$tmp/out" 2>"$tmp/err"
 check "prepare of a record without its output: exit 1, file:line and field named, nothing written" \
   "[ $? -eq 1 ] && grep -q \"bad.jsonl:1: no 'output' field\" $tmp/err && [ ! -e $tmp/x.mtseq ]"

@@ -161,6 +161,44 @@ TEST(Datasets, PackedRowsAndTheirMaskByHand) {
   EXPECT_EQ(h.counted, 6);
 }
 
+// Packing without cross-document attention: each document's first token is marked as a start
+// (kMaskDocStart) and is no one's target; fill_row gives every token its document's start within
+// the row (a document continued from the row before starts again at 0).
+TEST(Datasets, NeatPackedRowsMarkEachDocumentsStartByHand) {
+  Scratch s;
+  auto tok = Tokenizer::load(letters_tokenizer(s));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const std::vector<Document> docs = {{"", "ab"}, {"", "cdefg"}, {"", "h"}};  // 3, 6 and 2 tokens with eos
+  PrepareOptions o;
+  o.seq_len = 4;
+  o.neat = true;
+  SequenceHeader h;
+  auto rows = build_rows(*tok, docs, "text", o, h);
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  EXPECT_EQ(h.packing, "neat");
+  // The stream: a b <eos> | c d e f g <eos> | h <eos>, rows of 5: [a b eos c d] [e f g eos h] [eos pad ...]
+  EXPECT_EQ(rows->tokens, (std::vector<uint32_t>{0, 1, 27, 2, 3, 4, 5, 6, 27, 7, 27, 28, 28, 28, 28}));
+  EXPECT_EQ(rows->mask, (std::vector<uint8_t>{2, 1, 1, 2, 1, 1, 1, 1, 1, 2, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(h.counted, 3 + 3) << "a row's first token and a document's first token are no one's targets";
+  ASSERT_TRUE(write_sequence_file(s.dir / "neat.mtseq", h, *rows).ok());
+  auto f = SequenceFile::open(s.dir / "neat.mtseq");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_TRUE(f->document_masked());
+  std::vector<int32_t> in(4), tg(4), st(4);
+  f->fill_row(0, in.data(), tg.data(), st.data());
+  EXPECT_EQ(tg, (std::vector<int32_t>{1, 27, -1, 3})) << "c (token 3) starts a document: not the target of a's eos";
+  EXPECT_EQ(st, (std::vector<int32_t>{0, 0, 0, 3}));
+  f->fill_row(1, in.data(), tg.data(), st.data());
+  EXPECT_EQ(tg, (std::vector<int32_t>{5, 6, 27, -1}));
+  EXPECT_EQ(st, (std::vector<int32_t>{0, 0, 0, 0})) << "the document continued from row 0 starts again at 0";
+  // Plain packing (the default) marks nothing and fills zeros.
+  o.neat = false;
+  rows = build_rows(*tok, docs, "text", o, h);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(h.packing, "pack");
+  EXPECT_EQ(rows->mask, (std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}));
+}
+
 TEST(Datasets, PaddedRowsTruncateOrSplitByHand) {
   Scratch s;
   auto tok = Tokenizer::load(letters_tokenizer(s));

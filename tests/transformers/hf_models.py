@@ -165,15 +165,18 @@ def train(model: transformers.PreTrainedModel, steps_data, *, lr: float, warmup:
     losses, aux_losses, norms = [], [], []
     model.train()
     for step in steps_data:
-        items = sum(int((labels[:, 1:] != -100).sum()) for _, labels in step)
+        # A micro-batch is (ids, labels), or a list of them: the documents of packed rows, each run
+        # alone (what packing without cross-document attention must equal).
+        pieces = [p for mb in step for p in (mb if isinstance(mb, list) else [mb])]
+        items = sum(int((labels[:, 1:] != -100).sum()) for _, labels in pieces)
         ce_sum, aux = 0.0, []
-        for ids, labels in step:
+        for ids, labels in pieces:
             kw = {"output_router_logits": True} if moe else {}
             out = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(items), **kw)
             loss = out.loss
             if slip == Slip.MICRO_MEAN:
                 counted = int((labels[:, 1:] != -100).sum())
-                loss = loss * items / counted / len(step)
+                loss = loss * items / max(counted, 1) / len(pieces)
             loss.backward()
             logits = out.logits.double()
             ce_sum += float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),

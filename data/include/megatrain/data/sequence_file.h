@@ -8,7 +8,9 @@
 //   bytes 8-15     the header's length in bytes, uint64 little-endian
 //   bytes 16-      the header: one JSON object (SequenceHeader), then zeros up to byte 4096
 //   4096-          tokens: rows x (seq_len + 1) uint32 little-endian
-//   then           mask:   rows x (seq_len + 1) uint8, 1 where the token is a counted target
+//   then           mask:   rows x (seq_len + 1) uint8: bit 0 (kMaskCounted) where the token is a
+//                  counted target; bit 1 (kMaskDocStart), in files packed "neat", where a document
+//                  begins (each document then attends only to itself: fill_row's starts)
 // The header's xxh64 covers the tokens and the mask, and its sizes fix the file's length: a file
 // cut short, grown or changed is refused by name. The writer publishes it atomically (a temporary
 // beside it, fsync, rename), so a partial write never looks complete.
@@ -26,13 +28,18 @@ namespace megatrain::data {
 
 inline constexpr char kSequenceMagic[8] = {'M', 'T', 'S', 'E', 'Q', '0', '0', '1'};
 inline constexpr int64_t kSequenceDataOffset = 4096;
+inline constexpr uint8_t kMaskCounted = 1;   // the token is a counted target
+inline constexpr uint8_t kMaskDocStart = 2;  // a document begins at the token ("neat" packing)
 
 struct SequenceHeader {
   int64_t rows = 0;
   int64_t seq_len = 0;     // T: a row holds T + 1 tokens
   int64_t vocab_size = 0;  // the tokenizer's: every token is below it
   int32_t eos_id = -1, pad_id = -1;
-  std::string packing = "pack";   // pack | pad
+  // neat: documents end to end, each attending only to itself (the mask's kMaskDocStart bits);
+  // pack: end to end, each attending to the ones before it in its row (plain packing; what files
+  // written before 2026-12-07 hold); pad: one document per row.
+  std::string packing = "pack";
   std::string train_on = "all";   // all | answer
   int64_t documents = 0;          // documents read
   int64_t truncated = 0;          // documents cut at the row length (pad) ...
@@ -74,8 +81,12 @@ class SequenceFile {
   int64_t seq_len() const { return header_.seq_len; }
   const uint32_t* row_tokens(int64_t row) const { return tokens_ + row * (header_.seq_len + 1); }
   const uint8_t* row_mask(int64_t row) const { return mask_ + row * (header_.seq_len + 1); }
-  // inputs[t] = token t, targets[t] = token t + 1 where counted, else -1; t < seq_len.
-  void fill_row(int64_t row, int32_t* inputs, int32_t* targets) const;
+  // inputs[t] = token t, targets[t] = token t + 1 where counted, else -1; t < seq_len. With
+  // `starts` (seq_len int32): the first position of token t's document in the row, for a "neat"
+  // file; 0 everywhere otherwise (the row is one context).
+  void fill_row(int64_t row, int32_t* inputs, int32_t* targets, int32_t* starts = nullptr) const;
+  // The rows' documents attend only to themselves (packing "neat").
+  bool document_masked() const { return header_.packing == "neat"; }
 
  private:
   SequenceFile() = default;

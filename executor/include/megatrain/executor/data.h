@@ -157,8 +157,13 @@ class DataLoader {
   RowSource row_source(int64_t global_row) const;
 
   Result<Batch> batch(int64_t step, int64_t micro) const;
-  // The same rows into caller buffers of micro_batch * seq_len int32 each (pinned staging, say).
-  Status fill(int64_t step, int64_t micro, int32_t* inputs, int32_t* targets) const;
+  // The same rows into caller buffers of micro_batch * seq_len int32 each (pinned staging, say);
+  // with `starts`, each token's document start within its row (SequenceFile::fill_row; 0 when the
+  // data is not document_masked()).
+  Status fill(int64_t step, int64_t micro, int32_t* inputs, int32_t* targets, int32_t* starts = nullptr) const;
+  // The rows pack documents that attend only to themselves (a prepared dataset packed "neat"): the
+  // trainer then passes each micro-batch's document starts to every layer.
+  bool document_masked() const { return sequences_ != nullptr && sequences_->document_masked(); }
 
  private:
   struct PermutationCache;
