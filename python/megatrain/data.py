@@ -46,7 +46,10 @@ class Dataset:
     def from_rows(cls, rows: Sequence[Any]) -> "Dataset":
         """Rows as Hugging Face's causal-LM datasets hold them: dicts with ``input_ids`` and optional
         ``labels`` (-100: not counted) and ``attention_mask`` (ones, then trailing zeros for padding),
-        or plain lists of token ids (every next token counts)."""
+        or plain lists of token ids (every next token counts). Rows with ``position_ids`` (as
+        transformers' DataCollatorWithFlattening and TRL's padding-free packing make them: 0 where
+        a document begins, then counting up) pack several documents that attend only to themselves
+        (packing "neat"; the CPU backend trains it, the CUDA backend refuses it for now)."""
         if isinstance(rows, (str, bytes, os.PathLike)) or not hasattr(rows, "__len__") or not hasattr(rows, "__getitem__"):
             raise ValueError("train_dataset: accepted: mt.load_dataset(...), a path to a prepared dataset or token file, "
                              "or a sequence of rows ({'input_ids': [...], 'labels': [...]} or lists of ids)")
@@ -101,7 +104,7 @@ class Dataset:
         tokens, mask, stats = rows_to_arrays(self._spec["rows"], seq_len, vocab_size)
         out = os.path.join(work_dir, f"{name}.mtseq")
         errors.call(_megatrain.write_sequences, out, tokens, mask, vocab_size, -1, stats["pad_id"], len(tokens),
-                    stats["truncated"], stats["tokens"], "all", "python rows")
+                    stats["truncated"], stats["tokens"], "all", "python rows", stats["packing"])
         self.info = dict(stats, rows=len(tokens), seq_len=seq_len)
         return out
 
@@ -225,4 +228,26 @@ def rows_to_arrays(rows: Sequence[Any], seq_len: int, vocab_size: int):
             raise ValueError(f"row {i}: labels[{t}] is {int(labels[t])}, and input_ids[{t}] is {int(ids[t])}; accepted: a label equal "
                              f"to the input id at the same position (the model shifts them), or -100 (not counted)")
         mask[i, 1:m] = counted
-    return tokens, mask, {"truncated": truncated, "padded": padded, "tokens": real, "pad_id": 0}
+    # Packed rows (position_ids restarting at 0 at each document): each document's first token marked
+    # as a start (kMaskDocStart = 2) and no one's target.
+    neat = False
+    for i in range(n):
+        row = rows[i]
+        pos = row.get("position_ids") if isinstance(row, dict) else None
+        if pos is None:
+            continue
+        pos = np.asarray(pos.tolist() if hasattr(pos, "tolist") else list(pos), dtype=np.int64).reshape(-1)
+        m = min(len(_row_ids(row, i)), seq_len)
+        if len(pos) < m:
+            raise ValueError(f"row {i}: {len(pos)} position_ids for {m} input_ids; accepted: one per input id")
+        pos = pos[:m]
+        ok = (pos == 0) | (np.concatenate(([False], pos[1:] == pos[:-1] + 1)))
+        if not ok.all() or pos[0] != 0:
+            t = 0 if pos[0] != 0 else int(np.flatnonzero(~ok)[0])
+            raise ValueError(f"row {i}: position_ids[{t}] is {int(pos[t])}; accepted: 0 where a document begins, else the previous "
+                             "position + 1 (transformers' DataCollatorWithFlattening)")
+        starts = np.flatnonzero(pos == 0)
+        mask[i, starts] = 2
+        neat = True
+    return tokens, mask, {"truncated": truncated, "padded": padded, "tokens": real, "pad_id": 0,
+                          "packing": "neat" if neat else "pad"}

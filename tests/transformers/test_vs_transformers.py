@@ -387,10 +387,26 @@ def test_packed_documents_train_as_transformers_on_each_document_alone(arch, tmp
     m32, m64 = copy.deepcopy(model), hf.double_copy(model)
     l32, a32, _ = hf.train(m32, steps, **HYPER)
     l64, a64, _ = hf.train(m64, steps, **HYPER)
-    print(f"{arch} packed without cross-document attention:")
-    ok = compare_training("llama", losses, [], state64(load_back(str(tmp_path / "ck" / f"step-{STEPS:08d}"))),
-                          (l32, l64, a32, a64, state64(m32), state64(m64)), True)
+    ref = (l32, l64, a32, a64, state64(m32), state64(m64))
+    print(f"{arch} packed without cross-document attention, megatrain-exec:")
+    ok = compare_training("llama", losses, [], state64(load_back(str(tmp_path / "ck" / f"step-{STEPS:08d}"))), ref, True)
+    # The same rows given to mt.Trainer as transformers' flattening collator makes them (position_ids).
+    rows = [{"input_ids": [int(t) for p in row for t in p[0][0]], "labels": [int(t) for p in row for t in p[1][0]],
+             "position_ids": [k for p in row for k in range(p[0].shape[1])]} for row in pieces]
+    live = copy.deepcopy(model)
+    _, t_losses = trainer_run(tmp_path, live, rows)
+    print(f"{arch} packed without cross-document attention, mt.Trainer with position_ids:")
+    ok = compare_training("llama", t_losses, [], state64(live), ref, ok)
     assert ok
+
+
+def test_position_ids_that_do_not_pack_documents_are_refused():
+    ok = [{"input_ids": [5, 6, 7, 8], "position_ids": [0, 1, 0, 1]}]
+    tokens, mask, stats = rows_to_arrays(ok, 4, hf.VOCAB)
+    assert stats["packing"] == "neat" and mask[0].tolist() == [2, 1, 2, 1, 0]
+    for bad, at in (([0, 1, 3, 4], 2), ([1, 2, 3, 4], 0)):
+        with pytest.raises(ValueError, match=rf"row 0: position_ids\[{at}\]"):
+            rows_to_arrays([{"input_ids": [5, 6, 7, 8], "position_ids": bad}], 4, hf.VOCAB)
 
 
 # ---- slips: the comparison must fail on each ----------------------------------------------------
