@@ -38,7 +38,6 @@ std::string supported_list() {
   return s;
 }
 
-// Reads an optional integer that HF writes as null when unused (sliding_window).
 // transformers 5 writes RoPE as one object, rope_parameters {rope_theta, rope_type, factor, ...},
 // where earlier releases (and the published configs) write rope_theta and rope_scaling. The object
 // is read as those two keys; a config that gives both forms must give the same theta.
@@ -65,6 +64,7 @@ Status fold_rope_parameters(Json& j, const std::string& what) {
   return {};
 }
 
+// Reads an optional integer that HF writes as null when unused (sliding_window).
 Status read_nullable_int(const Json& j, const std::string& key, int64_t& out, const std::string& what) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return {};

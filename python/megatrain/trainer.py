@@ -559,8 +559,9 @@ def _say(line: str) -> None:
 
 
 def _export_torch_model(model: Any, folder: str) -> Model:
-    """A PyTorch model's config and weights as a Hugging Face folder (config.json, model.safetensors
-    in fp32), from which the run starts."""
+    """A PyTorch model's config and weights as a Hugging Face folder (config.json and safetensors:
+    a transformers model in its own dtype by its own save_pretrained, another model in fp32), from
+    which the run starts."""
     if _is_transformers_model(model):
         # transformers' own writer: its state dict may differ from the checkpoint format (transformers
         # 5 keeps Mixtral's and Qwen3-MoE's experts fused in memory and writes them one by one).

@@ -184,6 +184,31 @@ Status error_of(const Json& cfg) {
   return s.ok() ? Status() : s.status();
 }
 
+// transformers 5 writes rope_parameters (theta, type and scaling in one object): read as the
+// published rope_theta and rope_scaling; both forms given must agree.
+TEST(ModelSpecTransformers5, RopeParametersAreReadAsRopeThetaAndRopeScaling) {
+  Json c = base_config();
+  c["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "default"}};
+  auto m = ModelSpec::from_config_json(c.dump(), "cfg");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->config().rope_theta, 500000.0);
+  EXPECT_TRUE(m->config().rope_scaling_type.empty());
+  c["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  m = ModelSpec::from_config_json(c.dump(), "cfg");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->config().rope_scaling_type, "llama3");
+  EXPECT_EQ(m->config().rope_scaling_factor, 8.0);
+  EXPECT_EQ(m->config().rope_original_max_position, 64.0);
+  c["rope_theta"] = 10000.0;
+  Status s = error_of(c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("contradicts rope_parameters.rope_theta"), std::string::npos) << s.message();
+  c.erase("rope_theta");
+  c["rope_parameters"] = "yarn";
+  EXPECT_NE(error_of(c).message().find("rope_parameters: expected an object"), std::string::npos);
+}
+
 TEST(ModelSpecErrors, UnsupportedArchitectureNamesTheField) {
   Json c = base_config();
   c["architectures"] = {"GPT2LMHeadModel"};
