@@ -215,7 +215,8 @@ void print_header(const RunOptions& o, const Plan& plan, const ModelSpec& model,
       static_cast<long long>(total), o.in_memory ? "in-memory loop" : "streamed", trainer.backend_description().c_str());
   if (loader.prepared()) {
     const data::SequenceHeader& h = loader.sequences().header();
-    say(out, "data: %s: %lld rows (%s), %lld of their %lld targets count (train on %s): the loss and tokens/s count those",
+    say(out, "data: %s: %lld rows (%s), %lld of their %lld targets count (train on %s): the loss and targets/s count those, "
+        "tokens/s every position",
         loader.source_name().c_str(), static_cast<long long>(h.rows), h.packing.c_str(), static_cast<long long>(h.counted),
         static_cast<long long>(h.rows * h.seq_len), h.train_on.c_str());
   }
@@ -597,8 +598,13 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
       moe = buf;
     }
     if (r.applied) {
-      say(out, "step %5lld/%lld  loss %.4f%s  %8.0f tokens/s  stall %4.1f%%  ETA %s", static_cast<long long>(s + 1),
-          static_cast<long long>(total), r.loss, moe.c_str(), static_cast<double>(r.tokens) / r.time_s, 100.0 * r.stall_s / r.time_s,
+      // One unit for speed (the plan's): tokens/s over every position of the step's rows; with a
+      // loss mask, the counted targets/s beside it, labelled.
+      const double positions = static_cast<double>(loader.tokens_per_step() * loader.options().ranks);
+      char targets[48] = "";
+      if (loader.prepared()) std::snprintf(targets, sizeof targets, " (%.0f targets/s)", static_cast<double>(r.tokens) / r.time_s);
+      say(out, "step %5lld/%lld  loss %.4f%s  %8.0f tokens/s%s  stall %4.1f%%  ETA %s", static_cast<long long>(s + 1),
+          static_cast<long long>(total), r.loss, moe.c_str(), positions / r.time_s, targets, 100.0 * r.stall_s / r.time_s,
           format_duration(eta).c_str());
     } else {
       ++summary.skipped_steps;

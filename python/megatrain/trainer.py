@@ -397,7 +397,8 @@ class Trainer:
             self.state.log_history = [e for e in self._saved_log() if e.get("step", 0) <= first]
         self.control._new_training()
         run_losses: List[float] = []
-        window = {"loss": 0.0, "steps": 0, "tokens": 0, "time": 0.0}
+        window = {"loss": 0.0, "steps": 0, "tokens": 0, "positions": 0, "time": 0.0}
+        positions_per_step = r["seq_len"] * a.per_device_train_batch_size * a.gradient_accumulation_steps
         start = time.monotonic()
         trainer = self
 
@@ -417,6 +418,7 @@ class Trainer:
                     window["loss"] += d["loss"]
                     window["steps"] += 1
                 window["tokens"] += d["tokens"]
+                window["positions"] += positions_per_step
                 window["time"] += d["time_s"]
                 trainer._event("on_step_end")
                 c = trainer.control
@@ -432,9 +434,11 @@ class Trainer:
                 if c.should_log:
                     logs = {"loss": window["loss"] / window["steps"] if window["steps"] else float("nan"),
                             "grad_norm": d["grad_norm"], "learning_rate": d["learning_rate"],
-                            "tokens_per_second": window["tokens"] / window["time"] if window["time"] > 0 else 0.0,
+                            # every position of the rows, as the plan counts; and the counted targets
+                            "tokens_per_second": window["positions"] / window["time"] if window["time"] > 0 else 0.0,
+                            "targets_per_second": window["tokens"] / window["time"] if window["time"] > 0 else 0.0,
                             "epoch": st.epoch}
-                    window.update(loss=0.0, steps=0, tokens=0, time=0.0)
+                    window.update(loss=0.0, steps=0, tokens=0, positions=0, time=0.0)
                     trainer.log(logs)
                 evaluate = bool(c.should_evaluate and trainer.eval_dataset is not None)
                 stop = c.should_training_stop and st.global_step < st.max_steps

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -37,6 +38,12 @@ def test_python_and_megatrain_exec_train_the_same_bits(tmp_path):
     assert [e["step"] for e in logged] == [1, 2, 3, 4]
     assert [e["loss"] for e in logged] == py_losses
     assert all(e["tokens_per_second"] > 0 and e["grad_norm"] > 0 for e in logged)
+    # One unit for speed: tokens/s over every position (the plan's unit), targets/s over the counted
+    # ones (the rows' prompts and padding are masked, so fewer), in the log and the progress line.
+    assert all(e["targets_per_second"] < e["tokens_per_second"] for e in logged)
+    lines = [ln for ln in run_exec(str(tmp_path / "py" / "megatrain.plan.json"), "--data", str(tmp_path / "py" / "data" / "train.mtseq"),
+                                   "--steps", "4").stdout.splitlines() if ln.startswith("step ")]
+    assert len(lines) == 4 and all(re.search(r"\d+ tokens/s \(\d+ targets/s\)", ln) for ln in lines), lines
     # Hugging Face's linear schedule with 1 warmup step of 4: 0, then 1e-3 x (4 - s) / 3.
     assert [e["learning_rate"] for e in logged] == pytest.approx([0.0, 1e-3, 1e-3 * 2 / 3, 1e-3 / 3], rel=1e-12, abs=1e-18)
     assert trainer.state.log_history[-1]["train_loss"] == pytest.approx(np.mean(py_losses))
