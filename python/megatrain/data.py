@@ -188,6 +188,25 @@ def _row_ids(row: Any, index: int) -> np.ndarray:
     return arr
 
 
+def _document_starts(row: Any, i: int, m: int) -> Optional[np.ndarray]:
+    """The positions where a packed row's documents begin, from its ``position_ids`` (transformers'
+    DataCollatorWithFlattening: 0 where a document begins, then counting up) over its first m
+    tokens; None for a row without them."""
+    pos = row.get("position_ids") if isinstance(row, dict) else None
+    if pos is None:
+        return None
+    pos = np.asarray(pos.tolist() if hasattr(pos, "tolist") else list(pos), dtype=np.int64).reshape(-1)
+    if len(pos) < m:
+        raise ValueError(f"row {i}: {len(pos)} position_ids for {m} input_ids; accepted: one per input id")
+    pos = pos[:m]
+    ok = (pos == 0) | (np.concatenate(([False], pos[1:] == pos[:-1] + 1)))
+    if not ok.all() or pos[0] != 0:
+        t = 0 if pos[0] != 0 else int(np.flatnonzero(~ok)[0])
+        raise ValueError(f"row {i}: position_ids[{t}] is {int(pos[t])}; accepted: 0 where a document begins, else the previous "
+                         "position + 1 (transformers' DataCollatorWithFlattening)")
+    return np.flatnonzero(pos == 0)
+
+
 def rows_to_arrays(rows: Sequence[Any], seq_len: int, vocab_size: int):
     """Rows as a prepared dataset's arrays: tokens and mask, len(rows) x (seq_len + 1). Rows shorter
     than seq_len are padded (the padding never counts), longer ones truncated to seq_len tokens."""
@@ -195,6 +214,7 @@ def rows_to_arrays(rows: Sequence[Any], seq_len: int, vocab_size: int):
     tokens = np.zeros((n, seq_len + 1), dtype=np.uint32)
     mask = np.zeros((n, seq_len + 1), dtype=np.uint8)
     truncated = padded = real = 0
+    neat = False
     for i in range(n):
         row = rows[i]
         ids = _row_ids(row, i)
@@ -220,34 +240,17 @@ def rows_to_arrays(rows: Sequence[Any], seq_len: int, vocab_size: int):
         tokens[i, :m] = ids
         if labels is None:
             mask[i, 1:m] = 1
-            continue
-        counted = labels[1:] != IGNORE_INDEX
-        wrong = counted & (labels[1:] != ids[1:])
-        if wrong.any():
-            t = int(np.flatnonzero(wrong)[0]) + 1
-            raise ValueError(f"row {i}: labels[{t}] is {int(labels[t])}, and input_ids[{t}] is {int(ids[t])}; accepted: a label equal "
-                             f"to the input id at the same position (the model shifts them), or -100 (not counted)")
-        mask[i, 1:m] = counted
-    # Packed rows (position_ids restarting at 0 at each document): each document's first token marked
-    # as a start (kMaskDocStart = 2) and no one's target.
-    neat = False
-    for i in range(n):
-        row = rows[i]
-        pos = row.get("position_ids") if isinstance(row, dict) else None
-        if pos is None:
-            continue
-        pos = np.asarray(pos.tolist() if hasattr(pos, "tolist") else list(pos), dtype=np.int64).reshape(-1)
-        m = min(len(_row_ids(row, i)), seq_len)
-        if len(pos) < m:
-            raise ValueError(f"row {i}: {len(pos)} position_ids for {m} input_ids; accepted: one per input id")
-        pos = pos[:m]
-        ok = (pos == 0) | (np.concatenate(([False], pos[1:] == pos[:-1] + 1)))
-        if not ok.all() or pos[0] != 0:
-            t = 0 if pos[0] != 0 else int(np.flatnonzero(~ok)[0])
-            raise ValueError(f"row {i}: position_ids[{t}] is {int(pos[t])}; accepted: 0 where a document begins, else the previous "
-                             "position + 1 (transformers' DataCollatorWithFlattening)")
-        starts = np.flatnonzero(pos == 0)
-        mask[i, starts] = 2
-        neat = True
+        else:
+            counted = labels[1:] != IGNORE_INDEX
+            wrong = counted & (labels[1:] != ids[1:])
+            if wrong.any():
+                t = int(np.flatnonzero(wrong)[0]) + 1
+                raise ValueError(f"row {i}: labels[{t}] is {int(labels[t])}, and input_ids[{t}] is {int(ids[t])}; accepted: a label "
+                                 f"equal to the input id at the same position (the model shifts them), or -100 (not counted)")
+            mask[i, 1:m] = counted
+        starts = _document_starts(row, i, m)
+        if starts is not None:  # each document's first token: a start (kMaskDocStart = 2), no one's target
+            mask[i, starts] = 2
+            neat = True
     return tokens, mask, {"truncated": truncated, "padded": padded, "tokens": real, "pad_id": 0,
                           "packing": "neat" if neat else "pad"}
