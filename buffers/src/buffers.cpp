@@ -21,7 +21,7 @@ const char* buf_name(Buf b) {
       "head_xn", "head_rstd", "head_dxn", "run_max", "run_sum", "target_logit", "head_lse", "logits", "dlogits_head",
       "blas_workspace", "attention_workspace", "tokens", "targets", "positions", "unique_tokens", "token_offsets",
       "token_positions", "inv_freq", "loss_sum", "token_count", "column_partials", "sort_scratch", "gemm_pointers", "aux_stats",
-      "aux_grad"};
+      "aux_grad", "documents"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Buf::kCount));
   return kNames[static_cast<size_t>(b)];
 }
@@ -257,6 +257,9 @@ BufferList cuda_private(const Shape& s) {
   l.add(Buf::kUniqueTokens, s.N, kI32);    // the embedding backward's distinct tokens
   l.add(Buf::kTokenOffsets, s.N + 1, kI32);  // and where each one's positions start
   l.add(Buf::kTokenPositions, s.N, kI32);
+  // Rows packed "neat": each token's document start, then its RoPE position (restarting at 0 in
+  // each document), copied per micro-batch; unused for rows of one document.
+  l.add(Buf::kDocuments, 2 * s.N, kI32);
   l.add(Buf::kInvFreq, s.hd / 2, kF32);    // RoPE's inverse frequencies
   l.add(Buf::kLossSum, 1, kF64);
   l.add(Buf::kTokenCount, 1, 8);

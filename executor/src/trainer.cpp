@@ -254,10 +254,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const Plan& plan, const ModelSp
   if (I.ranks() > 1) bo.device = options.comm->local_rank();  // one GPU per rank of a node
   // The in-memory loop is the CPU reference: "auto" means the CPU backend there.
   MT_ASSIGN_OR_RETURN(I.be, make_backend(!options.streamed && options.backend == "auto" ? "cpu" : options.backend, model, I.d, bo));
-  if (data.document_masked() && I.be->name() != "cpu")
-    return unsupported(data.source_name() + ": packed documents that attend only to themselves (packing \"neat\") train on the CPU "
-                       "backend only for now, not on " + I.be->name() + "; accepted: --backend cpu, or the data prepared with "
-                       "--pack or --pad");
   if (I.be->name() == "cpu" && plan.precision.compute != DType::kFp32) {
     const std::string why = cuda_unavailable_reason();
     return unsupported("precision.compute " + std::string(dtype_name(plan.precision.compute)) +

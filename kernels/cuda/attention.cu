@@ -2,7 +2,8 @@
 //
 // Algorithm. For each sequence b and each block of R query rows [r0, r0 + rows), only the keys
 // [k0, r0 + rows) can be seen (causal; k0 = 0, or the first key of the block's first query's
-// sliding window), so the block's scores are an [n_heads, rows, r0 + rows - k0] tensor: at most
+// sliding window, or of its document in a row packed "neat"), so the block's scores are an
+// [n_heads, rows, r0 + rows - k0] tensor: at most
 // n_heads x R x seq, never seq x seq. R is chosen from the workspace budget.
 // Sinks (gpt-oss): a per-head logit in every row's softmax denominator with no value, so lse
 // includes it; P = exp(S - lse) then leaves it out, and d sink_h = -sum_rows exp(sink_h - lse) D.
@@ -43,16 +44,19 @@ constexpr int kThreads = 256;
 
 // One block per score row (h, i): S [n_heads, rows, keys] fp32 -> P in T, and lse. Column c is key
 // k0 + c; query t = r0 + i sees keys (t - window, t] (all of [0, t] without a window). A sink
-// logit (gpt-oss) joins the max and the denominator as a column with no value.
+// logit (gpt-oss) joins the max and the denominator as a column with no value. starts (the row's
+// document starts, or null) hides the keys before the query's document.
 template <typename T>
 __global__ void softmax_rows(const float* __restrict__ s, T* __restrict__ p, float* __restrict__ lse, int64_t rows,
                              int64_t keys, int64_t r0, int64_t k0, int64_t window, int64_t seq, int64_t lse_base,
-                             const T* __restrict__ sinks) {
+                             const T* __restrict__ sinks, const int32_t* __restrict__ starts) {
   __shared__ float red[kThreads / 32 + 1];  // softmax_rows runs in blocks of kThreads
   const int64_t row = blockIdx.x;  // h * rows + i
   const int64_t h = row / rows, i = row % rows, t = r0 + i;
-  // The visible columns [c0, c1): keys max(k0, t - window + 1) .. t.
-  const int64_t c0 = window > 0 ? max(t - window + 1, k0) - k0 : 0, c1 = t + 1 - k0;
+  // The visible columns [c0, c1): keys max(k0, t - window + 1, its document's start) .. t.
+  int64_t c0 = window > 0 ? max(t - window + 1, k0) - k0 : 0;
+  if (starts != nullptr) c0 = max(c0, static_cast<int64_t>(starts[t]) - k0);
+  const int64_t c1 = t + 1 - k0;
   const float* sr = s + row * keys;
   T* pr = p + row * keys;
   const float sink = sinks != nullptr ? to_f(sinks[h]) : -INFINITY;
@@ -68,17 +72,17 @@ __global__ void softmax_rows(const float* __restrict__ s, T* __restrict__ p, flo
   if (threadIdx.x == 0) lse[lse_base + h * seq + t] = m + logf(sum);
 }
 
-// P = exp(S - lse) on the visible keys, 0 elsewhere.
+// P = exp(S - lse) on the visible keys (softmax_rows' rule), 0 elsewhere.
 template <typename T>
 __global__ void probs_from_lse(const float* __restrict__ s, const float* __restrict__ lse, T* __restrict__ p,
                                int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0, int64_t window, int64_t seq,
-                               int64_t lse_base) {
+                               int64_t lse_base, const int32_t* __restrict__ starts) {
   const int64_t total = n_heads * rows * keys;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = k0 + e % keys, i = (e / keys) % rows, h = e / (rows * keys), t = r0 + i;
     const float l = lse[lse_base + h * seq + t];
-    p[e] = from_f<T>(attention_visible(t, j, window) ? expf(s[e] - l) : 0.0f);
+    p[e] = from_f<T>(attention_visible(t, j, window, starts != nullptr ? starts[t] : 0) ? expf(s[e] - l) : 0.0f);
   }
 }
 
@@ -165,16 +169,16 @@ struct GpuOps {
     return {};
   }
   Status softmax_rows(const float* sc, T* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0,
-                      int64_t window, int64_t seq, int64_t lse_base, const T* sinks) {
+                      int64_t window, int64_t seq, int64_t lse_base, const T* sinks, const int32_t* starts) {
     cuda::softmax_rows<T><<<static_cast<unsigned>(n_heads * rows), kThreads, 0, s>>>(sc, p, lse, rows, keys, r0, k0, window, seq,
-                                                                                     lse_base, sinks);
+                                                                                     lse_base, sinks, starts);
     MT_CUDA_LAUNCH_CHECK("attention softmax_rows");
     return {};
   }
   Status probs_from_lse(const float* sc, const float* lse, T* p, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
-                        int64_t k0, int64_t window, int64_t seq, int64_t lse_base) {
+                        int64_t k0, int64_t window, int64_t seq, int64_t lse_base, const int32_t* starts) {
     cuda::probs_from_lse<T><<<grid_for(n_heads * rows * keys), kThreads, 0, s>>>(sc, lse, p, n_heads, rows, keys, r0, k0, window,
-                                                                                   seq, lse_base);
+                                                                                   seq, lse_base, starts);
     MT_CUDA_LAUNCH_CHECK("attention probs_from_lse");
     return {};
   }

@@ -13,12 +13,13 @@
 //       one pointer-array cuBLAS call where the operands allow it, else one call per inner index).
 //       The query heads h = g * rep + r of a GQA group are such a grid: outer g (n_kv_heads), inner
 //       r (rep), the group's K and V at inner stride 0.
-//   softmax_rows(s, p, lse, n_heads, rows, keys, r0, k0, window, seq, lse_base, sinks)
+//   softmax_rows(s, p, lse, n_heads, rows, keys, r0, k0, window, seq, lse_base, sinks, starts)
 //       per score row (h, i) of s [n_heads, rows, keys], whose column c is key j = k0 + c: softmax
-//       over the keys the query t = r0 + i sees (visible(t, j, window) below) into p (0 elsewhere),
+//       over the keys the query t = r0 + i sees (visible(t, j, window, starts[t]) below; starts is
+//       the row's document starts, or null for one document) into p (0 elsewhere),
 //       with the sink logit sinks[h] in the denominator when sinks is not null (a column with no
 //       value), and lse[lse_base + h * seq + t] = max + log(sum), the sink included
-//   probs_from_lse(s, lse, p, n_heads, rows, keys, r0, k0, window, seq, lse_base)
+//   probs_from_lse(s, lse, p, n_heads, rows, keys, r0, k0, window, seq, lse_base, starts)
 //       p = exp(s - lse) on the visible keys, 0 elsewhere
 //   sink_grad(sinks, lse, drow, batch, n_heads, seq, d_sinks)
 //       d_sinks[h] += sum over (b, t) of -exp(sinks[h] - lse[b, h, t]) * drow[b, h, t]: the sink's
@@ -49,14 +50,22 @@ struct AttnDims {
   // The sliding window (gpt-oss, Mistral): query t sees key j when t - window < j <= t; 0 for the
   // whole causal prefix. It does not change the workspace (a block never has more keys than seq).
   int64_t window = 0;
+  // Packed documents that attend only to themselves (data packed "neat"): [batch * seq] int32, the
+  // first key of each query's document within its row (cpu::AttentionShape::starts), so query t
+  // sees key j only when starts[b * seq + t] <= j as well. `starts` is read on the host (each
+  // block's first key: its first query's document start, since starts never decrease along a row)
+  // and `starts_dev` by the kernels; the host emulation passes the same array for both. Null: one
+  // document per row. Neither changes the workspace.
+  const int32_t* starts = nullptr;
+  const int32_t* starts_dev = nullptr;
 };
 
 // Whether query t sees key j (host and device), and the first key a block of queries from r0 sees.
 #if defined(__CUDACC__)
 __host__ __device__
 #endif
-inline bool attention_visible(int64_t t, int64_t j, int64_t window) {
-  return j <= t && (window <= 0 || j > t - window);
+inline bool attention_visible(int64_t t, int64_t j, int64_t window, int64_t first = 0) {
+  return j <= t && j >= first && (window <= 0 || j > t - window);
 }
 inline int64_t attention_first_key(int64_t r0, int64_t window) { return window > 0 ? std::max<int64_t>(0, r0 - window + 1) : 0; }
 
@@ -82,13 +91,33 @@ inline int64_t attention_block_rows(const AttnDims& d, int64_t budget_bytes) {
   return std::min(rows, d.seq);
 }
 
+// The first key the block of queries from r0 in row b reads: its first query's window start, or
+// its document's start when that is later.
+inline int64_t attention_first_key(const AttnDims& d, int64_t b, int64_t r0) {
+  const int64_t k0 = attention_first_key(r0, d.window);
+  return d.starts != nullptr ? std::max<int64_t>(k0, d.starts[b * d.seq + r0]) : k0;
+}
+
 inline Status check_attention(const AttnDims& d, int64_t rows) {
   if (d.batch <= 0 || d.seq <= 0 || d.n_heads <= 0 || d.n_kv_heads <= 0 || d.head_dim <= 0 || d.n_heads % d.n_kv_heads != 0)
     return invalid_argument("attention: batch, seq, heads and head_dim must be positive and n_kv_heads must divide n_heads");
   if (rows <= 0) return invalid_argument("attention: the block of query rows must be positive");
   if (d.window < 0) return invalid_argument("attention: window " + std::to_string(d.window) + "; accepted: 0 (none) or positive");
+  if ((d.starts == nullptr) != (d.starts_dev == nullptr))
+    return invalid_argument("attention: document starts given on one side only; accepted: both (host and device) or neither");
+  if (d.starts != nullptr)
+    for (int64_t b = 0; b < d.batch; ++b)
+      for (int64_t t = 0; t < d.seq; ++t) {
+        const int64_t st = d.starts[b * d.seq + t];
+        if (st < 0 || st > t || (t > 0 && st < d.starts[b * d.seq + t - 1]))
+          return invalid_argument("attention: row " + std::to_string(b) + " token " + std::to_string(t) + " starts its document at " +
+                                  std::to_string(st) + "; accepted: starts that never decrease along a row, with 0 <= start <= token");
+      }
   return {};
 }
+
+// Row b's document starts for the kernels (device), or null.
+inline const int32_t* row_starts(const AttnDims& d, int64_t b) { return d.starts_dev != nullptr ? d.starts_dev + b * d.seq : nullptr; }
 
 // s: fp32 scores of one block [n_heads, rows, keys]; p: T probabilities of the same shape. A block
 // of queries [r0, r0 + rows) reads keys [k0, r0 + rows): k0 = 0 without a window, else the first
@@ -106,7 +135,7 @@ Status attention_forward_schedule(Ops& ops, const AttnDims& d, const T* q, const
     const T* vb = v + b * seq * kld;
     for (int64_t r0 = 0; r0 < seq; r0 += rows_per_block) {
       const int64_t rows = std::min(rows_per_block, seq - r0);
-      const int64_t k0 = attention_first_key(r0, d.window), keys = r0 + rows - k0;  // causal: keys < r0 + rows
+      const int64_t k0 = attention_first_key(d, b, r0), keys = r0 + rows - k0;  // causal: keys < r0 + rows
       const int64_t hb = rows * keys;                                                // one head's scores
       // Query head h = g * rep + r reads kv head g: heads are head_dim apart in q (rep * head_dim
       // from group to group), hb apart in the scores, and a group's rep heads share its k and v
@@ -114,7 +143,8 @@ Status attention_forward_schedule(Ops& ops, const AttnDims& d, const T* q, const
       const Stride2 sq{rep * hd, hd}, skv{hd, 0}, ss{rep * hb, hb};
       MT_RETURN_IF_ERROR((ops.template gemm2<T, float>(false, true, rows, keys, hd, scale, q + (b * seq + r0) * qld, qld, sq,
                                                        kb + k0 * kld, kld, skv, s, keys, ss, d.n_kv_heads, rep)));
-      MT_RETURN_IF_ERROR(ops.softmax_rows(s, p, lse, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq, sinks));
+      MT_RETURN_IF_ERROR(
+          ops.softmax_rows(s, p, lse, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq, sinks, row_starts(d, b)));
       MT_RETURN_IF_ERROR((ops.template gemm2<T, T>(false, false, rows, hd, keys, 1.0f, p, keys, ss, vb + k0 * kld, kld, skv,
                                                    out + (b * seq + r0) * qld, qld, sq, d.n_kv_heads, rep)));
     }
@@ -146,7 +176,7 @@ Status attention_backward_schedule(Ops& ops, const AttnDims& d, const T* q, cons
     float* dvb = dv + b * seq * kld;
     for (int64_t r0 = 0; r0 < seq; r0 += rows_per_block) {
       const int64_t rows = std::min(rows_per_block, seq - r0);
-      const int64_t k0 = attention_first_key(r0, d.window), keys = r0 + rows - k0;
+      const int64_t k0 = attention_first_key(d, b, r0), keys = r0 + rows - k0;
       const int64_t hb = rows * keys;
       const T* kw = kb + k0 * kld;  // the block's first key and value rows, and their gradients
       const T* vw = vb + k0 * kld;
@@ -158,7 +188,8 @@ Status attention_backward_schedule(Ops& ops, const AttnDims& d, const T* q, cons
       // The scores again, over the (g, r) grid of heads (as the forward).
       MT_RETURN_IF_ERROR((ops.template gemm2<T, float>(false, true, rows, keys, hd, scale, qb, qld, sq, kw, kld, skv, s, keys, ss,
                                                        d.n_kv_heads, rep)));
-      MT_RETURN_IF_ERROR(ops.probs_from_lse(s, lse, p, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq));
+      MT_RETURN_IF_ERROR(
+          ops.probs_from_lse(s, lse, p, d.n_heads, rows, keys, r0, k0, d.window, seq, b * d.n_heads * seq, row_starts(d, b)));
       // dP_h = dO_h V_g^T, over the scores (no longer needed): every head at once.
       MT_RETURN_IF_ERROR((ops.template gemm2<T, float>(false, true, rows, keys, hd, 1.0f, dob, qld, sq, vw, kld, skv, s, keys, ss,
                                                        d.n_kv_heads, rep)));

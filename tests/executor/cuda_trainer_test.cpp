@@ -5,12 +5,16 @@
 // reason, on a machine without a GPU or a build without CUDA.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "megatrain/core/plan.h"
+#include "megatrain/data/sequence_file.h"
 #include "megatrain/executor/backend.h"
 #include "megatrain/executor/trainer.h"
 #include "megatrain/step/schedule.h"
@@ -48,7 +52,9 @@ struct Run {
   std::vector<std::vector<float>> first_grads;  // every unit's gradient of step 0
 };
 
-Run train(const Json& pj, const std::string& backend, int steps = 3, const buffers::BlockCaps& caps = {}) {
+// With `rows` (a prepared dataset), its rows; else a token stream.
+Run train(const Json& pj, const std::string& backend, int steps = 3, const buffers::BlockCaps& caps = {},
+          std::shared_ptr<const data::SequenceFile> rows = nullptr) {
   auto plan = Plan::from_json_text(pj.dump());
   EXPECT_TRUE(plan.ok()) << plan.status().to_string();
   auto model = plan->resolve_model();
@@ -58,8 +64,12 @@ Run train(const Json& pj, const std::string& backend, int steps = 3, const buffe
   std::vector<uint32_t> toks;
   for (uint32_t i = 0; i < 6000; ++i) toks.push_back((i * 2654435761u >> 7) % 256);
   auto file = std::make_shared<const TokenFile>(TokenFile::from_tokens(toks));
-  auto loader = DataLoader::create(file, plan->training.seq_len, plan->training.micro_batch, plan->training.grad_accum,
-                                   DataOrder::kSequential, 1, model->config().vocab_size);
+  DataLoaderOptions lo;
+  lo.seq_len = plan->training.seq_len;
+  lo.micro_batch = plan->training.micro_batch;
+  lo.grad_accum = plan->training.grad_accum;
+  lo.vocab_size = model->config().vocab_size;
+  auto loader = rows != nullptr ? DataLoader::create(rows, lo) : DataLoader::create(file, lo);
   EXPECT_TRUE(loader.ok()) << loader.status().to_string();
   TrainerOptions o;
   o.backend = backend;
@@ -91,10 +101,11 @@ double normalised_error(const std::vector<float>& a, const std::vector<float>& b
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
-void compare(const Json& pj, double loss_rel, double grad_rel, const buffers::BlockCaps& caps = {}) {
+void compare(const Json& pj, double loss_rel, double grad_rel, const buffers::BlockCaps& caps = {},
+             std::shared_ptr<const data::SequenceFile> rows = nullptr) {
   Json reference = pj;  // the CPU backend computes in fp32 from the same streamed weights
   reference["precision"]["compute"] = "fp32";
-  const Run cpu = train(reference, "cpu"), gpu = train(pj, "cuda", 3, caps);
+  const Run cpu = train(reference, "cpu", 3, {}, rows), gpu = train(pj, "cuda", 3, caps, rows);
   ASSERT_EQ(cpu.losses.size(), gpu.losses.size());
   for (size_t i = 0; i < cpu.losses.size(); ++i)
     EXPECT_NEAR(gpu.losses[i], cpu.losses[i], loss_rel * cpu.losses[i]) << "step " << i;
@@ -229,6 +240,55 @@ TEST(CudaTraining, ChunkedHeadAndBlockedAttentionMatchTheCpuBackend) {
     SCOPED_TRACE(model);
     compare(plan_for(model, "fp32"), 1e-5, 1e-4, caps);
     compare(plan_for(model, "bf16"), 1e-2, std::string(model) == "tiny-gpt-oss" ? 0.15 : 5e-2, caps);
+  }
+}
+
+// Rows packed "neat" (every document attends only to itself, its RoPE positions restart at 0):
+// 12 rows of 25 tokens, each split into documents of 1 to 11 tokens at varying places, with
+// answer-only targets, so the attention's per-token document starts (and the blocks whose first
+// query starts a later document) and the per-document positions run on the GPU, against the CPU
+// backend, which tests/transformers checks against transformers run on each document alone.
+std::shared_ptr<const data::SequenceFile> neat_rows(const std::string& name) {
+  const int64_t T = 24, rows = 12;
+  data::SequenceRows r;
+  uint32_t x = 7;
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t left = 0;
+    for (int64_t t = 0; t <= T; ++t) {
+      x = x * 1103515245u + 12345u;
+      r.tokens.push_back((x >> 9) % 256);
+      uint8_t m = (x >> 3) % 3 != 0 ? data::kMaskCounted : 0;
+      if (left == 0) {  // a document of 1..11 tokens begins here
+        m |= data::kMaskDocStart;
+        left = 1 + static_cast<int64_t>((x >> 13) % 11);
+      }
+      --left;
+      r.mask.push_back(m);
+    }
+  }
+  data::SequenceHeader h;
+  h.seq_len = T;
+  h.vocab_size = 256;
+  h.packing = "neat";
+  h.train_on = "answer";
+  const auto path = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".mtseq");
+  EXPECT_TRUE(data::write_sequence_file(path, h, r).ok());
+  auto f = data::SequenceFile::open(path);
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  std::filesystem::remove(path);  // the mapping stays valid
+  return f.ok() ? std::make_shared<const data::SequenceFile>(std::move(*f)) : nullptr;
+}
+
+TEST(CudaTraining, NeatPackedRowsMatchTheCpuBackend) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << "no GPU here: " << why;
+  const auto rows = neat_rows("mt-cuda-neat");
+  ASSERT_NE(rows, nullptr);
+  ASSERT_TRUE(rows->document_masked());
+  for (const char* model : {"tiny-llama-gqa", "tiny-qwen3", "tiny-gpt-oss"}) {  // GQA; q/k norms; sinks and a window
+    SCOPED_TRACE(model);
+    compare(plan_for(model, "fp32"), 1e-5, 1e-4, {}, rows);
+    compare(plan_for(model, "fp32"), 1e-5, 1e-4, buffers::BlockCaps{96, 8}, rows);  // three query blocks per row
+    compare(plan_for(model, "bf16"), 1e-2, std::string(model) == "tiny-gpt-oss" ? 0.15 : 5e-2, {}, rows);
   }
 }
 

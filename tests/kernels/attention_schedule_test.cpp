@@ -61,13 +61,14 @@ struct HostOps {
     return {};
   }
   Status softmax_rows(const float* s, float* p, float* lse, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0, int64_t k0,
-                      int64_t window, int64_t seq, int64_t lse_base, const float* sinks) {
+                      int64_t window, int64_t seq, int64_t lse_base, const float* sinks, const int32_t* starts) {
     for (int64_t h = 0; h < n_heads; ++h)
       for (int64_t i = 0; i < rows; ++i) {
         const float* sr = s + (h * rows + i) * keys;
         float* pr = p + (h * rows + i) * keys;
         const int64_t t = r0 + i;
-        auto seen = [&](int64_t c) { return k0 + c <= t && (window == 0 || k0 + c > t - window); };
+        const int64_t first = starts != nullptr ? starts[t] : 0;
+        auto seen = [&](int64_t c) { return k0 + c <= t && k0 + c >= first && (window == 0 || k0 + c > t - window); };
         double mx = sinks ? sinks[h] : -INFINITY, sum = 0;
         for (int64_t c = 0; c < keys; ++c)
           if (seen(c)) mx = std::max(mx, static_cast<double>(sr[c]));
@@ -81,12 +82,12 @@ struct HostOps {
     return {};
   }
   Status probs_from_lse(const float* s, const float* lse, float* p, int64_t n_heads, int64_t rows, int64_t keys, int64_t r0,
-                        int64_t k0, int64_t window, int64_t seq, int64_t lse_base) {
+                        int64_t k0, int64_t window, int64_t seq, int64_t lse_base, const int32_t* starts) {
     for (int64_t h = 0; h < n_heads; ++h)
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t c = 0; c < keys; ++c) {
           const int64_t e = (h * rows + i) * keys + c, t = r0 + i, j = k0 + c;
-          const bool seen = j <= t && (window == 0 || j > t - window);
+          const bool seen = j <= t && j >= (starts != nullptr ? starts[t] : 0) && (window == 0 || j > t - window);
           p[e] = seen ? static_cast<float>(std::exp(static_cast<double>(s[e]) - lse[lse_base + h * seq + t])) : 0.0f;
         }
     return {};
@@ -337,6 +338,112 @@ TEST(AttentionSchedule, RefusesANegativeWindowAndSinksWithoutTheirGradient) {
   EXPECT_FALSE((attention_forward_schedule<float>(ops, d, x, x, x, x, x, x, x, 2).ok()));
   d.window = 0;
   EXPECT_FALSE((attention_backward_schedule<float>(ops, d, x, x, x, x, x, x, x, x, x, x, x, x, 2, x, nullptr).ok()));
+}
+
+
+// Rows packed "neat": each query sees only its own document (AttnDims::starts), with and without
+// a window and sinks, against the CPU op given the same starts; a block whose first query begins a
+// later document reads no key before that document.
+struct DocumentCase {
+  int64_t batch, seq, heads, kv_heads, head_dim, window;
+  bool sinks;
+  std::vector<std::vector<int64_t>> documents;  // per row, the lengths of its documents (summing to seq)
+};
+class AttentionScheduleDocuments : public ::testing::TestWithParam<DocumentCase> {};
+
+TEST_P(AttentionScheduleDocuments, EqualsTheCpuOpWithDocumentStarts) {
+  const DocumentCase c = GetParam();
+  std::vector<int32_t> starts;
+  for (const auto& row : c.documents) {
+    int64_t at = 0;
+    for (int64_t len : row) {
+      for (int64_t i = 0; i < len; ++i) starts.push_back(static_cast<int32_t>(at));
+      at += len;
+    }
+    ASSERT_EQ(at, c.seq);
+  }
+  ASSERT_EQ(static_cast<int64_t>(starts.size()), c.batch * c.seq);
+  AttnDims d{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.window, starts.data(), starts.data()};
+  std::mt19937 g(static_cast<uint32_t>(c.seq * 29 + c.window * 3 + (c.sinks ? 1 : 0)));
+  const int64_t nq = c.batch * c.seq * c.heads * c.head_dim, nk = c.batch * c.seq * c.kv_heads * c.head_dim;
+  const std::vector<float> q = randn(nq, g), k = randn(nk, g), v = randn(nk, g), dout = randn(nq, g);
+  std::vector<float> sinks = randn(c.heads, g);
+  const float* sk = c.sinks ? sinks.data() : nullptr;
+  cpu::CpuContext ctx(1);
+  cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.window, starts.data()};
+  const int64_t np = cpu::attention_probs_elems(shape), nrow = c.batch * c.heads * c.seq;
+  std::vector<float> out_ref(static_cast<size_t>(nq)), probs(static_cast<size_t>(np)), ws(static_cast<size_t>(np));
+  std::vector<float> sink_probs(static_cast<size_t>(nrow)), sink_rows(static_cast<size_t>(nrow));
+  ASSERT_TRUE(cpu::attention_forward<float>(ctx, shape, q.data(), k.data(), v.data(), out_ref.data(), probs.data(), sk,
+                                            c.sinks ? sink_probs.data() : nullptr)
+                  .ok());
+  std::vector<float> dq_ref(static_cast<size_t>(nq)), dk_ref(static_cast<size_t>(nk)), dv_ref(static_cast<size_t>(nk));
+  std::vector<float> dsink_ref(static_cast<size_t>(c.heads), 0.0f);
+  ASSERT_TRUE(cpu::attention_backward<float>(ctx, shape, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq_ref.data(),
+                                             dk_ref.data(), dv_ref.data(), ws.data(), c.sinks ? sink_probs.data() : nullptr,
+                                             c.sinks ? dsink_ref.data() : nullptr, c.sinks ? sink_rows.data() : nullptr)
+                  .ok());
+  // The documents matter: without the starts the output differs.
+  {
+    cpu::AttentionShape whole = shape;
+    whole.starts = nullptr;
+    std::vector<float> out_whole(static_cast<size_t>(nq));
+    ASSERT_TRUE(cpu::attention_forward<float>(ctx, whole, q.data(), k.data(), v.data(), out_whole.data(), probs.data(), sk,
+                                              c.sinks ? sink_rows.data() : nullptr)
+                    .ok());
+    EXPECT_GT(normalised_error(out_whole, out_ref), 1e-2);
+  }
+  for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{8}, c.seq}) {
+    SCOPED_TRACE("rows per block " + std::to_string(rows));
+    HostOps ops;
+    const int64_t block = c.heads * std::min(rows, c.seq) * c.seq;
+    std::vector<float> s(static_cast<size_t>(block)), p(static_cast<size_t>(block));
+    std::vector<float> out(static_cast<size_t>(nq), NAN), lse(static_cast<size_t>(nrow), NAN);
+    ASSERT_TRUE(attention_forward_schedule<float>(ops, d, q.data(), k.data(), v.data(), out.data(), lse.data(), s.data(),
+                                                  p.data(), rows, sk)
+                    .ok());
+    EXPECT_LE(normalised_error(out, out_ref), 1e-5);
+    if (rows == 1) {  // one query per block: it reads exactly its document's keys so far (or its window's)
+      int64_t longest = 0;
+      for (const auto& row : c.documents)
+        for (int64_t len : row) longest = std::max(longest, c.window > 0 ? std::min(len, c.window) : len);
+      EXPECT_EQ(ops.max_keys, longest);
+    }
+    std::vector<float> dq(static_cast<size_t>(nq), NAN), dk(static_cast<size_t>(nk), NAN), dv(static_cast<size_t>(nk), NAN);
+    std::vector<float> drow(static_cast<size_t>(nrow)), dsink(static_cast<size_t>(c.heads), 0.0f);
+    ASSERT_TRUE(attention_backward_schedule<float>(ops, d, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(),
+                                                   dq.data(), dk.data(), dv.data(), s.data(), p.data(), drow.data(), rows, sk,
+                                                   c.sinks ? dsink.data() : nullptr)
+                    .ok());
+    EXPECT_LE(normalised_error(dq, dq_ref), 1e-5);
+    EXPECT_LE(normalised_error(dk, dk_ref), 1e-5);
+    EXPECT_LE(normalised_error(dv, dv_ref), 1e-5);
+    if (c.sinks) {
+      EXPECT_LE(normalised_error(dsink, dsink_ref), 1e-5);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionScheduleDocuments,
+                         ::testing::Values(DocumentCase{2, 19, 4, 2, 8, 0, false, {{5, 9, 5}, {1, 1, 17}}},
+                                           DocumentCase{1, 24, 2, 1, 8, 4, true, {{7, 11, 6}}},
+                                           DocumentCase{2, 16, 3, 3, 8, 0, true, {{16}, {3, 3, 3, 3, 4}}},
+                                           DocumentCase{1, 21, 6, 2, 4, 30, false, {{2, 13, 6}}}));
+
+TEST(AttentionSchedule, RefusesDocumentStartsThatAreNotContiguousDocuments) {
+  HostOps ops;
+  float x[64] = {};
+  std::vector<int32_t> starts{0, 0, 2, 1};  // decreases: not contiguous documents
+  AttnDims d{1, 4, 1, 1, 2, 0, starts.data(), starts.data()};
+  const Status st = attention_forward_schedule<float>(ops, d, x, x, x, x, x, x, x, 2);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("token 3 starts its document at 1"), std::string::npos) << st.message();
+  starts = {0, 2, 2, 2};  // a start after its token
+  EXPECT_FALSE((attention_forward_schedule<float>(ops, d, x, x, x, x, x, x, x, 2).ok()));
+  d.starts_dev = nullptr;  // one side only
+  starts = {0, 0, 2, 2};
+  EXPECT_FALSE((attention_forward_schedule<float>(ops, d, x, x, x, x, x, x, x, 2).ok()));
+  EXPECT_EQ(ops.gemms, 0);
 }
 
 }  // namespace

@@ -219,12 +219,13 @@ const Row kBefore[] = {
 // The CUDA private region's bytes since the table: the column sums' partials (issue 31, row 6), 128
 // chunks of the widest sum's columns in doubles, the widest being the hidden size, q, k/v,
 // head_dim, or the experts of a MoE model; and the attention's pointer arrays (row 7), three
-// 8-byte addresses per head. Each rounded to 256 bytes.
-int64_t added_private_bytes(const ModelConfig& c) {
+// 8-byte addresses per head; and the rows' document starts and RoPE positions (data packed
+// "neat", 2026-12-07), two int32 per token. Each rounded to 256 bytes.
+int64_t added_private_bytes(const ModelConfig& c, int64_t tokens) {
   const int64_t cols = std::max({c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim,
                                  c.num_experts > 0 ? c.num_experts : int64_t{0}});
   auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
-  return up(128 * 8 * cols) + up(3 * 8 * c.num_heads);
+  return up(128 * 8 * cols) + up(3 * 8 * c.num_heads) + up(2 * 4 * tokens);
 }
 
 TEST(BufferLists, TheFiguresEqualTheLayoutsTheyReplaced) {
@@ -239,7 +240,7 @@ TEST(BufferLists, TheFiguresEqualTheLayoutsTheyReplaced) {
     EXPECT_EQ(l.layer_act_floats, r.acts);
     EXPECT_EQ(l.layer_workspace_floats, r.workspace);
     EXPECT_EQ(l.head_workspace_floats, r.head);
-    EXPECT_EQ(l.private_bytes, r.private_bytes + (b == "cpu" ? 0 : added_private_bytes(model->config())));
+    EXPECT_EQ(l.private_bytes, r.private_bytes + (b == "cpu" ? 0 : added_private_bytes(model->config(), r.mb * r.seq)));
     ++checked;
   }
   EXPECT_EQ(checked, 180);
@@ -258,16 +259,17 @@ TEST(BufferLists, TinyLlamaByHand) {
   // logits [N, V], lse and rstd [N], xn and dxn [N, H].
   EXPECT_EQ(buffers::cpu_head_workspace(s).bytes(), 4 * (N * c.vocab_size + 2 * N + 2 * N * H));
   // The CUDA private region of a dense model: cuBLAS's 32 MiB, the attention blocks (scores,
-  // probabilities, row sums, the batched GEMMs' pointers), six token
-  // arrays (one of N + 1), the inverse frequencies, two 8-byte counters, the column sums' partials
-  // (128 chunks of 64 columns, the hidden size, in doubles), each rounded to 256 bytes; the MoE
-  // parts are empty.
+  // probabilities, row sums, the batched GEMMs' pointers), six token arrays (one of N + 1), the
+  // document starts and positions (2 N), the inverse frequencies, two 8-byte counters, the column
+  // sums' partials (128 chunks of 64 columns, the hidden size, in doubles), each rounded to 256
+  // bytes; the MoE parts are empty.
   auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
   const int64_t rows = buffers::cuda_attention_rows(s);
   EXPECT_EQ(rows, T) << "a small sequence is one attention block";
   const int64_t attn = 2 * up(nh * rows * T * 4) + up(B * nh * T * 4) + up(3 * 8 * nh);
   EXPECT_EQ(buffers::cuda_private(s).bytes(),
-            (int64_t{32} << 20) + attn + 5 * up(4 * N) + up(4 * (N + 1)) + up(4 * (c.head_dim / 2)) + 2 * 256 + 128 * 64 * 8);
+            (int64_t{32} << 20) + attn + 5 * up(4 * N) + up(4 * (N + 1)) + up(8 * N) + up(4 * (c.head_dim / 2)) + 2 * 256 +
+                128 * 64 * 8);
   EXPECT_EQ(H, 64);
 }
 

@@ -312,9 +312,9 @@ class CudaBackend final : public Backend {
 
   Status layer_forward(const UnitView& w, const float* x_in, float* x_out, const LayerActs& a) override {
     Range r("forward layer");
-    if (a.doc_starts != nullptr)
-      return unsupported("packed documents that attend only to themselves (data packed \"neat\") are not on the CUDA backend "
-                         "yet; accepted: data prepared with --pack or --pad, or the CPU backend");
+    const int32_t* pos = nullptr;
+    cuda::AttnDims ad = attn_of(w);
+    MT_RETURN_IF_ERROR(documents(a, ad, pos));
     const Dims& d = dims_;
     cudaStream_t s = compute();
     const int64_t NH = d.N * d.H;
@@ -341,10 +341,11 @@ class CudaBackend final : public Backend {
       MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kK, TensorRole::kKBias, d.kv, k));
     }
     MT_RETURN_IF_ERROR(project(xn1, w, TensorRole::kV, TensorRole::kVBias, d.kv, v));
-    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(q, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s, rope_scale()));
-    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(k, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s, rope_scale()));
-    // The layer's sliding window (0: none) and gpt-oss's sinks (their logits join lse).
-    MT_RETURN_IF_ERROR(cuda::attention_forward<T>(blas_, attn_of(w), q, k, v, attn, a.lse, attn_ws_, attn_rows_, s,
+    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(q, pos, d.N, d.nh, d.hd, inv_freq_dev_, s, rope_scale()));
+    MT_RETURN_IF_ERROR(cuda::rope_forward<T>(k, pos, d.N, d.nkv, d.hd, inv_freq_dev_, s, rope_scale()));
+    // The layer's sliding window (0: none), the rows' documents and gpt-oss's sinks (their logits
+    // join lse).
+    MT_RETURN_IF_ERROR(cuda::attention_forward<T>(blas_, ad, q, k, v, attn, a.lse, attn_ws_, attn_rows_, s,
                                                   wt(w, TensorRole::kSinks)));
     // h = x + o_proj(attn) (+ its bias): the GEMM adds into a copy of x (beta = 1), in fp32.
     MT_CUDA_RETURN(cudaMemcpyAsync(a.h, a.x, 4 * static_cast<size_t>(NH), cudaMemcpyDeviceToDevice, s));
@@ -368,9 +369,9 @@ class CudaBackend final : public Backend {
   Status layer_backward(const UnitView& w, const LayerActs& a, const float* dout, float* dx, const UnitGrad& g,
                         float* workspace) override {
     Range r("backward layer");
-    if (a.doc_starts != nullptr)
-      return unsupported("packed documents that attend only to themselves (data packed \"neat\") are not on the CUDA backend "
-                         "yet; accepted: data prepared with --pack or --pad, or the CPU backend");
+    const int32_t* pos = nullptr;
+    cuda::AttnDims ad = attn_of(w);
+    MT_RETURN_IF_ERROR(documents(a, ad, pos));
     const Dims& d = dims_;
     cudaStream_t s = compute();
     const int64_t NH = d.N * d.H;
@@ -410,10 +411,10 @@ class CudaBackend final : public Backend {
     const T* sinks = wt(w, TensorRole::kSinks);
     if (sinks != nullptr && g[TensorRole::kSinks] == nullptr)
       return internal_error("CUDA backend: a layer with attention sinks was given no gradient for them");
-    MT_RETURN_IF_ERROR(cuda::attention_backward<T>(blas_, attn_of(w), q, k, v, attn, ws.dattn, a.lse, ws.dq, ws.dk, ws.dv,
-                                                   attn_ws_, attn_rows_, s, sinks, sinks ? g[TensorRole::kSinks] : nullptr));
-    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dq, positions_, d.N, d.nh, d.hd, inv_freq_dev_, s, rope_scale()));
-    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dk, positions_, d.N, d.nkv, d.hd, inv_freq_dev_, s, rope_scale()));
+    MT_RETURN_IF_ERROR(cuda::attention_backward<T>(blas_, ad, q, k, v, attn, ws.dattn, a.lse, ws.dq, ws.dk, ws.dv, attn_ws_,
+                                                   attn_rows_, s, sinks, sinks ? g[TensorRole::kSinks] : nullptr));
+    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dq, pos, d.N, d.nh, d.hd, inv_freq_dev_, s, rope_scale()));
+    MT_RETURN_IF_ERROR(cuda::rope_backward<float>(ws.dk, pos, d.N, d.nkv, d.hd, inv_freq_dev_, s, rope_scale()));
     if (d.qk_norm) {  // through the per-head norms, in place, to the projections' outputs
       MT_RETURN_IF_ERROR(cuda::rmsnorm_backward<T>(ws.dq, a.q_pre, wt(w, TensorRole::kQNorm), a.rstd_q, d.N * d.nh, d.hd, ws.dq,
                                                    g[TensorRole::kQNorm], col_ws(d.hd), s));
@@ -647,6 +648,8 @@ class CudaBackend final : public Backend {
     g_unique_ = c.get<int32_t>(Buf::kUniqueTokens);
     g_offsets_ = c.get<int32_t>(Buf::kTokenOffsets);
     g_positions_ = c.get<int32_t>(Buf::kTokenPositions);
+    docs_dev_ = c.get<int32_t>(Buf::kDocuments);
+    doc_sent_.clear();  // a new arena holds no documents yet
     inv_freq_dev_ = c.get<float>(Buf::kInvFreq);
     loss_dev_ = c.get<double>(Buf::kLossSum);
     count_dev_ = c.get<long long>(Buf::kTokenCount);
@@ -682,6 +685,29 @@ class CudaBackend final : public Backend {
     cuda::AttnDims ad = attn_;
     ad.window = dims_.window_of(w.layer);
     return ad;
+  }
+  // Rows packed "neat" (a.doc_starts, host memory, [N]): their document starts and the RoPE
+  // positions that restart at 0 in each document, on the device (copied when they differ from the
+  // last micro-batch's), into the attention's shape; otherwise the constant positions 0..T-1.
+  Status documents(const LayerActs& a, cuda::AttnDims& ad, const int32_t*& pos) {
+    pos = positions_;
+    if (a.doc_starts == nullptr) return {};
+    const int64_t N = dims_.N, seq = dims_.T;
+    doc_host_.resize(static_cast<size_t>(2 * N));
+    for (int64_t i = 0; i < N; ++i) {
+      const int32_t st = a.doc_starts[i];
+      doc_host_[static_cast<size_t>(i)] = st;
+      doc_host_[static_cast<size_t>(N + i)] = static_cast<int32_t>(i % seq - st);
+    }
+    ad.starts = doc_host_.data();  // checked by the attention (contiguous documents)
+    ad.starts_dev = docs_dev_;
+    pos = docs_dev_ + N;
+    if (doc_host_ != doc_sent_) {
+      MT_CUDA_RETURN(cudaMemcpyAsync(docs_dev_, doc_host_.data(), sizeof(int32_t) * doc_host_.size(), cudaMemcpyHostToDevice,
+                                     compute()));
+      doc_sent_ = doc_host_;
+    }
+    return {};
   }
   static float* f(T* p) { return reinterpret_cast<float*>(p); }
   static T* as_t(float* p) { return reinterpret_cast<T*>(p); }
@@ -937,6 +963,8 @@ class CudaBackend final : public Backend {
   void *blas_ws_ = nullptr, *attn_ws_ = nullptr, *col_ws_ = nullptr;
   int32_t *tokens_ = nullptr, *targets_ = nullptr, *positions_ = nullptr;
   int32_t *g_unique_ = nullptr, *g_offsets_ = nullptr, *g_positions_ = nullptr;
+  int32_t* docs_dev_ = nullptr;               // Buf::kDocuments: starts [N], then positions [N]
+  std::vector<int32_t> doc_host_, doc_sent_;  // this call's, and what the device holds
   float* inv_freq_dev_ = nullptr;
   double* loss_dev_ = nullptr;
   long long* count_dev_ = nullptr;

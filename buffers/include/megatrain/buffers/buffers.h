@@ -25,7 +25,7 @@ enum class Buf : int16_t {
   kHeadXn, kHeadRstd, kHeadDxn, kRunMax, kRunSum, kTargetLogit, kHeadLse, kLogits, kDlogitsHead,
   // the CUDA backend's private region
   kBlasWorkspace, kAttentionWorkspace, kTokens, kTargets, kPositions, kUniqueTokens, kTokenOffsets, kTokenPositions,
-  kInvFreq, kLossSum, kTokenCount, kColumnPartials, kSortScratch, kGemmPointers, kAuxStats, kAuxGrad,
+  kInvFreq, kLossSum, kTokenCount, kColumnPartials, kSortScratch, kGemmPointers, kAuxStats, kAuxGrad, kDocuments,
   kCount
 };
 const char* buf_name(Buf b);
