@@ -587,7 +587,7 @@ ParameterCounts ModelSpec::parameter_counts() const {
   return pc;
 }
 
-FlopsPerToken ModelSpec::flops_per_token(int64_t seq_len) const {
+FlopsPerToken ModelSpec::flops_per_token(int64_t seq_len, double attention_span) const {
   const ModelConfig& c = config_;
   const double s = static_cast<double>(seq_len > 0 ? seq_len : c.max_position_embeddings);
   const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
@@ -597,7 +597,8 @@ FlopsPerToken ModelSpec::flops_per_token(int64_t seq_len) const {
   f.seq_len = static_cast<int64_t>(s);
   const double projections = 2 * H * q_out + 2 * 2 * H * kv_out + 2 * q_out * H;  // q, k, v, o
   const double mlp = 3 * 2 * H * I;                                                // gate, up, down
-  f.attention_forward = 2 * 2 * s * q_out;  // QK^T and softmax(QK^T) V, every query against s keys
+  // QK^T and softmax(QK^T) V, every query against s keys (or the documents' span in neat rows)
+  f.attention_forward = 2 * 2 * (attention_span > 0 ? attention_span : s) * q_out;
   if (c.is_moe()) {
     const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
     f.router_forward = 2 * H * E;

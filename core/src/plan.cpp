@@ -6,6 +6,7 @@
 
 #include "detail/json_reader.h"
 #include "megatrain/core/durable_file.h"
+#include "megatrain/core/flags.h"
 #include "megatrain/core/profiles.h"
 #include "megatrain/core/units.h"
 
@@ -287,7 +288,7 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
   // training
   if (const Json* t = r.object("training", Need::kRequired)) {
     FieldReader tr(*t, "training", {"seq_len", "micro_batch", "grad_accum", "steps", "seed", "lr", "lr_schedule",
-                                      "warmup_steps", "min_lr", "clip_grad_norm", "data_order"});
+                                      "warmup_steps", "min_lr", "clip_grad_norm", "data_order", "document_tokens"});
     TrainingConfig& c = p.training;
     tr.integer("seq_len", c.seq_len, Need::kRequired, 1, 1 << 24);
     tr.integer("micro_batch", c.micro_batch, Need::kRequired, 1, 1 << 20);
@@ -300,7 +301,12 @@ Result<Plan> Plan::from_json_text(const std::string& text, const std::string& wh
     tr.number("min_lr", c.min_lr, Need::kOptional, 0, 10);
     tr.number("clip_grad_norm", c.clip_grad_norm, Need::kOptional, 0, 1e30);
     read_enum(tr, "data_order", c.data_order, data_order_names());
+    tr.number("document_tokens", c.document_tokens, Need::kOptional, 0, 1 << 24);
     if (Status s = tr.finish(); !s.ok()) return ctx(s);
+    if (c.document_tokens != 0 && (c.document_tokens < 1 || c.document_tokens > static_cast<double>(c.seq_len)))
+      return ctx(invalid_argument("training.document_tokens: " + format_flag_bound(c.document_tokens) +
+                                  " is not a documents' mean length in rows of seq_len " + std::to_string(c.seq_len) +
+                                  "; accepted: 0 (one context per row) or 1 .. seq_len"));
     if (c.warmup_steps > c.steps)
       return ctx(invalid_argument("training.warmup_steps: " + std::to_string(c.warmup_steps) +
                                   " exceeds training.steps " + std::to_string(c.steps) + "; accepted: 0 .. steps"));
@@ -490,6 +496,7 @@ std::string Plan::to_json_text() const {
                    {"steps", t.steps}, {"seed", t.seed}, {"lr", t.lr}, {"lr_schedule", name(t.lr_schedule)},
                    {"warmup_steps", t.warmup_steps}, {"min_lr", t.min_lr}, {"clip_grad_norm", t.clip_grad_norm},
                    {"data_order", name(t.data_order)}};
+  if (t.document_tokens > 0) j["training"]["document_tokens"] = t.document_tokens;
   j["precision"] = {{"compute", dtype_name(precision.compute)}, {"master", dtype_name(precision.master)},
                     {"transfer", dtype_name(precision.transfer)}};
   j["schedule"] = {{"order", name(schedule.order)}, {"prefetch_depth", schedule.prefetch_depth},

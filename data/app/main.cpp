@@ -93,6 +93,10 @@ int run_inspect(const std::string& path, const std::string& tokenizer_path, int6
   std::printf("documents %s, tokens %s, counted targets %s (train on %s), truncated %s, split %s\n", thousands(h.documents).c_str(),
               thousands(h.tokens).c_str(), thousands(h.counted).c_str(), h.train_on.c_str(), thousands(h.truncated).c_str(),
               thousands(h.split).c_str());
+  if (f->document_masked())
+    std::printf("documents attend only to themselves: %.1f tokens each, weighted by length (a plan's "
+                "training.document_tokens; megatrain-plan plan --data %s)\n",
+                h.document_tokens, path.c_str());
   std::printf("tokenizer %s; eos %d, pad %d\n", h.tokenizer.c_str(), h.eos_id, h.pad_id);
   for (const std::string& s : h.sources) std::printf("source %s\n", s.c_str());
   if (rows_to_show <= 0 || h.rows == 0) return 0;
@@ -147,7 +151,7 @@ int main(int argc, char** argv) {
                                       "(plain packing, the default)");
   auto* neat_flag = prepare->add_flag("--pack-neat", neat,
                                       "Lay the documents end to end, each attending only to itself with its positions from 0 "
-                                      "(transformers' flattening collator; the CPU backend trains it)");
+                                      "(transformers' flattening collator, LLaMA-Factory's neat_packing)");
   auto* pad_flag = prepare->add_flag("--pad", pad, "One document per row, padded; the padding never counts");
   pack_flag->excludes(pad_flag);
   neat_flag->excludes(pad_flag);

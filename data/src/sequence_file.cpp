@@ -41,6 +41,7 @@ Json header_json(const SequenceHeader& h) {
               {"split", h.split},
               {"tokens", h.tokens},
               {"counted", h.counted},
+              {"document_tokens", h.document_tokens},
               {"tokenizer", h.tokenizer},
               {"sources", h.sources},
               {"xxh64", hex(h.xxh64)}};
@@ -48,12 +49,28 @@ Json header_json(const SequenceHeader& h) {
 
 }  // namespace
 
+double neat_document_tokens(const uint8_t* mask, int64_t rows, int64_t seq_len) {
+  if (rows <= 0 || seq_len <= 0) return 0;
+  double squares = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* m = mask + r * (seq_len + 1);
+    int64_t begin = 0;  // a row's first input begins a piece (fill_row's starts)
+    for (int64_t t = 1; t <= seq_len; ++t)
+      if (t == seq_len || (m[t] & kMaskDocStart)) {
+        squares += static_cast<double>(t - begin) * static_cast<double>(t - begin);
+        begin = t;
+      }
+  }
+  return squares / (static_cast<double>(rows) * static_cast<double>(seq_len));
+}
+
 Status write_sequence_file(const std::filesystem::path& path, SequenceHeader header, const SequenceRows& rows) {
   const int64_t width = header.seq_len + 1;
   if (header.seq_len < 1) return invalid_argument("a prepared dataset needs seq_len >= 1");
   if (rows.tokens.size() != rows.mask.size() || static_cast<int64_t>(rows.tokens.size()) % width != 0)
     return internal_error("write_sequence_file: tokens and mask must be whole rows of seq_len + 1");
   header.rows = static_cast<int64_t>(rows.tokens.size()) / width;
+  header.document_tokens = header.packing == "neat" ? neat_document_tokens(rows.mask.data(), header.rows, header.seq_len) : 0;
   Xxh64 x;
   x.update(rows.tokens.data(), rows.tokens.size() * sizeof(uint32_t));
   x.update(rows.mask.data(), rows.mask.size());
@@ -163,6 +180,7 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
     if (f.tokens_[i] >= static_cast<uint64_t>(h.vocab_size))
       return invalid_argument(name + ": token " + std::to_string(f.tokens_[i]) + " at row " + std::to_string(i / (h.seq_len + 1)) +
                               " is not below the vocabulary size " + std::to_string(h.vocab_size));
+  f.header_.document_tokens = f.document_masked() ? neat_document_tokens(f.mask_, h.rows, h.seq_len) : 0;
   return f;
 }
 

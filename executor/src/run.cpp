@@ -459,6 +459,16 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   if (!o.in_memory) MT_RETURN_IF_ERROR(check_plan_fits(plan, model, o.backend));
   phase = RunPhase::kData;
   MT_ASSIGN_OR_RETURN(DataLoader loader, open_data(o, plan, model, *comm, out));
+  // The plan's prediction counts the attention over its document length: say so when the data's
+  // differs by more than a tenth (training is right either way; only the prediction is off).
+  if (const double want = loader.document_tokens(), have = plan.training.document_tokens;
+      std::abs(want - have) > 0.1 * std::max(want, have))
+    say(out, "note: the data's rows %s, but the plan was made for %s: its predicted times count the attention over %s "
+             "(megatrain-plan plan --data %s makes a plan for these rows)",
+        want > 0 ? ("pack documents of " + format_count(want) + " tokens each (weighted), each attending only to itself").c_str()
+                 : "are whole contexts",
+        have > 0 ? ("documents of " + format_count(have) + " tokens").c_str() : "whole-row contexts",
+        have > 0 ? "the plan's documents" : "whole rows", (loader.prepared() ? loader.sequences().name() : o.data_path).c_str());
   std::optional<DataLoader> eval_loader;
   if (!o.eval_data_path.empty()) {
     MT_ASSIGN_OR_RETURN(DataLoader e, open_eval_data(o, plan, model));

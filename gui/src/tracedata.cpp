@@ -210,7 +210,7 @@ void computeSummary(TraceData& d) {
       // A measured trace may not record FLOPs per span (the executor's does not): then the step's
       // model FLOPs are the model's training FLOPs per token (no recompute, as MFU counts them)
       // times the step's tokens.
-      if (model.ok() && flops <= 0) flops = model->flops_per_token(plan->training.seq_len).training() * tokens;
+      if (model.ok() && flops <= 0) flops = model->flops_per_token(plan->training.seq_len, plan->training.attention_span()).training() * tokens;
       if (model.ok() && rig.ok()) peak = sim::CostModel(*plan, *model, *rig).matmul_peak();
     }
   }

@@ -137,6 +137,13 @@ int main(int argc, char** argv) {
   plan->add_option("--nodes", plan_cmd.nodes,
                    "with --gpus: the nodes the ranks spread over, evenly (default: as few as hold them)")
       ->check(cli::int_range(1, 65536));
+  plan->add_option("--data", plan_cmd.data,
+                   "a prepared dataset (megatrain-data prepare) the plan is for: its seq_len, and in rows packed \"neat\" its "
+                   "documents' lengths, which the attention's cost scales with");
+  plan->add_option("--document-tokens", plan_cmd.document_tokens,
+                   "rows packed \"neat\": the documents' length-weighted mean length in tokens (default: what --data says; "
+                   "without it 0, every row one context)")
+      ->check(cli::number_range(0.0, static_cast<double>(kMaxSeq)));
   plan->add_option("--top", plan_cmd.top, "alternatives to list (default 5)")->check(cli::int_range(0, 1000));
   plan->add_option("-o,--output", plan_cmd.output, "write the best plan (with predicted) to this file, atomically");
   plan->add_option("--state-formats", plan_cmd.state_formats,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "megatrain/core/flags.h"
 #include "megatrain/core/units.h"
 
 namespace megatrain::planner::detail {
@@ -93,6 +94,7 @@ Plan make_plan(const Knobs& k, const Space& s, const HardwareProfile& on) {
   p.training.micro_batch = k.micro_batch;
   p.training.grad_accum = k.grad_accum;
   p.training.steps = s.req.steps;
+  p.training.document_tokens = s.req.document_tokens;
   p.precision = PrecisionConfig{s.compute, DType::kFp32, k.transfer};
   p.schedule.order = k.layer_major ? ScheduleOrder::kLayerMajor : ScheduleOrder::kMicrobatchMajor;
   p.schedule.prefetch_depth = k.prefetch;
@@ -125,6 +127,10 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
   if (s.seq > mc.max_position_embeddings)
     return invalid_argument("--seq " + std::to_string(s.seq) + " exceeds the model's max_position_embeddings; accepted: 1 .. " +
                             std::to_string(mc.max_position_embeddings));
+  if (req.document_tokens != 0 && (req.document_tokens < 1 || req.document_tokens > static_cast<double>(s.seq)))
+    return invalid_argument("--document-tokens " + format_flag_bound(req.document_tokens) +
+                            " is not a documents' mean length in rows of " + std::to_string(s.seq) +
+                            " tokens; accepted: 0 (one context per row) or 1 .. " + std::to_string(s.seq));
   s.tokens = req.tokens_per_step > 0 ? req.tokens_per_step : kDefaultSequencesPerStep * s.seq;
   if (s.tokens % s.seq != 0) {
     // The nearest multiples below and above; below 1 sequence there is only the one above.

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "megatrain/core/units.h"
+#include "megatrain/data/sequence_file.h"
 #include "megatrain/planner/search.h"
 
 namespace megatrain::planner {
@@ -29,6 +30,21 @@ int plan_command(const PlanCommand& cmd) {
   if (!rig.ok()) return fail(rig.status().with_context("--rig"));
   SearchRequest req;
   req.seq_len = cmd.seq_len;
+  req.document_tokens = cmd.document_tokens;
+  if (!cmd.data.empty()) {
+    if (!data::SequenceFile::is_sequence_file(cmd.data))
+      return fail(invalid_argument(cmd.data + ": not a prepared dataset (no MTSEQ001 magic); accepted: a file written by "
+                                   "megatrain-data prepare (a token file's rows are whole contexts: leave --data out)")
+                      .with_context("--data"));
+    auto rows = data::SequenceFile::open(cmd.data);
+    if (!rows.ok()) return fail(rows.status().with_context("--data"));
+    if (cmd.seq_len != 0 && cmd.seq_len != rows->seq_len())
+      return fail(invalid_argument("--seq " + std::to_string(cmd.seq_len) + ", but " + cmd.data + " holds rows of " +
+                                   std::to_string(rows->seq_len()) + " tokens; accepted: --seq " +
+                                   std::to_string(rows->seq_len()) + " or no --seq"));
+    req.seq_len = rows->seq_len();
+    if (cmd.document_tokens == 0) req.document_tokens = rows->document_tokens();
+  }
   req.tokens_per_step = cmd.tokens_per_step;
   req.micro_batch = cmd.micro_batch;
   req.gpus = cmd.gpus;

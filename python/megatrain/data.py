@@ -103,9 +103,9 @@ class Dataset:
             return out
         tokens, mask, stats = rows_to_arrays(self._spec["rows"], seq_len, vocab_size)
         out = os.path.join(work_dir, f"{name}.mtseq")
-        errors.call(_megatrain.write_sequences, out, tokens, mask, vocab_size, -1, stats["pad_id"], len(tokens),
-                    stats["truncated"], stats["tokens"], "all", "python rows", stats["packing"])
-        self.info = dict(stats, rows=len(tokens), seq_len=seq_len)
+        document_tokens = errors.call(_megatrain.write_sequences, out, tokens, mask, vocab_size, -1, stats["pad_id"], len(tokens),
+                                      stats["truncated"], stats["tokens"], "all", "python rows", stats["packing"])
+        self.info = dict(stats, rows=len(tokens), seq_len=seq_len, document_tokens=document_tokens)
         return out
 
     def __len__(self) -> int:

@@ -295,7 +295,7 @@ class Trainer:
         rig = config.effective_rig(self.settings, self.output_dir)
         feasible, text, reason = errors.call(_megatrain.plan_search, model.reference, rig, seq_len, seq_len * per_step,
                                              a.per_device_train_batch_size, steps, self.settings.state_formats(),
-                                             "bf16" if a.bf16 else "fp32")
+                                             "bf16" if a.bf16 else "fp32", float(info.get("document_tokens", 0.0)))
         result = json.loads(text)
         if not feasible:
             raise PlanError(f"{model.name} with {a.per_device_train_batch_size} x {seq_len} tokens per micro-batch does not fit "

@@ -112,7 +112,7 @@ std::string inspect_json(const std::string& model, int64_t seq, bool tensors) {
 // The planner's search, as `megatrain-plan plan --json` runs it: (feasible, the --json text, the
 // per-tier reason when nothing fits).
 py::tuple plan_search(const std::string& model, const std::string& rig, int64_t seq_len, int64_t tokens_per_step, int64_t micro_batch,
-                      int64_t steps, const std::string& state_formats, const std::string& compute) {
+                      int64_t steps, const std::string& state_formats, const std::string& compute, double document_tokens) {
   std::string json, reason;
   bool feasible = false;
   {
@@ -123,6 +123,7 @@ py::tuple plan_search(const std::string& model, const std::string& rig, int64_t 
     req.tokens_per_step = tokens_per_step;
     req.micro_batch = micro_batch;
     req.steps = steps;
+    req.document_tokens = document_tokens;
     req.model_ref = planner::profile_ref(model);
     req.rig_ref = planner::profile_ref(rig);
     req.policy.state_formats = value_or_raise(planner::parse_state_format_list(state_formats));
@@ -195,7 +196,8 @@ py::dict model_info(const std::string& model) {
 }
 
 // A prepared dataset from rows the Python side made (tokens and mask: rows x (seq_len + 1)).
-void write_sequences(const std::string& path, py::array_t<uint32_t, py::array::c_style> tokens, py::array_t<uint8_t, py::array::c_style> mask,
+// Returns its document_tokens (SequenceHeader).
+double write_sequences(const std::string& path, py::array_t<uint32_t, py::array::c_style> tokens, py::array_t<uint8_t, py::array::c_style> mask,
                      int64_t vocab_size, int32_t eos_id, int32_t pad_id, int64_t documents, int64_t truncated, int64_t real_tokens,
                      const std::string& train_on, const std::string& source, const std::string& packing) {
   if (tokens.ndim() != 2 || mask.ndim() != 2 || tokens.shape(0) != mask.shape(0) || tokens.shape(1) != mask.shape(1) || tokens.shape(1) < 2)
@@ -223,6 +225,7 @@ void write_sequences(const std::string& path, py::array_t<uint32_t, py::array::c
                !(rows.mask[static_cast<size_t>(i)] & data::kMaskDocStart);
   h.counted = counted;
   if (Status s = data::write_sequence_file(path, h, rows); !s.ok()) raise_status(s);
+  return h.packing == "neat" ? data::neat_document_tokens(rows.mask.data(), tokens.shape(0), h.seq_len) : 0.0;
 }
 
 // A prepared dataset's header as the package reads it.
@@ -238,6 +241,7 @@ py::dict header_dict(const data::SequenceHeader& h) {
   d["split"] = h.split;
   d["packing"] = h.packing;
   d["train_on"] = h.train_on;
+  d["document_tokens"] = h.document_tokens;  // neat rows' weighted document length (0: whole-row contexts)
   return d;
 }
 
@@ -583,7 +587,8 @@ PYBIND11_MODULE(_megatrain, m) {
   m.attr("StatusError") = status_error_type();
   m.def("inspect_json", &inspect_json, py::arg("model"), py::arg("seq") = 0, py::arg("tensors") = false);
   m.def("plan_search", &plan_search, py::arg("model"), py::arg("rig"), py::arg("seq_len"), py::arg("tokens_per_step"),
-        py::arg("micro_batch"), py::arg("steps"), py::arg("state_formats"), py::arg("compute") = "auto");
+        py::arg("micro_batch"), py::arg("steps"), py::arg("state_formats"), py::arg("compute") = "auto",
+        py::arg("document_tokens") = 0.0);
   m.def("simulate_json", &simulate_json, py::arg("plan"));
   m.def("size_json", &size_json, py::arg("model"), py::arg("gpu") = "", py::arg("target") = 0.0, py::arg("seq_len") = 0,
         py::arg("tokens_per_step") = 0, py::arg("state_formats") = "fp32");

@@ -109,7 +109,9 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   // dense MLP) and their attention (a sliding window or the whole prefix); each distinct kind is
   // costed once.
   const double T = static_cast<double>(plan.training.micro_batch * plan.training.seq_len);
-  const double s = static_cast<double>(plan.training.seq_len);
+  // The keys per query as if unmasked: the row (seq_len), or in rows packed "neat" the documents'
+  // length-weighted mean, each query seeing only its own document.
+  const double s = plan.training.attention_span();
   const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
   const double q = static_cast<double>(c.num_heads * c.head_dim), kv = static_cast<double>(c.num_kv_heads * c.head_dim);
   const double V = static_cast<double>(c.vocab_size);
@@ -119,7 +121,8 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   const auto& lt = rig.gpu.layer_times;
   const bool probe_shape = lt && lt->hidden == c.hidden_size && lt->intermediate == c.intermediate_size &&
                            lt->heads == c.num_heads && lt->kv_heads == c.num_kv_heads && lt->head_dim == c.head_dim &&
-                           lt->seq == plan.training.seq_len;
+                           lt->seq == plan.training.seq_len &&
+                           plan.training.document_tokens == 0;  // the probe's rows are whole contexts
   // The probe's figures by micro-batch: linear between points; beyond the last in proportion;
   // below the first, linearly to zero.
   const double mb = static_cast<double>(plan.training.micro_batch);
@@ -139,13 +142,13 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     L.moe = moe;
     L.window = window > 0 && window < plan.training.seq_len ? window : 0;
     L.attention_gemms = gemm_time(T, q, H) + 2 * gemm_time(T, kv, H) + gemm_time(T, H, q);
-    // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V. Within a
-    // window of w < s keys a query sees min(i, w) keys: s w - w^2 / 2 pairs a sequence instead of
+    // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V (in neat
+    // rows, each document's own triangle: s is their weighted length). Within a window of w < s keys a query sees min(i, w) keys: s w - w^2 / 2 pairs a sequence instead of
     // s^2 / 2, so the kernel (which skips the blocks outside the band) does (2 s w - w^2) / s^2 of
     // the work. A profile may give the attention kernel's own rate (the CPU backend's is not
     // GEMM-like) and its backward / forward time ratio.
     const double w = static_cast<double>(L.window);
-    const double keys = L.window > 0 ? (2 * s * w - w * w) / s : s;  // keys per query, as if unmasked
+    const double keys = L.window > 0 && w < s ? (2 * s * w - w * w) / s : s;  // keys per query, as if unmasked
     L.attention = 0.5 * 2 * gemm_time(T, keys, q);
     if (rig.gpu.attention_efficiency) {
       const double f = 2 * T * keys * q;  // 2 GEMMs of 2*T*keys*q FLOPs, each half computed

@@ -37,7 +37,7 @@ class Builder {
     adam_prev_.assign(U, -1);
     carried_ = step::first_slots(s_.B);
     nvme_write_prev_.assign(U, -1);
-    const FlopsPerToken f = model.flops_per_token(plan.training.seq_len);
+    const FlopsPerToken f = model.flops_per_token(plan.training.seq_len, plan.training.attention_span());
     const double T = static_cast<double>(s_.tokens_per_mb);
     // Each layer's own FLOPs (MoE and dense layers differ; MoE counts the k experts a token uses).
     layer_flops_.assign(static_cast<size_t>(s_.L), T * f.layer_forward);
@@ -430,7 +430,7 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   res.tasks = static_cast<int64_t>(e.task_count());
   res.ranks = N;
   res.tokens_per_step = static_cast<double>(sched.tokens_per_mb) * sched.A * static_cast<double>(N);  // the job's
-  res.flops_per_step = model.flops_per_token(plan.training.seq_len).training() * res.tokens_per_step;
+  res.flops_per_step = model.flops_per_token(plan.training.seq_len, plan.training.attention_span()).training() * res.tokens_per_step;
   {
     double per_round = 0;
     for (int32_t u : sched.round.loads) per_round += static_cast<double>(sched.unit_numel[static_cast<size_t>(u)]);

@@ -65,7 +65,8 @@ Footprint footprint(const StepSchedule& s, const ActivationLayout& layout) {
   f.ram_checkpoints = s.host_checkpoints ? int64_t{s.checkpoints_per_mb} * s.resident_mbs * 4 * b.hidden_floats : 0;
   f.ram_gradients = int64_t{s.lent_gradients} * 4 * max_unit;
   f.ram_arena = layout.arena_in_ram ? f.peak.device : 0;
-  f.ram_data = 2 * int64_t{s.A} * s.tokens_per_mb * 4;  // input and target rows of the step
+  // Input and target rows of the step, and in rows packed "neat" each token's document start.
+  f.ram_data = (s.documents ? 3 : 2) * int64_t{s.A} * s.tokens_per_mb * 4;
   f.peak.pinned += f.ram_checkpoints + f.ram_gradients;
   f.peak.ram = f.ram_state + f.ram_staging + f.ram_checkpoints + f.ram_gradients + f.ram_arena + f.ram_data;
   return f;
@@ -89,7 +90,8 @@ FootprintKeys footprint_keys(const Plan& p) {
   const OptimizerConfig& o = p.optimizer;
   k.host.insert(k.host.end(), {e(pl.master_weights), e(pl.optimizer_states), pl.pinned_staging_bytes, pl.nvme_block_bytes,
                                e(p.precision.transfer), e(o.m_format), e(o.v_format), o.block_size, e(lends_gradients(p)),
-                               copies_gradient_share(p) ? state_shard_ranks(p.parallel) : 1, e(gradients_in_node_memory(p))});
+                               copies_gradient_share(p) ? state_shard_ranks(p.parallel) : 1, e(gradients_in_node_memory(p)),
+                               e(t.document_tokens > 0)});
   return k;
 }
 

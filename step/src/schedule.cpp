@@ -251,6 +251,7 @@ Result<StepSchedule> compile(const Plan& plan, const ModelSpec& model, const Act
   if (copies_gradient_share(plan)) s.grad_share = static_cast<int32_t>(state_shard_ranks(plan.parallel));
   s.node_gradients = gradients_in_node_memory(plan);
   s.tokens_per_mb = plan.training.micro_batch * plan.training.seq_len;
+  s.documents = plan.training.document_tokens > 0;
   s.unit_tensor_numels = units.tensor_numels;
   for (const auto& t : s.unit_tensor_numels) s.unit_numel.push_back(unit_layout(t).numel);
   if (s.master_nvme || s.states_nvme) {

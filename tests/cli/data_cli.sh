@@ -112,6 +112,27 @@ if [ -x "$exec_bin" ]; then
   printf '\x07' | dd of="$tmp/damaged.mtseq" bs=1 seek=5000 conv=notrunc 2>/dev/null
   "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/damaged.mtseq" --steps 1 >"$tmp/out" 2>&1
   check "megatrain-exec refuses a damaged prepared dataset, naming it" "[ $? -ne 0 ] && grep -q 'damaged.mtseq: the checksum of its rows' $tmp/out"
+  # Rows packed "neat": trained, with a note that the plan (made for whole rows) counts the
+  # attention over whole rows; megatrain-plan plan --data writes the documents' length into a plan
+  # (which then trains without the note), and a length past the rows is refused.
+  "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 128 --pack-neat -o "$tmp/neat128.mtseq" >/dev/null 2>&1
+  "$data" inspect "$tmp/neat128.mtseq" >"$tmp/out" 2>&1
+  check "inspect of neat rows: the documents' weighted length" "grep -Eq 'documents attend only to themselves: [0-9.]+ tokens each' $tmp/out"
+  "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/neat128.mtseq" --steps 2 >"$tmp/out" 2>&1
+  check "megatrain-exec trains neat rows, noting the plan was made for whole rows" \
+    "[ $? -eq 0 ] && grep -Eq 'step +2/2  loss [0-9]' $tmp/out && grep -q 'but the plan was made for whole-row contexts' $tmp/out"
+  plan_bin=$(dirname "$1")/megatrain-plan
+  "$plan_bin" plan --model tiny-llama-gqa --rig cpu-dev-2core --data "$tmp/neat128.mtseq" --tokens-per-step 512 --top 0 \
+    -o "$tmp/neat-plan.json" >"$tmp/out" 2>&1
+  want=$(python3 -c "import json,sys; h=open(sys.argv[1],'rb').read(4096); n=int.from_bytes(h[8:16],'little'); print(json.loads(h[16:16+n])['document_tokens'])" "$tmp/neat128.mtseq")
+  check "megatrain-plan plan --data: the plan holds the file's seq_len and document_tokens ($want)" \
+    "[ $? -eq 0 ] && python3 -c \"import json,sys; t=json.load(open('$tmp/neat-plan.json'))['training']; sys.exit(not (t['seq_len'] == 128 and abs(t['document_tokens'] - $want) < 1e-9 and 1 <= $want < 128))\""
+  "$exec_bin" "$tmp/neat-plan.json" --data "$tmp/neat128.mtseq" --steps 1 >"$tmp/out" 2>&1
+  check "a plan made for the neat rows trains them without the note" "[ $? -eq 0 ] && ! grep -q 'the plan was made for' $tmp/out"
+  "$plan_bin" plan --model tiny-llama-gqa --rig cpu-dev-2core --data "$tmp/neat128.mtseq" --seq 64 >"$tmp/out" 2>&1
+  check "megatrain-plan plan --data with another --seq: refused with both numbers" "[ $? -eq 1 ] && grep -q -- '--seq 64, but .*rows of 128 tokens' $tmp/out"
+  "$plan_bin" plan --model tiny-llama-gqa --rig cpu-dev-2core --seq 128 --document-tokens 200 >"$tmp/out" 2>&1
+  check "megatrain-plan plan --document-tokens past the rows: refused, the range named" "[ $? -ne 0 ] && grep -q 'accepted: 0 (one context per row) or 1 .. 128' $tmp/out"
   "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 64 -o "$tmp/s64.mtseq" >/dev/null 2>&1
   "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/s64.mtseq" --steps 1 >"$tmp/out" 2>&1
   check "a prepared dataset of another seq_len: refused with both numbers" "[ $? -ne 0 ] && grep -q 'seq_len 64, the plan.s training.seq_len is 128' $tmp/out"

@@ -102,6 +102,32 @@ TEST(Plan, WriteThenReadIsLossless) {
   EXPECT_EQ(written, full_plan());
 }
 
+// training.document_tokens (rows packed "neat"): written only when set, read back, and refused
+// outside 1 .. seq_len with the accepted range named.
+TEST(Plan, DocumentTokensRoundTripAndAreBounded) {
+  Json j = minimal_plan();
+  auto none = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->training.document_tokens, 0);
+  EXPECT_EQ(none->training.attention_span(), static_cast<double>(none->training.seq_len));
+  EXPECT_FALSE(Json::parse(none->to_json_text())["training"].contains("document_tokens"));
+  j["training"]["document_tokens"] = 37.5;
+  auto p = Plan::from_json_text(j.dump());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->training.document_tokens, 37.5);
+  EXPECT_EQ(p->training.attention_span(), 37.5);
+  auto back = Plan::from_json_text(p->to_json_text());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, *p);
+  for (double bad : {0.5, static_cast<double>(j["training"]["seq_len"].get<int64_t>()) + 1}) {
+    j["training"]["document_tokens"] = bad;
+    auto r = Plan::from_json_text(j.dump());
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("training.document_tokens"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("accepted: 0 (one context per row) or 1 .. "), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(Plan, EmbeddedModelAndRigRoundTrip) {
   Json j = minimal_plan();
   std::ifstream mf(fs::path(MEGATRAIN_PROFILES_DIR) / "models" / "tiny-qwen2.json");

@@ -300,6 +300,30 @@ TEST(MoeCost, SlidingLayersCostTheBandTheyAttendTo) {
   EXPECT_DOUBLE_EQ(b.layer_cost(0).experts, a.layer_cost(0).experts);
 }
 
+TEST(MoeCost, NeatRowsCostTheirDocumentsAttention) {
+  // Rows of 128 packed "neat" with documents of 32 tokens (weighted): each query sees its own
+  // document, 4 x 32^2 / 2 pairs a row against 128^2 / 2, a quarter; with a window of 16 inside
+  // those documents, (2 x 32 x 16 - 16^2) / 32^2 of that. Nothing else in the layer changes, and
+  // the model FLOPs count the documents' span as well.
+  const Loaded full = load(mixtral_json(2), rig_json(flat_curve(0.5)));
+  Loaded docs = full;
+  docs.plan.training.document_tokens = 32;
+  const CostModel a(full.plan, full.model, full.rig), b(docs.plan, docs.model, docs.rig);
+  EXPECT_LT(rel(b.layer_cost(0).attention, kAttentionFlops / 1e12 / 4), 1e-12);
+  EXPECT_DOUBLE_EQ(b.layer_cost(0).experts, a.layer_cost(0).experts);
+  EXPECT_DOUBLE_EQ(b.layer_cost(0).attention_gemms, a.layer_cost(0).attention_gemms);
+  EXPECT_LT(b.layer_forward_time(0), a.layer_forward_time(0));
+  Json windowed = mixtral_json(2);
+  windowed["sliding_window"] = 16;
+  Loaded band = load(windowed, rig_json(flat_curve(0.5)));
+  band.plan.training.document_tokens = 32;
+  const CostModel c(band.plan, band.model, band.rig);
+  EXPECT_LT(rel(c.layer_cost(0).attention, kAttentionFlops / 1e12 / 4 * (2 * 32 * 16 - 16 * 16) / (32.0 * 32)), 1e-12);
+  const FlopsPerToken f = full.model.flops_per_token(kSeq), g = docs.model.flops_per_token(kSeq, 32);
+  EXPECT_DOUBLE_EQ(g.attention_forward * 4, f.attention_forward);
+  EXPECT_DOUBLE_EQ(g.experts_forward, f.experts_forward);
+}
+
 // ---- bytes streamed: every expert ---------------------------------------------------------------
 
 // Parameters of the Mixtral-shaped decoder layer, from the shapes: q, k, v, o 4 H^2, two norms 2 H,

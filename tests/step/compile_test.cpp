@@ -299,6 +299,15 @@ TEST(Footprint, StateOnNvmeWithHostCheckpointsAndLentGradientsByHand) {
   EXPECT_EQ(f.peak.ram - f.ram_arena, 2 * params + 2 * 327680 + 2 * 2 * 32 * 64 * 4 + 3 * 4 * 43136 + 2 * 2 * 32 * 4);
   // Pinned: what the copies read and write: the bf16 copy, the host checkpoints, the lent gradients.
   EXPECT_EQ(f.peak.pinned, 2 * params + 2 * 2 * 32 * 64 * 4 + 3 * 4 * 43136);
+  // Rows packed "neat": the loader also keeps each token's document start (int32), in RAM only.
+  const auto keys_before = step::footprint_keys(p).host;
+  p.training.document_tokens = 5;
+  const step::StepSchedule sd = compiled(p);
+  const step::Footprint fd = step::footprint(sd, sd.layout);
+  EXPECT_EQ(fd.ram_data, 3 * 2 * 32 * 4);
+  EXPECT_EQ(fd.peak.ram - f.peak.ram, 2 * 32 * 4);
+  EXPECT_EQ(fd.peak.pinned, f.peak.pinned);
+  EXPECT_NE(step::footprint_keys(p).host, keys_before) << "the planner's footprint cache tells the two apart";
 }
 
 TEST(Compile, EveryPerLayerBufferHoldsTheLargestLayer) {

@@ -191,6 +191,11 @@ TEST(Datasets, NeatPackedRowsMarkEachDocumentsStartByHand) {
   f->fill_row(1, in.data(), tg.data(), st.data());
   EXPECT_EQ(tg, (std::vector<int32_t>{5, 6, 27, -1}));
   EXPECT_EQ(st, (std::vector<int32_t>{0, 0, 0, 0})) << "the document continued from row 0 starts again at 0";
+  // The documents' weighted length, by hand over the rows' inputs: row 0 holds pieces of 3 and 1
+  // tokens, rows 1 and 2 one piece of 4 each (a row's padding attends within its piece):
+  // (9 + 1 + 16 + 16) / (3 rows x 4) = 3.5.
+  EXPECT_DOUBLE_EQ(f->document_tokens(), 3.5);
+  EXPECT_DOUBLE_EQ(neat_document_tokens(rows->mask.data(), 3, 4), 3.5);
   // Plain packing (the default) marks nothing and fills zeros.
   o.neat = false;
   rows = build_rows(*tok, docs, "text", o, h);

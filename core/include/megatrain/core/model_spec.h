@@ -201,8 +201,9 @@ class ModelSpec {
   // Tensors of one decoder layer, in HF state-dict order.
   std::vector<TensorInfo> layer_tensors(int64_t layer) const;
   ParameterCounts parameter_counts() const;
-  // seq_len 0 means the model's max_position_embeddings.
-  FlopsPerToken flops_per_token(int64_t seq_len = 0) const;
+  // seq_len 0 means the model's max_position_embeddings. attention_span: the keys per query the
+  // attention counts (TrainingConfig::attention_span: fewer in rows packed "neat"); 0: seq_len.
+  FlopsPerToken flops_per_token(int64_t seq_len = 0, double attention_span = 0) const;
   StateBytes training_state_bytes(const PrecisionSetup& p) const;
   ActivationBytes activation_bytes_per_token_per_layer(int64_t seq_len, size_t compute_bytes) const;
 

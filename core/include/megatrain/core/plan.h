@@ -73,6 +73,13 @@ struct TrainingConfig {
   double min_lr = 0;
   double clip_grad_norm = 1.0;         // 0 turns clipping off
   DataOrder data_order = DataOrder::kShuffled;
+  // Rows that pack documents attending only to themselves (data packed "neat"): the documents'
+  // length-weighted mean length in tokens (the sum of their squared lengths over the row tokens),
+  // which the attention's work scales with instead of seq_len. 0: every row is one context.
+  double document_tokens = 0;
+  // The keys per query the attention costs as if unmasked (causal halves it): seq_len, or the
+  // documents' weighted length in neat rows.
+  double attention_span() const { return document_tokens > 0 ? document_tokens : static_cast<double>(seq_len); }
   bool operator==(const TrainingConfig&) const = default;
 };
 

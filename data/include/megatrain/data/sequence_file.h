@@ -46,6 +46,11 @@ struct SequenceHeader {
   int64_t split = 0;              // ... or split over several rows (pad with split)
   int64_t tokens = 0;             // real tokens in the rows (no padding)
   int64_t counted = 0;            // counted targets
+  // Packing "neat": the length-weighted mean length of the documents as the rows' inputs hold them
+  // (a document cut by a row's end counts as two pieces), sum(length^2) / (rows x seq_len): the
+  // keys per query the attention costs as if unmasked (a plan's training.document_tokens). 0
+  // otherwise. Written for reading; open() computes it from the mask.
+  double document_tokens = 0;
   std::string tokenizer;          // where the tokenizer came from
   std::vector<std::string> sources;
   uint64_t xxh64 = 0;             // of the tokens, then the mask
@@ -56,6 +61,9 @@ struct SequenceRows {
   std::vector<uint32_t> tokens;
   std::vector<uint8_t> mask;
 };
+
+// SequenceHeader::document_tokens of `rows` rows of seq_len + 1 mask bytes packed "neat".
+double neat_document_tokens(const uint8_t* mask, int64_t rows, int64_t seq_len);
 
 // Writes `rows` with `header` (whose rows and xxh64 it fills in) to `path`, atomically.
 Status write_sequence_file(const std::filesystem::path& path, SequenceHeader header, const SequenceRows& rows);
@@ -87,6 +95,9 @@ class SequenceFile {
   void fill_row(int64_t row, int32_t* inputs, int32_t* targets, int32_t* starts = nullptr) const;
   // The rows' documents attend only to themselves (packing "neat").
   bool document_masked() const { return header_.packing == "neat"; }
+  // Packing "neat": the documents' length-weighted mean length (SequenceHeader::document_tokens,
+  // computed from the mask when the file is opened). 0 otherwise.
+  double document_tokens() const { return header_.document_tokens; }
 
  private:
   SequenceFile() = default;

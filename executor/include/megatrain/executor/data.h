@@ -164,6 +164,9 @@ class DataLoader {
   // The rows pack documents that attend only to themselves (a prepared dataset packed "neat"): the
   // trainer then passes each micro-batch's document starts to every layer.
   bool document_masked() const { return sequences_ != nullptr && sequences_->document_masked(); }
+  // Their documents' length-weighted mean length (SequenceFile::document_tokens; 0 when not
+  // document_masked()): what a plan's training.document_tokens should say.
+  double document_tokens() const { return sequences_ != nullptr ? sequences_->document_tokens() : 0; }
 
  private:
   struct PermutationCache;

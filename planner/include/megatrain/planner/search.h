@@ -38,6 +38,9 @@ struct SearchRequest {
   // sequences), as when a user sets per_device_train_batch_size (the Python package).
   int64_t micro_batch = 0;
   int64_t steps = 1000;         // training.steps written into the plan
+  // Rows packed "neat" (each document attends only to itself): the documents' length-weighted mean
+  // length, written into the plan as training.document_tokens; 0: whole-row contexts.
+  double document_tokens = 0;
   // Data parallelism (docs/data-parallel.md): the ranks (GPUs) of the job, min(gpus, the rig's
   // cluster.gpus_per_node) per node. tokens_per_step is the job's; each rank trains 1/gpus of it. With
   // gpus > 1 the search also chooses parallel.host_state (replicated, sharded or shared).
@@ -186,6 +189,8 @@ struct PlanCommand {
   int64_t tokens_per_step = 0;
   int64_t micro_batch = 0;            // --micro-batch: 0, the search chooses
   int64_t steps = 1000;
+  std::string data;                   // --data: a prepared dataset whose rows the plan is for
+  double document_tokens = 0;         // --document-tokens: neat rows' weighted document length
   int64_t gpus = 1;                   // --gpus: data-parallel ranks
   int64_t nodes = 0;                  // --nodes: the nodes they spread over (0: as few as hold them)
   int top = 5;

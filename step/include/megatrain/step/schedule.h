@@ -160,6 +160,7 @@ struct StepSchedule {
   bool node_gradients = false;
   int32_t staging_buffers = 0;          // NVMe staging buffers (whole units)
   int64_t tokens_per_mb = 0;
+  bool documents = false;               // rows packed "neat": the loader keeps each token's document start too
   std::vector<int64_t> unit_numel;      // per unit, as HostState lays them out (unit_layout: gaps included)
   std::vector<std::vector<int64_t>> unit_tensor_numels;
   Round round;
