@@ -148,10 +148,10 @@ int main(int argc, char** argv) {
   bool pack = false, neat = false;
   auto* pack_flag = prepare->add_flag("--pack", pack,
                                       "Lay the documents end to end, EOS between them, each attending to the ones before it in its row "
-                                      "(plain packing, the default)");
+                                      "(plain packing, as transformers' group_texts)");
   auto* neat_flag = prepare->add_flag("--pack-neat", neat,
                                       "Lay the documents end to end, each attending only to itself with its positions from 0 "
-                                      "(transformers' flattening collator, LLaMA-Factory's neat_packing)");
+                                      "(transformers' flattening collator, LLaMA-Factory's neat_packing; the default)");
   auto* pad_flag = prepare->add_flag("--pad", pad, "One document per row, padded; the padding never counts");
   pack_flag->excludes(pad_flag);
   neat_flag->excludes(pad_flag);
@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
   if (const int rc = megatrain::cli::parse(app, argc, argv, "megatrain-data"); rc >= 0) return rc;
   if (prepare->parsed()) {
     prep.pack = !pad;
-    prep.neat = neat;
+    prep.neat = !pad && !pack;  // neat unless plain packing or padding is asked for by name
     prep.train_on = train_on;
     prep.threads = static_cast<int>(threads);
     if (prep.split_long && prep.pack) return fail("--split-long goes with --pad (packed documents always continue on the next row)");

@@ -341,8 +341,8 @@ namespace {
 
 // --data FILE --tokenizer DIR: the prepared dataset in the cache, made when it is not there (or
 // does not open). Its name carries an XXH64 of everything it is made from (the digests of the data
-// file, tokenizer.json, tokenizer_config.json and chat_template.jinja, seq_len, the format's
-// version), so a changed input makes a new one.
+// file, tokenizer.json, tokenizer_config.json and chat_template.jinja, seq_len and packing, the
+// format's version), so a changed input makes a new one.
 Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& plan, std::ostream& out) {
   namespace fs = std::filesystem;
   MT_ASSIGN_OR_RETURN(data::Tokenizer tok, data::Tokenizer::load(o.tokenizer_path));
@@ -356,7 +356,9 @@ Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& 
     const detail::FileDigest digest = d.ok() ? *d : detail::FileDigest{};
     key.update(&digest, sizeof(digest));
   }
-  const std::string version = "megatrain.sequences/1 seq " + std::to_string(plan.training.seq_len);
+  data::PrepareOptions po;  // packed "neat", each document attending only to itself (the default)
+  po.seq_len = plan.training.seq_len;
+  const std::string version = "megatrain.sequences/1 seq " + std::to_string(plan.training.seq_len) + (po.neat ? " neat" : " pack");
   key.update(version.data(), version.size());
   const fs::path dir = !o.checkpoint_dir.empty() ? fs::path(o.checkpoint_dir) / "data-cache" : fs::temp_directory_path() / "megatrain-data-cache";
   fs::create_directories(dir, ec);
@@ -367,8 +369,6 @@ Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& 
       say(out, "data: %s, prepared before (%s)", o.data_path.c_str(), cached.string().c_str());
       return f;
     }
-  data::PrepareOptions po;
-  po.seq_len = plan.training.seq_len;
   MT_ASSIGN_OR_RETURN(data::PrepareResult r, data::prepare_dataset(tok, {o.data_path}, "auto", data::FieldNames{}, po, cached));
   say(out, "data: %s prepared with %s: %lld documents (%s), %lld rows, %lld counted targets (train on %s) -> %s", o.data_path.c_str(),
       tok.source().c_str(), static_cast<long long>(r.header.documents), r.format.c_str(), static_cast<long long>(r.header.rows),

@@ -49,7 +49,7 @@ class Dataset:
         or plain lists of token ids (every next token counts). Rows with ``position_ids`` (as
         transformers' DataCollatorWithFlattening and TRL's padding-free packing make them: 0 where
         a document begins, then counting up) pack several documents that attend only to themselves
-        (packing "neat"; the CPU backend trains it, the CUDA backend refuses it for now)."""
+        (packing "neat")."""
         if isinstance(rows, (str, bytes, os.PathLike)) or not hasattr(rows, "__len__") or not hasattr(rows, "__getitem__"):
             raise ValueError("train_dataset: accepted: mt.load_dataset(...), a path to a prepared dataset or token file, "
                              "or a sequence of rows ({'input_ids': [...], 'labels': [...]} or lists of ids)")
@@ -121,7 +121,7 @@ class Dataset:
         return f"megatrain.Dataset({self._spec['paths']!r}, tokenizer={self._spec['tokenizer']!r})"
 
 
-def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = None, format: str = "auto", packing: str = "pack",
+def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = None, format: str = "auto", packing: str = "neat",
                  train_on: Optional[str] = None, split_long: bool = False, chat_template: Optional[str] = None,
                  fields: Optional[Dict[str, str]] = None) -> Dataset:
     """A dataset file (or several) for training, tokenized by megatrain-data's loader when the
@@ -132,11 +132,10 @@ def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = Non
             file (then ``tokenizer`` is not needed).
         tokenizer: a model folder with tokenizer.json (and tokenizer_config.json for chat templates).
         format: "auto", "text", "alpaca", "chat" or "sharegpt" (megatrain-data prepare --format).
-        packing: "pack" (documents end to end, each attending to the ones before it in its row, as
-            transformers' group_texts; the default), "neat" (end to end, each attending only to
-            itself with its positions from 0, as transformers' flattening collator and
-            LLaMA-Factory's neat_packing; the CPU backend trains it, the CUDA backend refuses it
-            for now) or "pad" (one document per row).
+        packing: "neat" (documents end to end, each attending only to itself with its positions
+            from 0, as transformers' flattening collator and LLaMA-Factory's neat_packing; the
+            default), "pack" (end to end, each attending to the ones before it in its row, as
+            transformers' group_texts) or "pad" (one document per row).
         train_on: "all" or "assistant"; None: assistant answers for alpaca and chat, all otherwise.
         split_long: with packing "pad", a document longer than a row goes on in further rows.
         chat_template: a Jinja template's source to use instead of the tokenizer's.

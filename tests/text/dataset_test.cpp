@@ -145,6 +145,7 @@ TEST(Datasets, PackedRowsAndTheirMaskByHand) {
   PrepareOptions o;
   o.seq_len = 3;
   o.threads = 2;
+  o.neat = false;  // plain packing by name (neat is the default: NeatPackedRowsMarkEachDocumentsStartByHand)
   SequenceHeader h;
   auto rows = build_rows(*tok, docs, "alpaca", o, h);
   ASSERT_TRUE(rows.ok()) << rows.status().to_string();
@@ -196,7 +197,8 @@ TEST(Datasets, NeatPackedRowsMarkEachDocumentsStartByHand) {
   // (9 + 1 + 16 + 16) / (3 rows x 4) = 3.5.
   EXPECT_DOUBLE_EQ(f->document_tokens(), 3.5);
   EXPECT_DOUBLE_EQ(neat_document_tokens(rows->mask.data(), 3, 4), 3.5);
-  // Plain packing (the default) marks nothing and fills zeros.
+  // Neat is the default; plain packing, by name, marks nothing and fills zeros.
+  EXPECT_TRUE(PrepareOptions{}.neat);
   o.neat = false;
   rows = build_rows(*tok, docs, "text", o, h);
   ASSERT_TRUE(rows.ok());
@@ -235,6 +237,7 @@ TEST(Datasets, APreparedFileReadsBackAndRefusesDamage) {
   ASSERT_TRUE(tok.ok());
   PrepareOptions o;
   o.seq_len = 3;
+  o.neat = false;
   SequenceHeader h;
   auto rows = build_rows(*tok, {{"ab", "c"}, {"d", "ef"}}, "alpaca", o, h);
   ASSERT_TRUE(rows.ok());

@@ -64,9 +64,9 @@ struct PrepareOptions {
   int64_t seq_len = 0;
   bool pack = true;
   // With pack: each document attends only to itself ("neat": its first token marked
-  // kMaskDocStart); false (the default until the CUDA attention has it): plain packing, documents
-  // attending to the ones before them in the row.
-  bool neat = false;
+  // kMaskDocStart; the default); false: plain packing, documents attending to the ones before them
+  // in the row.
+  bool neat = true;
   bool split_long = false;    // padding: a document longer than a row continues on further rows
   std::string train_on;       // all | assistant ("answer" is the same); empty: assistant for alpaca and chat, all otherwise
   std::string chat_template;  // a template's source to use instead of the tokenizer's
