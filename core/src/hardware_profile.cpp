@@ -185,10 +185,58 @@ Status read_curve(FieldReader& parent, const std::string& key, Curve& out, const
   return r.finish();
 }
 
+// gpu.gemm_shapes: three strictly increasing positive axes and, per op, tokens x in x out
+// fractions of peak in (0, 1].
+Status read_gemm_shapes(FieldReader& parent, const std::string& key, GemmShapes& out) {
+  const Json* j = parent.object(key, Need::kRequired);
+  if (!j) return first_error(parent);
+  const std::string path = parent.path_of(key);
+  MT_RETURN_IF_ERROR(check_keys(*j, path, {"tokens", "in", "out", "forward", "backward_data", "backward_weight", "provenance"}));
+  FieldReader r(*j, path);
+  auto axis = [&](const char* name, std::vector<double>& v) -> Status {
+    const Json* a = r.array(name, Need::kRequired);
+    if (!a) return first_error(r);
+    const std::string ap = r.path_of(name);
+    if (a->empty()) return invalid_argument(ap + ": empty; expected increasing sizes > 0");
+    v.clear();
+    for (size_t i = 0; i < a->size(); ++i) {
+      const Json& x = (*a)[i];
+      if (!x.is_number() || !(x.get<double>() > 0) || (!v.empty() && x.get<double>() <= v.back()))
+        return invalid_argument(indexed(ap, i) + ": " + x.dump().substr(0, 40) + "; accepted: sizes > 0, strictly increasing");
+      v.push_back(x.get<double>());
+    }
+    return {};
+  };
+  MT_RETURN_IF_ERROR(axis("tokens", out.tokens));
+  MT_RETURN_IF_ERROR(axis("in", out.in));
+  MT_RETURN_IF_ERROR(axis("out", out.out));
+  const size_t cells = out.tokens.size() * out.in.size() * out.out.size();
+  for (int op = 0; op < 3; ++op) {
+    const char* name = GemmShapes::kOpNames[op];
+    const Json* a = r.array(name, Need::kRequired);
+    if (!a) return first_error(r);
+    const std::string ap = r.path_of(name);
+    if (a->size() != cells)
+      return invalid_argument(ap + ": " + std::to_string(a->size()) + " values; expected tokens x in x out = " +
+                              std::to_string(cells));
+    auto& e = out.efficiency[op];
+    e.clear();
+    for (size_t i = 0; i < a->size(); ++i) {
+      const Json& x = (*a)[i];
+      if (!x.is_number() || !(x.get<double>() > 0) || x.get<double>() > 1)
+        return invalid_argument(indexed(ap, i) + ": " + x.dump().substr(0, 40) + "; accepted: a fraction of peak in (0, 1]");
+      e.push_back(x.get<double>());
+    }
+  }
+  MT_RETURN_IF_ERROR(read_provenance_member(r, "provenance", out.provenance));
+  return r.finish();
+}
+
 Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
   MT_RETURN_IF_ERROR(check_keys(j, path, {"name", "memory_bytes", "memory_bandwidth", "matmul_fp32", "matmul_tf32",
                                           "matmul_bf16", "gemm_efficiency", "attention_efficiency",
-                                          "attention_backward_ratio", "layer_times", "grouped_gemm_efficiency"}));
+                                          "attention_backward_ratio", "layer_times", "grouped_gemm_efficiency",
+                                          "gemm_shapes"}));
   FieldReader r(j, path);
   r.string("name", g.name, Need::kRequired);
   MT_RETURN_IF_ERROR(first_error(r));
@@ -252,6 +300,11 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     MT_RETURN_IF_ERROR(read_provenance_member(lr, "provenance", t.provenance));
     MT_RETURN_IF_ERROR(lr.finish());
     g.layer_times = std::move(t);
+  }
+  if (j.contains("gemm_shapes")) {
+    GemmShapes t;
+    MT_RETURN_IF_ERROR(read_gemm_shapes(r, "gemm_shapes", t));
+    g.gemm_shapes = std::move(t);
   }
   if (j.contains("grouped_gemm_efficiency")) {
     Curve c;
@@ -554,6 +607,16 @@ Json to_json(const HardwareProfile& hw) {
     gpu["layer_times"] = std::move(lt);
   }
   if (hw.gpu.grouped_gemm_efficiency) gpu["grouped_gemm_efficiency"] = curve_json(*hw.gpu.grouped_gemm_efficiency);
+  if (hw.gpu.gemm_shapes) {
+    const GemmShapes& t = *hw.gpu.gemm_shapes;
+    Json gs = Json::object();
+    gs["tokens"] = t.tokens;
+    gs["in"] = t.in;
+    gs["out"] = t.out;
+    for (int op = 0; op < 3; ++op) gs[GemmShapes::kOpNames[op]] = t.efficiency[op];
+    gs["provenance"] = provenance_json(t.provenance);
+    gpu["gemm_shapes"] = std::move(gs);
+  }
   root["gpu"] = std::move(gpu);
 
   Json links;
@@ -619,6 +682,35 @@ const char* provenance_kind_name(Provenance::Kind k) {
 }
 
 double Curve::at(double x) const { return interpolate_log_x(points, x); }
+
+namespace {
+// Where x falls on a log axis: the cell below it and the weight of the one above (clamped).
+std::pair<size_t, double> log_bracket(const std::vector<double>& axis, double x) {
+  if (axis.size() < 2 || !(x > axis.front())) return {0, 0.0};
+  if (x >= axis.back()) return {axis.size() - 2, 1.0};
+  size_t i = 0;
+  while (x >= axis[i + 1]) ++i;
+  return {i, (std::log(x) - std::log(axis[i])) / (std::log(axis[i + 1]) - std::log(axis[i]))};
+}
+}  // namespace
+
+double GemmShapes::at(Op op, double t, double i, double o) const {
+  const auto& e = efficiency[op];
+  const auto [a, wa] = log_bracket(tokens, t);
+  const auto [b, wb] = log_bracket(in, i);
+  const auto [c, wc] = log_bracket(out, o);
+  const size_t ni = in.size(), no = out.size();
+  double v = 0;
+  for (int da = 0; da < 2; ++da)
+    for (int db = 0; db < 2; ++db)
+      for (int dc = 0; dc < 2; ++dc) {
+        const double w = (da ? wa : 1 - wa) * (db ? wb : 1 - wb) * (dc ? wc : 1 - wc);
+        if (w == 0) continue;
+        const size_t x = std::min(a + da, tokens.size() - 1), y = std::min(b + db, ni - 1), z = std::min(c + dc, no - 1);
+        v += w * e[(x * ni + y) * no + z];
+      }
+  return v;
+}
 
 double NvmeSpec::read_bandwidth(int64_t block_bytes, int64_t queue_depth) const {
   return io_lookup(read, block_bytes, queue_depth);

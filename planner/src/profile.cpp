@@ -42,6 +42,10 @@ ProfileSizes ProfileSizes::quick() {
   s.gemm_hidden = {128, 512, 2048};
   s.gemm_max_flops = 2e10;
   s.gemm_min_time_s = 0.04;
+  s.grid_tokens = {128, 1024, 8192};
+  s.grid_sizes = {64, 512, 4096, 32768};
+  s.grid_max_flops = 2e9;
+  s.grid_max_elems = int64_t{32} << 20;
   s.grouped_rows = {16, 64, 256, 1024};
   s.copy_bytes = {64ll << 10, 256ll << 10, 1ll << 20, 4ll << 20, 16ll << 20, 64ll << 20};
   s.copy_min_time_s = 0.04;
@@ -63,6 +67,10 @@ ProfileSizes ProfileSizes::full() {
   s.gemm_hidden = {128, 256, 512, 1024, 2048, 4096};
   s.gemm_max_flops = 1.5e11;
   s.gemm_min_time_s = 0.15;
+  s.grid_tokens = {32, 128, 512, 2048, 8192, 32768};
+  s.grid_sizes = {64, 256, 1024, 4096, 16384, 65536, 262144};
+  s.grid_max_flops = 4e10;
+  s.grid_max_elems = int64_t{128} << 20;
   s.grouped_rows = {16, 32, 64, 128, 256, 512, 1024, 2048};
   s.copy_bytes = {4ll << 10, 16ll << 10, 64ll << 10, 256ll << 10, 1ll << 20, 4ll << 20, 16ll << 20, 64ll << 20, 256ll << 20};
   s.copy_min_time_s = 0.1;
@@ -162,6 +170,7 @@ class Profiler {
   void adam();
   Status gpu();
   Status cpu_gemm();
+  Status cpu_gemm_grid();
   void cpu_grouped_gemm();
   Status cpu_attention();
   Status cpu_elementwise();
@@ -217,7 +226,8 @@ void Profiler::find_gpu() {
   have_gpu = gpu_name.ok();
   gpu_why = have_gpu ? "" : gpu_name.status().message();
   grouped_probe = !sz.grouped_rows.empty();
-  steps = 4 + (have_gpu ? 0 : 3 + (grouped_probe ? 1 : 0)) + (!have_gpu && options.model_spec ? 1 : 0) +
+  const bool grid = !sz.grid_tokens.empty() && !sz.grid_sizes.empty();
+  steps = 4 + (have_gpu ? 0 : 3 + (grouped_probe ? 1 : 0) + (grid ? 1 : 0)) + (!have_gpu && options.model_spec ? 1 : 0) +
           static_cast<int>(options.storage_dirs.size());
 }
 
@@ -449,6 +459,50 @@ Status Profiler::cpu_gemm() {
     gt.rows.push_back({double(s.m), double(s.n), double(s.k), s.flops(), s.seconds, s.flops() / s.seconds});
   rep.measurements.push_back(gt);
   gemm_peak = ef.peak_flops_per_s;
+  return cpu_gemm_grid();
+}
+
+// The GEMM shape grid (gpu.gemm_shapes) of the CPU backend's linear layers.
+Status Profiler::cpu_gemm_grid() {
+  std::vector<int64_t> tokens = sz.grid_tokens, sizes = sz.grid_sizes;
+  if (tokens.empty() || sizes.empty()) return {};
+  if (model != nullptr) {  // the model's own shapes, so that its plans fall on the grid's cells
+    tokens.clear();
+    for (int64_t mb : {1, 2, 4, 8, 16}) tokens.push_back(mb * model_seq);
+    sizes = {model->hidden_size, model->num_heads * model->head_dim, model->num_kv_heads * model->head_dim,
+             model->intermediate_size, model->vocab_size};
+    if (model->num_experts > 0) sizes.push_back(model->num_experts);
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  }
+  progress("GEMM shapes: forward, dX and dW at " + std::to_string(tokens.size()) + " x " + std::to_string(sizes.size()) +
+           " x " + std::to_string(sizes.size()) + " (tokens, in, out), up to " + format_flops(sz.grid_max_flops));
+  detail::OtherLoad load;
+  const detail::LinearGrid grid = detail::measure_linear_grid(tokens, sizes, sz.grid_max_flops, sz.grid_max_elems,
+                                                              static_cast<int>(host.cores), sz.gemm_min_time_s, detail_cb);
+  MT_ASSIGN_OR_RETURN(GemmShapes shapes, detail::gemm_shapes_from_grid(grid, gemm_peak));
+  int64_t timed = 0;
+  for (double t : grid.seconds[0]) timed += t > 0 ? 1 : 0;
+  shapes.provenance = st.measured(
+      "cpu::linear_forward / linear_backward<float> (dX only, dW only), " + std::to_string(host.cores) + " threads, at " +
+      std::to_string(timed) + " of " + std::to_string(grid.seconds[0].size()) + " (tokens, in, out) cells per op" +
+      (model != nullptr ? " of the model's sizes at seq " + std::to_string(model_seq) : std::string(" (generic sizes)")) +
+      ", up to " + format_flops(sz.grid_max_flops) + " each; the others take the best of the smaller cells; best batch of >= " +
+      format_duration(sz.gemm_min_time_s) + "; efficiency = FLOPs / seconds / the GEMM peak" + load_note(load.share()));
+  MeasurementTable mt{"gemm_shapes", {"op", "tokens", "in", "out", "flops", "seconds", "efficiency"}, {}};
+  for (int op = 0; op < 3; ++op)
+    for (size_t a = 0; a < grid.tokens.size(); ++a)
+      for (size_t b = 0; b < grid.sizes.size(); ++b)
+        for (size_t c = 0; c < grid.sizes.size(); ++c) {
+          const size_t cell = (a * grid.sizes.size() + b) * grid.sizes.size() + c;
+          const double t = grid.seconds[op][cell];
+          if (t <= 0) continue;
+          const double f = 2.0 * static_cast<double>(grid.tokens[a] * grid.sizes[b]) * static_cast<double>(grid.sizes[c]);
+          mt.rows.push_back({double(op), double(grid.tokens[a]), double(grid.sizes[b]), double(grid.sizes[c]), f, t,
+                             shapes.efficiency[op][cell]});
+        }
+  rep.measurements.push_back(mt);
+  rig.gpu.gemm_shapes = std::move(shapes);
   return {};
 }
 

@@ -263,6 +263,100 @@ std::vector<GemmSample> measure_gemm(std::vector<GemmSample> shapes, int threads
   return shapes;
 }
 
+LinearGrid measure_linear_grid(const std::vector<int64_t>& tokens, const std::vector<int64_t>& sizes, double max_flops,
+                               int64_t max_elems, int threads, double min_time_s, const Progress& progress) {
+  LinearGrid g;
+  g.tokens = tokens;
+  g.sizes = sizes;
+  const size_t n = tokens.size() * sizes.size() * sizes.size();
+  for (auto& s : g.seconds) s.assign(n, 0.0);
+  auto timed = [&](size_t a, size_t b, size_t c) {
+    const double t = static_cast<double>(tokens[a]), i = static_cast<double>(sizes[b]), o = static_cast<double>(sizes[c]);
+    const double m = static_cast<double>(max_elems);
+    return 2 * t * i * o <= max_flops && t * i <= m && t * o <= m && i * o <= m;
+  };
+  int64_t xs = 1, ws = 1, ys = 1;
+  for (size_t a = 0; a < tokens.size(); ++a)
+    for (size_t b = 0; b < sizes.size(); ++b)
+      for (size_t c = 0; c < sizes.size(); ++c)
+        if (timed(a, b, c)) {
+          xs = std::max(xs, tokens[a] * sizes[b]);
+          ws = std::max(ws, sizes[b] * sizes[c]);
+          ys = std::max(ys, tokens[a] * sizes[c]);
+        }
+  RawArray<float> x(xs), w(ws), y(ys), dx(xs), dw(ws);
+  fill_gemm_operands(x, xs, w, ws, y, ys);
+  std::memset(dx.p, 0, sizeof(float) * static_cast<size_t>(xs));
+  std::memset(dw.p, 0, sizeof(float) * static_cast<size_t>(ws));
+  cpu::CpuContext ctx(threads);
+  // As measure_gemm: two passes, half the time each, the better kept.
+  for (int pass = 0; pass < 2; ++pass)
+    for (int op = 0; op < 3; ++op)
+      for (size_t a = 0; a < tokens.size(); ++a)
+        for (size_t b = 0; b < sizes.size(); ++b)
+          for (size_t c = 0; c < sizes.size(); ++c) {
+            if (!timed(a, b, c)) continue;
+            const int64_t t = tokens[a], in = sizes[b], out = sizes[c];
+            const size_t cell = (a * sizes.size() + b) * sizes.size() + c;
+            if (progress && cell % 8 == 0)
+              progress("pass " + std::to_string(pass + 1) + "/2, " + GemmShapes::kOpNames[op] + " " + std::to_string(t) + " x " +
+                       std::to_string(in) + " -> " + std::to_string(out));
+            double sec = 0;
+            if (op == 0)
+              sec = best_per_call([&] { cpu::linear_forward<float>(ctx, x.p, w.p, nullptr, t, in, out, y.p); }, min_time_s / 2);
+            else if (op == 1)  // y stands for dy
+              sec = best_per_call([&] { cpu::linear_backward<float>(ctx, y.p, x.p, w.p, t, in, out, dx.p, false, nullptr, nullptr); },
+                                  min_time_s / 2);
+            else
+              sec = best_per_call([&] { cpu::linear_backward<float>(ctx, y.p, x.p, w.p, t, in, out, nullptr, false, dw.p, nullptr); },
+                                  min_time_s / 2);
+            double& s = g.seconds[op][cell];
+            s = pass == 0 ? sec : std::min(s, sec);
+          }
+  return g;
+}
+
+Result<GemmShapes> gemm_shapes_from_grid(const LinearGrid& grid, double peak_flops_per_s) {
+  if (!(peak_flops_per_s > 0)) return invalid_argument("GEMM shape grid: the peak must be > 0");
+  const size_t nt = grid.tokens.size(), ns = grid.sizes.size();
+  if (nt == 0 || ns == 0) return invalid_argument("GEMM shape grid: no axes");
+  GemmShapes out;
+  for (int64_t t : grid.tokens) out.tokens.push_back(static_cast<double>(t));
+  for (int64_t s : grid.sizes) out.in.push_back(static_cast<double>(s));
+  out.out = out.in;
+  for (int op = 0; op < 3; ++op) {
+    if (grid.seconds[op].size() != nt * ns * ns) return invalid_argument("GEMM shape grid: a table of the wrong size");
+    auto& e = out.efficiency[op];
+    e.assign(nt * ns * ns, 0.0);
+    bool any = false;
+    for (size_t a = 0; a < nt; ++a)
+      for (size_t b = 0; b < ns; ++b)
+        for (size_t c = 0; c < ns; ++c) {
+          const size_t cell = (a * ns + b) * ns + c;
+          const double sec = grid.seconds[op][cell];
+          if (sec > 0) {
+            const double f = 2.0 * static_cast<double>(grid.tokens[a]) * static_cast<double>(grid.sizes[b]) *
+                             static_cast<double>(grid.sizes[c]);
+            e[cell] = std::min(1.0, f / sec / peak_flops_per_s);
+            any = true;
+          } else {  // filled in index order: the cells one step smaller are done
+            double best = 0;
+            if (a > 0) best = std::max(best, e[((a - 1) * ns + b) * ns + c]);
+            if (b > 0) best = std::max(best, e[(a * ns + b - 1) * ns + c]);
+            if (c > 0) best = std::max(best, e[(a * ns + b) * ns + c - 1]);
+            e[cell] = best;
+          }
+        }
+    if (!any) return invalid_argument(std::string("GEMM shape grid: no cell of ") + GemmShapes::kOpNames[op] + " was timed");
+    double lowest = 1;  // a cell with no timed smaller neighbour: the lowest timed efficiency
+    for (double v : e)
+      if (v > 0) lowest = std::min(lowest, v);
+    for (double& v : e)
+      if (v <= 0) v = lowest;
+  }
+  return out;
+}
+
 std::vector<GroupedGemmSample> grouped_gemm_shapes(const std::vector<int64_t>& rows, int64_t experts, int64_t hidden,
                                                    int64_t intermediate, double max_flops) {
   std::vector<GroupedGemmSample> out;

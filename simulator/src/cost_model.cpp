@@ -141,7 +141,8 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     LayerCost L;
     L.moe = moe;
     L.window = window > 0 && window < plan.training.seq_len ? window : 0;
-    L.attention_gemms = gemm_time(T, q, H) + 2 * gemm_time(T, kv, H) + gemm_time(T, H, q);
+    L.attention_gemms = linear_forward_time(T, H, q) + 2 * linear_forward_time(T, H, kv) + linear_forward_time(T, q, H);
+    L.gemms_backward = linear_backward_time(T, H, q) + 2 * linear_backward_time(T, H, kv) + linear_backward_time(T, q, H);
     // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V (in neat
     // rows, each document's own triangle: s is their weighted length). Within a window of w < s keys a query sees min(i, w) keys: s w - w^2 / 2 pairs a sequence instead of
     // s^2 / 2, so the kernel (which skips the blocks outside the band) does (2 s w - w^2) / s^2 of
@@ -161,13 +162,15 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     if (c.qk_norm) L.elementwise_bytes += cb * T * 2 * (q + kv);
     double block_gemms = 0;
     if (!moe) {
-      L.mlp_gemms = 2 * gemm_time(T, I, H) + gemm_time(T, H, I);
+      L.mlp_gemms = 2 * linear_forward_time(T, H, I) + linear_forward_time(T, I, H);
+      L.gemms_backward += 2 * linear_backward_time(T, H, I) + linear_backward_time(T, I, H);
       L.elementwise_bytes += cb * T * 3 * I;  // SwiGLU reads gate and up, writes the product
       block_gemms = L.mlp_gemms;
     } else {
       // Router [T, H] x [H, E]; uniform routing sends T k / E rows to each expert, whose gate, up
       // and down are three grouped calls of E GEMMs each.
-      L.router = gemm_time(T, E, H);
+      L.router = linear_forward_time(T, H, E);
+      L.gemms_backward += linear_backward_time(T, H, E);
       L.rows_per_expert = T * k / E;
       L.experts = 2 * grouped_gemm_time(E, L.rows_per_expert, I_moe, H) + grouped_gemm_time(E, L.rows_per_expert, H, I_moe);
       fallback_grouped = fallback_grouped || !rig.gpu.grouped_gemm_efficiency;
@@ -178,8 +181,9 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
       block_gemms = L.router + L.experts;
     }
     L.forward = L.attention_gemms + block_gemms + L.attention + elementwise_time(L.elementwise_bytes);
-    L.backward = 2 * (L.attention_gemms + block_gemms) + attention_bwd_ratio * L.attention +
-                 elementwise_time(2 * L.elementwise_bytes);
+    // The backward: dX and dW of every linear (by their own shapes), twice the experts' grouped
+    // GEMMs, the attention kernel's backward and twice the memory-bound traffic.
+    L.backward = L.gemms_backward + 2 * L.experts + attention_bwd_ratio * L.attention + elementwise_time(2 * L.elementwise_bytes);
     // A profile made for this model (megatrain-plan profile --model) may hold the measured time of
     // a whole layer by micro-batch: it replaces the sum of op-level terms, which misses how the
     // layer's ops share threads and caches, for the layers of the kind it probed.
@@ -224,7 +228,7 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
                            std::to_string(c.experts_per_token) + " / " + std::to_string(c.num_experts) +
                            " rows; every expert's weights are streamed");
   // Head: logits, cross-entropy in fp32 (write logits, softmax, gradient), dX and dW.
-  head_ = 3 * gemm_time(T, V, H) + elementwise_time(3 * 4 * T * V + 4 * cb * T * H);
+  head_ = linear_forward_time(T, H, V) + linear_backward_time(T, H, V) + elementwise_time(3 * 4 * T * V + 4 * cb * T * H);
   embed_fwd_ = elementwise_time(2 * cb * T * H);
   embed_bwd_ = elementwise_time(3 * 4 * T * H);
 }
@@ -233,6 +237,22 @@ double CostModel::gemm_time(double m, double n, double k) const {
   const double f = 2 * m * n * k;
   if (f <= 0) return 0;
   return f / (peak_ * rig_.gpu.gemm_efficiency.at(f));
+}
+
+double CostModel::linear_forward_time(double tokens, double in, double out) const {
+  const double f = 2 * tokens * in * out;
+  if (f <= 0) return 0;
+  if (!rig_.gpu.gemm_shapes) return gemm_time(tokens, out, in);
+  return f / (peak_ * rig_.gpu.gemm_shapes->at(GemmShapes::kForward, tokens, in, out));
+}
+
+double CostModel::linear_backward_time(double tokens, double in, double out) const {
+  const double f = 2 * tokens * in * out;
+  if (f <= 0) return 0;
+  if (!rig_.gpu.gemm_shapes) return 2 * gemm_time(tokens, out, in);
+  const GemmShapes& g = *rig_.gpu.gemm_shapes;
+  return f / (peak_ * g.at(GemmShapes::kBackwardData, tokens, in, out)) +
+         f / (peak_ * g.at(GemmShapes::kBackwardWeight, tokens, in, out));
 }
 
 double CostModel::grouped_gemm_efficiency(double experts, double rows, double n, double k) const {

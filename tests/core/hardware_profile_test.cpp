@@ -141,6 +141,38 @@ TEST(HardwareProfile, TheGroupedGemmCurveAndAnMoeLayerProbeRoundTrip) {
     EXPECT_FALSE(dense["gpu"]["layer_times"].contains(key)) << key;
 }
 
+// gpu.gemm_shapes (issue 50): round trip, absent from rigs written before it, and refused by path
+// when its tables do not match its axes or leave (0, 1].
+TEST(HardwareProfile, TheGemmShapeGridRoundTripsAndIsChecked) {
+  HardwareProfile hw = load_ok("rtx3090-256gb");
+  ASSERT_FALSE(hw.gpu.gemm_shapes.has_value()) << "a rig written before the field still loads, without it";
+  GemmShapes g;
+  g.tokens = {128, 1024};
+  g.in = {64, 4096};
+  g.out = {64, 32000};
+  g.efficiency[0] = {0.1, 0.2, 0.3, 1.0 / 3.0, 0.5, 0.6, 0.7, 0.8};
+  g.efficiency[1] = {0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2};
+  g.efficiency[2] = {0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 1.0};
+  g.provenance = {Provenance::Kind::kMeasured, "grid probe", "2026-12-07", "vm"};
+  hw.gpu.gemm_shapes = g;
+  auto back = HardwareProfile::from_json_text(hw.to_json_text());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(hw == *back);
+  EXPECT_EQ(back->gpu.gemm_shapes->efficiency[0][3], 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(back->gpu.gemm_shapes->at(GemmShapes::kForward, 1024, 4096, 32000), 0.8);
+  auto refused = [&](const std::function<void(Json&)>& edit, const std::string& want) {
+    Json j = Json::parse(hw.to_json_text());
+    edit(j["gpu"]["gemm_shapes"]);
+    auto r = HardwareProfile::from_json_text(j.dump());
+    ASSERT_FALSE(r.ok()) << want;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  };
+  refused([](Json& t) { t["forward"].erase(0); }, "gpu.gemm_shapes.forward: 7 values; expected tokens x in x out = 8");
+  refused([](Json& t) { t["backward_data"][2] = 1.5; }, "gpu.gemm_shapes.backward_data[2]: 1.5; accepted: a fraction of peak in (0, 1]");
+  refused([](Json& t) { t["in"] = Json::array({4096, 64}); }, "gpu.gemm_shapes.in[1]: 64; accepted: sizes > 0, strictly increasing");
+  refused([](Json& t) { t.erase("backward_weight"); }, "backward_weight");
+}
+
 TEST(HardwareProfile, OldProfilesWithoutTheGroupedCurveStillLoad) {
   // The H200 profile as it was before the field: every other figure the same.
   Json j = Json::parse(read_text(rig_file("h200-1.5tb")));

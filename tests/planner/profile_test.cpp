@@ -218,6 +218,29 @@ TEST(ProfileProbes, GroupedShapesAreGateUpAndDownWithinTheFlopLimit) {
   EXPECT_EQ(detail::scaled_expert_shape(256, 512, 8, 64, 1e12), unchanged);
 }
 
+// The shape grid's efficiencies by hand: tokens {10, 20}, sizes {1, 2}; peak 100 FLOP/s. A timed
+// cell's efficiency is 2 t i o / seconds / peak (at most 1); an untimed cell takes the best of the
+// cells one step smaller (filled in order, so the largest takes the best below it).
+TEST(ProfileProbes, ShapeGridEfficienciesAndFilledCellsByHand) {
+  detail::LinearGrid g;
+  g.tokens = {10, 20};
+  g.sizes = {1, 2};
+  // cells (t, i, o): (10,1,1) 20 FLOPs in 0.4 s: 0.5; (10,1,2) 40 in 1: 0.4; (10,2,1) 40 in 0.5: 0.8;
+  // (10,2,2) untimed; (20,1,1) 40 in 0.2: 2 -> clamped to 1; (20,1,2), (20,2,1), (20,2,2) untimed.
+  g.seconds[0] = {0.4, 1.0, 0.5, 0, 0.2, 0, 0, 0};
+  g.seconds[1] = g.seconds[2] = g.seconds[0];
+  auto r = detail::gemm_shapes_from_grid(g, 100);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // (10,2,2): max of (10,1,2) 0.4 and (10,2,1) 0.8; (20,1,2): max of (10,1,2) 0.4 and (20,1,1) 1;
+  // (20,2,1): max of (10,2,1) 0.8, (20,1,1) 1; (20,2,2): 1.
+  const std::vector<double> want = {0.5, 0.4, 0.8, 0.8, 1.0, 1.0, 1.0, 1.0};
+  for (int op = 0; op < 3; ++op)
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(r->efficiency[op][i], want[i], 1e-12) << op << " " << i;
+  g.seconds[2].assign(8, 0.0);
+  EXPECT_FALSE(detail::gemm_shapes_from_grid(g, 100).ok()) << "an op with no timed cell";
+  EXPECT_FALSE(detail::gemm_shapes_from_grid(g, 0).ok());
+}
+
 // A temp directory on the same file system as the build (ext4 here; /tmp may be tmpfs elsewhere).
 struct TempDir {
   fs::path path;
@@ -242,6 +265,10 @@ ProfileSizes tiny_sizes() {
   s.gemm_hidden = {64, 256};
   s.gemm_max_flops = 1e9;
   s.gemm_min_time_s = 0.003;
+  s.grid_tokens = {32, 256};
+  s.grid_sizes = {64, 512, 4096};
+  s.grid_max_flops = 2e8;
+  s.grid_max_elems = 1 << 20;
   s.grouped_rows = {16, 64};
   s.grouped_experts = 4;
   s.grouped_hidden = 128;
@@ -343,6 +370,21 @@ TEST(Profile, SmallRunGivesAValidMeasuredRigThatRoundTrips) {
   }
   for (const char* n : {"h2d", "d2h", "gemm_overhead", "gemm_efficiency_curve", "grouped_gemm_curve"})
     EXPECT_TRUE(fit_names.count(n)) << n;
+  // The GEMM shape grid: the axes asked for, every cell of every op a fraction of peak, measured.
+  ASSERT_TRUE(rig.gpu.gemm_shapes.has_value());
+  const GemmShapes& gs = *rig.gpu.gemm_shapes;
+  EXPECT_EQ(gs.tokens, (std::vector<double>{32, 256}));
+  EXPECT_EQ(gs.in, (std::vector<double>{64, 512, 4096}));
+  EXPECT_EQ(gs.out, gs.in);
+  for (int op = 0; op < 3; ++op) {
+    ASSERT_EQ(gs.efficiency[op].size(), 18u);
+    for (double e : gs.efficiency[op]) {
+      EXPECT_GT(e, 0);
+      EXPECT_LE(e, 1);
+    }
+  }
+  EXPECT_EQ(gs.provenance.kind, Provenance::Kind::kMeasured);
+  EXPECT_NE(gs.provenance.source.find("(tokens, in, out) cells per op"), std::string::npos) << gs.provenance.source;
   // The grouped-GEMM probe: one point per row count, measured.
   ASSERT_TRUE(rig.gpu.grouped_gemm_efficiency.has_value());
   expect_valid_curve(rig.gpu.grouped_gemm_efficiency->points);

@@ -324,6 +324,67 @@ TEST(MoeCost, NeatRowsCostTheirDocumentsAttention) {
   EXPECT_DOUBLE_EQ(g.experts_forward, f.experts_forward);
 }
 
+// ---- GEMMs by shape (issue 50) --------------------------------------------------------------------
+
+// A shape grid over tokens {64, 128}, in and out {8, 256, 512}: forward efficiency 0.5 except the
+// cells of 8 inputs (0.2) and the vocabulary head's cell (tokens 128, in 256, out 512) at 0.1; dX
+// 0.25 and dW 0.125 everywhere. A head GEMM is costed by its own cell, not by its FLOPs.
+Json shapes_json() {
+  const std::vector<double> tokens = {64, 128}, sizes = {8, 256, 512};
+  Json fwd = Json::array(), dx = Json::array(), dw = Json::array();
+  for (double t : tokens)
+    for (double i : sizes)
+      for (double o : sizes) {
+        fwd.push_back(t == 128 && i == 256 && o == 512 ? 0.1 : i == 8 ? 0.2 : 0.5);
+        dx.push_back(0.25);
+        dw.push_back(0.125);
+      }
+  return Json{{"tokens", tokens}, {"in", sizes}, {"out", sizes}, {"forward", fwd}, {"backward_data", dx},
+              {"backward_weight", dw}, {"provenance", {{"kind", "estimate"}, {"source", "synthetic test grid"}}}};
+}
+
+TEST(GemmShapes, TheLayerAndHeadGemmsAreCostedByTheirCells) {
+  Json rig = rig_json(flat_curve(0.5));
+  rig["gpu"]["gemm_shapes"] = shapes_json();
+  const Loaded l = load(mixtral_json(2), rig);
+  ASSERT_TRUE(l.rig.gpu.gemm_shapes.has_value());
+  const CostModel cost(l.plan, l.model, l.rig);
+  const CostModel::LayerCost& c = cost.layer_cost(0);
+  // q, k, v, o: four (128, 256 -> 256) linears at 0.5 forward; backward dX at 0.25 and dW at 0.125.
+  const double one = 2 * kT * kH * kH;
+  EXPECT_LT(rel(c.attention_gemms, 4 * one / (1e12 * 0.5)), 1e-12);
+  // The router (128, 256 -> 8 experts): its cell, 0.5.
+  EXPECT_LT(rel(c.router, 2 * kT * kH * kE / (1e12 * 0.5)), 1e-12);
+  const double bwd_one = one / (1e12 * 0.25) + one / (1e12 * 0.125);
+  const double bwd_router = 2 * kT * kH * kE / (1e12 * 0.25) + 2 * kT * kH * kE / (1e12 * 0.125);
+  EXPECT_LT(rel(c.gemms_backward, 4 * bwd_one + bwd_router), 1e-12);
+  // The head (128 tokens, 256 -> 512 vocabulary) at its own 0.1, dX and dW as the others; the
+  // element-wise work is free on this rig.
+  const double head = 2 * kT * kH * kV;
+  EXPECT_LT(rel(cost.head_time(), head / (1e12 * 0.1) + head / (1e12 * 0.25) + head / (1e12 * 0.125)), 1e-12);
+  // Without the grid, the FLOPs curve (1.0 on this rig) and a backward of twice the forward.
+  const Loaded flat = load(mixtral_json(2), rig_json(flat_curve(0.5)));
+  const CostModel f(flat.plan, flat.model, flat.rig);
+  EXPECT_LT(rel(f.head_time(), 3 * head / 1e12), 1e-12);
+  EXPECT_LT(rel(f.layer_cost(0).gemms_backward, 2 * (4 * one + 2 * kT * kH * kE) / 1e12), 1e-12);
+}
+
+TEST(GemmShapes, InterpolatesInLogSizeAndClampsAtTheEnds) {
+  GemmShapes g;
+  g.tokens = {64, 256};
+  g.in = {8, 32};
+  g.out = {8};
+  // forward: tokens 64 -> 0.2 and 0.4 (in 8, 32); tokens 256 -> 0.6 and 0.8
+  g.efficiency[0] = {0.2, 0.4, 0.6, 0.8};
+  g.efficiency[1] = g.efficiency[2] = g.efficiency[0];
+  EXPECT_DOUBLE_EQ(g.at(GemmShapes::kForward, 64, 8, 8), 0.2);  // on the grid
+  EXPECT_DOUBLE_EQ(g.at(GemmShapes::kForward, 256, 32, 8), 0.8);
+  EXPECT_NEAR(g.at(GemmShapes::kForward, 128, 8, 8), 0.4, 1e-12);   // halfway in log(tokens)
+  EXPECT_NEAR(g.at(GemmShapes::kForward, 128, 16, 8), 0.5, 1e-12);  // halfway on both axes
+  EXPECT_DOUBLE_EQ(g.at(GemmShapes::kForward, 16, 8, 8), 0.2);      // below the grid: its edge
+  EXPECT_DOUBLE_EQ(g.at(GemmShapes::kForward, 4096, 1e6, 1e6), 0.8); // above
+}
+
 // ---- bytes streamed: every expert ---------------------------------------------------------------
 
 // Parameters of the Mixtral-shaped decoder layer, from the shapes: q, k, v, o 4 H^2, two norms 2 H,

@@ -95,6 +95,22 @@ std::vector<GemmSample> gemm_shapes(const std::vector<int64_t>& rows, const std:
 // fills `seconds` per call with the best batch of at least min_time_s in all.
 std::vector<GemmSample> measure_gemm(std::vector<GemmSample> shapes, int threads, double min_time_s, const Progress& progress);
 
+// The GEMM shape grid: cpu::linear_forward (op 0), cpu::linear_backward with only dX (op 1) and
+// with only dW (op 2) at every (tokens, in, out) of tokens x sizes x sizes whose FLOPs (2 tokens
+// in out) are at most max_flops and whose operands each hold at most max_elems floats: seconds per
+// call, [tokens][in][out] row-major per op, 0 for a cell not timed.
+struct LinearGrid {
+  std::vector<int64_t> tokens, sizes;
+  std::vector<double> seconds[3];
+};
+LinearGrid measure_linear_grid(const std::vector<int64_t>& tokens, const std::vector<int64_t>& sizes, double max_flops,
+                               int64_t max_elems, int threads, double min_time_s, const Progress& progress);
+// gpu.gemm_shapes from a grid: each timed cell's efficiency FLOPs / seconds / peak (at most 1),
+// and each untimed cell the best of the cells one step smaller on an axis (filled in order of
+// size, so an untimed large cell takes the best of the timed ones below it). Fails when no cell
+// was timed or peak <= 0.
+Result<GemmShapes> gemm_shapes_from_grid(const LinearGrid& grid, double peak_flops_per_s);
+
 // The grouped-GEMM probe's shapes: for each rows r, the gate/up projection (experts, r, n =
 // intermediate, k = hidden) and the down projection (experts, r, n = hidden, k = intermediate),
 // skipping those above `max_flops`.

@@ -64,6 +64,26 @@ struct LayerTimes {
   bool operator==(const LayerTimes&) const = default;
 };
 
+// GEMMs by shape (issue 50): a linear layer's three GEMMs, measured over a grid of its (tokens,
+// in, out), each as the fraction of the peak it reaches (2 tokens in out FLOPs / seconds / peak):
+//   forward          y[tokens, out] = x[tokens, in] W[out, in]^T
+//   backward_data    dx[tokens, in] = dy[tokens, out] W[out, in]
+//   backward_weight  dW[out, in]   += dy^T x
+// A thin GEMM (one sequence's tokens against a 32k-256k vocabulary, a few rows) is costed by its
+// own shape, not like a square one of the same FLOPs. Every cell of the grid holds a value: cells
+// the profiler did not time (over its FLOPs or memory cap) take the best of the smaller cells
+// before them. at() interpolates linearly in log(tokens), log(in), log(out), clamped at the ends.
+struct GemmShapes {
+  enum Op { kForward = 0, kBackwardData = 1, kBackwardWeight = 2 };
+  static constexpr const char* kOpNames[3] = {"forward", "backward_data", "backward_weight"};
+  std::vector<double> tokens, in, out;  // each strictly increasing and > 0
+  // Per op, [tokens][in][out] row-major: fractions of peak in (0, 1].
+  std::vector<double> efficiency[3];
+  Provenance provenance;
+  double at(Op op, double tokens, double in, double out) const;
+  bool operator==(const GemmShapes&) const = default;
+};
+
 struct GpuSpec {
   std::string name;                 // "NVIDIA H200"
   Figure memory_bytes;              // device memory usable by the process
@@ -85,6 +105,9 @@ struct GpuSpec {
   // small-GEMM efficiency (docs/cost-model.md).
   std::optional<Curve> grouped_gemm_efficiency;
   std::optional<LayerTimes> layer_times;           // optional, model-specific
+  // Optional: GEMMs by shape; when present the cost model takes linear layers' GEMMs from it
+  // instead of gemm_efficiency (indexed by FLOPs only).
+  std::optional<GemmShapes> gemm_shapes;
   bool operator==(const GpuSpec&) const = default;
 };
 

@@ -101,6 +101,14 @@ struct ProfileSizes {
   std::vector<int64_t> gemm_hidden;      // hidden sizes H; per H the layer's shapes H->H, H->H/4, H->8H/3
   double gemm_max_flops = 0;             // shapes above this many FLOPs are skipped
   double gemm_min_time_s = 0;            // each shape is timed for at least this long (best batch)
+  // The GEMM shape grid (gpu.gemm_shapes): a linear's forward, dX and dW at every (tokens, in,
+  // out) of these axes whose FLOPs are at most grid_max_flops and whose operands each hold at most
+  // grid_max_elems floats (the other cells take the best of the smaller ones). With --model the
+  // axes are the model's own: its sizes (hidden, q, kv, intermediate, router, vocabulary) and 1,
+  // 2, 4, 8 and 16 sequences. No tokens: the grid is skipped.
+  std::vector<int64_t> grid_tokens, grid_sizes;
+  double grid_max_flops = 0;
+  int64_t grid_max_elems = 0;
   // The grouped-GEMM probe (MoE experts, CPU backend): rows per expert, experts per call, and the
   // generic expert shape (hidden, intermediate), replaced by the model's MoE shape with --model;
   // either is scaled down until the largest call fits gemm_max_flops. No rows: the probe is skipped.

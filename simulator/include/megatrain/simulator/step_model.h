@@ -36,6 +36,11 @@ class CostModel {
 
   double matmul_peak() const { return peak_; }  // FLOP/s for the compute dtype
   double gemm_time(double m, double n, double k) const;
+  // A linear layer [tokens, in] -> [tokens, out]: its forward GEMM, and its backward (dX and dW),
+  // from gpu.gemm_shapes by shape when the profile has it, else gemm_time at the FLOPs (the
+  // backward then twice the forward).
+  double linear_forward_time(double tokens, double in, double out) const;
+  double linear_backward_time(double tokens, double in, double out) const;
   // `experts` GEMMs of one projection in one grouped call, each [rows, k] x [k, n] (rows per
   // expert may be fractional: the mean under uniform routing): from gpu.grouped_gemm_efficiency at
   // `rows`, else the dense curve at the call's FLOPs times kGroupedGemmFallback.
@@ -77,12 +82,13 @@ class CostModel {
   struct LayerCost {
     bool moe = false;            // the MoE block (router and experts) instead of the dense MLP
     int64_t window = 0;          // keys per query are limited to this (0: the whole causal prefix)
-    double attention_gemms = 0;  // q, k, v, o projections
+    double attention_gemms = 0;  // q, k, v, o projections (forward; their backward below)
     double attention = 0;        // the causal attention kernel (Q.K^T and P.V), forward
     double mlp_gemms = 0;        // dense layers: gate, up, down
     double router = 0;           // MoE layers: the router GEMM [T, H] x [H, E]
     double experts = 0;          // MoE layers: the grouped gate, up and down GEMMs of every expert
     double rows_per_expert = 0;  // MoE layers: T k / E (uniform routing)
+    double gemms_backward = 0;   // the backward of the projections, MLP and router GEMMs (dX, dW)
     double elementwise_bytes = 0;  // forward bytes of the memory-bound work (norms, RoPE, SwiGLU,
                                    // adds; MoE: router softmax/top-k, permutation, combine)
     double forward = 0, backward = 0;
