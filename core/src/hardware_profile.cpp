@@ -258,7 +258,7 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     const std::string lt_path = r.path_of("layer_times");
     MT_RETURN_IF_ERROR(check_keys(*lt, lt_path, {"model", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "seq",
                                               "points", "provenance", "experts", "experts_per_token",
-                                              "moe_intermediate", "window"}));
+                                              "moe_intermediate", "window", "vocab"}));
     FieldReader lr(*lt, lt_path);
     LayerTimes t;
     lr.string("model", t.model, Need::kRequired);
@@ -272,6 +272,7 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     lr.integer("experts_per_token", t.experts_per_token, Need::kOptional, 0, 1 << 20);
     lr.integer("moe_intermediate", t.moe_intermediate, Need::kOptional, 0, int64_t{1} << 26);
     lr.integer("window", t.window, Need::kOptional, 0, int64_t{1} << 24);
+    lr.integer("vocab", t.vocab, Need::kOptional, 0, int64_t{1} << 30);
     MT_RETURN_IF_ERROR(first_error(lr));
     if ((t.experts > 0) != (t.experts_per_token > 0) || (t.experts > 0) != (t.moe_intermediate > 0) ||
         t.experts_per_token > t.experts)
@@ -286,11 +287,15 @@ Status read_gpu(const Json& j, const std::string& path, GpuSpec& g) {
     for (size_t i = 0; i < pts->size(); ++i) {
       const Json& q = (*pts)[i];
       const std::string qp = indexed(pts_path, i);
-      if (!q.is_array() || q.size() != 3 || !q[0].is_number_integer() || !q[1].is_number() || !q[2].is_number())
-        return invalid_argument(qp + ": expected [micro_batch (integer), forward_s, backward_s], got " + q.dump().substr(0, 60));
-      LayerTimes::Point pt{q[0].get<int64_t>(), q[1].get<double>(), q[2].get<double>()};
-      if (pt.micro_batch < 1 || !(pt.forward_s > 0) || !(pt.backward_s > 0))
-        return invalid_argument(qp + ": out of range; accepted: micro_batch >= 1, forward_s > 0, backward_s > 0");
+      const bool with_head = t.vocab > 0;
+      if (!q.is_array() || q.size() != (with_head ? 4u : 3u) || !q[0].is_number_integer() || !q[1].is_number() ||
+          !q[2].is_number() || (with_head && !q[3].is_number()))
+        return invalid_argument(qp + (with_head ? ": expected [micro_batch (integer), forward_s, backward_s, head_s] (vocab is set), got "
+                                                : ": expected [micro_batch (integer), forward_s, backward_s], got ") +
+                                q.dump().substr(0, 60));
+      LayerTimes::Point pt{q[0].get<int64_t>(), q[1].get<double>(), q[2].get<double>(), with_head ? q[3].get<double>() : 0.0};
+      if (pt.micro_batch < 1 || !(pt.forward_s > 0) || !(pt.backward_s > 0) || (with_head && !(pt.head_s > 0)))
+        return invalid_argument(qp + ": out of range; accepted: micro_batch >= 1, forward_s > 0, backward_s > 0 (and head_s > 0)");
       if (!t.points.empty() && pt.micro_batch <= t.points.back().micro_batch)
         return invalid_argument(qp + ": micro_batch " + std::to_string(pt.micro_batch) +
                                 " does not follow " + std::to_string(t.points.back().micro_batch) +
@@ -594,7 +599,9 @@ Json to_json(const HardwareProfile& hw) {
     lt["head_dim"] = t.head_dim;
     lt["seq"] = t.seq;
     Json pts = Json::array();
-    for (const auto& p : t.points) pts.push_back(Json::array({p.micro_batch, p.forward_s, p.backward_s}));
+    for (const auto& p : t.points)
+      pts.push_back(t.vocab > 0 ? Json::array({p.micro_batch, p.forward_s, p.backward_s, p.head_s})
+                                : Json::array({p.micro_batch, p.forward_s, p.backward_s}));
     lt["points"] = std::move(pts);
     lt["provenance"] = provenance_json(t.provenance);
     // Written only when set, so that a dense probe's entry reads as it did before these keys.
@@ -604,6 +611,7 @@ Json to_json(const HardwareProfile& hw) {
       lt["moe_intermediate"] = t.moe_intermediate;
     }
     if (t.window > 0) lt["window"] = t.window;
+    if (t.vocab > 0) lt["vocab"] = t.vocab;
     gpu["layer_times"] = std::move(lt);
   }
   if (hw.gpu.grouped_gemm_efficiency) gpu["grouped_gemm_efficiency"] = curve_json(*hw.gpu.grouped_gemm_efficiency);

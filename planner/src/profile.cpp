@@ -647,13 +647,14 @@ void Profiler::cpu_layer() {
       lt.moe_intermediate = mc.moe_intermediate_size;
     }
     if (mc.is_sliding_layer(0) && mc.sliding_window < model_seq) lt.window = mc.sliding_window;
-    MeasurementTable lt_table{"layer", {"micro_batch", "forward_s", "backward_s"}, {}};
+    lt.vocab = mc.vocab_size;  // the points hold the head's time too
+    MeasurementTable lt_table{"layer", {"micro_batch", "forward_s", "backward_s", "head_s"}, {}};
     for (const auto& p : *layer) {
-      lt.points.push_back({p.micro_batch, p.forward_s, p.backward_s});
-      lt_table.rows.push_back({double(p.micro_batch), p.forward_s, p.backward_s});
+      lt.points.push_back({p.micro_batch, p.forward_s, p.backward_s, p.head_s});
+      lt_table.rows.push_back({double(p.micro_batch), p.forward_s, p.backward_s, p.head_s});
     }
-    lt.provenance = st.measured("one decoder layer of " + spec.name() + " forward and backward through the CPU "
-                                "backend's table (exec::LayerMath), " + std::to_string(host.cores) +
+    lt.provenance = st.measured("one decoder layer of " + spec.name() + " forward and backward, and its head (final "
+                                "norm, LM head, cross-entropy, backward), through the CPU backend's table (exec::LayerMath), " + std::to_string(host.cores) +
                                 " threads, best batch of >= " + format_duration(sz.gemm_min_time_s) + " per point" +
                                 load_note(lload.share()));
     rig.gpu.layer_times = std::move(lt);

@@ -121,8 +121,7 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   const auto& lt = rig.gpu.layer_times;
   const bool probe_shape = lt && lt->hidden == c.hidden_size && lt->intermediate == c.intermediate_size &&
                            lt->heads == c.num_heads && lt->kv_heads == c.num_kv_heads && lt->head_dim == c.head_dim &&
-                           lt->seq == plan.training.seq_len &&
-                           plan.training.document_tokens == 0;  // the probe's rows are whole contexts
+                           lt->seq == plan.training.seq_len;
   // The probe's figures by micro-batch: linear between points; beyond the last in proportion;
   // below the first, linearly to zero.
   const double mb = static_cast<double>(plan.training.micro_batch);
@@ -149,12 +148,15 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     // the work. A profile may give the attention kernel's own rate (the CPU backend's is not
     // GEMM-like) and its backward / forward time ratio.
     const double w = static_cast<double>(L.window);
-    const double keys = L.window > 0 && w < s ? (2 * s * w - w * w) / s : s;  // keys per query, as if unmasked
-    L.attention = 0.5 * 2 * gemm_time(T, keys, q);
-    if (rig.gpu.attention_efficiency) {
-      const double f = 2 * T * keys * q;  // 2 GEMMs of 2*T*keys*q FLOPs, each half computed
-      L.attention = f / (peak_ * rig.gpu.attention_efficiency->at(f));
-    }
+    auto attention_over = [&](double span) {
+      const double keys = L.window > 0 && w < span ? (2 * span * w - w * w) / span : span;  // keys per query, as if unmasked
+      if (rig.gpu.attention_efficiency) {
+        const double f = 2 * T * keys * q;  // 2 GEMMs of 2*T*keys*q FLOPs, each half computed
+        return f / (peak_ * rig.gpu.attention_efficiency->at(f));
+      }
+      return 0.5 * 2 * gemm_time(T, keys, q);
+    };
+    L.attention = attention_over(s);
     // Element-wise: two RMSNorms, RoPE on q and k, residual adds (the 10 H + 2 q + 2 kv), and the
     // block's own traffic.
     L.elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv);
@@ -191,8 +193,11 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
                                       lt->moe_intermediate == c.moe_intermediate_size
                                 : lt && lt->experts == 0;
     if (probe_shape && probe_kind && (lt->window > 0 && lt->window < plan.training.seq_len ? lt->window : 0) == L.window) {
-      L.forward = probed_at([](const LayerTimes::Point& pt) { return pt.forward_s; });
-      L.backward = probed_at([](const LayerTimes::Point& pt) { return pt.backward_s; });
+      // The probe's rows are whole contexts: in neat rows the attention costs its documents' span
+      // instead, the difference the op-level terms give (forward, and backward at its ratio).
+      const double fewer = L.attention - attention_over(static_cast<double>(plan.training.seq_len));
+      L.forward = probed_at([](const LayerTimes::Point& pt) { return pt.forward_s; }) + fewer;
+      L.backward = probed_at([](const LayerTimes::Point& pt) { return pt.backward_s; }) + attention_bwd_ratio * fewer;
       L.probed = true;
       used_probe = true;
     }
@@ -229,6 +234,12 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
                            " rows; every expert's weights are streamed");
   // Head: logits, cross-entropy in fp32 (write logits, softmax, gradient), dX and dW.
   head_ = linear_forward_time(T, H, V) + linear_backward_time(T, H, V) + elementwise_time(3 * 4 * T * V + 4 * cb * T * H);
+  // A layer probe of this model's shape that timed the head too: its measured head instead.
+  if (probe_shape && lt->vocab == c.vocab_size && !lt->points.empty() && lt->points.front().head_s > 0) {
+    head_ = probed_at([](const LayerTimes::Point& pt) { return pt.head_s; });
+    assumptions_.push_back("the head (final norm, LM head, cross-entropy and backward) is the profile's probe of " + lt->model +
+                           " by micro-batch");
+  }
   embed_fwd_ = elementwise_time(2 * cb * T * H);
   embed_bwd_ = elementwise_time(3 * 4 * T * H);
 }

@@ -133,6 +133,19 @@ TEST(HardwareProfile, TheGroupedGemmCurveAndAnMoeLayerProbeRoundTrip) {
   EXPECT_EQ(back->gpu.layer_times->experts_per_token, 2);
   EXPECT_EQ(back->gpu.layer_times->moe_intermediate, 96);
   EXPECT_EQ(back->gpu.layer_times->window, 16);
+  // A probe that timed the head: vocab set, a 4th value per point; a 3-value point is then refused.
+  hw.gpu.layer_times->vocab = 512;
+  hw.gpu.layer_times->points[0].head_s = 4e-3;
+  auto with_head = HardwareProfile::from_json_text(hw.to_json_text());
+  ASSERT_TRUE(with_head.ok()) << with_head.status().to_string();
+  EXPECT_TRUE(hw == *with_head);
+  Json short_point = Json::parse(hw.to_json_text());
+  short_point["gpu"]["layer_times"]["points"][0].erase(3);
+  auto refused = HardwareProfile::from_json_text(short_point.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("head_s] (vocab is set)"), std::string::npos) << refused.status().message();
+  hw.gpu.layer_times->vocab = 0;
+  hw.gpu.layer_times->points[0].head_s = 0;
   // A dense probe writes none of the MoE keys, so its entry reads as before they existed.
   hw.gpu.layer_times->experts = hw.gpu.layer_times->experts_per_token = hw.gpu.layer_times->moe_intermediate = 0;
   hw.gpu.layer_times->window = 0;

@@ -259,6 +259,31 @@ TEST(MoeCost, Qwen3QkNormsAddTheirTrafficToDenseAndMoeLayers) {
   EXPECT_LT(rel(cost.layer_forward_time(1) - fast.layer_forward_time(1), 1708032.0 / 1e9), 1e-9);
 }
 
+// A probe that timed the head too (vocab set) gives the head's time for plans of that vocabulary;
+// in neat rows a probed layer keeps its measured time less the attention its documents do not do
+// (the op-level difference, forward and backward at the backward ratio, 2.5 on this rig).
+TEST(MoeCost, AProbeOfTheHeadAndAProbedLayerInNeatRows) {
+  Loaded l = load(qwen3_moe_json(), rig_json(flat_curve(0.5)));
+  const ModelConfig& c = l.model.config();
+  const CostModel none(l.plan, l.model, l.rig);
+  l.rig.gpu.layer_times = LayerTimes{"tiny", c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, kSeq,
+                                     {{1, 0.010, 0.030, 0.5}, {2, 0.020, 0.060, 0.9}}, Provenance{}};
+  l.rig.gpu.layer_times->vocab = c.vocab_size;
+  const CostModel probed(l.plan, l.model, l.rig);
+  EXPECT_DOUBLE_EQ(probed.head_time(), 0.5);
+  Loaded other_vocab = l;
+  other_vocab.rig.gpu.layer_times->vocab = c.vocab_size + 1;
+  EXPECT_DOUBLE_EQ(CostModel(other_vocab.plan, other_vocab.model, other_vocab.rig).head_time(), none.head_time());
+  Loaded neat = l;
+  neat.plan.training.document_tokens = 32;
+  const CostModel docs(neat.plan, neat.model, neat.rig);
+  const double fewer = CostModel(neat.plan, neat.model, l.rig).layer_cost(1).attention - none.layer_cost(1).attention;
+  ASSERT_LT(fewer, 0);
+  EXPECT_DOUBLE_EQ(docs.layer_forward_time(0), 0.010 + fewer);
+  EXPECT_DOUBLE_EQ(docs.layer_backward_time(0), 0.030 + 2.5 * fewer);
+  EXPECT_DOUBLE_EQ(docs.head_time(), 0.5);
+}
+
 TEST(MoeCost, ALayerProbeAppliesOnlyToTheLayersOfTheKindItTimed) {
   const Loaded l = load(qwen3_moe_json(), rig_json(flat_curve(0.5)));
   const CostModel none(l.plan, l.model, l.rig);

@@ -73,6 +73,7 @@ Result<ElementwiseSample> measure_elementwise(int64_t tokens, int64_t hidden, in
 struct LayerSample {
   int64_t micro_batch = 0;
   double forward_s = 0, backward_s = 0;
+  double head_s = 0;  // the head of the micro-batch: final norm, LM head, cross-entropy, backward
 };
 Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t seq, const std::vector<int64_t>& micro_batches,
                                                int threads, double min_time_s, int64_t max_params);

@@ -54,6 +54,9 @@ struct LayerTimes {
   struct Point {
     int64_t micro_batch = 0;
     double forward_s = 0, backward_s = 0;
+    // The head of one micro-batch (final norm, LM head, cross-entropy and their backward), when the
+    // probe timed it (a 4th value in JSON; 0: not timed). Applies to plans of the same vocabulary.
+    double head_s = 0;
     bool operator==(const Point&) const = default;
   };
   std::vector<Point> points;  // micro_batch strictly increasing
@@ -61,6 +64,7 @@ struct LayerTimes {
   // The probed layer's MoE block (all 0: a dense MLP of `intermediate`) and attention window (0:
   // the whole causal prefix). Optional in JSON; absent means 0.
   int64_t experts = 0, experts_per_token = 0, moe_intermediate = 0, window = 0;
+  int64_t vocab = 0;  // the model's vocabulary, when the points hold head times (optional; 0: none)
   bool operator==(const LayerTimes&) const = default;
 };
 
