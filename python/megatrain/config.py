@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -102,9 +103,11 @@ def _rig_file(name_or_path: str) -> str:
                             f"file or one of {', '.join(names)}")
 
 
-def effective_rig(s: Settings, work_dir: str) -> str:
+def effective_rig(s: Settings, work_dir: str, model: str = "", seq_len: int = 0) -> str:
     """The rig file the planner gets: the named or profiled rig with mt.init's caps and offload_dir
-    applied, written to ``work_dir/megatrain-rig.json`` when anything changed."""
+    applied, written to ``work_dir/megatrain-rig.json`` when anything changed. A profile of this
+    machine is made for the model and sequence length (its GEMM shapes, layer and head measured, as
+    ``megatrain-plan profile --model --seq`` does) and cached per model and length."""
     from . import _megatrain
 
     rig = s.rig if s.rig is not None else os.environ.get("MEGATRAIN_RIG") or None
@@ -112,10 +115,11 @@ def effective_rig(s: Settings, work_dir: str) -> str:
         source = _rig_file(rig)
     else:
         cache_dir = s.offload_dir or work_dir
-        source = os.path.join(cache_dir, "megatrain-rig-profile.json")
+        key = hashlib.sha256(repr((os.path.abspath(model) if os.path.exists(model) else model, int(seq_len))).encode()).hexdigest()[:16]
+        source = os.path.join(cache_dir, f"megatrain-rig-profile-{key}.json" if model else "megatrain-rig-profile.json")
         if not os.path.isfile(source):
             os.makedirs(cache_dir, exist_ok=True)
-            errors.call(_megatrain.profile_rig, source, [s.offload_dir] if s.offload_dir else [])
+            errors.call(_megatrain.profile_rig, source, [s.offload_dir] if s.offload_dir else [], model, int(seq_len))
     if s.max_vram_gb is None and s.max_ram_gb is None and s.offload_dir is None:
         return os.path.abspath(source)
     with open(source, encoding="utf-8") as f:

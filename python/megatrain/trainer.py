@@ -292,7 +292,7 @@ class Trainer:
             steps = max(1, math.ceil(a.num_train_epochs * per_epoch))
         if a.warmup_steps > steps:
             raise ValueError(f"warmup_steps={a.warmup_steps} exceeds the run's {steps} steps; accepted: 0 .. {steps}")
-        rig = config.effective_rig(self.settings, self.output_dir)
+        rig = config.effective_rig(self.settings, self.output_dir, model.reference, seq_len)
         feasible, text, reason = errors.call(_megatrain.plan_search, model.reference, rig, seq_len, seq_len * per_step,
                                              a.per_device_train_batch_size, steps, self.settings.state_formats(),
                                              "bf16" if a.bf16 else "fp32", float(info.get("document_tokens", 0.0)))

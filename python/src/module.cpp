@@ -170,10 +170,18 @@ std::string size_json(const std::string& model, const std::string& gpu, double t
 
 // A quick profile of this machine (megatrain-plan profile's quick sizes, the CPU backend), written to
 // `path` as a rig file.
-void profile_rig(const std::string& path, const std::vector<std::string>& storage_dirs) {
+// With a model (and its sequence length): its GEMM shapes, layer and head probed too, so that its
+// plans are predicted from its own measured shapes (megatrain-plan profile --model --seq).
+void profile_rig(const std::string& path, const std::vector<std::string>& storage_dirs, const std::string& model, int64_t seq) {
   planner::ProfileOptions o;
   o.storage_dirs = storage_dirs;
   o.use_gpu = true;
+  if (!model.empty()) {
+    ModelSpec spec = value_or_raise(ModelSpec::load(model));
+    o.model = spec.config();
+    o.model_spec = std::make_shared<const ModelSpec>(std::move(spec));
+    o.seq = seq;
+  }
   Result<planner::ProfileReport> r = [&] {
     py::gil_scoped_release release;
     return planner::run_profile(o);
@@ -592,7 +600,8 @@ PYBIND11_MODULE(_megatrain, m) {
   m.def("simulate_json", &simulate_json, py::arg("plan"));
   m.def("size_json", &size_json, py::arg("model"), py::arg("gpu") = "", py::arg("target") = 0.0, py::arg("seq_len") = 0,
         py::arg("tokens_per_step") = 0, py::arg("state_formats") = "fp32");
-  m.def("profile_rig", &profile_rig, py::arg("path"), py::arg("storage_dirs") = std::vector<std::string>{});
+  m.def("profile_rig", &profile_rig, py::arg("path"), py::arg("storage_dirs") = std::vector<std::string>{}, py::arg("model") = "",
+        py::arg("seq") = 0);
   m.def("model_info", &model_info, py::arg("model"));
   m.def("write_sequences", &write_sequences, py::arg("path"), py::arg("tokens"), py::arg("mask"), py::arg("vocab_size"),
         py::arg("eos_id"), py::arg("pad_id"), py::arg("documents"), py::arg("truncated"), py::arg("real_tokens"),

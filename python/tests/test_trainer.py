@@ -314,10 +314,14 @@ def test_without_a_rig_this_machine_is_profiled_once_and_cached(tmp_path):
     os.environ.pop("MEGATRAIN_RIG", None)
     first = mt.Trainer(model=MODEL, args=args(tmp_path / "a"), train_dataset=rows(8, seed=16))
     assert first.plan()["feasible"]
-    cached = tmp_path / "cache" / "megatrain-rig-profile.json"
-    assert cached.is_file()
+    profiles = list((tmp_path / "cache").glob("megatrain-rig-profile-*.json"))
+    assert len(profiles) == 1, profiles  # one per model and sequence length
+    cached = profiles[0]
     rig = json.load(open(cached))
     assert rig["host"]["cores"] >= 1 and rig["storage"][0]["path"] == str(tmp_path / "cache")
+    # made for the model at the run's sequence length: its layer and head probed, its GEMM shapes on the grid
+    assert rig["gpu"]["layer_times"]["seq"] == 32
+    assert rig["gpu"]["layer_times"]["vocab"] > 0 and "gemm_shapes" in rig["gpu"]
     stamp = cached.stat().st_mtime_ns
     second = mt.Trainer(model=MODEL, args=args(tmp_path / "b"), train_dataset=rows(8, seed=16))
     assert second.plan()["feasible"]
