@@ -251,6 +251,21 @@ rc=$?
 if [ "$rc" -ne 0 ]; then
   [ "$rc" -eq 125 ] || fail "profile --quick (the shipped h200-1.5tb profile is used for the predictions)"
   rig=h200-1.5tb
+else
+  # cuBLAS by shape (issue 50): each op's efficiency at every cell of the grid, tokens by rows.
+  python3 - "$rig" <<'PYEOF' | tee "$OUT/gemm_shapes.txt" || fail "the profile's gemm_shapes"
+import json, sys
+g = json.load(open(sys.argv[1]))["gpu"].get("gemm_shapes")
+if g is None:
+    sys.exit("the profile has no gpu.gemm_shapes")
+t, i, o = g["tokens"], g["in"], g["out"]
+print(f"gemm_shapes: fraction of the bf16 peak by (tokens, in, out); {g['provenance']['source']}")
+for op in ("forward", "backward_data", "backward_weight"):
+    e = g[op]
+    for a, tok in enumerate(t):
+        cells = " ".join(f"{int(x)}->{int(y)}:{e[(a * len(i) + b) * len(o) + c]:.2f}" for b, x in enumerate(i) for c, y in enumerate(o))
+        print(f"  {op:15} tokens {int(tok):6}  {cells}")
+PYEOF
 fi
 within 60 python3 - "$OUT" <<'PYEOF' || not_run || fail "the training tokens and the 7B-shaped config"
 import json, os, random, struct, sys

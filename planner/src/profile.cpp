@@ -26,7 +26,7 @@ namespace megatrain::planner {
 namespace detail {
 Result<std::string> gpu_present() { return unavailable("this megatrain-plan was built without CUDA (MEGATRAIN_CUDA=OFF)"); }
 Result<GpuProbe> probe_gpu(const ProfileSizes&, const std::vector<GemmSample>&, const std::vector<GroupedGemmSample>&,
-                           const Progress&) {
+                           const std::vector<int64_t>&, const std::vector<int64_t>&, const Progress&) {
   return unavailable("this megatrain-plan was built without CUDA (MEGATRAIN_CUDA=OFF)");
 }
 }  // namespace detail
@@ -171,6 +171,8 @@ class Profiler {
   Status gpu();
   Status cpu_gemm();
   Status cpu_gemm_grid();
+  void grid_axes_of_model(std::vector<int64_t>& tokens, std::vector<int64_t>& sizes) const;
+  void record_grid(const detail::LinearGrid& grid, const GemmShapes& shapes);
   void cpu_grouped_gemm();
   Status cpu_attention();
   Status cpu_elementwise();
@@ -321,7 +323,11 @@ Status Profiler::gpu() {
   for (const auto& [h, i] : {std::pair<int64_t, int64_t>{2880, 2880}, {4096, 1536}})
     for (const GroupedGemmSample& g : detail::grouped_gemm_shapes({16, 32, 64, 128, 256, 512, 1024, 2048, 4096}, 32, h, i, 1e13))
       grouped_shapes.push_back(g);
-  MT_ASSIGN_OR_RETURN(const detail::GpuProbe g, detail::probe_gpu(sz, gpu_shapes, grouped_shapes, detail_cb));
+  // The GEMM shape grid: the model's sizes and 1 to 16 sequences with --model, else generic ones.
+  std::vector<int64_t> grid_tokens = {128, 512, 2048, 8192, 32768}, grid_sizes = {256, 1024, 4096, 16384, 65536, 262144};
+  if (model != nullptr) grid_axes_of_model(grid_tokens, grid_sizes);
+  MT_ASSIGN_OR_RETURN(const detail::GpuProbe g,
+                      detail::probe_gpu(sz, gpu_shapes, grouped_shapes, grid_tokens, grid_sizes, detail_cb));
   rig.gpu.name = g.name;
   rig.gpu.memory_bytes = {g.free_memory_bytes, st.measured("cudaMemGetInfo free bytes at profile time")};
   rig.gpu.memory_bandwidth = {g.memory_bandwidth, st.measured("cudaMemcpy device to device, 2 x bytes / time")};
@@ -342,6 +348,17 @@ Status Profiler::gpu() {
   for (const auto& s : g.bf16_samples)
     gt.rows.push_back({double(s.m), double(s.n), double(s.k), s.flops(), s.seconds, s.flops() / s.seconds});
   rep.measurements.push_back(gt);
+  if (!g.grid.tokens.empty()) {
+    MT_ASSIGN_OR_RETURN(GemmShapes shapes, detail::gemm_shapes_from_grid(g.grid, ef.peak_flops_per_s));
+    shapes.provenance = st.measured(
+        "cublasGemmEx bf16 with fp32 accumulate as the CUDA backend's linear_forward, linear_backward_data and "
+        "linear_backward_weight lay them out, at (tokens, in, out) cells " +
+        std::string(model != nullptr ? "of the model's sizes at seq " + std::to_string(model_seq) : "of generic sizes") +
+        " up to " + format_flops(detail::kGpuGridMaxFlops) + "; the others take the best of the smaller cells; efficiency = "
+        "FLOPs / seconds / the bf16 peak");
+    record_grid(g.grid, shapes);
+    rig.gpu.gemm_shapes = std::move(shapes);
+  }
   if (!g.grouped_bf16.empty()) {
     MT_ASSIGN_OR_RETURN(GroupedGemmFit gf, fit_grouped_gemm_efficiency(g.grouped_bf16, ef.peak_flops_per_s));
     rig.gpu.grouped_gemm_efficiency = Curve{
@@ -466,15 +483,7 @@ Status Profiler::cpu_gemm() {
 Status Profiler::cpu_gemm_grid() {
   std::vector<int64_t> tokens = sz.grid_tokens, sizes = sz.grid_sizes;
   if (tokens.empty() || sizes.empty()) return {};
-  if (model != nullptr) {  // the model's own shapes, so that its plans fall on the grid's cells
-    tokens.clear();
-    for (int64_t mb : {1, 2, 4, 8, 16}) tokens.push_back(mb * model_seq);
-    sizes = {model->hidden_size, model->num_heads * model->head_dim, model->num_kv_heads * model->head_dim,
-             model->intermediate_size, model->vocab_size};
-    if (model->num_experts > 0) sizes.push_back(model->num_experts);
-    std::sort(sizes.begin(), sizes.end());
-    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  }
+  if (model != nullptr) grid_axes_of_model(tokens, sizes);
   progress("GEMM shapes: forward, dX and dW at " + std::to_string(tokens.size()) + " x " + std::to_string(sizes.size()) +
            " x " + std::to_string(sizes.size()) + " (tokens, in, out), up to " + format_flops(sz.grid_max_flops));
   detail::OtherLoad load;
@@ -489,6 +498,25 @@ Status Profiler::cpu_gemm_grid() {
       (model != nullptr ? " of the model's sizes at seq " + std::to_string(model_seq) : std::string(" (generic sizes)")) +
       ", up to " + format_flops(sz.grid_max_flops) + " each; the others take the best of the smaller cells; best batch of >= " +
       format_duration(sz.gemm_min_time_s) + "; efficiency = FLOPs / seconds / the GEMM peak" + load_note(load.share()));
+  record_grid(grid, shapes);
+  rig.gpu.gemm_shapes = std::move(shapes);
+  return {};
+}
+
+// The model's own sizes (hidden, q, kv, intermediate, experts, vocabulary) and 1, 2, 4, 8 and 16
+// sequences as the grid's axes, so that its plans' linears fall on cells.
+void Profiler::grid_axes_of_model(std::vector<int64_t>& tokens, std::vector<int64_t>& sizes) const {
+  tokens.clear();
+  for (int64_t mb : {1, 2, 4, 8, 16}) tokens.push_back(mb * model_seq);
+  sizes = {model->hidden_size, model->num_heads * model->head_dim, model->num_kv_heads * model->head_dim,
+           model->intermediate_size, model->vocab_size};
+  if (model->num_experts > 0) sizes.push_back(model->num_experts);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+}
+
+// The grid's timed cells as a measurement table of the report (op 0 forward, 1 dX, 2 dW).
+void Profiler::record_grid(const detail::LinearGrid& grid, const GemmShapes& shapes) {
   MeasurementTable mt{"gemm_shapes", {"op", "tokens", "in", "out", "flops", "seconds", "efficiency"}, {}};
   for (int op = 0; op < 3; ++op)
     for (size_t a = 0; a < grid.tokens.size(); ++a)
@@ -502,8 +530,6 @@ Status Profiler::cpu_gemm_grid() {
                              shapes.efficiency[op][cell]});
         }
   rep.measurements.push_back(mt);
-  rig.gpu.gemm_shapes = std::move(shapes);
-  return {};
 }
 
 // The CPU backend's grouped GEMMs (MoE experts).

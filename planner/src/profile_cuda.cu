@@ -100,7 +100,8 @@ Result<std::string> gpu_present() {
 }
 
 Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSample>& shapes,
-                           const std::vector<GroupedGemmSample>& grouped, const Progress& progress) {
+                           const std::vector<GroupedGemmSample>& grouped, const std::vector<int64_t>& grid_tokens,
+                           const std::vector<int64_t>& grid_sizes, const Progress& progress) {
   MT_ASSIGN_OR_RETURN(auto devices, cuda::list_devices());
   const cuda::DeviceInfo& dev = devices.front();
   MT_PROBE_CUDA(cudaSetDevice(dev.index));
@@ -217,6 +218,68 @@ Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSamp
   MT_ASSIGN_OR_RETURN(double ttf, time_gemm(*biggest, Mode::kTf32));
   out.matmul_fp32 = biggest->flops() / t32;
   out.matmul_tf32 = biggest->flops() / ttf;
+
+  // The GEMM shape grid: a linear's three bf16 GEMMs (fp32 accumulate) as the CUDA backend lays them
+  // out, row-major, seen column-major by cuBLAS:
+  //   forward  y[N, out] = x[N, in] W[out, in]^T:  y^T (out x N) = W (op T, ld in) x^T (op N, ld in)
+  //   dX       dx[N, in] = dy[N, out] W[out, in]:  dx^T (in x N) = W^T (op N, ld in) dy^T (op N, ld out)
+  //   dW       dW[out, in] = dy^T x:               dW^T (in x out) = x^T (op N, ld in) dy (op T, ld out)
+  if (!grid_tokens.empty() && !grid_sizes.empty()) {
+    LinearGrid& g = out.grid;
+    g.tokens = grid_tokens;
+    g.sizes = grid_sizes;
+    const size_t n = grid_tokens.size() * grid_sizes.size() * grid_sizes.size();
+    for (auto& v : g.seconds) v.assign(n, 0.0);
+    auto timed = [&](int64_t t, int64_t i, int64_t o) {
+      const double m = static_cast<double>(kGpuGridMaxElems);
+      return 2.0 * static_cast<double>(t) * static_cast<double>(i) * static_cast<double>(o) <= kGpuGridMaxFlops &&
+             static_cast<double>(t) * i <= m && static_cast<double>(t) * o <= m && static_cast<double>(i) * o <= m;
+    };
+    int64_t xs = 1, ws = 1, ys = 1;
+    for (int64_t t : grid_tokens)
+      for (int64_t i : grid_sizes)
+        for (int64_t o : grid_sizes)
+          if (timed(t, i, o)) {
+            xs = std::max(xs, t * i);
+            ws = std::max(ws, i * o);
+            ys = std::max(ys, t * o);
+          }
+    cudaFree(r.d_a);
+    cudaFree(r.d_b);
+    cudaFree(r.d_c);
+    r.d_a = r.d_b = r.d_c = nullptr;
+    MT_PROBE_CUDA(cudaMalloc(&r.d_a, static_cast<size_t>(xs) * 2));  // x, or dx
+    MT_PROBE_CUDA(cudaMalloc(&r.d_b, static_cast<size_t>(ws) * 2));  // W, or dW
+    MT_PROBE_CUDA(cudaMalloc(&r.d_c, static_cast<size_t>(ys) * 2));  // y, or dy
+    MT_PROBE_CUDA(cudaMemset(r.d_a, 0, static_cast<size_t>(xs) * 2));
+    MT_PROBE_CUDA(cudaMemset(r.d_b, 0, static_cast<size_t>(ws) * 2));
+    MT_PROBE_CUDA(cudaMemset(r.d_c, 0, static_cast<size_t>(ys) * 2));
+    if (progress) progress("cuBLAS bf16 linears by shape (forward, dX, dW), " + std::to_string(n) + " cells each");
+    const float one = 1.0f, zero = 0.0f;
+    for (size_t a = 0; a < grid_tokens.size(); ++a)
+      for (size_t b = 0; b < grid_sizes.size(); ++b)
+        for (size_t c = 0; c < grid_sizes.size(); ++c) {
+          const int t = static_cast<int>(grid_tokens[a]), in = static_cast<int>(grid_sizes[b]), o = static_cast<int>(grid_sizes[c]);
+          if (!timed(t, in, o)) continue;
+          const size_t cell = (a * grid_sizes.size() + b) * grid_sizes.size() + c;
+          const double f = 2.0 * t * static_cast<double>(in) * o;
+          auto fwd = [&]() -> cublasStatus_t {
+            return cublasGemmEx(r.blas, CUBLAS_OP_T, CUBLAS_OP_N, o, t, in, &one, r.d_b, CUDA_R_16BF, in, r.d_a, CUDA_R_16BF, in,
+                                &zero, r.d_c, CUDA_R_16BF, o, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          };
+          auto dx = [&]() -> cublasStatus_t {
+            return cublasGemmEx(r.blas, CUBLAS_OP_N, CUBLAS_OP_N, in, t, o, &one, r.d_b, CUDA_R_16BF, in, r.d_c, CUDA_R_16BF, o,
+                                &zero, r.d_a, CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          };
+          auto dw = [&]() -> cublasStatus_t {
+            return cublasGemmEx(r.blas, CUBLAS_OP_N, CUBLAS_OP_T, in, o, t, &one, r.d_a, CUDA_R_16BF, in, r.d_c, CUDA_R_16BF, o,
+                                &one, r.d_b, CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          };
+          MT_ASSIGN_OR_RETURN(g.seconds[0][cell], time_cublas(r, f, fwd));
+          MT_ASSIGN_OR_RETURN(g.seconds[1][cell], time_cublas(r, f, dx));
+          MT_ASSIGN_OR_RETURN(g.seconds[2][cell], time_cublas(r, f, dw));
+        }
+  }
 
   // Grouped GEMMs: every expert's projection in one cublasGemmStridedBatchedEx call, expert e's
   // rows contiguous after expert e-1's (the permuted tokens), its weights [n, k] at e * n * k; row

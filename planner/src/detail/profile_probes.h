@@ -157,13 +157,21 @@ struct GpuProbe {
   std::vector<GemmSample> bf16_samples;  // cuBLAS bf16 GEMMs (fp32 accumulate) at the layer shapes
   // cuBLAS strided-batched bf16 GEMMs (one call per projection over every expert) at MoE shapes.
   std::vector<GroupedGemmSample> grouped_bf16;
+  // cuBLAS bf16 linears by shape (forward, dX, dW as the CUDA backend lays them out) over the
+  // grid probe_gpu was given (gpu.gemm_shapes); empty axes: not measured.
+  LinearGrid grid;
   // (bytes, seconds per transfer)
   std::vector<std::pair<double, double>> h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable;
   double duplex_ratio = 0;      // each direction's pinned rate with both running / alone
 };
 // The first CUDA device's name, or kUnavailable with the reason (no driver, no device, no CUDA build).
 Result<std::string> gpu_present();
+// grid_tokens x grid_sizes x grid_sizes: the GEMM shape grid's axes (empty: no grid); its cells up
+// to kGpuGridMaxFlops FLOPs with operands of at most kGpuGridMaxElems elements are timed.
+inline constexpr double kGpuGridMaxFlops = 2e12;
+inline constexpr int64_t kGpuGridMaxElems = int64_t{1} << 28;
 Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSample>& shapes,
-                           const std::vector<GroupedGemmSample>& grouped, const Progress& progress);
+                           const std::vector<GroupedGemmSample>& grouped, const std::vector<int64_t>& grid_tokens,
+                           const std::vector<int64_t>& grid_sizes, const Progress& progress);
 
 }  // namespace megatrain::planner::detail
