@@ -371,9 +371,7 @@ Result<PrepareResult> prepare_dataset(const Tokenizer& tok, const std::vector<st
   }
   MT_ASSIGN_OR_RETURN(SequenceRows rows, build_rows(tok, docs, r.format, options, r.header));
   r.header.sources = inputs;
-  MT_RETURN_IF_ERROR(write_sequence_file(out, r.header, rows));
-  r.header.rows = static_cast<int64_t>(rows.tokens.size()) / (options.seq_len + 1);
-  if (r.header.packing == "neat") r.header.document_tokens = neat_document_tokens(rows.mask.data(), r.header.rows, options.seq_len);
+  MT_RETURN_IF_ERROR(write_sequence_file(out, r.header, rows));  // fills in rows and document_tokens
   return r;
 }
 

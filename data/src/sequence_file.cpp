@@ -64,7 +64,7 @@ double neat_document_tokens(const uint8_t* mask, int64_t rows, int64_t seq_len) 
   return squares / (static_cast<double>(rows) * static_cast<double>(seq_len));
 }
 
-Status write_sequence_file(const std::filesystem::path& path, SequenceHeader header, const SequenceRows& rows) {
+Status write_sequence_file(const std::filesystem::path& path, SequenceHeader& header, const SequenceRows& rows) {
   const int64_t width = header.seq_len + 1;
   if (header.seq_len < 1) return invalid_argument("a prepared dataset needs seq_len >= 1");
   if (rows.tokens.size() != rows.mask.size() || static_cast<int64_t>(rows.tokens.size()) % width != 0)

@@ -230,11 +230,7 @@ Result<GpuProbe> probe_gpu(const ProfileSizes& sizes, const std::vector<GemmSamp
     g.sizes = grid_sizes;
     const size_t n = grid_tokens.size() * grid_sizes.size() * grid_sizes.size();
     for (auto& v : g.seconds) v.assign(n, 0.0);
-    auto timed = [&](int64_t t, int64_t i, int64_t o) {
-      const double m = static_cast<double>(kGpuGridMaxElems);
-      return 2.0 * static_cast<double>(t) * static_cast<double>(i) * static_cast<double>(o) <= kGpuGridMaxFlops &&
-             static_cast<double>(t) * i <= m && static_cast<double>(t) * o <= m && static_cast<double>(i) * o <= m;
-    };
+    auto timed = [&](int64_t t, int64_t i, int64_t o) { return grid_cell_timed(t, i, o, kGpuGridMaxFlops, kGpuGridMaxElems); };
     int64_t xs = 1, ws = 1, ys = 1;
     for (int64_t t : grid_tokens)
       for (int64_t i : grid_sizes)

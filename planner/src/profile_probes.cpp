@@ -270,11 +270,7 @@ LinearGrid measure_linear_grid(const std::vector<int64_t>& tokens, const std::ve
   g.sizes = sizes;
   const size_t n = tokens.size() * sizes.size() * sizes.size();
   for (auto& s : g.seconds) s.assign(n, 0.0);
-  auto timed = [&](size_t a, size_t b, size_t c) {
-    const double t = static_cast<double>(tokens[a]), i = static_cast<double>(sizes[b]), o = static_cast<double>(sizes[c]);
-    const double m = static_cast<double>(max_elems);
-    return 2 * t * i * o <= max_flops && t * i <= m && t * o <= m && i * o <= m;
-  };
+  auto timed = [&](size_t a, size_t b, size_t c) { return grid_cell_timed(tokens[a], sizes[b], sizes[c], max_flops, max_elems); };
   int64_t xs = 1, ws = 1, ys = 1;
   for (size_t a = 0; a < tokens.size(); ++a)
     for (size_t b = 0; b < sizes.size(); ++b)

@@ -233,7 +233,7 @@ double write_sequences(const std::string& path, py::array_t<uint32_t, py::array:
                !(rows.mask[static_cast<size_t>(i)] & data::kMaskDocStart);
   h.counted = counted;
   if (Status s = data::write_sequence_file(path, h, rows); !s.ok()) raise_status(s);
-  return h.packing == "neat" ? data::neat_document_tokens(rows.mask.data(), tokens.shape(0), h.seq_len) : 0.0;
+  return h.document_tokens;
 }
 
 // A prepared dataset's header as the package reads it.

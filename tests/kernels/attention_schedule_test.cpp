@@ -150,6 +150,33 @@ double normalised_error(const std::vector<float>& a, const std::vector<float>& b
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
+// The CPU op's forward and backward (the reference), with sinks when `sinks` is not null: the
+// output, dq, dk, dv, the sinks' probabilities and their gradient (accumulated onto dsink0).
+struct CpuReference {
+  std::vector<float> out, dq, dk, dv, sink_probs, dsink;
+};
+CpuReference cpu_reference(const cpu::AttentionShape& shape, const std::vector<float>& q, const std::vector<float>& k,
+                           const std::vector<float>& v, const std::vector<float>& dout, const float* sinks, float dsink0) {
+  cpu::CpuContext ctx(1);
+  const int64_t np = cpu::attention_probs_elems(shape), nrow = shape.batch * shape.n_heads * shape.seq;
+  CpuReference r;
+  r.out.resize(q.size());
+  r.dq.resize(q.size());
+  r.dk.resize(k.size());
+  r.dv.resize(v.size());
+  r.sink_probs.resize(static_cast<size_t>(nrow));
+  r.dsink.assign(static_cast<size_t>(shape.n_heads), dsink0);
+  std::vector<float> probs(static_cast<size_t>(np)), ws(static_cast<size_t>(np)), sink_rows(static_cast<size_t>(nrow));
+  EXPECT_TRUE(cpu::attention_forward<float>(ctx, shape, q.data(), k.data(), v.data(), r.out.data(), probs.data(), sinks,
+                                            sinks ? r.sink_probs.data() : nullptr)
+                  .ok());
+  EXPECT_TRUE(cpu::attention_backward<float>(ctx, shape, q.data(), k.data(), v.data(), probs.data(), dout.data(), r.dq.data(),
+                                             r.dk.data(), r.dv.data(), ws.data(), sinks ? r.sink_probs.data() : nullptr,
+                                             sinks ? r.dsink.data() : nullptr, sinks ? sink_rows.data() : nullptr)
+                  .ok());
+  return r;
+}
+
 struct Case {
   int64_t batch, seq, heads, kv_heads, head_dim;
 };
@@ -272,20 +299,10 @@ TEST_P(AttentionScheduleWindow, EqualsTheCpuOpWithSinksAndWindow) {
   std::vector<float> sinks = randn(c.heads, g);
   for (float& x : sinks) x *= 2.0f;  // sinks that matter: some rows' largest logit
   const float* sk = c.sinks ? sinks.data() : nullptr;
-  cpu::CpuContext ctx(1);
   const cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.window};
-  const int64_t np = cpu::attention_probs_elems(shape), nrow = c.batch * c.heads * c.seq;
-  std::vector<float> out_ref(static_cast<size_t>(nq)), probs(static_cast<size_t>(np)), ws(static_cast<size_t>(np));
-  std::vector<float> sink_probs(static_cast<size_t>(nrow)), sink_rows(static_cast<size_t>(nrow));
-  ASSERT_TRUE(cpu::attention_forward<float>(ctx, shape, q.data(), k.data(), v.data(), out_ref.data(), probs.data(), sk,
-                                            c.sinks ? sink_probs.data() : nullptr)
-                  .ok());
-  std::vector<float> dq_ref(static_cast<size_t>(nq)), dk_ref(static_cast<size_t>(nk)), dv_ref(static_cast<size_t>(nk));
-  std::vector<float> dsink_ref(static_cast<size_t>(c.heads), 0.5f);
-  ASSERT_TRUE(cpu::attention_backward<float>(ctx, shape, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq_ref.data(),
-                                             dk_ref.data(), dv_ref.data(), ws.data(), c.sinks ? sink_probs.data() : nullptr,
-                                             c.sinks ? dsink_ref.data() : nullptr, c.sinks ? sink_rows.data() : nullptr)
-                  .ok());
+  const int64_t nrow = c.batch * c.heads * c.seq;
+  const CpuReference ref = cpu_reference(shape, q, k, v, dout, sk, 0.5f);
+  const auto& [out_ref, dq_ref, dk_ref, dv_ref, sink_probs, dsink_ref] = ref;
   for (int64_t rows : {int64_t{1}, int64_t{4}, int64_t{7}, c.seq}) {
     SCOPED_TRACE("rows per block " + std::to_string(rows) + ", window " + std::to_string(c.window));
     HostOps ops;
@@ -369,30 +386,14 @@ TEST_P(AttentionScheduleDocuments, EqualsTheCpuOpWithDocumentStarts) {
   const std::vector<float> q = randn(nq, g), k = randn(nk, g), v = randn(nk, g), dout = randn(nq, g);
   std::vector<float> sinks = randn(c.heads, g);
   const float* sk = c.sinks ? sinks.data() : nullptr;
-  cpu::CpuContext ctx(1);
   cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.window, starts.data()};
-  const int64_t np = cpu::attention_probs_elems(shape), nrow = c.batch * c.heads * c.seq;
-  std::vector<float> out_ref(static_cast<size_t>(nq)), probs(static_cast<size_t>(np)), ws(static_cast<size_t>(np));
-  std::vector<float> sink_probs(static_cast<size_t>(nrow)), sink_rows(static_cast<size_t>(nrow));
-  ASSERT_TRUE(cpu::attention_forward<float>(ctx, shape, q.data(), k.data(), v.data(), out_ref.data(), probs.data(), sk,
-                                            c.sinks ? sink_probs.data() : nullptr)
-                  .ok());
-  std::vector<float> dq_ref(static_cast<size_t>(nq)), dk_ref(static_cast<size_t>(nk)), dv_ref(static_cast<size_t>(nk));
-  std::vector<float> dsink_ref(static_cast<size_t>(c.heads), 0.0f);
-  ASSERT_TRUE(cpu::attention_backward<float>(ctx, shape, q.data(), k.data(), v.data(), probs.data(), dout.data(), dq_ref.data(),
-                                             dk_ref.data(), dv_ref.data(), ws.data(), c.sinks ? sink_probs.data() : nullptr,
-                                             c.sinks ? dsink_ref.data() : nullptr, c.sinks ? sink_rows.data() : nullptr)
-                  .ok());
+  const int64_t nrow = c.batch * c.heads * c.seq;
+  const CpuReference ref = cpu_reference(shape, q, k, v, dout, sk, 0.0f);
+  const auto& [out_ref, dq_ref, dk_ref, dv_ref, sink_probs, dsink_ref] = ref;
   // The documents matter: without the starts the output differs.
-  {
-    cpu::AttentionShape whole = shape;
-    whole.starts = nullptr;
-    std::vector<float> out_whole(static_cast<size_t>(nq));
-    ASSERT_TRUE(cpu::attention_forward<float>(ctx, whole, q.data(), k.data(), v.data(), out_whole.data(), probs.data(), sk,
-                                              c.sinks ? sink_rows.data() : nullptr)
-                    .ok());
-    EXPECT_GT(normalised_error(out_whole, out_ref), 1e-2);
-  }
+  cpu::AttentionShape whole = shape;
+  whole.starts = nullptr;
+  EXPECT_GT(normalised_error(cpu_reference(whole, q, k, v, dout, sk, 0.0f).out, out_ref), 1e-2);
   for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{8}, c.seq}) {
     SCOPED_TRACE("rows per block " + std::to_string(rows));
     HostOps ops;

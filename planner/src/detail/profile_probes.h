@@ -103,6 +103,13 @@ struct LinearGrid {
   std::vector<int64_t> tokens, sizes;
   std::vector<double> seconds[3];
 };
+// Whether the probe times cell (tokens, in, out): 2 tokens in out FLOPs at most max_flops, and
+// each operand (x, y, W) at most max_elems elements. The CPU and GPU grids share the rule.
+inline bool grid_cell_timed(int64_t tokens, int64_t in, int64_t out, double max_flops, int64_t max_elems) {
+  const double t = static_cast<double>(tokens), i = static_cast<double>(in), o = static_cast<double>(out);
+  const double m = static_cast<double>(max_elems);
+  return 2 * t * i * o <= max_flops && t * i <= m && t * o <= m && i * o <= m;
+}
 LinearGrid measure_linear_grid(const std::vector<int64_t>& tokens, const std::vector<int64_t>& sizes, double max_flops,
                                int64_t max_elems, int threads, double min_time_s, const Progress& progress);
 // gpu.gemm_shapes from a grid: each timed cell's efficiency FLOPs / seconds / peak (at most 1),

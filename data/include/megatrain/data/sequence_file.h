@@ -65,8 +65,9 @@ struct SequenceRows {
 // SequenceHeader::document_tokens of `rows` rows of seq_len + 1 mask bytes packed "neat".
 double neat_document_tokens(const uint8_t* mask, int64_t rows, int64_t seq_len);
 
-// Writes `rows` with `header` (whose rows and xxh64 it fills in) to `path`, atomically.
-Status write_sequence_file(const std::filesystem::path& path, SequenceHeader header, const SequenceRows& rows);
+// Writes `rows` with `header` to `path`, atomically, filling in the header's rows, xxh64 and
+// document_tokens (so the caller holds the header as written).
+Status write_sequence_file(const std::filesystem::path& path, SequenceHeader& header, const SequenceRows& rows);
 
 // A prepared dataset, memory-mapped read-only. open() checks the magic, the header, the length and
 // the checksum; errors name the file and what was expected.
