@@ -20,7 +20,9 @@
 # usage: bench/validate-cost-model.sh [--build DIR] [--quick] [--steps N] [--out DIR] [--rig FILE]
 #   --build DIR  the build folder holding bin/megatrain-plan and bin/megatrain-exec (default: build)
 #   --quick      profile with --quick (about 30 s) instead of the full profile (about 3 minutes)
-#   --steps N    training steps per plan; the first is a warm-up and is not timed (default 4)
+#   --steps N    training steps per plan; the first is a warm-up and is not timed (default 4); a
+#                plan with short steps runs more of them, so that its timed steps last 2 s or more
+#                (60 steps at most)
 #   --rounds R   profile and run the whole grid R times (default 3); each plan reports the round
 #                with its median error
 #   --out DIR    keep the profile, plans, traces and the table here (default: a temp folder)
@@ -76,7 +78,7 @@ if [ -n "$rig" ]; then rig=$(cd "$(dirname "$rig")" && pwd)/$(basename "$rig"); 
 
 echo "== the grid: $rounds round(s); each round profiles this machine (unless --rig), simulates every plan with that profile and trains each for $steps steps" >&2
 /usr/bin/python3 - "$here" "$rig" "$out" "$plan_bin" "$exec_bin" "$data" "$steps" "$rounds" "$quick" "${nice_cmd[@]}" <<'PY'
-import json, os, resource, sqlite3, statistics, subprocess, sys, time
+import json, math, os, resource, sqlite3, statistics, subprocess, sys, time
 
 here, fixed_rig, out, plan_bin, exec_bin, data, steps, rounds, quick = sys.argv[1:10]
 sys.path.insert(0, os.path.join(here, "bench"))
@@ -84,6 +86,7 @@ from anon_rss import anon_rss
 nice = sys.argv[10:]
 steps = int(steps)
 rounds = int(rounds)
+MIN_TIMED_S, MAX_STEPS = 2.0, 60  # each plan's timed steps last at least this long (at most this many steps)
 cores = len(os.sched_getaffinity(0))
 
 # The models: small-llama (the original grid's), a head-heavy one (tiny-llama-32k: hidden 64, a
@@ -218,12 +221,21 @@ for r in range(rounds):
         if sim.returncode != 0:
             sys.exit(f"simulate {name} failed: {sim.stderr}")
         predicted = json.loads(sim.stdout)
+        # Short steps are timed over more of them: at least MIN_TIMED_S of timed steps (a 40 ms
+        # step of tiny-mixtral over 3 steps is 120 ms, where one scheduler hiccup moves the median).
+        n_steps = max(steps, min(MAX_STEPS, 1 + math.ceil(MIN_TIMED_S / max(1e-6, predicted["step_time_s"]))))
+        if n_steps != steps:
+            with open(path) as f:
+                plan_json = json.load(f)
+            plan_json["training"]["steps"] = n_steps
+            with open(path, "w") as f:
+                json.dump(plan_json, f, indent=1)
         trace = os.path.join(out, f"{name}.r{r}.mtrace")
         if os.path.exists(trace):
             os.remove(trace)
         busy0, wall0 = cpu_busy_s(), time.monotonic()
         child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        rss = anon_rss([*nice, exec_bin, path, "--data", sft if spec["data"] == "sft" else data, "--steps", str(steps),
+        rss = anon_rss([*nice, exec_bin, path, "--data", sft if spec["data"] == "sft" else data, "--steps", str(n_steps),
                         "--threads", str(cores), "--trace", trace], f"megatrain-exec {name}")
         child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         ours = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)

@@ -175,13 +175,15 @@ Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t s
     MT_ASSIGN_OR_RETURN(std::unique_ptr<exec::Backend> be, exec::make_cpu_backend(model, d, bo));
     const int64_t NH = d.N * d.H;
     // As in the pipeline, each call finds its weights, activations and hidden states in other
-    // buffers than the call before: the sets rotate through at least 256 MiB (and 4 sets, at most 64), so no
-    // call starts with the previous call's data in the caches.
+    // buffers than the call before, and the sets rotate as the pipeline's few device layer buffers
+    // do (prefetch depth + 1, 2 to 4): 4 sets. A layer whose 4 sets fit in the last-level cache
+    // then runs from it, as a small model's layers do in training (tiny-mixtral: 8 MB; a probe
+    // through 64 MiB of sets timed its layer 15% slower than its training steps ran it), and a
+    // larger one from memory.
     struct Set {
       Buffer w, x, y, dout, dx, acts, grads;
     };
-    const int64_t set_floats = unit.numel * 2 + 4 * NH + be->layer_act_floats();
-    const int64_t n_sets = std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(1, set_floats), 4, 64);
+    const int64_t n_sets = 4;
     std::vector<Set> sets;
     for (int64_t k = 0; k < n_sets; ++k) {
       Set st{make_buffer(unit.numel, 0), make_buffer(NH, 1e-2f), make_buffer(NH, 0), make_buffer(NH, 1e-4f),

@@ -61,6 +61,8 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   // With R ranks on a node each rank's optimizer has 1/R of its cores.
   const int64_t rank_cores = std::max<int64_t>(1, rig.host.cores / ranks_per_node_);
   const int64_t threads = plan.optimizer.threads > 0 ? std::min(plan.optimizer.threads, rank_cores) : rank_cores;
+  rank_cores_ = rank_cores;
+  optimizer_threads_ = threads;
   const int64_t block = plan.optimizer.block_size;
   const double touched = tb + 4 + 2 * (bytes_per_param(plan.optimizer.m_format, block) +
                                        bytes_per_param(plan.optimizer.v_format, block)) +

@@ -156,7 +156,7 @@ Status Engine::run() {
   auto task_speed = [&](TaskId t) {
     double s = 1.0;
     const TaskSpec& ts = tasks_[static_cast<size_t>(t)];
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kTaskPools; ++k) {
       const int32_t p = ts.pool[k];
       if (p < 0) continue;
       const double sum = demand_sum[static_cast<size_t>(p)];
@@ -180,7 +180,7 @@ Status Engine::run() {
         const TaskSpec& ts = tasks_[i];
         int k_min = 0;
         double best = 2.0;
-        for (int k = 0; k < 2; ++k) {
+        for (int k = 0; k < kTaskPools; ++k) {
           if (ts.pool[k] < 0) continue;
           const double sum = demand_sum[static_cast<size_t>(ts.pool[k])];
           const double f = sum > 0 ? pools_[static_cast<size_t>(ts.pool[k])].capacity / sum : 2.0;
@@ -268,7 +268,7 @@ Status Engine::run() {
       state_[ti].last_update = now;
       const TaskSpec& ts = tasks_[ti];
       bool pooled = false;
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < kTaskPools; ++k) {
         if (ts.pool[k] < 0) continue;
         settle_pool(ts.pool[k]);
         active[static_cast<size_t>(ts.pool[k])].push_back(t);
@@ -278,7 +278,7 @@ Status Engine::run() {
       if (pooled) {
         state_[ti].speed = task_speed(t);
         schedule_end(t);
-        for (int k = 0; k < 2; ++k)
+        for (int k = 0; k < kTaskPools; ++k)
           if (ts.pool[k] >= 0) rerate_pool(ts.pool[k]);
       } else {
         state_[ti].speed = 1.0;
@@ -308,7 +308,7 @@ Status Engine::run() {
     const TaskSpec& ts = tasks_[ti];
     --running[static_cast<size_t>(ts.resource)];
     mark(ts.resource);
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kTaskPools; ++k) {
       const int32_t p = ts.pool[k];
       if (p < 0) continue;
       auto& act = active[static_cast<size_t>(p)];

@@ -20,6 +20,7 @@ int16_t kind_of(SpanKind k) { return static_cast<int16_t>(k); }
 struct Ids {
   int32_t lane[kLaneCount];
   int32_t pool_host = -1, pool_pcie = -1, pool_nvme = -1;
+  int32_t pool_cores = -1;  // the CPU backend's cores (compute, copies and optimizer share them)
   // One memory per slot (mem_slot0 + k) and per gradient accumulator (mem_accumulator0 + k).
   int32_t mem_device = -1, mem_slot0 = -1, mem_accumulator0 = -1, mem_lent = -1, mem_staging = -1;
 };
@@ -67,6 +68,7 @@ class Builder {
       for (int64_t n : s_.unit_numel) bytes += 4 * static_cast<double>(n);
       TaskId n = task(Lane::kOptimizer, cost_.host_pass_time(bytes), SpanKind::kGradNorm, -1, -1, ceil_i(bytes));
       use_pool(n, id_.pool_host, bytes / std::max(1e-12, cost_.host_pass_time(bytes)));
+      use_pool(n, id_.pool_cores, static_cast<double>(cost_.optimizer_threads()));
       for (TaskId g : grad_ready_) after(g, n);
       for (int32_t u : s_.optimizer_order) optimizer(u, n);
     }
@@ -88,7 +90,7 @@ class Builder {
   void use_pool(TaskId t, int32_t pool, double demand) {
     if (pool < 0) return;
     TaskSpec& ts = const_cast<TaskSpec&>(e_.task(t));
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kTaskPools; ++k) {
       if (ts.pool[k] < 0) {
         ts.pool[k] = pool;
         ts.demand[k] = demand;
@@ -102,6 +104,7 @@ class Builder {
     if (time <= 0) return;
     use_pool(t, id_.pool_host, bytes / time);
     use_pool(t, id_.pool_pcie, 1.0);
+    use_pool(t, id_.pool_cores, 1.0);  // the CPU backend's copy thread
   }
   void after(TaskId before, TaskId t) {
     if (before >= 0 && t >= 0) e_.add_dependency(before, t);
@@ -157,6 +160,7 @@ class Builder {
         case step::OpKind::kCompute: {
           TaskId g = task(Lane::kCompute, compute_time(op.span, op.layer), op.span, op.layer, mb_of(op.mb), 0,
                           compute_flops(op.span, op.layer));
+          use_pool(g, id_.pool_cores, static_cast<double>(cost_.rank_cores()));
           after(last_gpu_, g);  // the compute stream is in order; explicit for the critical path
           for (TaskId d : pending_deps) after(d, g);
           for (int32_t a : pending_accumulators) e_.acquire(g, id_.mem_accumulator0 + a, 1);
@@ -246,6 +250,7 @@ class Builder {
     const CostModel::Collective c = cost_.gradient_sum(bytes);
     TaskId g = task(Lane::kD2H, c.time_s, SpanKind::kGradSum, u, -1, ceil_i(bytes));
     if (c.time_s > 0) use_pool(g, id_.pool_host, c.host_bytes / c.time_s);
+    use_pool(g, id_.pool_cores, 1.0);  // the gradient thread
     after(grad_ready_[static_cast<size_t>(u)], g);
     grad_ready_[static_cast<size_t>(u)] = g;
     last_d2h_ = g;
@@ -274,6 +279,7 @@ class Builder {
     TaskId a = task(Lane::kOptimizer, work, SpanKind::kOptimizer, u, -1, 0);
     const double touched = p * (tb_ + 4 + 2 * state_pp_ + 4 + (tb_ < 4 ? tb_ : 0));
     use_pool(a, id_.pool_host, touched / std::max(1e-12, work));
+    use_pool(a, id_.pool_cores, static_cast<double>(cost_.optimizer_threads()));
     after(grad_ready_[static_cast<size_t>(u)], a);
     after(norm, a);
     after(nvme_read_[static_cast<size_t>(u)], a);
@@ -385,6 +391,11 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
   id.pool_host = e.add_pool({"host memory", rig.host.memory_bandwidth.value});
   if (!rig.links.full_duplex) id.pool_pcie = e.add_pool({"PCIe (half duplex)", 1.0});
   id.pool_nvme = e.add_pool({"NVMe drives", 1.0});
+  // The CPU backend's "GPU" is the host's cores: its compute threads, its copy threads and the
+  // optimizer's threads run on them at once, each measured alone, so that work overlapping the
+  // compute slows it as the cores' time is shared (docs/cost-model.md, "The CPU backend's cores").
+  if (step::backend_of_rig(rig) == step::BackendKind::kCpu)
+    id.pool_cores = e.add_pool({"CPU cores", static_cast<double>(cost.rank_cores())});
   // The device arena is carved once at start-up; what the pipeline waits for are its buffers.
   id.mem_device = e.add_memory({"device", cap.device, true});
   e.preallocate(id.mem_device, fp.peak.device);
@@ -465,7 +476,7 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
       const double len = tt.end - tt.start;
       const double ov = std::min(tt.end, t1) - std::max(tt.start, t0);
       if (len <= 0 || ov <= 0) continue;
-      for (int k = 0; k < 2; ++k)
+      for (int k = 0; k < kTaskPools; ++k)
         if (ts.pool[k] == id.pool_host) bytes += ts.demand[k] * ts.work_s * ov / len;
     }
     res.busy["host_memory"] = res.step_time_s > 0 ? bytes / rig.host.memory_bandwidth.value / res.step_time_s : 0;
@@ -511,7 +522,7 @@ Result<SimResult> simulate(const Plan& plan, const ModelSpec& model, const Hardw
         const double dur = seg_end - seg_start;
         const double len = tt.end - tt.start;
         double host_share = 0;
-        for (int k = 0; k < 2; ++k)
+        for (int k = 0; k < kTaskPools; ++k)
           if (ts.pool[k] == id.pool_host && len > 0) host_share += tt.slowed_s[k] / len;
         host_share = std::min(1.0, host_share);
         res.critical_path[lane_bottleneck(static_cast<Lane>(ts.resource))] += dur * (1 - host_share);

@@ -38,12 +38,15 @@ struct MemoryInfo {
   bool counted = true;    // write a bytes-in-use counter to the trace
 };
 
+// Bandwidth pools one task may draw on (host memory, a link, the CPU backend's cores).
+inline constexpr int kTaskPools = 3;
+
 // One unit of work. Plain data so that millions fit in cache-friendly arrays.
 struct TaskSpec {
   int32_t resource = 0;
   double work_s = 0;          // duration when running alone at full speed
-  int32_t pool[2] = {-1, -1}; // bandwidth pools used while running
-  double demand[2] = {0, 0};  // units/s demanded from each pool at full speed
+  int32_t pool[kTaskPools] = {-1, -1, -1};  // bandwidth pools used while running
+  double demand[kTaskPools] = {0, 0, 0};    // units/s demanded from each pool at full speed
   // Trace metadata (not used by the engine itself).
   int16_t kind = 0;           // the caller's task kind
   int32_t step = -1, layer = -1, micro_batch = -1;
@@ -59,7 +62,7 @@ struct TaskTimes {
   // When it waited for memory after it was ready: the task whose release of that memory let it
   // start (the last release of any memory it acquires); -1 otherwise.
   int32_t memory_binding = -1;
-  double slowed_s[2] = {0, 0};  // time lost to sharing TaskSpec::pool[k] (the pool that limited it)
+  double slowed_s[kTaskPools] = {0, 0, 0};  // time lost to sharing TaskSpec::pool[k] (the pool that limited it)
 };
 
 class Engine {

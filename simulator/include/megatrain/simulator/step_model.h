@@ -107,6 +107,11 @@ class CostModel {
   double nvme_write_bandwidth() const { return nvme_write_bw_; }
   double host_bandwidth() const { return host_bw_; }
   double adam_rate() const { return adam_rate_; }  // parameters/s
+  // The host's cores one rank has, and the optimizer's threads among them (plan.optimizer.threads,
+  // 0: all of them). On the CPU backend the compute, the copies and the optimizer share these
+  // cores (the simulator's "CPU cores" pool, docs/cost-model.md).
+  int64_t rank_cores() const { return rank_cores_; }
+  int64_t optimizer_threads() const { return optimizer_threads_; }
   // Figures that had to be estimated because the profile lacks them (e.g. an Adam rate for a
   // state format it does not list).
   const std::vector<std::string>& assumptions() const { return assumptions_; }
@@ -118,7 +123,7 @@ class CostModel {
  private:
   const HardwareProfile& rig_;
   double peak_ = 0, host_bw_ = 0, adam_rate_ = 0, nvme_read_bw_ = 0, nvme_write_bw_ = 0;
-  int64_t ranks_ = 1, ranks_per_node_ = 1, nodes_used_ = 1;
+  int64_t ranks_ = 1, ranks_per_node_ = 1, nodes_used_ = 1, rank_cores_ = 1, optimizer_threads_ = 1;
   bool sharded_ = false, shared_ = false;
   bool nccl_ = false;      // parallel.collective nccl: gradients summed between the GPUs
   double peer_bw_ = 0;     // bytes/s per GPU per direction to the node's other GPUs (0: over PCIe)
