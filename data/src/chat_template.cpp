@@ -6,16 +6,21 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <limits>
+#include <new>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "megatrain/core/limits.h"
 #include "text.h"
 
 namespace megatrain::data {
@@ -23,6 +28,17 @@ namespace megatrain::data {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+// A budget reached deep inside a helper that returns no Status (printing a nested value): thrown,
+// and turned into the template's error where rendering starts (Renderer::run).
+struct BudgetReached {
+  std::string message;
+};
+// Nesting the printers accept (Limits::nesting), set by the renderer for its thread.
+thread_local int64_t t_max_nesting = 256;
+void check_nesting(int level) {
+  if (level > t_max_nesting) throw BudgetReached{limit_message("a value nested too deep to print", "nesting", t_max_nesting, "levels")};
+}
 
 // ---- values --------------------------------------------------------------------------------------
 
@@ -69,7 +85,7 @@ std::string py_float(double d) {
   return b;
 }
 
-std::string repr(const Json& j);
+std::string repr(const Json& j, int level = 0);
 std::string str(const Value& v) {
   if (v.undefined) return "";
   const Json& j = v.json();
@@ -77,7 +93,8 @@ std::string str(const Value& v) {
   return repr(j);
 }
 // Python's str() of a value, as Jinja prints it.
-std::string repr(const Json& j) {
+std::string repr(const Json& j, int level) {
+  check_nesting(level);
   if (j.is_null()) return "None";
   if (j.is_boolean()) return j.get<bool>() ? "True" : "False";
   if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
@@ -89,7 +106,7 @@ std::string repr(const Json& j) {
     s += first ? "" : ", ";
     first = false;
     if (j.is_object()) s += "'" + it.key() + "': ";
-    s += repr(*it);
+    s += repr(*it, level + 1);
   }
   return s + (j.is_array() ? "]" : "}");
 }
@@ -206,11 +223,17 @@ Result<std::vector<Tok>> tokenize(const std::string& s, int line) {
         ++j;
         while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
         Tok t{Tok::kFloat, s.substr(i, j - i)};
-        t.f = std::stod(t.s);
+        errno = 0;
+        t.f = std::strtod(t.s.c_str(), nullptr);
+        if (errno == ERANGE || !std::isfinite(t.f)) return err("the number " + t.s.substr(0, 40) + " is out of a double's range");
         out.push_back(t);
       } else {
         Tok t{Tok::kInt, s.substr(i, j - i)};
-        t.i = std::stoll(t.s);
+        errno = 0;
+        t.i = std::strtoll(t.s.c_str(), nullptr, 10);
+        if (errno == ERANGE)
+          return err("the integer " + t.s.substr(0, 40) + (t.s.size() > 40 ? "..." : "") +
+                     " does not fit in 64 bits (template integers are 64-bit, where Python's are unbounded)");
         out.push_back(t);
       }
       i = j;
@@ -256,12 +279,15 @@ struct Expr {
   std::vector<ExprP> args;
   std::vector<std::pair<std::string, ExprP>> kwargs;
   bool negate = false;  // kTest: is not
+  int64_t depth = 1;    // nodes on the longest path down from here (the parser bounds it)
 };
 
 class Parser {
  public:
-  Parser(std::vector<Tok> toks, int line) : t_(std::move(toks)), line_(line) {}
-  Result<ExprP> expression() { return conditional(); }
+  Parser(std::vector<Tok> toks, int line, int64_t max_depth) : t_(std::move(toks)), line_(line), max_depth_(max_depth) {}
+  Result<ExprP> expression() {
+    return nested([&] { return conditional(); });
+  }
   // An expression without `a if c else b` at its top (a for loop's iterable, before its filter).
   Result<ExprP> without_conditional() { return or_(); }
   bool at_end() const { return t_[p_].kind == Tok::kEnd; }
@@ -287,26 +313,26 @@ class Parser {
       MT_ASSIGN_OR_RETURN(c->b, or_());
       if (is_name("else")) {
         ++p_;
-        MT_ASSIGN_OR_RETURN(c->c, conditional());
+        MT_ASSIGN_OR_RETURN(c->c, nested([&] { return conditional(); }));
       }
-      return c;
+      return seal(c);
     }
     return e;
   }
-  ExprP binary(const std::string& op, ExprP a, ExprP b) {
+  Result<ExprP> binary(const std::string& op, ExprP a, ExprP b) {
     auto e = std::make_shared<Expr>();
     e->kind = Expr::kBinary;
     e->name = op;
     e->a = std::move(a);
     e->b = std::move(b);
-    return e;
+    return seal(e);
   }
   Result<ExprP> or_() {
     MT_ASSIGN_OR_RETURN(ExprP e, and_());
     while (is_name("or")) {
       ++p_;
       MT_ASSIGN_OR_RETURN(ExprP r, and_());
-      e = binary("or", e, r);
+      MT_ASSIGN_OR_RETURN(e, binary("or", e, r));
     }
     return e;
   }
@@ -315,7 +341,7 @@ class Parser {
     while (is_name("and")) {
       ++p_;
       MT_ASSIGN_OR_RETURN(ExprP r, not_());
-      e = binary("and", e, r);
+      MT_ASSIGN_OR_RETURN(e, binary("and", e, r));
     }
     return e;
   }
@@ -324,8 +350,8 @@ class Parser {
       ++p_;
       auto e = std::make_shared<Expr>();
       e->kind = Expr::kNot;
-      MT_ASSIGN_OR_RETURN(e->a, not_());
-      return e;
+      MT_ASSIGN_OR_RETURN(e->a, nested([&] { return not_(); }));
+      return seal(e);
     }
     return compare();
   }
@@ -338,7 +364,7 @@ class Parser {
       else if (is_name("not") && t_[p_ + 1].kind == Tok::kName && t_[p_ + 1].s == "in") op = (p_ += 2, "not in");
       else break;
       MT_ASSIGN_OR_RETURN(ExprP r, math1());
-      e = binary(op, e, r);
+      MT_ASSIGN_OR_RETURN(e, binary(op, e, r));
     }
     return e;
   }
@@ -347,7 +373,7 @@ class Parser {
     while (is_op("+") || is_op("-")) {
       const std::string op = next().s;
       MT_ASSIGN_OR_RETURN(ExprP r, concat());
-      e = binary(op, e, r);
+      MT_ASSIGN_OR_RETURN(e, binary(op, e, r));
     }
     return e;
   }
@@ -356,7 +382,7 @@ class Parser {
     while (is_op("~")) {
       ++p_;
       MT_ASSIGN_OR_RETURN(ExprP r, math2());
-      e = binary("~", e, r);
+      MT_ASSIGN_OR_RETURN(e, binary("~", e, r));
     }
     return e;
   }
@@ -365,7 +391,7 @@ class Parser {
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const std::string op = next().s;
       MT_ASSIGN_OR_RETURN(ExprP r, unary());
-      e = binary(op, e, r);
+      MT_ASSIGN_OR_RETURN(e, binary(op, e, r));
     }
     return e;
   }
@@ -374,8 +400,8 @@ class Parser {
       ++p_;
       auto e = std::make_shared<Expr>();
       e->kind = Expr::kNeg;
-      MT_ASSIGN_OR_RETURN(e->a, unary());
-      return e;
+      MT_ASSIGN_OR_RETURN(e->a, nested([&] { return unary(); }));
+      return seal(e);
     }
     MT_ASSIGN_OR_RETURN(ExprP e, postfix());
     // Filters and tests bind to the operand before any operator.
@@ -388,7 +414,7 @@ class Parser {
         f->name = next().s;
         f->a = e;
         if (is_op("(")) MT_RETURN_IF_ERROR(call_args(*f));
-        e = f;
+        MT_ASSIGN_OR_RETURN(e, seal(f));
       } else if (is_name("is")) {
         ++p_;
         auto t = std::make_shared<Expr>();
@@ -404,7 +430,7 @@ class Parser {
           MT_ASSIGN_OR_RETURN(ExprP arg, primary());
           t->args.push_back(arg);
         }
-        e = t;
+        MT_ASSIGN_OR_RETURN(e, seal(t));
       } else {
         return e;
       }
@@ -437,7 +463,7 @@ class Parser {
         a->kind = Expr::kAttr;
         a->name = next().s;
         a->a = e;
-        e = a;
+        MT_ASSIGN_OR_RETURN(e, seal(a));
       } else if (is_op("[")) {
         ++p_;
         auto it = std::make_shared<Expr>();
@@ -466,13 +492,13 @@ class Parser {
           it->b = first;
         }
         MT_RETURN_IF_ERROR(expect_op("]"));
-        e = it;
+        MT_ASSIGN_OR_RETURN(e, seal(it));
       } else if (is_op("(")) {
         auto c = std::make_shared<Expr>();
         c->kind = Expr::kCall;
         c->a = e;
         MT_RETURN_IF_ERROR(call_args(*c));
-        e = c;
+        MT_ASSIGN_OR_RETURN(e, seal(c));
       } else {
         return e;
       }
@@ -509,7 +535,7 @@ class Parser {
               e->args.push_back(x);
             }
             MT_RETURN_IF_ERROR(expect_op(")"));
-            return e;
+            return seal(e);
           }
           MT_RETURN_IF_ERROR(expect_op(")"));
           return inner;
@@ -523,7 +549,7 @@ class Parser {
             ++p_;
           }
           MT_RETURN_IF_ERROR(expect_op("]"));
-          return e;
+          return seal(e);
         }
         if (t.s == "{") {
           e->kind = Expr::kDict;
@@ -537,7 +563,7 @@ class Parser {
             ++p_;
           }
           MT_RETURN_IF_ERROR(expect_op("}"));
-          return e;
+          return seal(e);
         }
         break;
       case Tok::kEnd: return err("an expression ends early");
@@ -545,9 +571,38 @@ class Parser {
     return err("unexpected '" + t.s + "'");
   }
 
+  // A node whose children are complete: its depth, bounded by Limits::nesting, so that no chain
+  // (a + a + ... or x|f|f|...) grows a tree that evaluating or freeing would recurse through.
+  Result<ExprP> seal(ExprP x) {
+    int64_t d = 0;
+    for (const ExprP* c : {&x->a, &x->b, &x->c})
+      if (*c) d = std::max(d, (*c)->depth);
+    for (const ExprP& c : x->args)
+      if (c) d = std::max(d, c->depth);
+    for (const auto& kv : x->kwargs)
+      if (kv.second) d = std::max(d, kv.second->depth);
+    x->depth = d + 1;
+    if (x->depth > max_depth_) return err(limit_message("an expression nested too deep", "nesting", max_depth_, "levels"));
+    return x;
+  }
+  // Every recursion on the source's nesting (brackets, `not not`, `- -`, chained conditionals)
+  // goes through here: deeper than Limits::nesting is an error, not a stack overflow.
+  template <typename F>
+  Result<ExprP> nested(F&& parse) {
+    if (++depth_ > max_depth_) {
+      --depth_;
+      return err(limit_message("an expression nested too deep", "nesting", max_depth_, "levels"));
+    }
+    Result<ExprP> r = parse();
+    --depth_;
+    return r;
+  }
+
   std::vector<Tok> t_;
   size_t p_ = 0;
   int line_;
+  int64_t max_depth_;
+  int64_t depth_ = 0;
 };
 
 // ---- statements ----------------------------------------------------------------------------------
@@ -567,9 +622,21 @@ struct Node {
 
 class Builder {
  public:
-  explicit Builder(std::vector<Segment> segs) : s_(std::move(segs)) {}
-  // Nodes until a statement whose first word is one of `stops` (left for the caller).
+  Builder(std::vector<Segment> segs, int64_t max_depth) : s_(std::move(segs)), max_depth_(max_depth) {}
+  // Nodes until a statement whose first word is one of `stops` (left for the caller); statements
+  // nested deeper than Limits::nesting are an error.
   Result<std::vector<Node>> block(const std::vector<std::string>& stops, std::string* stopped) {
+    if (depth_ >= max_depth_)
+      return invalid_argument("chat template line " + std::to_string(i_ < s_.size() ? s_[i_].line : 0) + ": " +
+                              limit_message("statements nested too deep", "nesting", max_depth_, "levels"));
+    ++depth_;
+    Result<std::vector<Node>> r = block_body(stops, stopped);
+    --depth_;
+    return r;
+  }
+
+ private:
+  Result<std::vector<Node>> block_body(const std::vector<std::string>& stops, std::string* stopped) {
     std::vector<Node> out;
     while (i_ < s_.size()) {
       const Segment& g = s_[i_];
@@ -580,7 +647,7 @@ class Builder {
       }
       MT_ASSIGN_OR_RETURN(std::vector<Tok> toks, tokenize(g.text, g.line));
       if (g.kind == Segment::kExpr) {
-        Parser p(std::move(toks), g.line);
+        Parser p(std::move(toks), g.line, max_depth_);
         Node n{Node::kOutput, g.line};
         MT_ASSIGN_OR_RETURN(n.expr, p.expression());
         if (!p.at_end()) return p.err("unexpected '" + p.peek().s + "' in {{ }}");
@@ -594,7 +661,7 @@ class Builder {
         return out;
       }
       ++i_;
-      Parser p(std::move(toks), g.line);
+      Parser p(std::move(toks), g.line, max_depth_);
       p.next();
       if (word == "if") {
         Node n{Node::kIf, g.line};
@@ -605,7 +672,7 @@ class Builder {
           n.branches.emplace_back(cond, std::move(body));
           if (stop.empty()) return p.err("{% if %} is never closed with {% endif %}");
           MT_ASSIGN_OR_RETURN(std::vector<Tok> t2, tokenize(s_[i_].text, s_[i_].line));
-          Parser q(std::move(t2), s_[i_].line);
+          Parser q(std::move(t2), s_[i_].line, max_depth_);
           q.next();
           ++i_;
           if (stop == "endif") break;
@@ -686,16 +753,34 @@ class Builder {
     return out;
   }
 
- private:
   std::vector<Segment> s_;
   size_t i_ = 0;
+  int64_t max_depth_;
+  int64_t depth_ = 0;
 };
 
 // ---- rendering -----------------------------------------------------------------------------------
 
 class Renderer {
  public:
-  explicit Renderer(const Json& context) { scopes_.emplace_back(); for (auto it = context.begin(); it != context.end(); ++it) scopes_[0][it.key()] = Value::of(*it); }
+  Renderer(const Json& context, const Limits& limits) : lim_(limits) {
+    scopes_.emplace_back();
+    for (auto it = context.begin(); it != context.end(); ++it) scopes_[0][it.key()] = Value::of(*it);
+  }
+  // The whole template: no error inside it (a budget reached where no Status reaches, a JSON
+  // library exception, memory exhausted) leaves as anything but a Status naming the line.
+  Status run(const std::vector<Node>& nodes, std::string& out) {
+    t_max_nesting = lim_.nesting;
+    try {
+      return render(nodes, out);
+    } catch (const BudgetReached& b) {
+      return err(b.message);
+    } catch (const std::bad_alloc&) {
+      return resource_exhausted("chat template line " + std::to_string(line_) + ": out of memory while rendering");
+    } catch (const std::exception& e) {
+      return err(std::string("cannot render: ") + e.what());
+    }
+  }
   Status render(const std::vector<Node>& nodes, std::string& out) {
     for (const Node& n : nodes) {
       line_ = n.line;
@@ -738,12 +823,52 @@ class Renderer {
           break;
         }
       }
+      MT_RETURN_IF_ERROR(fits(out.size()));
     }
     return {};
   }
 
  private:
   Status err(const std::string& m) const { return invalid_argument("chat template line " + std::to_string(line_) + ": " + m); }
+  // Budgets (Limits): work done so far, and the size of a string the template builds.
+  Status tick(int64_t n = 1) {
+    steps_ += n;
+    if (steps_ > lim_.template_steps || n > lim_.template_steps)
+      return err(limit_message("the template does too much work", "template_steps", lim_.template_steps,
+                               "steps (expression evaluations, loop iterations and list elements built)"));
+    return {};
+  }
+  Status fits(size_t bytes) const {
+    if (bytes > static_cast<size_t>(lim_.template_output_bytes))
+      return err(limit_message("the template builds too much text", "template_output_bytes", lim_.template_output_bytes, "bytes"));
+    return {};
+  }
+  // Python's integer arithmetic on 64 bits: a result Python would give beyond them is an error.
+  Result<Value> int_op(const std::string& op, int64_t i, int64_t k) {
+    int64_t r = 0;
+    auto overflow = [&] {
+      return err("integer overflow: " + std::to_string(i) + " " + op + " " + std::to_string(k) +
+                 " does not fit in 64 bits (template integers are 64-bit, where Python's are unbounded)");
+    };
+    if (op == "+") return __builtin_add_overflow(i, k, &r) ? Result<Value>(overflow()) : Value::of(r);
+    if (op == "-") return __builtin_sub_overflow(i, k, &r) ? Result<Value>(overflow()) : Value::of(r);
+    if (op == "*") return __builtin_mul_overflow(i, k, &r) ? Result<Value>(overflow()) : Value::of(r);
+    if (k == 0) return err("division by zero: " + std::to_string(i) + " " + op + " 0");
+    if (op == "/") return Value::of(static_cast<double>(i) / static_cast<double>(k));
+    if (op == "//") {  // floor division
+      if (i == std::numeric_limits<int64_t>::min() && k == -1) return overflow();
+      int64_t q = i / k;
+      if (i % k != 0 && ((i < 0) != (k < 0))) --q;
+      return Value::of(q);
+    }
+    if (op == "%") {  // the sign of the divisor, as Python's
+      if (k == -1) return Value::of(int64_t{0});
+      int64_t m = i % k;
+      if (m != 0 && ((m < 0) != (k < 0))) m += k;
+      return Value::of(m);
+    }
+    return err("cannot apply '" + op + "' to integers");
+  }
   // Names resolve from the innermost scope out to `floor_` (the frame of the macro being rendered),
   // then in the template's top level: a macro sees its parameters and the globals, not its caller's
   // variables, as in Jinja.
@@ -755,7 +880,9 @@ class Renderer {
     return nullptr;
   }
   Result<Value> call_macro(const Node& m, const Expr& call) {
-    if (depth_ >= 64) return err("macro '" + m.text + "' calls itself more than 64 deep");
+    if (depth_ >= lim_.template_macro_depth)
+      return err("macro '" + m.text + "': " +
+                 limit_message("macro calls nested too deep", "template_macro_depth", lim_.template_macro_depth, "calls"));
     MT_ASSIGN_OR_RETURN(std::vector<Value> args, args_of(call));
     if (args.size() > m.targets.size())
       return err("macro '" + m.text + "' takes " + std::to_string(m.targets.size()) + " arguments, given " + std::to_string(args.size()));
@@ -827,6 +954,7 @@ class Renderer {
     if (items.empty()) return render(n.else_body, out);
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      MT_RETURN_IF_ERROR(tick());
       scopes_.emplace_back();
       auto& sc = scopes_.back();
       sc["loop"] = Value::of(Json{{"index", k + 1}, {"index0", k}, {"first", k == 0}, {"last", k == len - 1}, {"length", len},
@@ -842,12 +970,19 @@ class Renderer {
     return {};
   }
 
-  static Result<int64_t> as_int(const Value& v) {
-    if (v.json().is_number()) return v.json().get<int64_t>();
-    return invalid_argument("expected a number, got " + repr(v.json()));
+  // An integer argument (range, slices): an integer, or a float with an integer's value in range.
+  Result<int64_t> as_int(const Value& v) const {
+    const Json& j = v.json();
+    if (j.is_number_integer()) return j.get<int64_t>();
+    if (j.is_number_float()) {
+      const double d = j.get<double>();
+      if (d == std::floor(d) && d >= -9.2e18 && d <= 9.2e18) return static_cast<int64_t>(d);
+    }
+    return err("expected an integer, got " + repr(j));
   }
 
   Result<Value> eval(const Expr& e) {
+    MT_RETURN_IF_ERROR(tick());
     switch (e.kind) {
       case Expr::kLit: return Value::of(e.lit);
       case Expr::kName: {
@@ -889,7 +1024,7 @@ class Renderer {
       }
       case Expr::kNeg: {
         MT_ASSIGN_OR_RETURN(Value a, eval(*e.a));
-        if (a.json().is_number_integer()) return Value::of(-a.json().get<int64_t>());
+        if (a.json().is_number_integer()) return int_op("-", 0, a.json().get<int64_t>());
         if (a.json().is_number()) return Value::of(-a.json().get<double>());
         return err("cannot negate " + repr(a.json()));
       }
@@ -943,9 +1078,13 @@ class Renderer {
     MT_ASSIGN_OR_RETURN(int64_t hi, bound(e.c, step > 0 ? n : -1));
     Json out = Json::array();
     std::string s;
-    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
+    // lo and hi lie in [-1, n]: the next index is computed without overflow for any step.
+    for (int64_t i = lo; step > 0 ? i < hi : i > hi;) {
+      MT_RETURN_IF_ERROR(tick());
       if (str_) s.push_back(j.get_ref<const std::string&>()[static_cast<size_t>(i)]);
       else out.push_back(j[static_cast<size_t>(i)]);
+      if (step > 0 ? hi - i <= step : i - hi <= -step) break;
+      i += step;
     }
     return str_ ? Value::of(s) : Value::of(out);
   }
@@ -966,7 +1105,11 @@ class Renderer {
   // A binary operator other than and/or on two values.
   Result<Value> compare(const std::string& op, const Value& a, const Value& b) {
     const Json &x = a.json(), &y = b.json();
-    if (op == "~") return Value::of(str(a) + str(b));
+    if (op == "~") {
+      std::string l = str(a), r = str(b);
+      MT_RETURN_IF_ERROR(fits(l.size() + r.size()));
+      return Value::of(l + r);
+    }
     if (op == "==") return Value::of(equal(x, y) && a.undefined == b.undefined);
     if (op == "!=") return Value::of(!(equal(x, y) && a.undefined == b.undefined));
     if (op == "in" || op == "not in") {
@@ -977,8 +1120,12 @@ class Renderer {
       else if (!b.undefined && !y.is_null()) return err("cannot test membership in " + repr(y));
       return Value::of(op == "in" ? found : !found);
     }
-    if (op == "+" && x.is_string() && y.is_string()) return Value::of(x.get<std::string>() + y.get<std::string>());
+    if (op == "+" && x.is_string() && y.is_string()) {
+      MT_RETURN_IF_ERROR(fits(x.get_ref<const std::string&>().size() + y.get_ref<const std::string&>().size()));
+      return Value::of(x.get<std::string>() + y.get<std::string>());
+    }
     if (op == "+" && x.is_array() && y.is_array()) {
+      MT_RETURN_IF_ERROR(tick(static_cast<int64_t>(x.size() + y.size())));
       Json l = x;
       for (const Json& z : y) l.push_back(z);
       return Value::of(l);
@@ -990,28 +1137,33 @@ class Renderer {
       if (op == ">") return Value::of(p > q);
       if (op == "<=") return Value::of(p <= q);
       if (op == ">=") return Value::of(p >= q);
-      if (ints) {
-        const int64_t i = x.get<int64_t>(), k = y.get<int64_t>();
-        if (op == "+") return Value::of(i + k);
-        if (op == "-") return Value::of(i - k);
-        if (op == "*") return Value::of(i * k);
-        if ((op == "//" || op == "%") && k == 0) return err("division by zero");
-        if (op == "//") return Value::of(static_cast<int64_t>(std::floor(static_cast<double>(i) / static_cast<double>(k))));
-        if (op == "%") return Value::of(((i % k) + k) % k);
-      }
+      if (ints && (op == "+" || op == "-" || op == "*" || op == "/" || op == "//" || op == "%"))
+        return int_op(op, x.get<int64_t>(), y.get<int64_t>());
+      if ((op == "/" || op == "//" || op == "%") && q == 0) return err("division by zero: " + repr(x) + " " + op + " " + repr(y));
       if (op == "+") return Value::of(p + q);
       if (op == "-") return Value::of(p - q);
       if (op == "*") return Value::of(p * q);
       if (op == "/") return Value::of(p / q);
       if (op == "//") return Value::of(std::floor(p / q));
+      if (op == "%") {  // Python's float modulo: the sign of the divisor
+        double m = std::fmod(p, q);
+        if (m != 0 && ((m < 0) != (q < 0))) m += q;
+        return Value::of(m);
+      }
     }
     if ((op == "<" || op == ">" || op == "<=" || op == ">=") && x.is_string() && y.is_string()) {
       const int c = x.get<std::string>().compare(y.get<std::string>());
       return Value::of(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
     }
-    if (op == "*" && x.is_string() && y.is_number_integer()) {
+    if (op == "*" && x.is_string() && y.is_number_integer()) {  // Python: a count below 1 gives ''
+      const int64_t times = std::max<int64_t>(0, y.get<int64_t>());
+      const size_t unit = x.get_ref<const std::string&>().size();
+      if (unit > 0 && times > 0) MT_RETURN_IF_ERROR(fits(static_cast<size_t>(times) > static_cast<size_t>(lim_.template_output_bytes) / unit
+                                                             ? static_cast<size_t>(lim_.template_output_bytes) + 1
+                                                             : unit * static_cast<size_t>(times)));
       std::string s;
-      for (int64_t k = 0; k < y.get<int64_t>(); ++k) s += x.get<std::string>();
+      s.reserve(unit * static_cast<size_t>(unit > 0 ? times : 0));
+      for (int64_t k = 0; unit > 0 && k < times; ++k) s += x.get_ref<const std::string&>();
       return Value::of(s);
     }
     return err("cannot apply '" + op + "' to " + repr(x) + " and " + repr(y));
@@ -1045,7 +1197,8 @@ class Renderer {
     if (name == "divisibleby") {
       if (args.empty() || !args[0].json().is_number_integer() || !j.is_number_integer() || args[0].json().get<int64_t>() == 0)
         return err("'divisibleby' needs two integers, the second not zero");
-      return j.get<int64_t>() % args[0].json().get<int64_t>() == 0;
+      const int64_t d = args[0].json().get<int64_t>();
+      return d == -1 || j.get<int64_t>() % d == 0;
     }
     if (name == "callable") return static_cast<bool>(a.macro);
     if (name == "lower" || name == "upper") {
@@ -1101,8 +1254,9 @@ class Renderer {
     }
     return std::nullopt;
   }
-  static void dump_py(const Json& j, std::string& out) {
+  static void dump_py(const Json& j, std::string& out, int level = 0) {
     // Python's json.dumps(x, ensure_ascii=False) spacing: ", " and ": ".
+    check_nesting(level);
     if (j.is_array() || j.is_object()) {
       out += j.is_array() ? "[" : "{";
       bool first = true;
@@ -1110,7 +1264,7 @@ class Renderer {
         out += first ? "" : ", ";
         first = false;
         if (j.is_object()) out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace) + ": ";
-        dump_py(*it, out);
+        dump_py(*it, out, level + 1);
       }
       out += j.is_array() ? "]" : "}";
       return;
@@ -1119,12 +1273,16 @@ class Renderer {
   }
 
   // Python's json.dumps(x, ensure_ascii=False, indent=n): one item per line, ",\n" between them.
-  static void dump_py_indented(const Json& j, int indent, int level, std::string& out) {
+  static void dump_py_indented(const Json& j, int64_t indent, int level, std::string& out, size_t max_bytes) {
+    check_nesting(level);
     if ((!j.is_array() && !j.is_object()) || j.empty()) {
       dump_py(j, out);
       return;
     }
-    const std::string pad(static_cast<size_t>(indent * (level + 1)), ' '), end_pad(static_cast<size_t>(indent * level), ' ');
+    const size_t width = static_cast<size_t>(indent) * static_cast<size_t>(level + 1);
+    if (width + out.size() > max_bytes)
+      throw BudgetReached{limit_message("tojson's indented text is too long", "template_output_bytes", static_cast<int64_t>(max_bytes), "bytes")};
+    const std::string pad(width, ' '), end_pad(width - static_cast<size_t>(indent), ' ');
     out += j.is_array() ? "[\n" : "{\n";
     bool first = true;
     for (auto it = j.begin(); it != j.end(); ++it) {
@@ -1132,7 +1290,7 @@ class Renderer {
       first = false;
       out += pad;
       if (j.is_object()) out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace) + ": ";
-      dump_py_indented(*it, indent, level + 1, out);
+      dump_py_indented(*it, indent, level + 1, out, max_bytes);
     }
     out += "\n" + end_pad + (j.is_array() ? "]" : "}");
   }
@@ -1223,13 +1381,19 @@ class Renderer {
       return Value::of(out);
     }
     if (f == "tojson" && kwargs.count("indent") && kwargs["indent"].json().is_number_integer()) {
+      // Python's json.dumps: an indent of 0 or below only breaks lines.
+      const int64_t indent = std::max<int64_t>(0, kwargs["indent"].json().get<int64_t>());
+      MT_RETURN_IF_ERROR(fits(static_cast<size_t>(std::min<int64_t>(indent, lim_.template_output_bytes + 1))));
       std::string s;
-      dump_py_indented(j, static_cast<int>(kwargs["indent"].json().get<int64_t>()), 0, s);
+      dump_py_indented(j, indent, 0, s, static_cast<size_t>(lim_.template_output_bytes));
       return Value::of(s);
     }
     if (f == "replace" && args.size() < 2) return err("'replace' needs two arguments");
     if (f != "strip" && f != "lstrip" && f != "rstrip")  // methods, not filters; trim is the filter
-      if (auto r = string_op(f == "trim" ? "strip" : f, str(a), args)) return Value::of(*r);
+      if (auto r = string_op(f == "trim" ? "strip" : f, str(a), args)) {
+        MT_RETURN_IF_ERROR(fits(r->size()));
+        return Value::of(*r);
+      }
     if (f == "length" || f == "count") {
       if (j.is_string()) return Value::of(static_cast<int64_t>(j.get_ref<const std::string&>().size()));
       if (j.is_array() || j.is_object()) return Value::of(static_cast<int64_t>(j.size()));
@@ -1251,6 +1415,7 @@ class Renderer {
         s += first ? "" : sep;
         first = false;
         s += str(Value::of(x));
+        MT_RETURN_IF_ERROR(fits(s.size()));
       }
       return Value::of(s);
     }
@@ -1273,9 +1438,26 @@ class Renderer {
       return Value::of(l);
     }
     if (f == "string") return Value::of(str(a));
-    if (f == "int") return Value::of(j.is_number() ? j.get<int64_t>() : static_cast<int64_t>(std::atoll(str(a).c_str())));
+    if (f == "int") {  // Jinja's int: a number truncated, a string parsed, else (or out of range) 0
+      if (j.is_number_integer()) return a;
+      if (j.is_number_float()) {
+        const double d = std::trunc(j.get<double>());
+        if (!(d >= -9.2e18 && d <= 9.2e18))
+          return err("int() of " + repr(j) + ": does not fit in 64 bits (template integers are 64-bit, where Python's are unbounded)");
+        return Value::of(static_cast<int64_t>(d));
+      }
+      const std::string t = str(a);
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(t.c_str(), &end, 10);
+      if (errno == ERANGE)
+        return err("int() of '" + t.substr(0, 40) + "': does not fit in 64 bits (template integers are 64-bit, where Python's are unbounded)");
+      return Value::of(static_cast<int64_t>(end != t.c_str() ? v : 0));
+    }
     if (f == "float") return Value::of(j.is_number() ? j.get<double>() : std::atof(str(a).c_str()));
     if (f == "items") {
+      if (a.undefined || j.is_null()) return Value::of(Json::array());
+      if (!j.is_object()) return err("'items' of " + repr(j) + ": can only get item pairs from a mapping");
       Json l = Json::array();
       for (auto it = j.begin(); it != j.end(); ++it) l.push_back(Json::array({it.key(), *it}));
       return Value::of(l);
@@ -1325,8 +1507,15 @@ class Renderer {
           }
         }
         if (step == 0) return err("range() step cannot be zero");
+        // Its length first (in unsigned arithmetic, which no bounds overflow), charged as work.
+        uint64_t count = 0;
+        if (step > 0 && lo < hi) count = (static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) - 1) / static_cast<uint64_t>(step) + 1;
+        if (step < 0 && lo > hi)
+          count = (static_cast<uint64_t>(lo) - static_cast<uint64_t>(hi) - 1) / (0 - static_cast<uint64_t>(step)) + 1;
+        MT_RETURN_IF_ERROR(tick(count > static_cast<uint64_t>(lim_.template_steps) ? lim_.template_steps + 1 : static_cast<int64_t>(count)));
         Json l = Json::array();
-        for (int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) l.push_back(k);
+        int64_t k = lo;
+        for (uint64_t n = 0; n < count; ++n, k = static_cast<int64_t>(static_cast<uint64_t>(k) + static_cast<uint64_t>(step))) l.push_back(k);
         return Value::of(l);
       }
       return err("the function '" + f + "' is not supported");
@@ -1340,7 +1529,10 @@ class Renderer {
       auto arg = [&](size_t k) { return k < args.size() ? str(args[k]) : std::string(); };
       if (m == "startswith") return Value::of(s.compare(0, arg(0).size(), arg(0)) == 0);
       if (m == "endswith") return Value::of(s.size() >= arg(0).size() && s.compare(s.size() - arg(0).size(), arg(0).size(), arg(0)) == 0);
-      if (auto r = string_op(m, s, args)) return Value::of(*r);
+      if (auto r = string_op(m, s, args)) {
+        MT_RETURN_IF_ERROR(fits(r->size()));
+        return Value::of(*r);
+      }
       if (m == "split") {
         Json l = Json::array();
         if (args.empty() || args[0].json().is_null()) {
@@ -1385,6 +1577,8 @@ class Renderer {
   int line_ = 1;
   size_t floor_ = 0;  // the first scope of the macro being rendered (0: none)
   int depth_ = 0;     // macro calls in progress
+  const Limits lim_;
+  int64_t steps_ = 0;  // work done (tick)
 };
 
 }  // namespace
@@ -1399,8 +1593,13 @@ ChatTemplate::ChatTemplate(const ChatTemplate&) = default;
 ChatTemplate& ChatTemplate::operator=(const ChatTemplate&) = default;
 
 Result<ChatTemplate> ChatTemplate::parse(const std::string& source) {
+  MT_ASSIGN_OR_RETURN(Limits lim, limits());
+  return parse(source, lim);
+}
+
+Result<ChatTemplate> ChatTemplate::parse(const std::string& source, const Limits& limits) {
   MT_ASSIGN_OR_RETURN(std::vector<Segment> segs, lex(source));
-  Builder b(std::move(segs));
+  Builder b(std::move(segs), limits.nesting);
   std::string stop;
   auto impl = std::make_shared<Impl>();
   MT_ASSIGN_OR_RETURN(impl->nodes, b.block({}, &stop));
@@ -1411,10 +1610,15 @@ Result<ChatTemplate> ChatTemplate::parse(const std::string& source) {
 }
 
 Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context) const {
+  MT_ASSIGN_OR_RETURN(Limits lim, limits());
+  return render(context, lim);
+}
+
+Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context, const Limits& limits) const {
   if (!impl_) return invalid_argument("chat template: none was parsed");
-  Renderer r(context);
+  Renderer r(context, limits);
   std::string out;
-  MT_RETURN_IF_ERROR(r.render(impl_->nodes, out));
+  MT_RETURN_IF_ERROR(r.run(impl_->nodes, out));
   return out;
 }
 

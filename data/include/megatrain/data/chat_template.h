@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "megatrain/core/limits.h"
 #include "megatrain/core/status.h"
 
 namespace megatrain::data {
@@ -41,11 +42,17 @@ class ChatTemplate {
   ~ChatTemplate();
   ChatTemplate(const ChatTemplate&);
   ChatTemplate& operator=(const ChatTemplate&);
-  // Errors name the template's line.
+  // Errors name the template's line. Statements and expressions nested deeper than
+  // Limits::nesting are refused (limits(): the defaults with MEGATRAIN_LIMITS applied).
   static Result<ChatTemplate> parse(const std::string& source);
+  static Result<ChatTemplate> parse(const std::string& source, const Limits& limits);
   // Renders with `context` (messages, bos_token, eos_token, add_generation_prompt, ...).
-  // raise_exception's message is passed through.
+  // raise_exception's message is passed through. A render is bounded (Limits: template_steps,
+  // template_output_bytes, template_macro_depth, nesting); integer arithmetic is Python's on 64
+  // bits (a result beyond them is an error, as is division by zero); no error in a template ends
+  // the process: each reaches the caller as a Status naming the line.
   Result<std::string> render(const nlohmann::ordered_json& context) const;
+  Result<std::string> render(const nlohmann::ordered_json& context, const Limits& limits) const;
 
  private:
   struct Impl;

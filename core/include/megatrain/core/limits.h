@@ -1,0 +1,41 @@
+// Budgets for what users' files may ask of MegaTrain (issue 49): how deep their nesting may go and
+// how much work a chat template may do. A file that reaches one is refused with an error naming the
+// file, the limit and how to raise it; nothing it asks for runs without a bound.
+//
+// Defaults are far above what shipped models' files and real datasets use (docs/reliability.md,
+// "Budgets"); MEGATRAIN_LIMITS raises or lowers them for one process:
+//   MEGATRAIN_LIMITS="nesting=1000,template_steps=1000000000"
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "megatrain/core/status.h"
+
+namespace megatrain {
+
+struct Limits {
+  // Nesting depth of any structure a user's file describes: JSON objects and arrays (tokenizer.json,
+  // dataset records, configs), a chat template's expressions and statements, a tokenizer's
+  // Sequence normalizers and pre-tokenizers.
+  int64_t nesting = 256;
+  // Work of one chat-template render: expression evaluations, loop iterations and list elements
+  // built (range(), list concatenation), together.
+  int64_t template_steps = 100'000'000;
+  // Bytes of a template's rendered text, and of any one string it builds.
+  int64_t template_output_bytes = int64_t{256} << 20;
+  // Macro calls in progress at once (a macro calling itself).
+  int64_t template_macro_depth = 64;
+};
+
+// The defaults with MEGATRAIN_LIMITS applied; a malformed variable is an error naming it, the
+// limit and the accepted names. Read once per process.
+Result<Limits> limits();
+// The defaults with "name=value,name=value" applied (MEGATRAIN_LIMITS's form).
+Result<Limits> parse_limits(std::string_view text);
+
+// "<what>: more than <value> <unit> (limit <name>; raise it with MEGATRAIN_LIMITS=<name>=N)".
+std::string limit_message(const std::string& what, const char* name, int64_t value, const std::string& unit);
+
+}  // namespace megatrain
