@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "megatrain/core/durable_file.h"
@@ -144,8 +145,15 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
     h.rows = j.at("rows").get<int64_t>();
     h.seq_len = j.at("seq_len").get<int64_t>();
     h.vocab_size = j.at("vocab_size").get<int64_t>();
-    h.eos_id = j.at("eos_id").get<int32_t>();
-    h.pad_id = j.at("pad_id").get<int32_t>();
+    // Read wide and checked below: get<int32_t>() of 2^40 is 0.
+    const int64_t eos = j.at("eos_id").get<int64_t>(), pad = j.at("pad_id").get<int64_t>();
+    if (!j.at("eos_id").is_number_integer() || !j.at("pad_id").is_number_integer())
+      return invalid_argument(name + ": the header's eos_id and pad_id must be integers");
+    for (const auto& [key, v] : {std::pair<const char*, int64_t>{"eos_id", eos}, {"pad_id", pad}})
+      if (v < -1 || v > std::numeric_limits<int32_t>::max())
+        return invalid_argument(name + ": the header's " + key + " " + std::to_string(v) + " is not a token id (-1 for none, else 0 .. 2^31-1)");
+    h.eos_id = static_cast<int32_t>(eos);
+    h.pad_id = static_cast<int32_t>(pad);
     h.packing = j.at("packing").get<std::string>();
     h.train_on = j.at("train_on").get<std::string>();
     h.documents = j.at("documents").get<int64_t>();
@@ -161,9 +169,32 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
   }
   const SequenceHeader& h = f.header_;
   if (h.rows < 0 || h.seq_len < 1 || h.seq_len > (int64_t{1} << 24) || h.rows > (int64_t{1} << 40))
-    return invalid_argument(name + ": rows " + std::to_string(h.rows) + " and seq_len " + std::to_string(h.seq_len) + " are out of range");
-  const auto cells = static_cast<size_t>(h.rows * (h.seq_len + 1));
-  const size_t want = static_cast<size_t>(kSequenceDataOffset) + cells * 5;
+    return invalid_argument(name + ": rows " + std::to_string(h.rows) + " and seq_len " + std::to_string(h.seq_len) +
+                            " are out of range (rows 0 .. 2^40, seq_len 1 .. 2^24)");
+  if (h.vocab_size < 1 || h.vocab_size > (int64_t{1} << 32))
+    return invalid_argument(name + ": the header's vocab_size " + std::to_string(h.vocab_size) + " is out of range (1 .. 2^32)");
+  for (const auto& [key, id] : {std::pair<const char*, int64_t>{"eos_id", h.eos_id}, {"pad_id", h.pad_id}})
+    if (id >= h.vocab_size)
+      return invalid_argument(name + ": the header's " + key + " " + std::to_string(id) + " is not below its vocab_size " +
+                              std::to_string(h.vocab_size));
+  if (h.packing != "pack" && h.packing != "neat" && h.packing != "pad")
+    return invalid_argument(name + ": the header's packing '" + h.packing + "' is none of pack, neat, pad");
+  // Every product of header fields in checked arithmetic: rows x (seq_len + 1) x 5 bytes can pass
+  // 2^64 within the ranges above, and a wrapped size would pass the size and checksum checks.
+  int64_t cells_i = 0, data_bytes = 0, want_i = 0;
+  if (__builtin_mul_overflow(h.rows, h.seq_len + 1, &cells_i) || __builtin_mul_overflow(cells_i, int64_t{5}, &data_bytes) ||
+      __builtin_add_overflow(data_bytes, kSequenceDataOffset, &want_i) || static_cast<uint64_t>(want_i) != size)
+    return invalid_argument(name + ": " + std::to_string(size) + " bytes, but its header's " + std::to_string(h.rows) + " rows of " +
+                            std::to_string(h.seq_len + 1) + " tokens make " +
+                            (want_i > 0 && cells_i > 0 ? std::to_string(want_i) : std::string("more than 2^63")) +
+                            " (a file cut short or grown: prepare it again)");
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"documents", h.documents}, {"truncated", h.truncated},
+                               {"split", h.split}, {"tokens", h.tokens}, {"counted", h.counted}})
+    if (v < 0 || ((key == std::string("tokens") || key == std::string("counted")) && v > cells_i))
+      return invalid_argument(name + ": the header's " + key + " " + std::to_string(v) + " is out of range (0 .. rows x (seq_len + 1) = " +
+                              std::to_string(cells_i) + ")");
+  const auto cells = static_cast<size_t>(cells_i);
+  const size_t want = static_cast<size_t>(want_i);
   if (size != want)
     return invalid_argument(name + ": " + std::to_string(size) + " bytes, but its header's " + std::to_string(h.rows) + " rows of " +
                             std::to_string(h.seq_len + 1) + " tokens make " + std::to_string(want) +

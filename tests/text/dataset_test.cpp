@@ -3,6 +3,7 @@
 // for packing and padding, and the prepared file's checks (checksum, length, magic).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -276,6 +277,50 @@ TEST(Datasets, APreparedFileReadsBackAndRefusesDamage) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("no MTSEQ001 magic"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(SequenceFile::is_sequence_file(s.dir / "x.bin"));
+}
+
+// A prepared file whose header is crafted (issue 49): the header's products and ids are checked
+// before anything is read through them.
+fs::path crafted_sequence_file(const Scratch& s, const std::string& name, Json header, size_t data_bytes = 0) {
+  const std::string text = header.dump();
+  std::string file(static_cast<size_t>(kSequenceDataOffset) + data_bytes, '\0');
+  std::memcpy(file.data(), kSequenceMagic, 8);
+  const uint64_t n = text.size();
+  std::memcpy(file.data() + 8, &n, 8);
+  std::memcpy(file.data() + 16, text.data(), text.size());
+  return s.write(name, file);
+}
+
+TEST(Datasets, ACraftedHeaderIsRefusedBeforeItIsTrusted) {
+  Scratch s;
+  const Json good = {{"format", "megatrain.sequences/1"}, {"rows", 0}, {"seq_len", 4}, {"vocab_size", 10}, {"eos_id", 1},
+                     {"pad_id", -1}, {"packing", "pack"}, {"train_on", "all"}, {"documents", 0}, {"truncated", 0},
+                     {"split", 0}, {"tokens", 0}, {"counted", 0}, {"tokenizer", "t"}, {"sources", Json::array()},
+                     {"xxh64", "ef46db3751d8e999"}};  // XXH64 of no bytes
+  ASSERT_TRUE(SequenceFile::open(crafted_sequence_file(s, "ok.mtseq", good)).ok());
+  auto refusal = [&](const std::string& key, const Json& value) {
+    Json h = good;
+    h[key] = value;
+    auto f = SequenceFile::open(crafted_sequence_file(s, "x.mtseq", h));
+    return f.ok() ? std::string("opened") : f.status().message();
+  };
+  // rows x (seq_len + 1) = 2^40 x 2^24 wraps to 0 in 64 bits: the 4096-byte header alone and the
+  // empty checksum passed, and inspect then read 2^64 cells (SIGSEGV).
+  Json wrap = good;
+  wrap["rows"] = int64_t{1} << 40;
+  wrap["seq_len"] = (int64_t{1} << 24) - 1;
+  auto f = SequenceFile::open(crafted_sequence_file(s, "wrap.mtseq", wrap));
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("tokens make more than 2^63"), std::string::npos) << f.status().message();
+  // An eos_id of 2^40 was read as 0.
+  EXPECT_NE(refusal("eos_id", int64_t{1} << 40).find("eos_id 1099511627776 is not a token id"), std::string::npos) << refusal("eos_id", int64_t{1} << 40);
+  EXPECT_NE(refusal("eos_id", 10).find("eos_id 10 is not below its vocab_size 10"), std::string::npos);
+  EXPECT_NE(refusal("pad_id", -2).find("pad_id -2 is not a token id"), std::string::npos);
+  EXPECT_NE(refusal("vocab_size", 0).find("vocab_size 0 is out of range"), std::string::npos);
+  EXPECT_NE(refusal("packing", "sideways").find("packing 'sideways' is none of pack, neat, pad"), std::string::npos);
+  EXPECT_NE(refusal("counted", 1).find("counted 1 is out of range"), std::string::npos);
+  EXPECT_NE(refusal("documents", -1).find("documents -1 is out of range"), std::string::npos);
+  EXPECT_NE(refusal("eos_id", 1.5).find("must be integers"), std::string::npos) << refusal("eos_id", 1.5);
 }
 
 // ---- conversations -------------------------------------------------------------------------------
