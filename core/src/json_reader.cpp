@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "megatrain/core/limits.h"
+
 namespace megatrain::detail {
 
 namespace {
@@ -68,11 +70,19 @@ class DuplicateKeyFinder {
 }  // namespace
 
 Result<Json> parse_json(std::string_view text, const std::string& what) {
+  MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   DuplicateKeyFinder dup;
   Json root;
   try {
-    root = Json::parse(text.begin(), text.end(),
-                       [&](int, nlohmann::json::parse_event_t ev, Json& parsed) { return dup.on_event(ev, parsed); });
+    root = Json::parse(text.begin(), text.end(), [&](int depth, nlohmann::json::parse_event_t ev, Json& parsed) {
+      if ((ev == nlohmann::json::parse_event_t::object_start || ev == nlohmann::json::parse_event_t::array_start) &&
+          depth >= lim.nesting)
+        throw JsonTooDeep(limit_message("JSON nested too deep", "nesting", lim.nesting, "levels"));
+      return dup.on_event(ev, parsed);
+    });
+  } catch (const JsonTooDeep& e) {
+    const std::string at = dup.path();
+    return invalid_argument(what + ": " + (at.size() > 80 ? at.substr(0, 80) + "..." : at) + ": " + e.what());
   } catch (const nlohmann::json::parse_error& e) {
     // Convert the byte offset to line:column so the user can find it.
     size_t byte = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());

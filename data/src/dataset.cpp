@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "megatrain/core/limits.h"
 #include "megatrain/data/conversation.h"
 #include "text.h"
 
@@ -160,10 +161,13 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
     docs.push_back(Document{"", bytes});
     return docs;
   }
+  MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   if (ext == ".json") {
     Json j;
     try {
-      j = Json::parse(bytes);
+      j = Json::parse(bytes, json_nesting_limit<Json>(lim.nesting));
+    } catch (const JsonTooDeep& e) {
+      return invalid_argument(name + ": " + e.what());
     } catch (const Json::exception& e) {
       return invalid_argument(name + ": not valid JSON: " + e.what());
     }
@@ -194,7 +198,10 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
   };
   auto parse = [&](size_t k, Json& j) -> Status {
     try {
-      j = Json::parse(std::string_view(bytes.data() + lines[k].first, lines[k].second - lines[k].first));
+      j = Json::parse(std::string_view(bytes.data() + lines[k].first, lines[k].second - lines[k].first),
+                      json_nesting_limit<Json>(lim.nesting));
+    } catch (const JsonTooDeep& e) {
+      return invalid_argument(name + ":" + std::to_string(k + 1) + ": " + e.what());
     } catch (const Json::exception& e) {
       return invalid_argument(name + ":" + std::to_string(k + 1) + ": not valid JSON: " + e.what());
     }

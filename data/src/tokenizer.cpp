@@ -11,6 +11,7 @@
 #include <span>
 #include <unordered_map>
 
+#include "megatrain/core/limits.h"
 #include "text.h"
 
 namespace megatrain::data {
@@ -310,6 +311,13 @@ Status Tokenizer::Impl::load_decoder(const Json& j, const std::string& path) {
   } else if (t == "Strip" && j.contains("content") && j["content"].is_string()) {
     s.kind = DecoderStep::kStrip;
     s.a = j["content"].get<std::string>();
+    // Hugging Face's Strip removes one character (a Rust char) up to start and stop times: an
+    // empty content "matched" forever (a decode that never ended).
+    if (s.a.empty() || utf8_length(static_cast<unsigned char>(s.a[0])) != s.a.size() || valid_utf8_prefix(s.a) != s.a.size())
+      return fail(path + ".content", "'" + s.a + "' is not one character; Strip removes one character");
+    for (const char* key : {"start", "stop"})
+      if (j.contains(key) && (!j[key].is_number_unsigned() && !(j[key].is_number_integer() && j[key].get<int64_t>() >= 0)))
+        return fail(path + "." + key, j[key].dump() + " is not a count; expected an integer >= 0");
     s.start = j.value("start", int64_t{0});
     s.stop = j.value("stop", int64_t{0});
   } else {
@@ -390,8 +398,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 Result<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string& what) {
   Json j;
+  MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   try {
-    j = Json::parse(text);
+    j = Json::parse(text, json_nesting_limit<Json>(lim.nesting));
+  } catch (const JsonTooDeep& e) {
+    return invalid_argument(what + ": " + e.what());
   } catch (const Json::exception& e) {
     return invalid_argument(what + ": not valid JSON: " + e.what());
   }
@@ -441,8 +452,11 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   auto config_text = read_file(config);
   if (!config_text.ok()) return t;  // no tokenizer_config.json: no BOS, EOS or padding
   Json c;
+  MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   try {
-    c = Json::parse(*config_text);
+    c = Json::parse(*config_text, json_nesting_limit<Json>(lim.nesting));
+  } catch (const JsonTooDeep& e) {
+    return invalid_argument(config.string() + ": " + e.what());
   } catch (const Json::exception& e) {
     return invalid_argument(config.string() + ": not valid JSON: " + e.what());
   }
@@ -938,8 +952,8 @@ Result<std::string> Tokenizer::decode(const std::vector<int32_t>& ids, bool skip
       }
       case DecoderStep::kStrip:
         for (std::string& t : toks) {
-          for (int64_t k = 0; k < d.start && t.compare(0, d.a.size(), d.a) == 0; ++k) t.erase(0, d.a.size());
-          for (int64_t k = 0; k < d.stop && t.size() >= d.a.size() && t.compare(t.size() - d.a.size(), d.a.size(), d.a) == 0; ++k)
+          for (int64_t k = 0; k < d.start && !t.empty() && t.compare(0, d.a.size(), d.a) == 0; ++k) t.erase(0, d.a.size());
+          for (int64_t k = 0; k < d.stop && !t.empty() && t.size() >= d.a.size() && t.compare(t.size() - d.a.size(), d.a.size(), d.a) == 0; ++k)
             t.erase(t.size() - d.a.size());
         }
         break;

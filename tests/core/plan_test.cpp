@@ -196,6 +196,18 @@ TEST(PlanErrors, DuplicateKeysInAPlanFileAreRefused) {
   EXPECT_NE(p.status().message().find("training.micro_batch: duplicate key"), std::string::npos) << p.status().to_string();
 }
 
+// A config nested 100,000 deep in one of its values (issue 49) is refused at the parse with the
+// key path where it went too deep, in bounded stack.
+TEST(PlanErrors, NestingPastTheBudgetIsRefusedWithItsKeyPath) {
+  const std::string config = read_profile("models", "tiny-llama-gqa").dump();
+  const std::string deep = "\"extra\":" + std::string(100000, '[') + std::string(100000, ']') + ",";
+  auto m = ModelSpec::from_config_json(with_after(config, "{", deep), "config.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("config.json: extra[0][0]"), std::string::npos) << m.status().message().substr(0, 300);
+  EXPECT_NE(m.status().message().find("JSON nested too deep: more than 256 levels (limit nesting"), std::string::npos)
+      << m.status().message().substr(0, 300);
+}
+
 TEST(PlanErrors, DuplicateKeysInModelConfigsAndRigsAreRefused) {
   const std::string config = read_profile("models", "tiny-llama-gqa").dump();
   auto m = ModelSpec::from_config_json(with_after(config, "{", "\"num_hidden_layers\":7,"), "config.json");

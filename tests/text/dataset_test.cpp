@@ -279,6 +279,22 @@ TEST(Datasets, APreparedFileReadsBackAndRefusesDamage) {
   EXPECT_FALSE(SequenceFile::is_sequence_file(s.dir / "x.bin"));
 }
 
+// A JSONL message whose content is nested 100,000 deep (issue 49): refused at the parse, naming
+// the file and the line.
+TEST(Datasets, ARecordNestedPastTheBudgetIsNamedByFileAndLine) {
+  Scratch s;
+  std::string deep = R"({"text": "ab"})" "\n" R"({"text": )";
+  for (int i = 0; i < 100000; ++i) deep += "[";
+  for (int i = 0; i < 100000; ++i) deep += "]";
+  deep += "}\n";
+  const fs::path p = s.write("deep.jsonl", deep);
+  std::string format = "auto";
+  auto docs = read_documents(p, format, FieldNames{});
+  ASSERT_FALSE(docs.ok());
+  EXPECT_NE(docs.status().message().find("deep.jsonl:2: JSON nested too deep: more than 256 levels"), std::string::npos)
+      << docs.status().message().substr(0, 300);
+}
+
 // A prepared file whose header is crafted (issue 49): the header's products and ids are checked
 // before anything is read through them.
 fs::path crafted_sequence_file(const Scratch& s, const std::string& name, Json header, size_t data_bytes = 0) {

@@ -142,6 +142,54 @@ TEST(Tokenizer, WhatIsNotSupportedIsNamedWithItsPath) {
   EXPECT_FALSE(Tokenizer::load("/nonexistent/model").ok());
 }
 
+// A tokenizer.json nested 100,000 deep (Sequence normalizers inside each other: 1.7 MB) overflowed
+// the stack, and 20,000 levels took over 5 GB (issue 49): the parse stops at Limits::nesting.
+TEST(Tokenizer, NestingPastTheBudgetIsRefusedAtTheParse) {
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += R"({"type": "Sequence", "normalizers": [)";
+  deep += R"({"type": "NFC"})";
+  for (int i = 0; i < 100000; ++i) deep += "]}";
+  Json j = byte_level();
+  std::string text = j.dump();
+  text.insert(text.size() - 1, R"(, "normalizer": )" + deep);
+  auto t = Tokenizer::from_json(text, "model/tokenizer.json");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("model/tokenizer.json: JSON nested too deep: more than 256 levels (limit nesting; raise it with "
+                                      "MEGATRAIN_LIMITS=nesting=N)"),
+            std::string::npos)
+      << t.status().message().substr(0, 300);
+  // Within the budget the same Sequence loads.
+  std::string ok;
+  for (int i = 0; i < 50; ++i) ok += R"({"type": "Sequence", "normalizers": [)";
+  ok += R"({"type": "NFC"})";
+  for (int i = 0; i < 50; ++i) ok += "]}";
+  text = j.dump();
+  text.insert(text.size() - 1, R"(, "normalizer": )" + ok);
+  EXPECT_TRUE(Tokenizer::from_json(text).ok());
+}
+
+// A Strip decoder with empty content and a large start decoded forever (issue 49): Hugging Face's
+// Strip removes one character, so anything else is refused naming the key.
+TEST(Tokenizer, AStripDecoderStripsOneCharacterOrIsRefused) {
+  for (const Json& content : {Json(""), Json("ab"), Json("\xff")}) {
+    Json j = byte_level();
+    j["decoder"] = {{"type", "Strip"}, {"content", content}, {"start", int64_t{1} << 62}, {"stop", 0}};
+    auto t = Tokenizer::from_json(j.dump(-1, ' ', false, Json::error_handler_t::ignore), "tok.json");
+    ASSERT_FALSE(t.ok()) << content;
+    EXPECT_NE(t.status().message().find("decoder.content"), std::string::npos) << t.status().message();
+  }
+  Json j = byte_level();
+  j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", -1}, {"stop", 0}};
+  auto t = Tokenizer::from_json(j.dump());
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("decoder.start: -1 is not a count"), std::string::npos) << t.status().message();
+  // One character and a huge count: decodes at once.
+  j["decoder"] = {{"type", "Strip"}, {"content", "a"}, {"start", int64_t{1} << 62}, {"stop", int64_t{1} << 62}};
+  t = Tokenizer::from_json(j.dump());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  (void)t->decode(t->encode("aaa"));
+}
+
 // Ids that would size the id table past reason, or wrap when narrowed, are refused naming the key
 // (found by megatrain-fuzz: an added token's id of 2^31 became a resize to 2^64 - 2^31 and aborted).
 TEST(Tokenizer, IdsOutOfRangeAreNamed) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -37,5 +38,22 @@ Result<Limits> parse_limits(std::string_view text);
 
 // "<what>: more than <value> <unit> (limit <name>; raise it with MEGATRAIN_LIMITS=<name>=N)".
 std::string limit_message(const std::string& what, const char* name, int64_t value, const std::string& unit);
+
+// Thrown by json_nesting_limit's callback to stop a parse: its what() is limit_message's text.
+struct JsonTooDeep : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// A parser callback for nlohmann's Json::parse(text, callback) that stops, by throwing JsonTooDeep,
+// as soon as the text opens more than `max_depth` nested objects and arrays: nothing is built
+// from it, and no reader after it walks a deeper tree. The parser itself keeps no stack frames
+// per level, so the text is read in bounded stack at any depth.
+template <typename J>
+typename J::parser_callback_t json_nesting_limit(int64_t max_depth) {
+  return [max_depth](int depth, typename J::parse_event_t event, J&) {
+    if ((event == J::parse_event_t::object_start || event == J::parse_event_t::array_start) && depth >= max_depth)
+      throw JsonTooDeep(limit_message("JSON nested too deep", "nesting", max_depth, "levels"));
+    return true;
+  };
+}
 
 }  // namespace megatrain
