@@ -122,6 +122,12 @@ struct Tokenizer::Impl {
   std::vector<int32_t> prefix, suffix;  // the post-processor's template around the sequence
   std::vector<AddedToken> added;        // longest first
   bool added_first_byte[256] = {};      // whether an added token starts with this byte
+  // The added tokens' contents as a byte trie: node 0 is the root, an edge is (node << 8 | byte)
+  // -> child, and a node where a content ends holds that token's index in `added` (the first of
+  // equal contents), else -1. Matching at a position walks it once: the longest match in time of
+  // its length, not of the number of added tokens (50,000 of them took 39 s for 1.4 MB).
+  std::unordered_map<uint64_t, int32_t> added_edges;
+  std::vector<int32_t> added_end;
   std::vector<char> special;            // by id
   // SentencePiece-style vocabularies without a pre-tokenizer (Llama-2) make the whole normalized
   // text one word. When no token has a ▁ after another character, no merge can join across the
@@ -388,6 +394,17 @@ Status Tokenizer::Impl::load_added(const Json& j) {
   }
   std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
   for (const AddedToken& a : added) added_first_byte[static_cast<unsigned char>(a.content[0])] = true;
+  added_end.assign(1, -1);
+  for (size_t k = 0; k < added.size(); ++k) {
+    int32_t node = 0;
+    for (const char c : added[k].content) {
+      const uint64_t edge = static_cast<uint64_t>(node) << 8 | static_cast<unsigned char>(c);
+      auto [it, fresh] = added_edges.try_emplace(edge, static_cast<int32_t>(added_end.size()));
+      if (fresh) added_end.push_back(-1);
+      node = it->second;
+    }
+    if (added_end[static_cast<size_t>(node)] < 0) added_end[static_cast<size_t>(node)] = static_cast<int32_t>(k);
+  }
   return {};
 }
 
@@ -803,8 +820,22 @@ std::vector<int32_t> Tokenizer::encode_regions(std::string_view text, std::vecto
       ++i;
       continue;
     }
-    for (const AddedToken& a : I.added) {
-      if (text.compare(i, a.content.size(), a.content) != 0) continue;
+    // The contents that match here, from the trie (shortest first); the longest that may stand here
+    // wins, as a scan of the longest-first list would find it.
+    int32_t ends[64];
+    size_t n_ends = 0;
+    std::vector<int32_t> more;  // beyond 64 matching contents at one position
+    for (size_t k = i, node = 0; k < text.size(); ++k) {
+      const auto e = I.added_edges.find(static_cast<uint64_t>(node) << 8 | static_cast<unsigned char>(text[k]));
+      if (e == I.added_edges.end()) break;
+      node = static_cast<size_t>(e->second);
+      if (const int32_t a = I.added_end[node]; a >= 0) {
+        if (n_ends < 64) ends[n_ends++] = a;
+        else more.push_back(a);
+      }
+    }
+    for (size_t m = more.size() + n_ends; m-- > 0;) {
+      const AddedToken& a = I.added[static_cast<size_t>(m >= n_ends ? more[m - n_ends] : ends[m])];
       if (a.single_word && ((i > 0 && is_word_char(static_cast<unsigned char>(text[i - 1]))) ||
                             (i + a.content.size() < text.size() && is_word_char(static_cast<unsigned char>(text[i + a.content.size()])))))
         continue;
