@@ -383,6 +383,13 @@ Result<DataLoader> open_file_data(const std::string& path, const DataLoaderOptio
     MT_ASSIGN_OR_RETURN(data::SequenceFile rows, data::SequenceFile::open(path));
     return DataLoader::create(std::make_shared<const data::SequenceFile>(std::move(rows)), d);
   }
+  // A dataset file read as bytes would train on its JSON syntax: it needs a tokenizer (issue 49).
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".jsonl" || ext == ".json")
+    return invalid_argument("'" + path + "' is a " + (ext == ".jsonl" ? "JSON Lines" : "JSON") +
+                            " dataset, which needs a tokenizer: give --tokenizer MODEL_FOLDER to prepare it on the fly, or prepare it "
+                            "with megatrain-data prepare; without --tokenizer, --data takes a prepared dataset (.mtseq) or a token "
+                            "file (llm.c .bin, raw .u16/.u32, or text read as bytes)");
   MT_ASSIGN_OR_RETURN(TokenFile file, TokenFile::open(path));
   auto tokens = std::make_shared<const TokenFile>(std::move(file));
   MT_RETURN_IF_ERROR(tokens->check_vocab(d.vocab_size));

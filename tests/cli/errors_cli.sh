@@ -318,5 +318,19 @@ check "megatrain-data inspect FIFO: refused, no hang" "[ $rc -eq 1 ] && grep -q 
 timeout 20 "$bin/megatrain-data" encode --tokenizer "$tmp/fifo" --text a >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "megatrain-data --tokenizer FIFO: refused, no hang" "[ $rc -eq 1 ] && grep -q 'not a regular file' $tmp/err"
 
+# ---- issue 49: a FIFO as a plan, a model or a rig; a JSON dataset without a tokenizer ----
+timeout 20 "$exe" "$tmp/fifo" --data "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "exec FIFO as the plan: refused, no hang" "[ $rc -eq 1 ] && grep -q 'is not a regular file (a FIFO, socket or device)' $tmp/err && untrained"
+timeout 20 "$bin/megatrain-plan" inspect --model "$tmp/fifo" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan inspect --model FIFO: refused, no hang" "[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'not a regular file' $tmp/err"
+python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); p["rig"] = sys.argv[2]; json.dump(p, open(sys.argv[3], "w"))' \
+  "$tiny" "$tmp/fifo" "$tmp/fifo-rig.json"
+timeout 20 "$bin/megatrain-plan" simulate "$tmp/fifo-rig.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan simulate, a plan whose rig is a FIFO: refused, no hang" "[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'not a regular file' $tmp/err"
+printf '{"text": "hello"}\n' >"$tmp/d.jsonl"
+timeout 20 "$exe" "$tiny" --data "$tmp/d.jsonl" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "exec --data x.jsonl without --tokenizer: refused, not trained on its JSON bytes" \
+  "[ $rc -eq 1 ] && grep -q \"d.jsonl' is a JSON Lines dataset, which needs a tokenizer\" $tmp/err && untrained"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]
