@@ -119,6 +119,22 @@ Plan make_plan(const Knobs& k, const Space& s, const HardwareProfile& on) {
   return p;
 }
 
+// The micro-batches a step of `sequences` may use: its divisors m (only `fixed` when it is set)
+// with m and sequences / m both within a plan's bounds, ascending; found in sqrt(sequences) steps.
+std::vector<int64_t> micro_batch_choices(int64_t sequences, int64_t fixed) {
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d <= sequences / d; ++d) {
+    if (sequences % d != 0) continue;
+    low.push_back(d);
+    if (d != sequences / d) high.push_back(sequences / d);
+  }
+  std::vector<int64_t> out;
+  low.insert(low.end(), high.rbegin(), high.rend());
+  for (int64_t m : low)
+    if (m <= kMaxBatchKnob && sequences / m <= kMaxBatchKnob && (fixed == 0 || m == fixed)) out.push_back(m);
+  return out;
+}
+
 Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig, const SearchRequest& req,
                               const SearchOptions& opt, SearchResult& res) {
   const ModelConfig& mc = model.config();
@@ -140,6 +156,16 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
                             (below > 0 ? std::to_string(below) + " or " : std::string()) + std::to_string(above));
   }
   s.sequences = s.tokens / s.seq;
+  // A plan holds micro_batch and grad_accum up to 2^20 each (docs/plan-format.md): a step of more
+  // sequences than that has no plan, and the search's candidates stay within them (issue 49: the
+  // micro-batch loop ran once per sequence, 1.7e10 times for --seq 1 --tokens-per-step 2^34).
+  if (s.sequences > kMaxBatchKnob * kMaxBatchKnob)
+    return invalid_argument("--tokens-per-step " + std::to_string(s.tokens) + " is " + std::to_string(s.sequences) +
+                            " sequences of " + std::to_string(s.seq) + " tokens; a plan holds at most 2^20 micro-batches of 2^20 sequences; "
+                            "accepted: up to " + std::to_string(kMaxBatchKnob * kMaxBatchKnob) + " x seq tokens");
+  if (req.micro_batch > kMaxBatchKnob)
+    return invalid_argument("micro-batch " + std::to_string(req.micro_batch) + " is more than a plan holds; accepted: 0 (the search "
+                            "chooses) or 1 .. " + std::to_string(kMaxBatchKnob));
   if (req.gpus < 1) return invalid_argument("--gpus " + std::to_string(req.gpus) + ": accepted: 1 or more");
   if (req.nodes > 0 && req.gpus == 1 && req.nodes != 1)
     return invalid_argument("--nodes " + std::to_string(req.nodes) + " with one GPU; accepted: --nodes 1, or --gpus N");
@@ -172,6 +198,10 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
   if (req.micro_batch < 0 || (req.micro_batch > 0 && s.sequences % req.micro_batch != 0))
     return invalid_argument("micro-batch " + std::to_string(req.micro_batch) + " does not divide the step's " +
                             std::to_string(s.sequences) + " sequences; accepted: 0 (the search chooses) or a divisor of it");
+  if (micro_batch_choices(s.sequences, req.micro_batch).empty())
+    return invalid_argument("the step's " + std::to_string(s.sequences) + " sequences split into no micro-batch of at most 2^20 sequences " +
+                            "with at most 2^20 micro-batches (the plan's bounds); accepted: --tokens-per-step whose sequences have "
+                            "such a divisor, or --micro-batch within them");
   res.seq_len = s.seq;
   res.tokens_per_step = s.tokens;
   if (req.policy.state_formats.empty()) return invalid_argument("the state-format policy is empty; accepted: fp32, bf16, q8, q4, q3, q2");
@@ -220,9 +250,7 @@ Result<Space> resolve_request(const ModelSpec& model, const HardwareProfile& rig
 std::vector<Knobs> structural_knobs(const Space& s) {
   std::vector<Knobs> out;
   const int64_t L = s.model.config().num_layers;
-  std::vector<int64_t> micro_batches;
-  for (int64_t m = 1; m <= s.sequences; ++m)
-    if (s.sequences % m == 0 && (s.req.micro_batch == 0 || m == s.req.micro_batch)) micro_batches.push_back(m);
+  const std::vector<int64_t> micro_batches = micro_batch_choices(s.sequences, s.req.micro_batch);
   Knobs k;
   for (int64_t m : micro_batches) {
     k.micro_batch = m;

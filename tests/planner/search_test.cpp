@@ -4,6 +4,8 @@
 // writes fits the compiled step's footprint, and its memoised sizing equals that footprint.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -210,6 +212,29 @@ TEST(Search, CpuBackendRigGetsPlansTheCpuExecutorAccepts) {
   auto bad = search_plan(model("tiny-llama-gqa"), rig("cpu-dev-2core"), bf16);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("fp32"), std::string::npos);
+}
+
+// Batch shapes past a plan's bounds (issue 49): the library refuses them at once; the CLI's flags
+// stop them earlier, Python's TrainingArguments reach this. The micro-batch candidates are the
+// divisors within the bounds, found in sqrt(sequences) steps (the loop ran once per sequence).
+TEST(Search, BatchShapesPastAPlansBoundsAreRefusedAtOnce) {
+  const ModelSpec m = model("tiny-llama-gqa");
+  const HardwareProfile h = rig("cpu-dev-2core");
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchRequest huge = request("tiny-llama-gqa", "cpu-dev-2core", 1, (int64_t{1} << 40) + 1);
+  auto r = search_plan(m, h, huge);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("at most 2^20 micro-batches of 2^20 sequences"), std::string::npos) << r.status().message();
+  SearchRequest wide = request("tiny-llama-gqa", "cpu-dev-2core", 1, int64_t{1} << 40);
+  wide.micro_batch = int64_t{1} << 40;
+  r = search_plan(m, h, wide);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("micro-batch 1099511627776 is more than a plan holds"), std::string::npos) << r.status().message();
+  // 1,048,583 is prime and above 2^20: one micro-batch of all, or 2^20+ micro-batches of one.
+  r = search_plan(m, h, request("tiny-llama-gqa", "cpu-dev-2core", 1, 1048583));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("split into no micro-batch"), std::string::npos) << r.status().message();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
 }
 
 TEST(Search, BadRequestsNameWhatIsAccepted) {

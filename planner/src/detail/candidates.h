@@ -19,6 +19,8 @@ namespace megatrain::planner::detail {
 
 constexpr int64_t kDefaultSeqCap = 4096;
 constexpr int64_t kDefaultSequencesPerStep = 64;
+// A plan's bound on training.micro_batch and training.grad_accum (core/src/plan.cpp).
+constexpr int64_t kMaxBatchKnob = int64_t{1} << 20;
 
 // Checks the request and resolves it; writes the sequence, tokens per step and the CPU backend's
 // assumption into `res`. The format pairs are every pair of the policy's formats, with their
