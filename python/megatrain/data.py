@@ -121,6 +121,12 @@ class Dataset:
         return f"megatrain.Dataset({self._spec['paths']!r}, tokenizer={self._spec['tokenizer']!r})"
 
 
+# load_dataset's formats and megatrain-data's names for them ("chat" is the documented name of
+# role/content messages, which the loader calls "messages").
+_FORMATS = {"auto": "auto", "text": "text", "alpaca": "alpaca", "chat": "messages", "messages": "messages",
+            "sharegpt": "sharegpt", "plain": "plain"}
+
+
 def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = None, format: str = "auto", packing: str = "neat",
                  train_on: Optional[str] = None, split_long: bool = False, chat_template: Optional[str] = None,
                  fields: Optional[Dict[str, str]] = None) -> Dataset:
@@ -152,6 +158,9 @@ def load_dataset(path: Union[str, Sequence[str]], tokenizer: Optional[str] = Non
         if len(paths) != 1:
             raise ValueError("load_dataset: several files need tokenizer=<model folder with tokenizer.json>")
         return Dataset.from_file(paths[0])
+    if not isinstance(format, str) or format not in _FORMATS:
+        raise ValueError(f"format={format!r}: accepted: {', '.join(repr(k) for k in _FORMATS)}")
+    format = _FORMATS[format]
     if packing not in ("pack", "neat", "pad"):
         raise ValueError(f"packing={packing!r}: accepted: 'pack', 'neat', 'pad'")
     if train_on not in (None, "all", "assistant", "answer"):

@@ -8,6 +8,7 @@ with the GIL released. Python is entered at step boundaries only: callbacks, log
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -30,6 +31,10 @@ TrainOutput = collections.namedtuple("TrainOutput", ["global_step", "training_lo
 TrainOutput.__doc__ = "What Trainer.train() returns: optimizer steps done, the mean loss of this call's steps, and the run's metrics."
 
 # lr_scheduler_type -> the plan's lr_schedule: Hugging Face's own curves (core/plan.h, the -hf schedules).
+# megatrain-exec's bound on steps (--steps, --keep-checkpoints) and a plan's on micro_batch,
+# grad_accum and seq_len.
+_MAX_STEPS = 1_000_000_000
+_MAX_BATCH = 2**20
 _SCHEDULERS = {"linear": "linear-hf", "cosine": "cosine-hf", "constant": "constant", "constant_with_warmup": "constant-hf"}
 _DATA_ORDERS = ("shuffled", "sequential")
 
@@ -62,34 +67,47 @@ class TrainingArguments:
     data_order: str = "shuffled"
 
     def __post_init__(self):
+        # Every argument is checked here, naming it: a wrong type is a TypeError, a value out of
+        # range a ValueError, before anything reaches the extension (whose own conversion errors
+        # name no argument). The bounds are megatrain-exec's and a plan's.
+        if not isinstance(self.output_dir, (str, os.PathLike)):
+            raise TypeError(f"output_dir={self.output_dir!r}: accepted: a folder path (str or os.PathLike)")
         self.output_dir = os.fspath(self.output_dir)
-        if not self.output_dir:
+        if not isinstance(self.output_dir, str) or not self.output_dir:
             raise ValueError("output_dir: empty; accepted: a folder for the plan, data, checkpoints and logs")
 
-        def count(name, least, none_ok=False):
+        def count(name, least, most, none_ok=False):
             v = getattr(self, name)
             if v is None and none_ok:
                 return
-            if isinstance(v, bool) or not isinstance(v, int) or v < least:
-                raise ValueError(f"{name}={v!r}: accepted: an integer >= {least}" + (", or None" if none_ok else ""))
+            accepted = f"an integer from {least} to {most}" + (", or None" if none_ok else "")
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name}={v!r}: accepted: {accepted}")
+            if not least <= v <= most:
+                raise ValueError(f"{name}={v!r}: accepted: {accepted} (an integer >= {least})")
 
         def number(name, low, high, low_open=False):
             v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and (v > low if low_open else v >= low) and v <= high
-            if not ok:
-                raise ValueError(f"{name}={v!r}: accepted: a number in {'(' if low_open else '['}{low}, {high}]")
+            accepted = f"a number in {'(' if low_open else '['}{low}, {high}]"
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{name}={v!r}: accepted: {accepted}")
+            if not (v == v and (v > low if low_open else v >= low) and v <= high):
+                raise ValueError(f"{name}={v!r}: accepted: {accepted}")
 
-        count("per_device_train_batch_size", 1)
-        count("gradient_accumulation_steps", 1)
-        count("warmup_steps", 0)
-        count("logging_steps", 0)
-        count("save_steps", 0)
-        count("save_total_limit", 0, none_ok=True)
-        count("eval_steps", 1, none_ok=True)
-        count("seed", 0)
-        count("max_seq_length", 1, none_ok=True)
-        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or (self.max_steps < 1 and self.max_steps != -1):
-            raise ValueError(f"max_steps={self.max_steps!r}: accepted: a positive integer, or -1 (num_train_epochs decides)")
+        count("per_device_train_batch_size", 1, _MAX_BATCH)
+        count("gradient_accumulation_steps", 1, _MAX_BATCH)
+        count("warmup_steps", 0, _MAX_STEPS)
+        count("logging_steps", 0, _MAX_STEPS)
+        count("save_steps", 0, _MAX_STEPS)
+        count("save_total_limit", 0, _MAX_STEPS, none_ok=True)
+        count("eval_steps", 1, _MAX_STEPS, none_ok=True)
+        count("seed", 0, 2**63 - 1)
+        count("max_seq_length", 1, _MAX_BATCH, none_ok=True)
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int):
+            raise TypeError(f"max_steps={self.max_steps!r}: accepted: a positive integer up to {_MAX_STEPS}, or -1")
+        if (self.max_steps < 1 and self.max_steps != -1) or self.max_steps > _MAX_STEPS:
+            raise ValueError(f"max_steps={self.max_steps!r}: accepted: a positive integer up to {_MAX_STEPS}, or -1 "
+                             "(num_train_epochs decides)")
         number("learning_rate", 0, 1e3)
         number("weight_decay", 0, 1e3)
         number("adam_beta1", 0, 1)
@@ -97,6 +115,8 @@ class TrainingArguments:
         number("adam_epsilon", 0, 1, low_open=True)
         number("max_grad_norm", 0, 1e30)
         number("num_train_epochs", 0, 1e9, low_open=True)
+        if not isinstance(self.lr_scheduler_type, str) or not isinstance(self.data_order, str):
+            raise TypeError(f"lr_scheduler_type={self.lr_scheduler_type!r}, data_order={self.data_order!r}: accepted: strings")
         if self.lr_scheduler_type not in _SCHEDULERS:
             raise ValueError(f"lr_scheduler_type={self.lr_scheduler_type!r}: accepted: {', '.join(repr(k) for k in _SCHEDULERS)}")
         if self.lr_scheduler_type == "constant" and self.warmup_steps > 0:
@@ -105,7 +125,7 @@ class TrainingArguments:
         if self.data_order not in _DATA_ORDERS:
             raise ValueError(f"data_order={self.data_order!r}: accepted: 'shuffled', 'sequential'")
         if not isinstance(self.bf16, bool):
-            raise ValueError(f"bf16={self.bf16!r}: accepted: True or False")
+            raise TypeError(f"bf16={self.bf16!r}: accepted: True or False")
 
     @classmethod
     def from_hf(cls, hf_args: Any) -> "TrainingArguments":
@@ -238,6 +258,8 @@ class Trainer:
         self.state = TrainerState()
         self.control = TrainerControl()
         self._resolved: Optional[Dict[str, Any]] = None
+        self._lock_file = None  # the output_dir's lock while this Trainer writes or trains there
+        self._lock_depth = 0
         self._last_checkpoint: Optional[str] = None
         self.output_dir = os.path.abspath(self.args.output_dir)
 
@@ -272,9 +294,57 @@ class Trainer:
             return min(natural, mpe)
         return min(2048, mpe)
 
+    @contextlib.contextmanager
+    def _locked(self):
+        """Holds <output_dir>/.megatrain-trainer.lock while this Trainer writes its plan and data there,
+        and for the whole of train(): a second Trainer on the same output_dir is refused before it
+        writes anything (it rewrote the running one's plan and data, which then stopped with "data
+        file changed"). Reentrant within one Trainer."""
+        if self._lock_depth == 0:
+            import fcntl
+            os.makedirs(self.output_dir, exist_ok=True)
+            path = os.path.join(self.output_dir, ".megatrain-trainer.lock")
+            f = open(path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise RuntimeError(f"output_dir {self.output_dir!r} is in use by another Trainer ({holder}); accepted: another "
+                                   "output_dir, or the same once that Trainer has finished") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}\n")
+            f.flush()
+            self._lock_file = f
+        self._lock_depth += 1
+        try:
+            yield
+        finally:
+            self._lock_depth -= 1
+            if self._lock_depth == 0 and self._lock_file is not None:
+                self._lock_file.close()  # closing the descriptor releases the flock
+                self._lock_file = None
+
+    def _write_inputs(self, r: Dict[str, Any]) -> None:
+        """The run's data and plan files, (re)written under the lock: another Trainer may have written
+        its own between this one's plan() and train()."""
+        data_path = self.train_dataset.materialize(os.path.join(self.output_dir, "data"), r["seq_len"], r["model"].vocab_size, "train")
+        if data_path != r["data"]:
+            raise RuntimeError(f"the training data moved from {r['data']!r} to {data_path!r} between plan() and train()")
+        tmp = r["plan_path"] + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(r["plan"], f, indent=1)
+        os.replace(tmp, r["plan_path"])
+
     def _resolve(self) -> Dict[str, Any]:
         if self._resolved is not None:
             return self._resolved
+        with self._locked():
+            return self._resolve_locked()
+
+    def _resolve_locked(self) -> Dict[str, Any]:
         if self.train_dataset is None:
             raise ValueError("Trainer: train_dataset is required to plan and train")
         model = self._resolve_model()
@@ -313,7 +383,7 @@ class Trainer:
             json.dump(plan, f, indent=1)
         os.replace(tmp, plan_path)
         self._resolved = {"model": model, "seq_len": seq_len, "data": data_path, "rows": rows, "steps": steps, "rig": rig,
-                          "plan_path": plan_path, "result": result, "data_info": dict(info)}
+                          "plan_path": plan_path, "plan": plan, "result": result, "data_info": dict(info)}
         return self._resolved
 
     def _eval_file(self, dataset: Optional[Dataset]) -> str:
@@ -371,8 +441,15 @@ class Trainer:
         ``should_training_stop``, and on Ctrl-C (then KeyboardInterrupt is raised). With
         ``resume_from_checkpoint`` (True or the checkpoint folder) the run continues bit for bit
         from the newest checkpoint."""
+        with self._locked():
+            return self._train_locked(resume_from_checkpoint)
+
+    def _train_locked(self, resume_from_checkpoint: Union[bool, str, None]) -> TrainOutput:
         resume = self._resume_dir(resume_from_checkpoint)
+        fresh = self._resolved is None
         r = self._resolve()
+        if not fresh:
+            self._write_inputs(r)
         a = self.args
         model = r["model"]
         info = r["data_info"]
@@ -457,7 +534,8 @@ class Trainer:
 
         self._event("on_train_begin")
         try:
-            summary = _megatrain.run(options, Hooks(), _say)
+            with _stop_signals_save():
+                summary = _megatrain.run(options, Hooks(), _say)
         except _megatrain.StatusError as e:
             raise errors.from_status(e) from None
         runtime = time.monotonic() - start
@@ -556,6 +634,33 @@ class Trainer:
                 shutil.copyfile(src, tmp)
             os.replace(tmp, dst)
         return target
+
+
+class _stop_signals_save:
+    """While train() runs, SIGTERM and SIGHUP (a scheduler's stop, a dropped ssh session) stop the run
+    as Ctrl-C does: at the next step boundary, with a checkpoint, then KeyboardInterrupt naming the
+    signal; megatrain-exec saves on both the same way. Without this they ended the process without
+    saving. Handlers can only be set from the main thread; elsewhere the process's are kept."""
+
+    def __enter__(self):
+        import signal
+        import threading
+        self._old = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+
+        def stop(signum, frame):
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name}: the run saves a checkpoint at the next step boundary and stops")
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._old[sig] = signal.signal(sig, stop)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
 
 
 def _say(line: str) -> None:

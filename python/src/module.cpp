@@ -86,9 +86,17 @@ py::object& status_error_type() {
   return *type;
 }
 
+// A message as Python text: bytes that are not UTF-8 (a dataset line's, a file name's) appear as
+// \xNN escapes instead of failing the conversion with a UnicodeDecodeError that names nothing.
+py::str text_of(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
 // Raises StatusError(code, message, phase) for a failed Status; the message is the command line's.
 [[noreturn]] void raise_status(const Status& s, const char* phase = "") {
-  py::object err = status_error_type()(code_key(s.code()), s.to_string(), phase);
+  py::object err = status_error_type()(code_key(s.code()), text_of(s.to_string()), phase);
   PyErr_SetObject(status_error_type().ptr(), err.ptr());
   throw py::error_already_set();
 }
@@ -419,7 +427,7 @@ class LineBuf : public std::streambuf {
     py::gil_scoped_acquire gil;
     if (!sink_.is_none()) {
       try {
-        sink_(line_);
+        sink_(text_of(line_));
       } catch (py::error_already_set& e) {
         pending_.take(e);
       }

@@ -62,3 +62,28 @@ def test_ctrl_c_saves_and_resuming_is_bit_exact(tmp_path):
                         str(tmp_path / "cut" / "checkpoints" / last / "model.safetensors"))
     assert_same_tensors(str(tmp_path / "whole" / "checkpoints" / last / "optimizer.safetensors"),
                         str(tmp_path / "cut" / "checkpoints" / last / "optimizer.safetensors"))
+
+
+def test_sigterm_and_sighup_save_as_ctrl_c_does(tmp_path):
+    # A scheduler's SIGTERM and a dropped session's SIGHUP ended the process without saving (issue 49):
+    # now they stop at the next step boundary with a checkpoint, as Ctrl-C and megatrain-exec do.
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        out_dir = tmp_path / sig.name
+        p = subprocess.Popen([sys.executable, str(script), str(out_dir), "400", "new"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env)
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("step     2/"):
+                p.send_signal(sig)
+                break
+        rest = p.stdout.read()
+        p.wait(timeout=120)
+        out = "".join(lines) + rest
+        assert p.returncode == 3, out
+        at = int(out.split("INTERRUPTED at")[1].split()[0])
+        assert 2 <= at < 400, out
+        assert (out_dir / "checkpoints" / f"step-{at:08d}" / "model.safetensors").is_file(), out

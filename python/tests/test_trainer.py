@@ -215,17 +215,30 @@ def test_a_missing_model_folder_is_a_file_not_found_error(tmp_path):
 
 
 @pytest.mark.parametrize("field,value,accepted", [
-    ("per_device_train_batch_size", 0, "an integer >= 1"),
+    ("per_device_train_batch_size", 0, "an integer from 1 to 1048576"),
+    ("per_device_train_batch_size", 2**40, "an integer from 1 to 1048576"),
+    ("max_steps", 2**63, "up to 1000000000"),
+    ("save_total_limit", 2**64, "an integer from 0 to 1000000000, or None"),
     ("learning_rate", -1.0, "a number in"),
     ("lr_scheduler_type", "polynomial", "'linear'"),
     ("data_order", "random", "'shuffled'"),
     ("max_steps", 0, "a positive integer"),
-    ("save_total_limit", -1, "an integer >= 0, or None"),
+    ("save_total_limit", -1, "an integer from 0 to 1000000000, or None"),
 ])
 def test_a_bad_argument_is_a_value_error_naming_it(tmp_path, field, value, accepted):
     with pytest.raises(ValueError) as e:
         args(tmp_path, **{field: value})
     assert field in str(e.value) and accepted in str(e.value)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("per_device_train_batch_size", "2"), ("max_steps", 2.5), ("save_total_limit", "3"), ("learning_rate", "1e-3"),
+    ("bf16", "yes"), ("lr_scheduler_type", ["linear"]), ("output_dir", 42),
+])
+def test_a_wrong_type_is_a_type_error_naming_it(tmp_path, field, value):
+    with pytest.raises(TypeError) as e:
+        args(tmp_path, **{field: value})
+    assert field in str(e.value), str(e.value)
 
 
 def test_a_model_too_big_for_max_ram_gb_is_a_plan_error(tmp_path):
