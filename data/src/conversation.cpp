@@ -21,7 +21,11 @@ bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == 
 
 // The content with the end marker before its trailing whitespace, or the start marker before it.
 std::string marked(const std::string& content, size_t k, bool start = false) {
-  if (start) return kOpenStart + std::to_string(k) + kClose + content;
+  if (start) {  // after the leading spaces, so that a template that trims the content keeps the trace
+    size_t b = 0;
+    while (b < content.size() && is_ascii_space(content[b])) ++b;
+    return content.substr(0, b) + kOpenStart + std::to_string(k) + kClose + content.substr(b);
+  }
   size_t end = content.size();
   while (end > 0 && is_ascii_space(content[end - 1])) --end;
   return content.substr(0, end) + kOpen + std::to_string(k) + kClose + content.substr(end);
@@ -112,6 +116,17 @@ Result<ConversationRenderer> ConversationRenderer::create(const Tokenizer& tok, 
   return r;
 }
 
+// Where message i's content starts in `text`, from the position of its first non-space character
+// (`first`, content_starts'): its leading spaces too where the rendering kept them.
+static size_t with_leading_spaces(const Json& messages, size_t i, const std::string& text, size_t first) {
+  if (first == std::string::npos || !messages[i].is_object() || !messages[i].contains("content") || !messages[i]["content"].is_string())
+    return first;
+  const std::string& c = messages[i]["content"].get_ref<const std::string&>();
+  size_t w = 0;
+  while (w < c.size() && is_ascii_space(c[w])) ++w;
+  return w <= first && text.compare(first - w, w, c, 0, w) == 0 ? first - w : first;
+}
+
 Result<std::vector<size_t>> ConversationRenderer::content_starts(const Json& messages, const Json& tools, const std::string& text,
                                                                  std::optional<std::vector<size_t>>& cache) const {
   if (cache) return *cache;
@@ -157,34 +172,32 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
                             "cannot be found; train this dataset with train_on all");
   size_t done = 0;  // where the previous turn ended
   std::optional<std::vector<size_t>> starts_cache;
+  // Rendering the conversation before each assistant turn costs the length of that conversation,
+  // quadratic over a long one (20,000 messages took over a minute). Where the template has a known
+  // turn header, a turn starts that header before its content: the first kExactTurns turns are
+  // found both ways, and when the two agree on all of them, the later turns take the header's
+  // (one rendering with the contents' starts marked, for the whole conversation).
+  constexpr int kExactTurns = 4;
+  int assistant_turns = 0;
+  bool header_agrees = header_known_;
+  auto by_header = [&](size_t i) -> size_t {
+    if (!header_known_) return std::string::npos;
+    if (!starts_cache && !content_starts(messages, tools, out.text, starts_cache).ok()) return std::string::npos;
+    if (!starts_cache) return std::string::npos;
+    const size_t cs = with_leading_spaces(messages, i, out.text, (*starts_cache)[i]);
+    if (cs == std::string::npos || cs < header_.size() || out.text.compare(cs - header_.size(), header_.size(), header_) != 0)
+      return std::string::npos;
+    return cs - header_.size();
+  };
   for (size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || m["role"] != "assistant") continue;
     const std::string which = "assistant message " + std::to_string(i + 1) + " of " + std::to_string(messages.size());
-    Json before = Json::array();
-    for (size_t k = 0; k < i; ++k) before.push_back(messages[k]);
-    auto prompt = render_text(before, tools, true);
-    if (!prompt.ok())
-      return invalid_argument(which + ": the conversation before it, rendered with the generation prompt, fails: " + prompt.status().message() +
-                              "; train this dataset with train_on all");
-    size_t begin = prompt->size();
-    if (out.text.compare(0, prompt->size(), *prompt) != 0) {
-      // A template that renders earlier turns by what follows them (Mistral-Nemo puts the system
-      // prompt into the last user turn): the turn starts the learned header before its content.
-      // Only when the renderings part before the previous message's content ends: parting at the
-      // turn itself means the prompt is not how this turn starts (a thinking part, say), and the
-      // header would leave some of the turn out.
-      const size_t parted = static_cast<size_t>(
-          std::mismatch(prompt->begin(), prompt->end(), out.text.begin(), out.text.end()).first - prompt->begin());
-      const bool earlier = i > 0 && at[i - 1] != std::string::npos && parted < at[i - 1];
-      MT_ASSIGN_OR_RETURN(const std::vector<size_t>& starts, content_starts(messages, tools, out.text, starts_cache));
-      const size_t cs = starts[i];
-      if (!earlier || !header_known_ || cs == std::string::npos || cs < header_.size() ||
-          out.text.compare(cs - header_.size(), header_.size(), header_) != 0)
-        return invalid_argument(which + ": the conversation before it rendered with the generation prompt is not where the whole conversation "
-                                "starts (they part at byte " + std::to_string(parted) + "), and no known turn header precedes its content "
-                                "after an earlier difference, so the turn's start cannot be found; train this dataset with train_on all");
-      begin = cs - header_.size();
+    const bool exact = assistant_turns++ < kExactTurns || !header_agrees;
+    size_t begin = exact ? std::string::npos : by_header(i);
+    if (begin == std::string::npos) {
+      MT_ASSIGN_OR_RETURN(begin, turn_start_by_prompt(messages, tools, out.text, at, i, which, starts_cache));
+      if (exact && by_header(i) != begin) header_agrees = false;
     }
     const size_t from = at[i] != std::string::npos ? std::max(at[i], begin) : begin;
     size_t limit = out.text.size();  // no further than the next message's content
@@ -194,15 +207,16 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
         break;
       }
     size_t end = std::string::npos;
+    const std::string_view window(out.text.data(), limit);  // each search stops at the limit: linear over the turns
     for (const std::string& e : ends_) {
-      const size_t f = out.text.find(e, from);
-      if (f != std::string::npos && f + e.size() <= limit) end = std::min(end, f + e.size());
+      const size_t f = from <= limit ? window.find(e, from) : std::string::npos;
+      if (f != std::string::npos) end = std::min(end, f + e.size());
     }
     if (end == std::string::npos) {
       // A turn without the usual end (gpt-oss's tool call ends with <|call|>): the conversation up
       // to this message, rendered alone, when it is where the whole starts.
-      Json upto = before;
-      upto.push_back(m);
+      Json upto = Json::array();
+      for (size_t k = 0; k <= i; ++k) upto.push_back(messages[k]);
       auto through = render_text(upto, tools, false);
       if (through.ok() && through->size() > begin && out.text.compare(0, through->size(), *through) == 0) end = through->size();
     }
@@ -215,6 +229,40 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
     done = end;
   }
   return out;
+}
+
+// Where assistant message i's turn starts: the end of the conversation before it rendered with the
+// generation prompt, or (a template that renders earlier turns by what follows them) the known turn
+// header before its content.
+Result<size_t> ConversationRenderer::turn_start_by_prompt(const Json& messages, const Json& tools, const std::string& text,
+                                                          const std::vector<size_t>& at, size_t i, const std::string& which,
+                                                          std::optional<std::vector<size_t>>& starts_cache) const {
+  Json before = Json::array();
+  for (size_t k = 0; k < i; ++k) before.push_back(messages[k]);
+  auto prompt = render_text(before, tools, true);
+  if (!prompt.ok())
+    return invalid_argument(which + ": the conversation before it, rendered with the generation prompt, fails: " + prompt.status().message() +
+                            "; train this dataset with train_on all");
+  size_t begin = prompt->size();
+  if (text.compare(0, prompt->size(), *prompt) != 0) {
+    // A template that renders earlier turns by what follows them (Mistral-Nemo puts the system
+    // prompt into the last user turn): the turn starts the learned header before its content.
+    // Only when the renderings part before the previous message's content ends: parting at the
+    // turn itself means the prompt is not how this turn starts (a thinking part, say), and the
+    // header would leave some of the turn out.
+    const size_t parted = static_cast<size_t>(
+        std::mismatch(prompt->begin(), prompt->end(), text.begin(), text.end()).first - prompt->begin());
+    const bool earlier = i > 0 && at[i - 1] != std::string::npos && parted < at[i - 1];
+    MT_ASSIGN_OR_RETURN(const std::vector<size_t>& starts, content_starts(messages, tools, text, starts_cache));
+    const size_t cs = with_leading_spaces(messages, i, text, starts[i]);
+    if (!earlier || !header_known_ || cs == std::string::npos || cs < header_.size() ||
+        text.compare(cs - header_.size(), header_.size(), header_) != 0)
+      return invalid_argument(which + ": the conversation before it rendered with the generation prompt is not where the whole conversation "
+                              "starts (they part at byte " + std::to_string(parted) + "), and no known turn header precedes its content "
+                              "after an earlier difference, so the turn's start cannot be found; train this dataset with train_on all");
+    begin = cs - header_.size();
+  }
+  return begin;
 }
 
 }  // namespace megatrain::data

