@@ -291,7 +291,13 @@ Result<SequenceRows> build_rows(const Tokenizer& tok, const std::vector<Document
     }
     v = tok.special_prefix();
     m.assign(v.size(), all);
+    const int64_t regex_errors_before = regex_errors();
     const std::vector<int32_t> p = tok.encode(docs[i].prompt), a = tok.encode(docs[i].answer);
+    if (regex_errors() != regex_errors_before) {
+      failed[i] = invalid_argument(docs[i].where + ": the tokenizer's pre-tokenizer regex could not be matched over this text (" +
+                                   last_regex_error() + "), so it cannot be tokenized as the reference would");
+      return false;
+    }
     v.insert(v.end(), p.begin(), p.end());
     m.insert(m.end(), p.size(), all);
     v.insert(v.end(), a.begin(), a.end());

@@ -199,23 +199,54 @@ Result<Regex> Regex::compile(std::string_view pattern) {
 }
 
 namespace {
-// Each thread's match data: only the whole match's offsets are read, so one pair fits any pattern.
+// Each thread's match data (only the whole match's offsets are read, so one pair fits any pattern),
+// the JIT's stack (32 KiB growing to 64 MiB, where PCRE2's default is 32 KiB on the machine stack)
+// and a match context that hands it over and lets the interpreter use up to 1 GiB of heap.
 struct MatchData {
   pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
-  ~MatchData() { pcre2_match_data_free(md); }
+  pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr);
+  pcre2_match_context* ctx = [this] {
+    pcre2_match_context* c = pcre2_match_context_create(nullptr);
+    if (c != nullptr) {
+      if (stack != nullptr) pcre2_jit_stack_assign(c, nullptr, stack);
+      pcre2_set_heap_limit(c, 1024 * 1024);  // KiB
+    }
+    return c;
+  }();
+  int64_t errors = 0;
+  std::string last_error;
+  ~MatchData() {
+    pcre2_match_context_free(ctx);
+    pcre2_jit_stack_free(stack);
+    pcre2_match_data_free(md);
+  }
 };
+thread_local MatchData t_match;
 }  // namespace
 
-void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
+int64_t regex_errors() { return t_match.errors; }
+std::string last_regex_error() { return t_match.last_error; }
+
+bool Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
   out.clear();
-  thread_local MatchData data;
+  MatchData& data = t_match;
   pcre2_match_data* md = data.md;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t start = 0;
   while (start <= s.size()) {
-    const int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), start, 0, md, nullptr)
-                        : pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is one gap
+    int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), start, 0, md, data.ctx)
+                  : pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK, md, data.ctx);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH && jit_)  // the JIT's stack ran out: the interpreter
+      rc = pcre2_match(code_, subject, s.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, data.ctx);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof(msg));
+      data.last_error = "PCRE2 error " + std::to_string(rc) + " at byte " + std::to_string(start) + " of a " + std::to_string(s.size()) +
+                        "-byte text: " + reinterpret_cast<const char*>(msg);
+      ++data.errors;
+      return false;
+    }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t b = ov[0], e = ov[1];
     if (e > b) {
@@ -227,6 +258,7 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>&
       start = b + utf8_length(static_cast<unsigned char>(s[b]));
     }
   }
+  return true;
 }
 
 }  // namespace megatrain::data

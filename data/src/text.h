@@ -31,6 +31,10 @@ enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
 std::string normalize(std::string_view s, NormalForm form);
 
 // A regex with Unicode properties (PCRE2, UTF and UCP), JIT-compiled where the platform allows.
+// Regex::find_all calls that ended on a match error on this thread so far, and the last error's text.
+int64_t regex_errors();
+std::string last_regex_error();
+
 class Regex {
  public:
   Regex() = default;
@@ -42,7 +46,11 @@ class Regex {
   static Result<Regex> compile(std::string_view pattern);
   // The [begin, end) byte ranges of the non-overlapping matches in `s` (valid UTF-8), left to right,
   // into `out` (cleared first): no allocation once `out` has grown.
-  void find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const;
+  // A match that fails with an error other than "no match" (a resource limit, which the JIT's own
+  // stack and then the interpreter with a 1 GiB heap limit are tried against first) leaves the rest
+  // of `s` unmatched, returns false and counts in regex_errors(): a caller that can report an error
+  // must (a tokenizer reading it as "no match" tokenized such text differently, issue 49).
+  bool find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const;
 
  private:
   pcre2_code* code_ = nullptr;

@@ -644,7 +644,7 @@ std::string_view Tokenizer::Impl::pre_tokenized(std::string_view text, Scratch& 
         emit(w, 0, w.size());
         continue;
       }
-      s.regex->find_all(w, sc.matches);
+      (void)s.regex->find_all(w, sc.matches);  // an error counts in regex_errors(), which callers check
       const auto behavior = s.kind == PreTokenizerStep::kByteLevel ? PreTokenizerStep::kIsolated : s.behavior;
       size_t at = 0;
       size_t pending = std::string_view::npos;  // MergedWithNext: where the match waiting for its gap begins
@@ -873,7 +873,11 @@ Result<std::vector<int32_t>> Tokenizer::encode_with_cuts(std::string_view text, 
                                                          std::vector<size_t>& token_at) const {
   if (valid_utf8_prefix(text) != text.size()) return invalid_argument("encode_with_cuts: the text is not valid UTF-8, so its byte offsets would move");
   std::vector<Region> regions;
+  const int64_t regex_errors_before = regex_errors();
   std::vector<int32_t> ids = encode_regions(text, &regions);
+  if (regex_errors() != regex_errors_before)
+    return invalid_argument("the pre-tokenizer's regex could not be matched over this text (" + last_regex_error() +
+                            "), so it cannot be tokenized as the reference would");
   token_at.clear();
   std::vector<int32_t> head;
   auto r = regions.begin();

@@ -246,6 +246,23 @@ TEST(Tokenizer, AddedTokensMatchTheLongestThatMayStandThere) {
   EXPECT_EQ(t->encode(text), want);
 }
 
+// A pre-tokenizer regex that reaches PCRE2's match limit (catastrophic backtracking) was read as
+// "no match", so the text was tokenized as one gap, unlike the reference (issue 49): it is an
+// error wherever the caller can report one, naming PCRE2's reason.
+TEST(Tokenizer, ARegexThatFailsToMatchIsAnErrorNotAGap) {
+  Json j = byte_level();
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(*NO_START_OPT)(a|aa)*c"}}}, {"behavior", "Isolated"}, {"invert", false}};
+  auto t = Tokenizer::from_json(j.dump());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  std::vector<size_t> at;
+  auto fine = t->encode_with_cuts("aac ab", {}, at);
+  ASSERT_TRUE(fine.ok()) << fine.status().to_string();
+  auto bad = t->encode_with_cuts(std::string(64, 'a'), {}, at);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("regex could not be matched"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("PCRE2 error"), std::string::npos) << bad.status().message();
+}
+
 // Ids that would size the id table past reason, or wrap when narrowed, are refused naming the key
 // (found by megatrain-fuzz: an added token's id of 2^31 became a resize to 2^64 - 2^31 and aborted).
 TEST(Tokenizer, IdsOutOfRangeAreNamed) {
