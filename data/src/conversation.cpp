@@ -180,6 +180,10 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
   constexpr int kExactTurns = 4;
   int assistant_turns = 0;
   bool header_agrees = header_known_;
+  // With no more turns than are found exactly, the header is never needed: nothing to check.
+  int64_t assistants = 0;
+  for (const Json& m : messages) assistants += m.is_object() && m.contains("role") && m["role"] == "assistant";
+  const bool check_header = assistants > kExactTurns;
   auto by_header = [&](size_t i) -> size_t {
     if (!header_known_) return std::string::npos;
     if (!starts_cache && !content_starts(messages, tools, out.text, starts_cache).ok()) return std::string::npos;
@@ -197,7 +201,7 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
     size_t begin = exact ? std::string::npos : by_header(i);
     if (begin == std::string::npos) {
       MT_ASSIGN_OR_RETURN(begin, turn_start_by_prompt(messages, tools, out.text, at, i, which, starts_cache));
-      if (exact && by_header(i) != begin) header_agrees = false;
+      if (exact && check_header && header_agrees && by_header(i) != begin) header_agrees = false;
     }
     const size_t from = at[i] != std::string::npos ? std::max(at[i], begin) : begin;
     size_t limit = out.text.size();  // no further than the next message's content

@@ -538,6 +538,16 @@ class Trainer:
                 summary = _megatrain.run(options, Hooks(), _say)
         except _megatrain.StatusError as e:
             raise errors.from_status(e) from None
+        except KeyboardInterrupt:
+            # The run saved a checkpoint at the step boundary; the signal may have landed inside a
+            # step's hook, before it counted the step: the state follows the checkpoint.
+            newest = errors.call(_megatrain.latest_checkpoint, self.checkpoint_dir)
+            m = re.search(r"step-(\d+)$", newest or "")
+            if m:
+                self._last_checkpoint = newest
+                self.state.global_step = max(self.state.global_step, int(m.group(1)))
+                self.state.epoch = self._epoch(self.state.global_step)
+            raise
         runtime = time.monotonic() - start
         self._last_checkpoint = errors.call(_megatrain.latest_checkpoint, self.checkpoint_dir) or self._last_checkpoint
         done = summary["next_step"] - summary["first_step"]
