@@ -72,13 +72,11 @@ class DuplicateKeyFinder {
 Result<Json> parse_json(std::string_view text, const std::string& what) {
   MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   DuplicateKeyFinder dup;
+  const Json::parser_callback_t too_deep = json_nesting_limit<Json>(lim.nesting);
   Json root;
   try {
     root = Json::parse(text.begin(), text.end(), [&](int depth, nlohmann::json::parse_event_t ev, Json& parsed) {
-      if ((ev == nlohmann::json::parse_event_t::object_start || ev == nlohmann::json::parse_event_t::array_start) &&
-          depth >= lim.nesting)
-        throw JsonTooDeep(limit_message("JSON nested too deep", "nesting", lim.nesting, "levels"));
-      return dup.on_event(ev, parsed);
+      return too_deep(depth, ev, parsed) && dup.on_event(ev, parsed);
     });
   } catch (const JsonTooDeep& e) {
     const std::string at = dup.path();

@@ -127,6 +127,14 @@ static size_t with_leading_spaces(const Json& messages, size_t i, const std::str
   return w <= first && text.compare(first - w, w, c, 0, w) == 0 ? first - w : first;
 }
 
+size_t ConversationRenderer::header_start(const Json& messages, size_t i, const std::string& text, const std::vector<size_t>& starts) const {
+  if (!header_known_) return std::string::npos;
+  const size_t cs = with_leading_spaces(messages, i, text, starts[i]);
+  if (cs == std::string::npos || cs < header_.size() || text.compare(cs - header_.size(), header_.size(), header_) != 0)
+    return std::string::npos;
+  return cs - header_.size();
+}
+
 Result<std::vector<size_t>> ConversationRenderer::content_starts(const Json& messages, const Json& tools, const std::string& text,
                                                                  std::optional<std::vector<size_t>>& cache) const {
   if (cache) return *cache;
@@ -185,13 +193,9 @@ Result<RenderedConversation> ConversationRenderer::render(const Json& messages, 
   for (const Json& m : messages) assistants += m.is_object() && m.contains("role") && m["role"] == "assistant";
   const bool check_header = assistants > kExactTurns;
   auto by_header = [&](size_t i) -> size_t {
-    if (!header_known_) return std::string::npos;
+    if (!header_known_) return std::string::npos;  // no rendering spent on it
     if (!starts_cache && !content_starts(messages, tools, out.text, starts_cache).ok()) return std::string::npos;
-    if (!starts_cache) return std::string::npos;
-    const size_t cs = with_leading_spaces(messages, i, out.text, (*starts_cache)[i]);
-    if (cs == std::string::npos || cs < header_.size() || out.text.compare(cs - header_.size(), header_.size(), header_) != 0)
-      return std::string::npos;
-    return cs - header_.size();
+    return starts_cache ? header_start(messages, i, out.text, *starts_cache) : std::string::npos;
   };
   for (size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
@@ -258,13 +262,11 @@ Result<size_t> ConversationRenderer::turn_start_by_prompt(const Json& messages, 
         std::mismatch(prompt->begin(), prompt->end(), text.begin(), text.end()).first - prompt->begin());
     const bool earlier = i > 0 && at[i - 1] != std::string::npos && parted < at[i - 1];
     MT_ASSIGN_OR_RETURN(const std::vector<size_t>& starts, content_starts(messages, tools, text, starts_cache));
-    const size_t cs = with_leading_spaces(messages, i, text, starts[i]);
-    if (!earlier || !header_known_ || cs == std::string::npos || cs < header_.size() ||
-        text.compare(cs - header_.size(), header_.size(), header_) != 0)
+    begin = earlier ? header_start(messages, i, text, starts) : std::string::npos;
+    if (begin == std::string::npos)
       return invalid_argument(which + ": the conversation before it rendered with the generation prompt is not where the whole conversation "
                               "starts (they part at byte " + std::to_string(parted) + "), and no known turn header precedes its content "
                               "after an earlier difference, so the turn's start cannot be found; train this dataset with train_on all");
-    begin = cs - header_.size();
   }
   return begin;
 }

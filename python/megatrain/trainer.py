@@ -333,10 +333,7 @@ class Trainer:
         data_path = self.train_dataset.materialize(os.path.join(self.output_dir, "data"), r["seq_len"], r["model"].vocab_size, "train")
         if data_path != r["data"]:
             raise RuntimeError(f"the training data moved from {r['data']!r} to {data_path!r} between plan() and train()")
-        tmp = r["plan_path"] + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(r["plan"], f, indent=1)
-        os.replace(tmp, r["plan_path"])
+        _write_plan(r["plan_path"], r["plan"])
 
     def _resolve(self) -> Dict[str, Any]:
         if self._resolved is not None:
@@ -378,10 +375,7 @@ class Trainer:
         plan["optimizer"].update({"beta1": a.adam_beta1, "beta2": a.adam_beta2, "eps": a.adam_epsilon, "weight_decay": a.weight_decay})
         os.makedirs(self.output_dir, exist_ok=True)
         plan_path = os.path.join(self.output_dir, "megatrain.plan.json")
-        tmp = plan_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(plan, f, indent=1)
-        os.replace(tmp, plan_path)
+        _write_plan(plan_path, plan)
         self._resolved = {"model": model, "seq_len": seq_len, "data": data_path, "rows": rows, "steps": steps, "rig": rig,
                           "plan_path": plan_path, "plan": plan, "result": result, "data_info": dict(info)}
         return self._resolved
@@ -644,6 +638,14 @@ class Trainer:
                 shutil.copyfile(src, tmp)
             os.replace(tmp, dst)
         return target
+
+
+def _write_plan(path: str, plan: Dict[str, Any]) -> None:
+    """The plan file, replaced whole (a reader never sees half of it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(plan, f, indent=1)
+    os.replace(tmp, path)
 
 
 class _stop_signals_save:

@@ -60,6 +60,9 @@ class ConversationRenderer {
   // Where each message's content starts in `text` (npos where it cannot be traced), rendered once.
   Result<std::vector<size_t>> content_starts(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                              const std::string& text, std::optional<std::vector<size_t>>& cache) const;
+  // Where the known turn header stands before message i's content in `text` (`starts`: from
+  // content_starts), or npos when the header is unknown or not there.
+  size_t header_start(const nlohmann::ordered_json& messages, size_t i, const std::string& text, const std::vector<size_t>& starts) const;
   // Where assistant message i's turn starts in `text` (`at`: where each content ends), from the
   // conversation before it rendered with the generation prompt; `which` names it in errors.
   Result<size_t> turn_start_by_prompt(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools, const std::string& text,
