@@ -27,6 +27,8 @@
 #                with its median error
 #   --out DIR    keep the profile, plans, traces and the table here (default: a temp folder)
 #   --rig FILE   skip profiling and use this rig file (a profile of this machine) in every round
+#   --only RE    run only the plans whose name matches this Python regular expression (and profile
+#                only their models), to look again at a few rows
 # The measured step time of a plan in a round is the median of its timed steps (the trace's steps
 # table). The
 # "other load" column is the share of the CPUs other processes used during that plan's run: rows
@@ -41,6 +43,7 @@ steps=4
 rounds=3
 out=""
 rig=""
+only=""
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -49,7 +52,8 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --rig) rig=$2; shift 2 ;;
-    *) echo "validate-cost-model.sh: unknown argument '$1'; accepted: --build DIR, --quick, --steps N, --rounds R, --out DIR, --rig FILE" >&2; exit 2 ;;
+    --only) only=$2; shift 2 ;;
+    *) echo "validate-cost-model.sh: unknown argument '$1'; accepted: --build DIR, --quick, --steps N, --rounds R, --out DIR, --rig FILE, --only RE" >&2; exit 2 ;;
   esac
 done
 plan_bin=$build/bin/megatrain-plan
@@ -77,13 +81,13 @@ data=/usr/share/common-licenses/GPL-3
 if [ -n "$rig" ]; then rig=$(cd "$(dirname "$rig")" && pwd)/$(basename "$rig"); fi
 
 echo "== the grid: $rounds round(s); each round profiles this machine (unless --rig), simulates every plan with that profile and trains each for $steps steps" >&2
-/usr/bin/python3 - "$here" "$rig" "$out" "$plan_bin" "$exec_bin" "$data" "$steps" "$rounds" "$quick" "${nice_cmd[@]}" <<'PY'
-import json, math, os, resource, sqlite3, statistics, subprocess, sys, time
+/usr/bin/python3 - "$here" "$rig" "$out" "$plan_bin" "$exec_bin" "$data" "$steps" "$rounds" "$quick" "$only" "${nice_cmd[@]}" <<'PY'
+import json, math, os, re, resource, sqlite3, statistics, subprocess, sys, time
 
-here, fixed_rig, out, plan_bin, exec_bin, data, steps, rounds, quick = sys.argv[1:10]
+here, fixed_rig, out, plan_bin, exec_bin, data, steps, rounds, quick, only = sys.argv[1:11]
 sys.path.insert(0, os.path.join(here, "bench"))
 from anon_rss import anon_rss
-nice = sys.argv[10:]
+nice = sys.argv[11:]
 steps = int(steps)
 rounds = int(rounds)
 MIN_TIMED_S, MAX_STEPS = 2.0, 60  # each plan's timed steps last at least this long (at most this many steps)
@@ -126,6 +130,14 @@ grid = [
     row("planned-head-seed-sft", model="head", data="sft", planned={"micro_batch": 1, "tokens_per_step": 16384}),
     row("planned-moe", model="moe", planned={"tokens_per_step": 2048}),
 ]
+if only:
+    try:
+        grid = [g for g in grid if re.search(only, g["name"])]
+    except re.error as e:
+        sys.exit(f"validate-cost-model.sh: --only {only!r} is not a regular expression: {e}")
+    if not grid:
+        sys.exit(f"validate-cost-model.sh: --only {only!r} matches no plan of the grid")
+    MODELS = {k: v for k, v in MODELS.items() if any(g["model"] == k for g in grid)}
 
 # SFT rows: the alpaca sample through Llama-2's tokenizer (npm-references.sh), packed "neat" with
 # answer-only targets. Without the tokenizer those rows are left out, and the table says so.
