@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,11 +20,14 @@
 #include <ctime>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <thread>
 #include <utility>
+#include <vector>
+#include <nlohmann/json.hpp>
 
 #include "megatrain/core/output_path.h"
 #include "megatrain/core/plan.h"
@@ -335,6 +340,139 @@ Status check_launch(const Plan& plan, const Communicator& comm) {
   return {};
 }
 
+// The content fingerprint (content_fingerprint) of one file, read through a mapping; "" for an
+// empty file.
+Result<std::string> file_fingerprint(const std::filesystem::path& path, uint64_t whole_limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return io_error("cannot open '" + path.string() + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return invalid_argument("'" + path.string() + "' is not a regular file");
+  }
+  if (st.st_size == 0) {
+    ::close(fd);
+    return std::string();
+  }
+  void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return io_error("cannot map '" + path.string() + "': " + std::strerror(errno));
+  std::string f = content_fingerprint({{static_cast<const uint8_t*>(m), static_cast<uint64_t>(st.st_size)}}, whole_limit);
+  ::munmap(m, static_cast<size_t>(st.st_size));
+  return f;
+}
+
+// What one rank brings to a data-parallel job, each as one int64 to compare: a count as it is, the
+// rest as an XXH64 (its top 63 bits, so that no value is INT64_MIN).
+struct RankKey {
+  const char* name;  // for the message
+  int64_t value;
+  bool counted;      // a count, printed as a number; otherwise a digest, printed in hex
+  std::string mine;  // what this rank read it from, for its own message
+};
+
+int64_t digest_key(const std::string& text) {
+  Xxh64 x;
+  x.update(text.data(), text.size());
+  return static_cast<int64_t>(x.digest() >> 1);
+}
+
+// Ranks agree before training (issue 49): every rank's plan, model config, data, evaluation data,
+// --init weights, --steps, resume point and run options, gathered in one collective; a rank that
+// differs from rank 0 is refused by every rank, naming it and the key. Two ranks with different
+// models would otherwise corrupt memory in the first sum, and different data or learning rates
+// train without a word.
+Status check_ranks_agree(const RunOptions& o, const Plan& plan, const ModelSpec& model, const DataLoader& loader,
+                         const DataLoader* eval, Communicator& comm) {
+  if (comm.size() < 2) return {};
+  namespace fs = std::filesystem;
+  std::vector<RankKey> keys;
+  {
+    // The plan's content, less the paths that may differ between nodes and do not change the numbers.
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(plan.to_json_text());
+    j.erase("model");
+    j.erase("rig");
+    if (j.contains("placement") && j["placement"].is_object()) j["placement"].erase("nvme_dirs");
+    keys.push_back({"plan", digest_key(j.dump()), false, "plan " + o.plan_path});
+  }
+  keys.push_back({"model config", digest_key(model.config_json()), false, "model " + model.name()});
+  keys.push_back({"data", digest_key(loader.source_fingerprint() + " " + std::to_string(loader.source_tokens())), false,
+                  "data " + loader.source_name()});
+  keys.push_back({"evaluation data", eval ? digest_key(eval->source_fingerprint()) : 0, false,
+                  eval ? "--eval-data " + eval->source_name() : "no --eval-data"});
+  {
+    std::string init;
+    if (!o.init_dir.empty()) {
+      std::error_code ec;
+      std::vector<fs::path> files;
+      for (const auto& e : fs::directory_iterator(o.init_dir, ec))
+        if (e.is_regular_file(ec)) files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+      for (const fs::path& f : files) {
+        auto fp = file_fingerprint(f, uint64_t{64} << 20);
+        init += f.filename().string() + " " + (fp.ok() ? *fp : "unreadable") + "\n";
+      }
+    }
+    keys.push_back({"--init weights", o.init_dir.empty() ? 0 : digest_key(init), false,
+                    o.init_dir.empty() ? "no --init" : "--init " + o.init_dir});
+  }
+  keys.push_back({"--steps", o.steps > 0 ? o.steps : plan.training.steps, true, "the steps to run"});
+  {
+    int64_t step = -1, manifest = 0;
+    std::string where = "no --resume";
+    if (o.resume) {
+      where = "--resume from " + o.checkpoint_dir + ": no checkpoint";
+      if (auto latest = find_latest_checkpoint(o.checkpoint_dir); latest.ok()) {
+        where = "--resume from " + latest->string();
+        const std::string name = latest->filename().string();
+        step = name.rfind("step-", 0) == 0 ? std::strtoll(name.c_str() + 5, nullptr, 10) : -2;
+        if (auto d = detail::digest_file(*latest / "manifest.json"); d.ok()) manifest = static_cast<int64_t>(d->xxh64 >> 1);
+      }
+    }
+    keys.push_back({"resume step (-1: a new run)", step, true, where});
+    keys.push_back({"resumed checkpoint's manifest", manifest, false, where});
+  }
+  {
+    // The options every rank must take alike: they decide when the ranks meet in a collective
+    // (saves, evaluations, the guard's skips) or what they compute.
+    std::string opts = "checkpoint_every " + std::to_string(o.checkpoint_every) + " eval_every " + std::to_string(o.eval_every) +
+                       " eval_at_end " + std::to_string(o.eval_at_end) + " eval_only " + std::to_string(o.eval_only) +
+                       " skip_nonfinite " + std::to_string(o.skip_nonfinite_steps) + " in_memory " + std::to_string(o.in_memory) +
+                       " compress " + std::to_string(o.compress_states) + " checkpoints " + std::to_string(!o.checkpoint_dir.empty()) +
+                       " backend " + o.backend;
+    keys.push_back({"run options (--checkpoint-every, --eval-every, --eval-at-end, --eval-only, --skip-nonfinite-steps, --in-memory, "
+                    "--checkpoint-compress, --checkpoint-dir given or not, --backend)",
+                    digest_key(opts), false, opts});
+  }
+  // One collective: every rank's values laid out by rank, gathered by a max over INT64_MIN.
+  const int64_t n = comm.size(), K = static_cast<int64_t>(keys.size());
+  std::vector<int64_t> all(static_cast<size_t>(K * n), INT64_MIN);
+  for (int64_t k = 0; k < K; ++k) all[static_cast<size_t>(k * n + comm.rank())] = keys[static_cast<size_t>(k)].value;
+  MT_RETURN_IF_ERROR(comm.max(all.data(), K * n, Channel::kMain));
+  for (int64_t k = 0; k < K; ++k) {
+    const RankKey& key = keys[static_cast<size_t>(k)];
+    const int64_t* v = all.data() + k * n;
+    std::vector<int64_t> odd;
+    for (int64_t r = 1; r < n; ++r)
+      if (v[r] != v[0]) odd.push_back(r);
+    if (odd.empty()) continue;
+    auto shown = [&](int64_t x) {
+      char b[24];
+      std::snprintf(b, sizeof b, key.counted ? "%lld" : "%016llx", static_cast<long long>(x));
+      return std::string(b);
+    };
+    std::string ranks;
+    for (size_t i = 0; i < odd.size() && i < 4; ++i)
+      ranks += (i ? ", " : "") + std::string("rank ") + std::to_string(odd[i]) + " has " + shown(v[odd[i]]);
+    if (odd.size() > 4) ranks += " and " + std::to_string(odd.size() - 4) + " more ranks differ";
+    return invalid_argument("the ranks of this data-parallel job do not agree on the " + std::string(key.name) + ": rank 0 has " +
+                               shown(v[0]) + ", " + ranks + " (this is rank " + std::to_string(comm.rank()) + ", with " + key.mine +
+                               "); every rank must run the same plan, model config, data, --init, --steps, resume point and run "
+                               "options (nodes must hold identical copies of the files); nothing was trained");
+  }
+  return {};
+}
+
 }  // namespace
 
 namespace {
@@ -483,6 +621,7 @@ Result<RunSummary> run_training(const RunOptions& options, std::ostream& rank0_o
   } else if (o.eval_only || o.eval_every > 0) {
     return invalid_argument("evaluation needs --eval-data FILE (a prepared dataset or token file)");
   }
+  MT_RETURN_IF_ERROR(check_ranks_agree(o, plan, model, loader, eval_loader ? &*eval_loader : nullptr, *comm));
   phase = RunPhase::kState;
   MT_ASSIGN_OR_RETURN(HostState state, create_state(o, plan, model, *comm, out));
   RunSummary summary;

@@ -55,6 +55,42 @@ run2 pernode --steps 1 >"$tmp/out" 2>"$tmp/err"
 check "a plan with 1 rank per node started as 2 ranks on one node is refused" \
   "[ $? -ne 0 ] && grep -q 'ranks_per_node' $tmp/err && ! grep -q '^step' $tmp/out"
 
+# ---- the ranks agree before training (issue 49) ------------------------------------------------
+# Each rank gets its own command line (mpirun's MPMD form, as nodes with their own copies of the files
+# would): a difference is refused by every rank before any state is made, naming the key and rank.
+plan twob 2 4 2 "d['model'] = 'tiny-qwen2'"
+plan twolr 2 4 2 "d['training']['lr'] = 2e-3"
+plan twoseed 2 4 2 "d['training']['seed'] = 7"
+head -c 40000 /usr/share/common-licenses/GPL-2 >"$tmp/text2.txt" 2>/dev/null || yes "a different text entirely" | head -c 40000 >"$tmp/text2.txt"
+mpmd() {  # mpmd PLAN_A PLAN_B [args of rank 1...]: rank 0 runs PLAN_A on text.txt with --steps 1
+  timeout 120 mpirun -np 1 "$exe" "$tmp/$1.json" --data "$tmp/text.txt" --threads 1 --steps 1 : \
+    -np 1 "$exe" "$tmp/$2.json" --threads 1 "${@:3}"
+}
+agree_check() {  # agree_check WHAT KEY: both ranks refuse, naming KEY and rank 1; nothing trains
+  check "$1" "[ $? -ne 0 ] && [ \$(grep -c 'do not agree on the $2' $tmp/err) -ge 2 ] && grep -q 'rank 1 has' $tmp/err && ! grep -q '^step' $tmp/out"
+}
+mpmd two twob --data "$tmp/text.txt" --steps 1 >"$tmp/out" 2>"$tmp/err"
+agree_check "ranks with different models are refused by both before training (was: malloc(): corrupted top size)" "model config"
+mpmd two two --data "$tmp/text2.txt" --steps 1 >"$tmp/out" 2>"$tmp/err"
+agree_check "ranks with different data files are refused (trained before)" "data"
+mpmd two twolr --data "$tmp/text.txt" --steps 1 >"$tmp/out" 2>"$tmp/err"
+agree_check "ranks with different learning rates are refused (trained before)" "plan"
+mpmd two twoseed --data "$tmp/text.txt" --steps 1 >"$tmp/out" 2>"$tmp/err"
+agree_check "ranks with different seeds are refused" "plan"
+mpmd two two --data "$tmp/text.txt" --steps 2 >"$tmp/out" 2>"$tmp/err"
+agree_check "ranks with different --steps are refused, naming both counts" "--steps"
+grep -q 'rank 0 has 1, rank 1 has 2' "$tmp/err" || { echo "FAIL: the --steps message gives both counts"; fails=$((fails + 1)); }
+mpmd two two --data "$tmp/text.txt" --steps 1 --skip-nonfinite-steps >"$tmp/out" 2>"$tmp/err"
+agree_check "ranks with different run options are refused" "run options"
+mpi 2 "$exe" "$tmp/two.json" --data "$tmp/text.txt" --threads 1 --steps 1 --checkpoint-dir "$tmp/agree1" >/dev/null 2>&1
+mpi 2 "$exe" "$tmp/two.json" --data "$tmp/text.txt" --threads 1 --steps 2 --checkpoint-dir "$tmp/agree2" >/dev/null 2>&1
+timeout 120 mpirun -np 1 "$exe" "$tmp/two.json" --data "$tmp/text.txt" --threads 1 --steps 3 --checkpoint-dir "$tmp/agree1" --resume : \
+  -np 1 "$exe" "$tmp/two.json" --data "$tmp/text.txt" --threads 1 --steps 3 --checkpoint-dir "$tmp/agree2" --resume >"$tmp/out" 2>"$tmp/err"
+agree_check "ranks resuming from different checkpoints (nodes with their own folders) are refused" "resume step"
+grep -q 'rank 0 has 1, rank 1 has 2' "$tmp/err" || { echo "FAIL: the resume message gives both steps"; fails=$((fails + 1)); }
+mpmd two two --data "$tmp/text.txt" --steps 1 >"$tmp/out" 2>"$tmp/err"
+check "ranks that agree train" "[ $? -eq 0 ] && grep -q '^step' $tmp/out"
+
 # parallel.collective nccl sums between GPUs: the CPU backend has none and refuses it by name, unless
 # its test stand-in is asked for (below); scripts/gpu-check.sh runs NCCL itself.
 plan nccl 2 4 2 "d['parallel']['collective'] = 'nccl'"
