@@ -384,6 +384,7 @@ Result<PrepareResult> prepare_dataset(const Tokenizer& tok, const std::vector<st
   }
   MT_ASSIGN_OR_RETURN(SequenceRows rows, build_rows(tok, docs, r.format, options, r.header));
   r.header.sources = inputs;
+  r.header.cache_key = options.cache_key;
   MT_RETURN_IF_ERROR(write_sequence_file(out, r.header, rows));  // fills in rows and document_tokens
   return r;
 }

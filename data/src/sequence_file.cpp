@@ -29,7 +29,7 @@ std::string hex(uint64_t v) {
 }
 
 Json header_json(const SequenceHeader& h) {
-  return Json{{"format", "megatrain.sequences/1"},
+  Json j{{"format", "megatrain.sequences/1"},
               {"rows", h.rows},
               {"seq_len", h.seq_len},
               {"vocab_size", h.vocab_size},
@@ -46,6 +46,8 @@ Json header_json(const SequenceHeader& h) {
               {"tokenizer", h.tokenizer},
               {"sources", h.sources},
               {"xxh64", hex(h.xxh64)}};
+  if (!h.cache_key.empty()) j["cache_key"] = h.cache_key;
+  return j;
 }
 
 }  // namespace
@@ -163,6 +165,7 @@ Result<SequenceFile> SequenceFile::open(const std::filesystem::path& path) {
     h.counted = j.at("counted").get<int64_t>();
     h.tokenizer = j.at("tokenizer").get<std::string>();
     h.sources = j.at("sources").get<std::vector<std::string>>();
+    if (j.contains("cache_key")) h.cache_key = j.at("cache_key").get<std::string>();
     h.xxh64 = std::stoull(j.at("xxh64").get<std::string>(), nullptr, 16);
   } catch (const std::exception& e) {
     return invalid_argument(name + ": the header is damaged: " + e.what());

@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--tokenizer", o.tokenizer_path,
                  "a model folder with tokenizer.json: --data is then a dataset file, prepared on the fly (packed; alpaca "
-                 "answers only) into <checkpoint-dir>/data-cache or the temporary folder, and reused while it is unchanged");
+                 "answers only) into <checkpoint-dir>/data-cache or ~/.cache/megatrain/data-cache ($XDG_CACHE_HOME), and reused, "
+                 "verified, while its inputs are unchanged");
   app.add_option("--steps", o.steps, "total steps of the run, counted from step 0 also when resuming (default: training.steps of the plan)")
       ->check(cli::int_range(1, kMaxSteps));
   auto* init_opt = app.add_option("--init", o.init_dir, "start from a Hugging Face checkpoint: a folder with model.safetensors or a sharded index")

@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cmath>
 #include <csignal>
 #include <cstdarg>
@@ -477,10 +479,55 @@ Status check_ranks_agree(const RunOptions& o, const Plan& plan, const ModelSpec&
 
 namespace {
 
-// --data FILE --tokenizer DIR: the prepared dataset in the cache, made when it is not there (or
-// does not open). Its name carries an XXH64 of everything it is made from (the digests of the data
-// file, tokenizer.json, tokenizer_config.json and chat_template.jinja, seq_len and packing, the
-// format's version), so a changed input makes a new one.
+// The folder of prepared datasets: <checkpoint-dir>/data-cache, else the user's cache folder
+// ($XDG_CACHE_HOME/megatrain/data-cache or ~/.cache/megatrain/data-cache), else
+// <temporary folder>/megatrain-data-cache-<uid> (also when the user's cache folder cannot be made:
+// a read-only home). Made with mode 0700 when missing; refused unless it
+// is a real folder (not a symlink), owned by this user, that no one else may write (issue 49: a
+// cache in the shared temporary folder could be planted or pointed elsewhere).
+Result<std::filesystem::path> data_cache_dir(const RunOptions& o) {
+  namespace fs = std::filesystem;
+  fs::path dir;
+  if (!o.checkpoint_dir.empty()) {
+    dir = fs::path(o.checkpoint_dir) / "data-cache";
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && x[0] == '/') {
+    dir = fs::path(x) / "megatrain" / "data-cache";
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && h[0] == '/') {
+    dir = fs::path(h) / ".cache" / "megatrain" / "data-cache";
+  } else {
+    dir = fs::temp_directory_path() / ("megatrain-data-cache-" + std::to_string(::geteuid()));
+  }
+  std::error_code ec;
+  fs::create_directories(dir.parent_path(), ec);
+  if (ec && o.checkpoint_dir.empty()) {  // a read-only or missing home: this user's folder in the temporary one
+    dir = fs::temp_directory_path() / ("megatrain-data-cache-" + std::to_string(::geteuid()));
+    ec.clear();
+  }
+  if (ec) return io_error("cannot create the prepared-data cache's folder " + dir.parent_path().string() + ": " + ec.message());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return io_error("cannot create the prepared-data cache " + dir.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return io_error("cannot read the prepared-data cache " + dir.string() + ": " + std::strerror(errno));
+  const std::string accepted = "; accepted: a folder of this user's that only it may write (chmod go-w), or another place "
+                               "(--checkpoint-dir DIR uses DIR/data-cache; XDG_CACHE_HOME)";
+  if (S_ISLNK(st.st_mode)) return invalid_argument("the prepared-data cache " + dir.string() + " is a symbolic link, which is not followed" + accepted);
+  if (!S_ISDIR(st.st_mode)) return invalid_argument("the prepared-data cache " + dir.string() + " is not a folder" + accepted);
+  if (st.st_uid != ::geteuid())
+    return invalid_argument("the prepared-data cache " + dir.string() + " belongs to user " + std::to_string(st.st_uid) +
+                            ", not to this one (" + std::to_string(::geteuid()) + "): its files could be anyone's" + accepted);
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return invalid_argument("the prepared-data cache " + dir.string() + " may be written by other users (mode " +
+                            [&] { char b[8]; std::snprintf(b, sizeof b, "%03o", st.st_mode & 0777); return std::string(b); }() + ")" +
+                            accepted);
+  return dir;
+}
+
+// --data FILE --tokenizer DIR: the prepared dataset in the cache, made when it is not there. Its
+// name and its header carry an XXH64 of everything it is made from (the contents of the data file,
+// tokenizer.json, tokenizer_config.json and chat_template.jinja, seq_len and packing, the format's
+// version), so a changed input makes a new one. On reuse the file is verified (its checksum, by
+// open) and must carry that key: a file put there under the name (or a symbolic link) is not
+// trained on, and the dataset is prepared again in its place.
 Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& plan, std::ostream& out) {
   namespace fs = std::filesystem;
   MT_ASSIGN_OR_RETURN(data::Tokenizer tok, data::Tokenizer::load(o.tokenizer_path));
@@ -498,15 +545,26 @@ Result<data::SequenceFile> prepared_on_the_fly(const RunOptions& o, const Plan& 
   po.seq_len = plan.training.seq_len;
   const std::string version = "megatrain.sequences/1 seq " + std::to_string(plan.training.seq_len) + (po.neat ? " neat" : " pack");
   key.update(version.data(), version.size());
-  const fs::path dir = !o.checkpoint_dir.empty() ? fs::path(o.checkpoint_dir) / "data-cache" : fs::temp_directory_path() / "megatrain-data-cache";
-  fs::create_directories(dir, ec);
-  if (ec) return io_error("cannot create the prepared-data cache " + dir.string() + ": " + ec.message());
-  const fs::path cached = dir / (fs::path(o.data_path).stem().string() + "-" + detail::hex64(key.digest()) + ".mtseq");
-  if (fs::exists(cached, ec))
-    if (auto f = data::SequenceFile::open(cached); f.ok()) {
-      say(out, "data: %s, prepared before (%s)", o.data_path.c_str(), cached.string().c_str());
+  po.cache_key = detail::hex64(key.digest());
+  MT_ASSIGN_OR_RETURN(fs::path dir, data_cache_dir(o));
+  const fs::path cached = dir / (fs::path(o.data_path).stem().string() + "-" + po.cache_key + ".mtseq");
+  struct stat st {};
+  if (::lstat(cached.c_str(), &st) == 0) {
+    std::string why;
+    if (!S_ISREG(st.st_mode)) {
+      why = S_ISLNK(st.st_mode) ? "is a symbolic link (not followed)" : "is not a regular file";
+    } else if (auto f = data::SequenceFile::open(cached); !f.ok()) {
+      why = "does not verify (" + f.status().message() + ")";
+    } else if (f->header().cache_key != po.cache_key) {
+      why = "does not carry the key of these inputs (" + (f->header().cache_key.empty() ? std::string("none") : f->header().cache_key) + ")";
+    } else {
+      say(out, "data: %s, prepared before (%s, verified)", o.data_path.c_str(), cached.string().c_str());
       return f;
     }
+    say(out, "note: the cached %s %s: prepared again in its place", cached.string().c_str(), why.c_str());
+    if (!S_ISREG(st.st_mode) && ::unlink(cached.c_str()) != 0 && errno != ENOENT)
+      return io_error("cannot remove " + cached.string() + ": " + std::strerror(errno));
+  }
   MT_ASSIGN_OR_RETURN(data::PrepareResult r, data::prepare_dataset(tok, {o.data_path}, "auto", data::FieldNames{}, po, cached));
   say(out, "data: %s prepared with %s: %lld documents (%s), %lld rows, %lld counted targets (train on %s) -> %s", o.data_path.c_str(),
       tok.source().c_str(), static_cast<long long>(r.header.documents), r.format.c_str(), static_cast<long long>(r.header.rows),

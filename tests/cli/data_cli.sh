@@ -142,17 +142,46 @@ if [ -x "$exec_bin" ]; then
     --steps 1 >"$tmp/out" 2>&1
   check "on the fly: prepared into <checkpoint-dir>/data-cache and trained" \
     "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && ls $tmp/ck/data-cache/sft-*.mtseq >/dev/null && grep -Eq 'step +1/1' $tmp/out"
-  # Without --checkpoint-dir the cache is in the temporary folder ($TMPDIR here).
+  # Without --checkpoint-dir the cache is the user's ($XDG_CACHE_HOME/megatrain/data-cache here).
+  srcdir=$2
+  onfly() { XDG_CACHE_HOME="$tmp/xdg" "$exec_bin" "$srcdir/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 "$@"; }
+  cache=$tmp/xdg/megatrain/data-cache
+  onfly >"$tmp/out" 2>&1
+  check "on the fly without a checkpoint folder: the user's cache folder, mode 0700" \
+    "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && ls $cache/sft-*.mtseq >/dev/null && [ \$(stat -c %a $cache) = 700 ]"
+  onfly >"$tmp/out" 2>&1
+  check "on the fly: the second run reuses the prepared file, verified" "[ $? -eq 0 ] && grep -q 'prepared before (.*verified)' $tmp/out"
+  # issue 49: a file put in the cache under the right name is not trained on.
+  cached=$(ls $cache/sft-*.mtseq)
+  cp "$tmp/neat128.mtseq" "$cached"
+  onfly >"$tmp/out" 2>&1
+  check "on the fly: a valid prepared file of other inputs put under the cached name is refused and prepared again" \
+    "[ $? -eq 0 ] && grep -q 'does not carry the key of these inputs' $tmp/out && grep -q 'prepared with' $tmp/out"
+  printf 'junk' >>"$cached"
+  onfly >"$tmp/out" 2>&1
+  check "on the fly: a damaged cached file is prepared again" "[ $? -eq 0 ] && grep -q 'does not verify' $tmp/out && grep -q 'prepared with' $tmp/out"
+  rm -f "$cached" && cp "$tmp/neat128.mtseq" "$tmp/target.mtseq" && ln -s "$tmp/target.mtseq" "$cached"
+  onfly >"$tmp/out" 2>&1
+  check "on the fly: a symbolic link under the cached name is not followed; its target is left as it was" \
+    "[ $? -eq 0 ] && grep -q 'is a symbolic link (not followed)' $tmp/out && [ ! -L $cached ] && cmp -s $tmp/target.mtseq $tmp/neat128.mtseq"
+  chmod 0770 "$cache"
+  onfly >"$tmp/out" 2>&1
+  check "on the fly: a cache folder others may write is refused, naming its mode" \
+    "[ $? -ne 0 ] && grep -q 'may be written by other users (mode 770)' $tmp/out && ! grep -Eq 'step +1/1' $tmp/out"
+  chmod 0700 "$cache"
+  mkdir -p "$tmp/elsewhere" "$tmp/xdg2/megatrain" && ln -s "$tmp/elsewhere" "$tmp/xdg2/megatrain/data-cache"
+  XDG_CACHE_HOME="$tmp/xdg2" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
+  check "on the fly: a cache folder that is a symbolic link is refused" \
+    "[ $? -ne 0 ] && grep -q 'is a symbolic link, which is not followed' $tmp/out && [ -z \"\$(ls $tmp/elsewhere)\" ]"
   mkdir -p "$tmp/t"
-  TMPDIR="$tmp/t" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
-  check "on the fly without a checkpoint folder: the temporary folder's cache" \
-    "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && ls $tmp/t/megatrain-data-cache/sft-*.mtseq >/dev/null"
-  TMPDIR="$tmp/t" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
-  check "on the fly: the second run reuses the prepared file" "[ $? -eq 0 ] && grep -q 'prepared before' $tmp/out"
+  env -u HOME -u XDG_CACHE_HOME TMPDIR="$tmp/t" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" \
+    --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
+  check "on the fly without HOME: the temporary folder's cache of this user" \
+    "[ $? -eq 0 ] && ls $tmp/t/megatrain-data-cache-\$(id -u)/sft-*.mtseq >/dev/null"
   printf '{"instruction": "c", "output": "b"}\n' >>"$tmp/sft.jsonl"
-  TMPDIR="$tmp/t" "$exec_bin" "$2/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 >"$tmp/out" 2>&1
+  onfly >"$tmp/out" 2>&1
   check "on the fly: a changed dataset is prepared again" \
-    "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && [ \$(ls $tmp/t/megatrain-data-cache | wc -l) -eq 2 ]"
+    "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && [ \$(ls $cache | wc -l) -eq 2 ]"
 fi
 echo "$fails failed"
 [ "$fails" -eq 0 ]

@@ -71,6 +71,7 @@ struct PrepareOptions {
   std::string train_on;       // all | assistant ("answer" is the same); empty: assistant for alpaca and chat, all otherwise
   std::string chat_template;  // a template's source to use instead of the tokenizer's
   int threads = 0;            // 0: every core
+  std::string cache_key;      // written into the header (SequenceHeader::cache_key); "" : none
   std::function<void(int64_t done, int64_t total)> progress;  // documents tokenized so far
 };
 

@@ -53,6 +53,10 @@ struct SequenceHeader {
   double document_tokens = 0;
   std::string tokenizer;          // where the tokenizer came from
   std::vector<std::string> sources;
+  // A file prepared on the fly into megatrain-exec's cache: the key its name carries (16 hex
+  // digits, the XXH64 of its inputs' contents and options), checked when the file is reused so
+  // that a file put there under that name is not trained on. Optional in the header ("" : absent).
+  std::string cache_key;
   uint64_t xxh64 = 0;             // of the tokens, then the mask
 };
 
