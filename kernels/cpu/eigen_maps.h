@@ -4,7 +4,9 @@
 
 // GCC 12 reports false "(may be) used uninitialized" warnings inside Eigen's AVX-512 packet code
 // (_mm256_undefined_pd); the diagnostics are emitted where Eigen is inlined, i.e. in the including file.
+#ifndef __clang__  // a GCC-only warning; clang warns about the name
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
 
