@@ -127,6 +127,7 @@ Result<Json> read_json_file(const std::filesystem::path& path, const std::string
   // A FIFO's open would wait for a writer, and a device would never end (issue 49).
   if (!std::filesystem::is_regular_file(path, ec))
     return invalid_argument(what + " '" + path.string() + "' is not a regular file (a FIFO, socket or device); expected a JSON file");
+  MT_RETURN_IF_ERROR(check_file_bytes(path, what));
   std::ifstream in(path, std::ios::binary);
   if (!in) return io_error("cannot open " + what + " '" + path.string() + "': " + std::strerror(errno));
   std::ostringstream ss;

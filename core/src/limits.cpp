@@ -16,7 +16,9 @@ struct Entry {
 constexpr Entry kEntries[] = {{"nesting", &Limits::nesting},
                               {"template_steps", &Limits::template_steps},
                               {"template_output_bytes", &Limits::template_output_bytes},
-                              {"template_macro_depth", &Limits::template_macro_depth}};
+                              {"template_macro_depth", &Limits::template_macro_depth},
+                              {"file_bytes", &Limits::file_bytes},
+                              {"record_bytes", &Limits::record_bytes}};
 
 std::string accepted_names() {
   std::string s;
@@ -58,6 +60,15 @@ Result<Limits> limits() {
     return env ? parse_limits(env) : Result<Limits>(Limits{});
   }();
   return cached;
+}
+
+Status check_file_bytes(const std::filesystem::path& path, const std::string& what) {
+  MT_ASSIGN_OR_RETURN(const Limits lim, limits());
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size <= static_cast<uintmax_t>(lim.file_bytes)) return {};
+  return resource_exhausted(limit_message(what + " '" + path.string() + "' holds " + std::to_string(size) + " bytes, read whole and parsed",
+                                          "file_bytes", lim.file_bytes, "bytes"));
 }
 
 std::string limit_message(const std::string& what, const char* name, int64_t value, const std::string& unit) {

@@ -163,6 +163,10 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
   }
   MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   if (ext == ".json") {
+    if (bytes.size() > static_cast<size_t>(lim.file_bytes))
+      return resource_exhausted(limit_message(name + " holds " + std::to_string(bytes.size()) + " bytes, read whole and parsed (a "
+                                              ".jsonl file is parsed a record at a time)",
+                                              "file_bytes", lim.file_bytes, "bytes"));
     Json j;
     try {
       j = Json::parse(bytes, json_nesting_limit<Json>(lim.nesting));
@@ -197,6 +201,9 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
     return std::string_view(bytes.data() + lines[k].first, lines[k].second - lines[k].first).find_first_not_of(" \t\r") == std::string_view::npos;
   };
   auto parse = [&](size_t k, Json& j) -> Status {
+    if (const size_t n = lines[k].second - lines[k].first; n > static_cast<size_t>(lim.record_bytes))
+      return resource_exhausted(name + ":" + std::to_string(k + 1) + ": " +
+                                limit_message("a record of " + std::to_string(n) + " bytes", "record_bytes", lim.record_bytes, "bytes"));
     try {
       j = Json::parse(std::string_view(bytes.data() + lines[k].first, lines[k].second - lines[k].first),
                       json_nesting_limit<Json>(lim.nesting));

@@ -457,15 +457,18 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
+  MT_RETURN_IF_ERROR(check_file_bytes(file, "tokenizer.json"));
   auto json_text = read_file(file);
   if (!json_text.ok()) return not_found(json_text.status().message() + "; expected a model folder with tokenizer.json, or the file itself");
   MT_ASSIGN_OR_RETURN(Tokenizer t, from_json(*json_text, file.string()));
   // A chat_template.jinja beside it (where transformers saves the template since 4.43) comes first.
   const std::filesystem::path jinja = file.parent_path() / "chat_template.jinja";
   if (std::filesystem::exists(jinja, ec)) {
+    MT_RETURN_IF_ERROR(check_file_bytes(jinja, "the chat template"));
     MT_ASSIGN_OR_RETURN(t.impl_->chat_template, read_file(jinja));
   }
   const std::filesystem::path config = file.parent_path() / "tokenizer_config.json";
+  MT_RETURN_IF_ERROR(check_file_bytes(config, "tokenizer_config.json"));
   auto config_text = read_file(config);
   if (!config_text.ok()) return t;  // no tokenizer_config.json: no BOS, EOS or padding
   Json c;

@@ -143,6 +143,13 @@ if [ -x "$exec_bin" ]; then
   check "on the fly: prepared into <checkpoint-dir>/data-cache and trained" \
     "[ $? -eq 0 ] && grep -q 'prepared with' $tmp/out && ls $tmp/ck/data-cache/sft-*.mtseq >/dev/null && grep -Eq 'step +1/1' $tmp/out"
   # Without --checkpoint-dir the cache is the user's ($XDG_CACHE_HOME/megatrain/data-cache here).
+  # issue 49: budgets on a record and on a file read whole (MEGATRAIN_LIMITS)
+  MEGATRAIN_LIMITS=record_bytes=20 "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 64 -o "$tmp/rb.mtseq" >"$tmp/out" 2>&1
+  check "prepare: a JSON Lines record past record_bytes is refused naming the file, the line and the limit" \
+    "[ $? -ne 0 ] && grep -q 'sft.jsonl:1: a record of [0-9]* bytes: more than 20 bytes (limit record_bytes' $tmp/out && [ ! -e $tmp/rb.mtseq ]"
+  MEGATRAIN_LIMITS=file_bytes=100 "$data" encode --tokenizer "$tmp/model" --text a >"$tmp/out" 2>&1
+  check "a tokenizer.json past file_bytes is refused before it is read" \
+    "[ $? -ne 0 ] && grep -q 'tokenizer.json .* bytes, read whole and parsed: more than 100 bytes (limit file_bytes' $tmp/out"
   srcdir=$2
   onfly() { XDG_CACHE_HOME="$tmp/xdg" "$exec_bin" "$srcdir/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 "$@"; }
   cache=$tmp/xdg/megatrain/data-cache

@@ -332,5 +332,12 @@ timeout 20 "$exe" "$tiny" --data "$tmp/d.jsonl" >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "exec --data x.jsonl without --tokenizer: refused, not trained on its JSON bytes" \
   "[ $rc -eq 1 ] && grep -q \"d.jsonl' is a JSON Lines dataset, which needs a tokenizer\" $tmp/err && untrained"
 
+# ---- issue 49: a file read whole is bounded (MEGATRAIN_LIMITS file_bytes) ----
+MEGATRAIN_LIMITS=file_bytes=100 timeout 20 "$bin/megatrain-plan" simulate "$tiny" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan simulate, a plan past file_bytes: refused naming the file, its size and the limit" \
+  "[ $rc -ne 0 ] && grep -q \"plan '$tiny' holds [0-9]* bytes, read whole and parsed: more than 100 bytes (limit file_bytes; raise it with MEGATRAIN_LIMITS=file_bytes=N)\" $tmp/out $tmp/err"
+MEGATRAIN_LIMITS=file_bytes=bad timeout 20 "$bin/megatrain-plan" simulate "$tiny" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "a malformed MEGATRAIN_LIMITS value is refused naming it" "[ $rc -ne 0 ] && grep -q 'MEGATRAIN_LIMITS file_bytes' $tmp/out $tmp/err"
+
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

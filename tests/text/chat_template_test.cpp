@@ -359,7 +359,9 @@ TEST(ChatTemplate, LongConversationsFindTheSameTurnsInLinearTime) {
       }
       ++a;
     }
-    if (t.name != "mistral_nemo") EXPECT_EQ(compared, 20u);
+    if (t.name != "mistral_nemo") {
+      EXPECT_EQ(compared, 20u);
+    }
     ++checked;
   }
   EXPECT_EQ(checked, 7);

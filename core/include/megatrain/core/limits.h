@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,12 @@ struct Limits {
   int64_t template_output_bytes = int64_t{256} << 20;
   // Macro calls in progress at once (a macro calling itself).
   int64_t template_macro_depth = 64;
+  // Bytes of a file read whole and parsed (a plan, config.json, a rig, tokenizer.json,
+  // tokenizer_config.json, a chat template, a .json dataset): a JSON document takes 10 to 20 times
+  // its text in memory once parsed.
+  int64_t file_bytes = int64_t{1} << 30;
+  // Bytes of one record (line) of a JSON Lines dataset.
+  int64_t record_bytes = int64_t{64} << 20;
 };
 
 // The defaults with MEGATRAIN_LIMITS applied; a malformed variable is an error naming it, the
@@ -35,6 +42,10 @@ struct Limits {
 Result<Limits> limits();
 // The defaults with "name=value,name=value" applied (MEGATRAIN_LIMITS's form).
 Result<Limits> parse_limits(std::string_view text);
+
+// OK when `path` holds at most limits().file_bytes bytes (or cannot be measured: the read that
+// follows says why); otherwise an error naming `what`, the path, its size and the limit.
+Status check_file_bytes(const std::filesystem::path& path, const std::string& what);
 
 // "<what>: more than <value> <unit> (limit <name>; raise it with MEGATRAIN_LIMITS=<name>=N)".
 std::string limit_message(const std::string& what, const char* name, int64_t value, const std::string& unit);
