@@ -208,7 +208,9 @@ int main(int argc, char** argv) {
       ss << in.rdbuf();
       text = ss.str();
     }
-    const std::vector<int32_t> out = tok->encode(text, add_special);
+    const auto encoded = tok->encode_checked(text, add_special);
+    if (!encoded.ok()) return fail("encode: " + encoded.status().message());
+    const std::vector<int32_t>& out = *encoded;
     std::string line = json ? "{\"ids\": [" : "";
     for (size_t i = 0; i < out.size(); ++i) line += (i ? (json ? ", " : " ") : "") + std::to_string(out[i]);
     line += json ? "]}" : "";

@@ -872,6 +872,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_to
   return out;
 }
 
+Result<std::vector<int32_t>> Tokenizer::encode_checked(std::string_view text, bool add_special_tokens) const {
+  const int64_t regex_errors_before = regex_errors();
+  std::vector<int32_t> ids = encode(text, add_special_tokens);
+  if (regex_errors() != regex_errors_before)
+    return invalid_argument("the pre-tokenizer's regex could not be matched over this text (" + last_regex_error() +
+                            "), so it cannot be tokenized as the reference would");
+  return ids;
+}
+
 Result<std::vector<int32_t>> Tokenizer::encode_with_cuts(std::string_view text, const std::vector<size_t>& cuts,
                                                          std::vector<size_t>& token_at) const {
   if (valid_utf8_prefix(text) != text.size()) return invalid_argument("encode_with_cuts: the text is not valid UTF-8, so its byte offsets would move");

@@ -261,6 +261,13 @@ TEST(Tokenizer, ARegexThatFailsToMatchIsAnErrorNotAGap) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("regex could not be matched"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("PCRE2 error"), std::string::npos) << bad.status().message();
+  // encode_checked (megatrain-data encode's path) likewise; a text that matches is encode's ids.
+  auto checked = t->encode_checked(std::string(64, 'a'));
+  ASSERT_FALSE(checked.ok());
+  EXPECT_NE(checked.status().message().find("PCRE2 error"), std::string::npos) << checked.status().message();
+  auto ok = t->encode_checked("aac ab", true);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(*ok, t->encode("aac ab", true));
 }
 
 // Ids that would size the id table past reason, or wrap when narrowed, are refused naming the key

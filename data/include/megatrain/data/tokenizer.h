@@ -45,7 +45,11 @@ class Tokenizer {
 
   // The ids of `text` (any bytes). add_special_tokens: wrap them in the post-processor's template
   // (a BOS token, for example), as tokenizers' encode(text, add_special_tokens=True) does.
+  // A text the pre-tokenizer's regex cannot finish (PCRE2's match or depth limit) leaves the rest
+  // of its span one piece here; encode_checked says so instead (issue 49).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // encode, or an error when the pre-tokenizer's regex failed on the text (naming PCRE2's reason).
+  Result<std::vector<int32_t>> encode_checked(std::string_view text, bool add_special_tokens = false) const;
   // encode(text) without special tokens, and for each byte offset in `cuts` (in order) the index of
   // the first id at or after it: the ids [0, token_at[k]) cover text[0, cuts[k]). A token that spans
   // a cut (BPE merged across it inside one word) counts as after the cut. `text` must be valid UTF-8.
