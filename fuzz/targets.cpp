@@ -113,7 +113,33 @@ std::vector<std::string> token_seeds(const fs::path& scratch) {
   h.vocab_size = 256;
   h.packing = "pad";
   h.train_on = "answer";
-  if (data::write_sequence_file(scratch / "seed.mtseq", h, rows).ok()) out.push_back(read_all(scratch / "seed.mtseq"));
+  if (data::write_sequence_file(scratch / "seed.mtseq", h, rows).ok()) {
+    const std::string good = read_all(scratch / "seed.mtseq");
+    out.push_back(good);
+    // Issue 49's crafted headers, kept as seeds (regressions, under the sanitizers too): rows x
+    // (seq_len + 1) x 5 wrapping to 0 (2^40 rows of 2^24 tokens: the size check passed and inspect
+    // read out of bounds), and an eos_id of 2^40 (read as 0).
+    uint64_t len = 0;
+    std::memcpy(&len, good.data() + 8, 8);
+    const auto header = nlohmann::ordered_json::parse(good.substr(16, static_cast<size_t>(std::min<uint64_t>(len, 4080))), nullptr, false);
+    auto with_header = [&](const nlohmann::ordered_json& j) {
+      const std::string text = j.dump();
+      std::string f = good.substr(0, 8);
+      const uint64_t n = text.size();
+      f.append(reinterpret_cast<const char*>(&n), 8);
+      f += text;
+      f.resize(static_cast<size_t>(data::kSequenceDataOffset), '\0');
+      return f + good.substr(static_cast<size_t>(data::kSequenceDataOffset));
+    };
+    if (header.is_object()) {
+      nlohmann::ordered_json wrap = header, eos = header;
+      wrap["rows"] = int64_t{1} << 40;
+      wrap["seq_len"] = (int64_t{1} << 24) - 1;
+      eos["eos_id"] = int64_t{1} << 40;
+      out.push_back(with_header(wrap));
+      out.push_back(with_header(eos));
+    }
+  }
   return out;
 }
 
@@ -175,6 +201,17 @@ std::vector<std::string> tokenizer_seeds(const fs::path&) {
  "merges": [["▁", "a"]], "unk_token": "<unk>"},
  "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
  "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]}})"};
+}
+
+// Issue 49's tokenizer.json cases, kept as seeds (regressions): Sequence normalizers nested past
+// the nesting budget (100,000 deep overflowed the stack; 1,000 here, within libFuzzer's input
+// length), and a Strip decoder with an empty content and a large start (decoded forever).
+std::vector<std::string> hostile_tokenizer_seeds() {
+  std::string nested = R"({"type": "Lowercase"})";
+  for (int i = 0; i < 1000; ++i) nested = R"({"type":"Sequence","normalizers":[)" + nested + "]}";
+  const std::string base = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}, )";
+  return {base + R"("normalizer": )" + nested + "}",
+          base + R"("decoder": {"type": "Strip", "content": "", "start": 1000000000, "stop": 0}})"};
 }
 
 void run_tokenizer(const std::string& bytes, const fs::path&) {
@@ -244,6 +281,24 @@ std::vector<std::string> template_sources() {
 std::vector<std::string> template_seeds(const fs::path&) {
   std::vector<std::string> out;
   for (const std::string& t : template_sources()) out.push_back(t + kContextSeparator + default_context());
+  // Issue 49's templates, kept as seeds (regressions, under the sanitizers too): SIGFPE, SIGSEGV,
+  // uncaught exceptions, wrapped integers, inf, and work or memory without bound, before.
+  for (const char* t : {"{{ (-9223372036854775807 - 1) % -1 }}", "{{ [1, 2, 3][::9223372036854775807] }}",
+                        "{{ [1, 2, 3][9223372036854775807:-9223372036854775807 - 1:-9223372036854775807] }}",
+                        "{{ 99999999999999999999 }}", "{{ [1, 2] | items }}", "{{ messages | tojson(indent=-3) }}",
+                        "{{ 9223372036854775807 + 1 }}", "{{ -(-9223372036854775807 - 1) }}", "{{ 1 / 0 }} {{ 1 // 0 }} {{ 1 % 0 }}",
+                        "{% for i in range(1000000000) %}{% endfor %}",
+                        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+                        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{{ range(9223372036854775807) | length }}"})
+    out.push_back(std::string(t) + kContextSeparator + default_context());
+  out.push_back("{{ " + std::string(3000, '(') + "1" + std::string(3000, ')') + " }}");
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 5000; ++i) chain += " + 1";
+  out.push_back(chain + " }}");
+  std::string ifs;
+  for (int i = 0; i < 1000; ++i) ifs += "{% if true %}";
+  for (int i = 0; i < 1000; ++i) ifs += "{% endif %}";
+  out.push_back(ifs);
   return out;
 }
 
@@ -273,6 +328,11 @@ std::vector<std::string> jsonl_seeds(const fs::path&) {
   for (const char* f : {"alpaca-sample.jsonl", "chat-sample.jsonl"}) out.push_back(read_all(kTestData / "sft" / f));
   out.push_back(R"({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]})" "\n"
                 R"({"text": "plain text\u00e9"})" "\n");
+  // Issue 49's records, kept as seeds: a message's content nested past the budget (100,000 deep
+  // before; 5,000 here), and invalid UTF-8 in a record.
+  out.push_back(R"({"messages": [{"role": "user", "content": )" + std::string(5000, '[') + std::string(5000, ']') +
+                R"(}, {"role": "assistant", "content": "b"}]})" "\n");
+  out.push_back("{\"text\": \"a\xff\xfe\xc0\x80" "b\"}\n{\"instruction\": \"x\", \"output\": \"\xed\xa0\x80\"}\n");
   return out;
 }
 
@@ -295,6 +355,12 @@ void run_jsonl(const std::string& bytes, const fs::path& scratch) {
 
 }  // namespace
 
+std::vector<std::string> tokenizer_fuzz_seeds(const fs::path& scratch) {
+  std::vector<std::string> out = tokenizer_seeds(scratch);
+  for (std::string& h : hostile_tokenizer_seeds()) out.push_back(std::move(h));
+  return out;
+}
+
 const std::vector<Target>& targets() {
   static const std::vector<Target> kTargets = {
       {"plan", "plan files (Plan::from_json_text, then the model it names)", [](const fs::path&) { return files_in(kProfiles / "plans"); },
@@ -306,7 +372,7 @@ const std::vector<Target>& targets() {
       {"safetensors", "safetensors files: header, offsets, dtypes (SafetensorsFile)", safetensors_seeds, run_safetensors},
       {"tokens", "llm.c token files and prepared datasets (TokenFile, SequenceFile)", token_seeds, run_tokens},
       {"mtrace", "trace files (TraceReader, the Chrome export)", trace_seeds, run_trace},
-      {"tokenizer", "tokenizer.json (Tokenizer::from_json, encode, decode)", tokenizer_seeds, run_tokenizer},
+      {"tokenizer", "tokenizer.json (Tokenizer::from_json, encode, decode)", tokenizer_fuzz_seeds, run_tokenizer},
       {"template", "chat templates, source and context (ChatTemplate::parse, render; budgets of 1e6 steps, 1 MiB)",
        template_seeds, run_template},
       {"jsonl", "JSON Lines datasets (read_documents, then build_rows with a byte-level tokenizer and a template)", jsonl_seeds,
