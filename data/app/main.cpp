@@ -1,6 +1,7 @@
 // megatrain-data: the user's data in (issue 19). Argument parsing only; the work is in
 // megatrain_data.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <iostream>
@@ -186,6 +187,9 @@ int main(int argc, char** argv) {
     prep.threads = static_cast<int>(threads);
     if (prep.split_long && prep.pack) return fail("--split-long goes with --pad (packed documents always continue on the next row)");
     if (!template_file.empty()) {
+      std::error_code ec;
+      if (std::filesystem::exists(template_file, ec) && !std::filesystem::is_regular_file(template_file, ec))
+        return fail("--chat-template " + template_file + ": not a regular file (a FIFO, device or folder); expected a template file");
       std::ifstream in(template_file, std::ios::binary);
       if (!in) return fail("--chat-template " + template_file + ": cannot be read");
       std::ostringstream ss;
@@ -202,6 +206,9 @@ int main(int argc, char** argv) {
   if (encode->parsed()) {
     if (text_opt->count() == 0 && file_opt->count() == 0) return fail("encode: give --text or --text-file");
     if (file_opt->count() > 0) {
+      std::error_code ec;
+      if (std::filesystem::exists(text_file, ec) && !std::filesystem::is_regular_file(text_file, ec))
+        return fail("--text-file " + text_file + ": not a regular file (a FIFO, device or folder); expected a text file");
       std::ifstream in(text_file, std::ios::binary);
       if (!in) return fail("--text-file " + text_file + ": cannot be read");
       std::ostringstream ss;

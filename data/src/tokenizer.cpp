@@ -469,8 +469,9 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   }
   const std::filesystem::path config = file.parent_path() / "tokenizer_config.json";
   MT_RETURN_IF_ERROR(check_file_bytes(config, "tokenizer_config.json"));
-  auto config_text = read_file(config);
-  if (!config_text.ok()) return t;  // no tokenizer_config.json: no BOS, EOS or padding
+  if (!std::filesystem::exists(config, ec)) return t;  // no tokenizer_config.json: no BOS, EOS or padding
+  auto config_text = read_file(config);  // one that is there but cannot be read (a FIFO) is an error
+  if (!config_text.ok()) return config_text.status();
   Json c;
   MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   try {

@@ -570,6 +570,10 @@ Result<HfCheckpoint> HfCheckpoint::open(const std::filesystem::path& folder_or_f
     if (fs::is_regular_file(p / "model.safetensors", ec)) single = p / "model.safetensors";
     else if (fs::is_regular_file(p / "model.safetensors.index.json", ec)) index = p / "model.safetensors.index.json";
     else {
+      for (const char* name : {"model.safetensors", "model.safetensors.index.json"})
+        if (fs::exists(p / name, ec))
+          return invalid_argument("checkpoint folder '" + p.string() + "': " + name +
+                                  " is not a regular file (a FIFO, device or folder); expected the file itself");
       std::string hint;
       if (fs::exists(p / "pytorch_model.bin", ec) || fs::exists(p / "pytorch_model.bin.index.json", ec))
         hint = "; only PyTorch .bin weights are there: convert them to safetensors";

@@ -150,6 +150,14 @@ if [ -x "$exec_bin" ]; then
   MEGATRAIN_LIMITS=file_bytes=100 "$data" encode --tokenizer "$tmp/model" --text a >"$tmp/out" 2>&1
   check "a tokenizer.json past file_bytes is refused before it is read" \
     "[ $? -ne 0 ] && grep -q 'tokenizer.json .* bytes, read whole and parsed: more than 100 bytes (limit file_bytes' $tmp/out"
+  # issue 49: a FIFO for every input path (it would block the read, or be skipped as absent)
+  mkfifo "$tmp/tpl.fifo"
+  timeout 20 "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 64 --chat-template "$tmp/tpl.fifo" -o "$tmp/ff.mtseq" >"$tmp/out" 2>&1
+  check "prepare --chat-template FIFO: refused, no hang" "[ $? -eq 1 ] && grep -q 'not a regular file' $tmp/out"
+  mkdir -p "$tmp/fifo-model" && cp "$tmp/model/tokenizer.json" "$tmp/fifo-model/" && mkfifo "$tmp/fifo-model/tokenizer_config.json"
+  timeout 20 "$data" encode --tokenizer "$tmp/fifo-model" --text a >"$tmp/out" 2>&1
+  check "a tokenizer_config.json that is a FIFO: refused, not read as absent (its BOS and EOS would be lost)" \
+    "[ $? -eq 1 ] && grep -q 'tokenizer_config.json: not a regular file' $tmp/out"
   srcdir=$2
   onfly() { XDG_CACHE_HOME="$tmp/xdg" "$exec_bin" "$srcdir/profiles/plans/tiny-cpu.json" --data "$tmp/sft.jsonl" --tokenizer "$tmp/model" --steps 1 "$@"; }
   cache=$tmp/xdg/megatrain/data-cache

@@ -331,6 +331,10 @@ printf '{"text": "hello"}\n' >"$tmp/d.jsonl"
 timeout 20 "$exe" "$tiny" --data "$tmp/d.jsonl" >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "exec --data x.jsonl without --tokenizer: refused, not trained on its JSON bytes" \
   "[ $rc -eq 1 ] && grep -q \"d.jsonl' is a JSON Lines dataset, which needs a tokenizer\" $tmp/err && untrained"
+mkdir -p "$tmp/fifo-init" && mkfifo "$tmp/fifo-init/model.safetensors"
+timeout 20 "$exe" "$tiny" --data "$tmp/text.txt" --init "$tmp/fifo-init" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "exec --init whose model.safetensors is a FIFO: refused naming it, no hang" \
+  "[ $rc -eq 1 ] && grep -q 'model.safetensors is not a regular file' $tmp/err && untrained"
 
 # ---- issue 49: a file read whole is bounded (MEGATRAIN_LIMITS file_bytes) ----
 MEGATRAIN_LIMITS=file_bytes=100 timeout 20 "$bin/megatrain-plan" simulate "$tiny" >"$tmp/out" 2>"$tmp/err"; rc=$?
