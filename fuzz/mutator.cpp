@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz.h"
+#include "megatrain/core/limits.h"
 
 namespace megatrain::fuzz {
 namespace {
@@ -34,7 +35,14 @@ bool number_at(const std::string& s, size_t p, size_t& b, size_t& e) {
 // checks behind the parser. Returns false when `s` is not JSON.
 bool mutate_json(std::string& s, std::mt19937_64& rng) {
   using Json = nlohmann::ordered_json;
-  Json j = Json::parse(s, nullptr, false);
+  // flatten() recurses per level: a document deeper than the readers' budget (a seed that tests it)
+  // is left to the byte edits.
+  Json j;
+  try {
+    j = Json::parse(s, json_nesting_limit<Json>(Limits{}.nesting), false);
+  } catch (const JsonTooDeep&) {
+    return false;
+  }
   if (j.is_discarded() || !j.is_structured()) return false;
   Json flat = j.flatten();
   if (flat.empty()) return false;
