@@ -1,5 +1,6 @@
 // ModelSpec: reading HF config.json for Llama, Mistral and Qwen2, and the derived counts.
 #include "megatrain/core/model_spec.h"
+#include "megatrain/core/arch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -468,69 +469,8 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
   spec.config_ = c;
   spec.config_json_ = j.dump(2);
 
-  // The tensors in HF state-dict order.
-  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t layer, TensorRole role, int64_t expert = -1) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    spec.tensors_.push_back(TensorInfo{std::move(name), std::move(shape), n, layer, role, expert});
-  };
-  const int64_t H = c.hidden_size, I = c.intermediate_size, q_out = c.num_heads * c.head_dim,
-                kv_out = c.num_kv_heads * c.head_dim;
-  add("model.embed_tokens.weight", {c.vocab_size, H}, -1, TensorRole::kEmbedding);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    // GptOssAttention's own parameter comes before its submodules' in the state dict.
-    if (c.attention_sinks) add(p + "self_attn.sinks", {c.num_heads}, l, TensorRole::kSinks);
-    add(p + "self_attn.q_proj.weight", {q_out, H}, l, TensorRole::kQ);
-    if (c.qkv_bias) add(p + "self_attn.q_proj.bias", {q_out}, l, TensorRole::kQBias);
-    add(p + "self_attn.k_proj.weight", {kv_out, H}, l, TensorRole::kK);
-    if (c.qkv_bias) add(p + "self_attn.k_proj.bias", {kv_out}, l, TensorRole::kKBias);
-    add(p + "self_attn.v_proj.weight", {kv_out, H}, l, TensorRole::kV);
-    if (c.qkv_bias) add(p + "self_attn.v_proj.bias", {kv_out}, l, TensorRole::kVBias);
-    add(p + "self_attn.o_proj.weight", {H, q_out}, l, TensorRole::kO);
-    if (c.o_bias) add(p + "self_attn.o_proj.bias", {H}, l, TensorRole::kOBias);
-    if (c.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {c.head_dim}, l, TensorRole::kQNorm);
-      add(p + "self_attn.k_norm.weight", {c.head_dim}, l, TensorRole::kKNorm);
-    }
-    const int64_t E = c.num_experts, Im = c.moe_intermediate_size;
-    if (c.is_moe_layer(l) && c.moe == "mixtral") {
-      add(p + "block_sparse_moe.gate.weight", {E, H}, l, TensorRole::kRouter);
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-        add(x + "w1.weight", {Im, H}, l, TensorRole::kExpertGate, e);
-        add(x + "w2.weight", {H, Im}, l, TensorRole::kExpertDown, e);
-        add(x + "w3.weight", {Im, H}, l, TensorRole::kExpertUp, e);
-      }
-    } else if (c.is_moe_layer(l) && c.moe == "qwen3_moe") {
-      add(p + "mlp.gate.weight", {E, H}, l, TensorRole::kRouter);
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        add(x + "gate_proj.weight", {Im, H}, l, TensorRole::kExpertGate, e);
-        add(x + "up_proj.weight", {Im, H}, l, TensorRole::kExpertUp, e);
-        add(x + "down_proj.weight", {H, Im}, l, TensorRole::kExpertDown, e);
-      }
-    } else if (c.is_moe_layer(l) && c.moe == "gpt_oss") {
-      // GptOssMLP: router (Linear with bias) and GptOssExperts with stacked parameters.
-      add(p + "mlp.router.weight", {E, H}, l, TensorRole::kRouter);
-      add(p + "mlp.router.bias", {E}, l, TensorRole::kRouterBias);
-      add(p + "mlp.experts.gate_up_proj", {E, H, 2 * Im}, l, TensorRole::kExpertGateUp);
-      add(p + "mlp.experts.gate_up_proj_bias", {E, 2 * Im}, l, TensorRole::kExpertGateUpBias);
-      add(p + "mlp.experts.down_proj", {E, Im, H}, l, TensorRole::kExpertDown);
-      add(p + "mlp.experts.down_proj_bias", {E, H}, l, TensorRole::kExpertDownBias);
-    } else {
-      add(p + "mlp.gate_proj.weight", {I, H}, l, TensorRole::kGate);
-      if (c.mlp_bias) add(p + "mlp.gate_proj.bias", {I}, l, TensorRole::kGateBias);
-      add(p + "mlp.up_proj.weight", {I, H}, l, TensorRole::kUp);
-      if (c.mlp_bias) add(p + "mlp.up_proj.bias", {I}, l, TensorRole::kUpBias);
-      add(p + "mlp.down_proj.weight", {H, I}, l, TensorRole::kDown);
-      if (c.mlp_bias) add(p + "mlp.down_proj.bias", {H}, l, TensorRole::kDownBias);
-    }
-    add(p + "input_layernorm.weight", {H}, l, TensorRole::kAttnNorm);
-    add(p + "post_attention_layernorm.weight", {H}, l, TensorRole::kMlpNorm);
-  }
-  add("model.norm.weight", {H}, -1, TensorRole::kFinalNorm);
-  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, H}, -1, TensorRole::kHead);
+  // The tensors in HF state-dict order, laid out from the architecture's tensor tables (arch.h).
+  spec.tensors_ = arch::tensor_list(c);
   return spec;
 }
 
@@ -553,12 +493,6 @@ std::vector<TensorInfo> ModelSpec::layer_tensors(int64_t layer) const {
   return out;
 }
 
-namespace {
-bool is_expert_role(TensorRole r) {
-  return r == TensorRole::kExpertGate || r == TensorRole::kExpertUp || r == TensorRole::kExpertDown ||
-         r == TensorRole::kExpertGateUp || r == TensorRole::kExpertGateUpBias || r == TensorRole::kExpertDownBias;
-}
-}  // namespace
 
 ParameterCounts ModelSpec::parameter_counts() const {
   const ModelConfig& c = config_;
@@ -573,7 +507,7 @@ ParameterCounts ModelSpec::parameter_counts() const {
       pc.layers += t.numel;
       pc.layer[static_cast<size_t>(t.layer)] += t.numel;
     }
-    if (is_expert_role(t.role)) pc.experts += t.numel;
+    if (arch::role_traits(t.role).expert) pc.experts += t.numel;
     if (t.role == TensorRole::kRouter || t.role == TensorRole::kRouterBias) pc.router += t.numel;
     pc.total += t.numel;
   }
@@ -672,41 +606,6 @@ bool ModelConfig::is_sliding_layer(int64_t l) const {
   return l < static_cast<int64_t>(layer_sliding.size()) && layer_sliding[static_cast<size_t>(l)];
 }
 
-const char* tensor_role_name(TensorRole r) {
-  switch (r) {
-    case TensorRole::kEmbedding: return "embedding";
-    case TensorRole::kAttnNorm: return "attn_norm";
-    case TensorRole::kQ: return "q";
-    case TensorRole::kK: return "k";
-    case TensorRole::kV: return "v";
-    case TensorRole::kO: return "o";
-    case TensorRole::kQBias: return "q_bias";
-    case TensorRole::kKBias: return "k_bias";
-    case TensorRole::kVBias: return "v_bias";
-    case TensorRole::kOBias: return "o_bias";
-    case TensorRole::kMlpNorm: return "mlp_norm";
-    case TensorRole::kGate: return "gate";
-    case TensorRole::kUp: return "up";
-    case TensorRole::kDown: return "down";
-    case TensorRole::kGateBias: return "gate_bias";
-    case TensorRole::kUpBias: return "up_bias";
-    case TensorRole::kDownBias: return "down_bias";
-    case TensorRole::kFinalNorm: return "final_norm";
-    case TensorRole::kHead: return "head";
-    case TensorRole::kQNorm: return "q_norm";
-    case TensorRole::kKNorm: return "k_norm";
-    case TensorRole::kSinks: return "sinks";
-    case TensorRole::kRouter: return "router";
-    case TensorRole::kRouterBias: return "router_bias";
-    case TensorRole::kExpertGate: return "expert_gate";
-    case TensorRole::kExpertUp: return "expert_up";
-    case TensorRole::kExpertDown: return "expert_down";
-    case TensorRole::kExpertGateUp: return "expert_gate_up";
-    case TensorRole::kExpertGateUpBias: return "expert_gate_up_bias";
-    case TensorRole::kExpertDownBias: return "expert_down_bias";
-    case TensorRole::kCount: break;
-  }
-  return "?";
-}
+const char* tensor_role_name(TensorRole r) { return arch::role_traits(r).name; }
 
 }  // namespace megatrain

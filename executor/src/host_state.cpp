@@ -1,5 +1,6 @@
 // Building the per-unit RAM tier from a ModelSpec, and seeded HF-style initialisation.
 #include "megatrain/executor/host_state.h"
+#include "megatrain/core/arch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -42,18 +43,6 @@ uint64_t hash_name(const std::string& s) {
   return h;
 }
 
-bool is_norm_or_bias(TensorRole r) {
-  switch (r) {
-    case TensorRole::kAttnNorm: case TensorRole::kMlpNorm: case TensorRole::kFinalNorm:
-    case TensorRole::kQBias: case TensorRole::kKBias: case TensorRole::kVBias: case TensorRole::kOBias:
-    case TensorRole::kGateBias: case TensorRole::kUpBias: case TensorRole::kDownBias:
-    case TensorRole::kQNorm: case TensorRole::kKNorm:
-    case TensorRole::kRouterBias: case TensorRole::kExpertGateUpBias: case TensorRole::kExpertDownBias:
-      return true;
-    default:
-      return false;
-  }
-}
 
 }  // namespace
 
@@ -287,7 +276,7 @@ void HostState::build_units(const ModelSpec& model, StateFormat m_format, StateF
     if (t.layer >= 0) u = static_cast<size_t>(t.layer + 1);
     else if (t.role == TensorRole::kEmbedding) u = 0;
     else u = static_cast<size_t>(L + 1);
-    units_[u].tensors.push_back(TensorSlot{t.name, t.shape, t.role, 0, t.numel, !is_norm_or_bias(t.role), t.expert, t.layer});
+    units_[u].tensors.push_back(TensorSlot{t.name, t.shape, t.role, 0, t.numel, arch::role_traits(t.role).decay, t.expert, t.layer});
   }
   // Sharded states: owners over the tensors in unit order (core/plan.h).
   std::vector<int64_t> all_numels;
@@ -333,13 +322,9 @@ Status HostState::init_random(uint64_t seed, double std) {
     if (!writes_weights()) continue;  // shared: the node's first rank sets them
     for (const TensorSlot& t : us.tensors) {
       float* w = us.master.data() + t.offset;
-      if (t.role == TensorRole::kAttnNorm || t.role == TensorRole::kMlpNorm || t.role == TensorRole::kFinalNorm ||
-          t.role == TensorRole::kQNorm || t.role == TensorRole::kKNorm) {
-        for (int64_t i = 0; i < t.numel; ++i) w[i] = 1.0f;
-        continue;
-      }
-      if (is_norm_or_bias(t.role)) {
-        for (int64_t i = 0; i < t.numel; ++i) w[i] = 0.0f;
+      // Norms start at one and biases at zero (arch::role_traits), the rest from a normal draw.
+      if (const arch::Init init = arch::role_traits(t.role).init; init != arch::Init::kNormal) {
+        std::fill(w, w + t.numel, init == arch::Init::kOnes ? 1.0f : 0.0f);
         continue;
       }
       // Box-Muller on a counter-based stream: element i's value depends only on (seed, name, i).

@@ -1,0 +1,88 @@
+// Architectures as descriptions (issue 47, part 1, first slice: the tensor tables).
+//
+// A model's tensors are not written out per architecture in code: each block of a decoder (the
+// attention, a dense MLP, each kind of MoE block, the layer's norms, the embedding and the head)
+// is a table of rules, one per Hugging Face tensor, with its name, its symbolic shape, its role,
+// the config switch that adds it and whether it is one per expert. ModelSpec lays the tables out
+// in state-dict order for a config, and what is known of each role (its name, whether AdamW
+// decays it, how it is initialised, whether it is an expert's) is one table too, read by the
+// parameter counts, the initialisation and the optimizer. A new architecture is a new table.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/model_spec.h"
+
+namespace megatrain::arch {
+
+// How a fresh tensor is initialised (HostState::init_random): a normal draw of the run's std,
+// ones (RMSNorm weights) or zeros (biases).
+enum class Init { kNormal, kOnes, kZeros };
+
+// What holds for every tensor of a role, whatever the architecture.
+struct RoleTraits {
+  const char* name;  // tensor_role_name
+  bool decay;        // AdamW's weight decay applies (not to norms and biases, as HF Trainer does)
+  Init init;
+  bool expert;       // an expert's weights (counted in ParameterCounts::experts)
+};
+const RoleTraits& role_traits(TensorRole r);
+
+// The symbols of a tensor's shape, read from the config.
+enum class Dim : uint8_t {
+  kVocab,         // vocab_size
+  kHidden,        // hidden_size
+  kIntermediate,  // intermediate_size (a dense MLP)
+  kQ,             // num_heads x head_dim
+  kKv,            // num_kv_heads x head_dim
+  kHeadDim,       // head_dim
+  kHeads,         // num_heads
+  kExperts,       // num_experts
+  kExpertInter,   // moe_intermediate_size
+  kExpertInter2,  // 2 x moe_intermediate_size (gate and up side by side)
+};
+
+// The config switch a rule needs (kAlways: every config of the block's architecture).
+enum class When : uint8_t { kAlways, kQkvBias, kOBias, kQkNorm, kMlpBias, kSinks, kUntiedHead };
+
+// One Hugging Face tensor of a block. `name` follows the block's prefix ("model.layers.{l}.");
+// a per-expert rule's name follows "<expert_prefix>{e}.".
+struct TensorRule {
+  const char* name;
+  std::array<Dim, 3> shape;
+  int rank;  // 1 to 3: the first `rank` symbols of `shape`
+  TensorRole role;
+  When when = When::kAlways;
+  bool per_expert = false;
+};
+
+// A block: its rules in state-dict order, and for per-expert rules the prefix of expert e's
+// tensors (they come after the block's other tensors, expert by expert, in the rules' order).
+struct Block {
+  const char* name;          // for people: "attention", "mixtral MoE", ...
+  const char* prefix;        // "" or "model.layers.{l}." ({l}: the layer)
+  const char* expert_prefix; // "block_sparse_moe.experts." (with {l}'s prefix before it), or ""
+  std::span<const TensorRule> rules;
+};
+
+// The blocks of each part of a model.
+const Block& embedding_block();
+const Block& attention_block();
+// The MLP of layer l for a config: the dense MLP, or the MoE block its `moe` names
+// (mixtral, qwen3_moe, gpt_oss).
+const Block* mlp_block(const ModelConfig& c, int64_t layer);
+const Block& layer_norms_block();
+const Block& head_block();  // the final norm, and the head unless tied
+
+// The value of a shape symbol, and whether a rule's switch is on, for a config.
+int64_t dim_value(Dim d, const ModelConfig& c);
+bool rule_applies(When w, const ModelConfig& c);
+
+// The tensors of a config in Hugging Face state-dict order, laid out from the tables.
+std::vector<TensorInfo> tensor_list(const ModelConfig& c);
+
+}  // namespace megatrain::arch

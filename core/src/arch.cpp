@@ -1,0 +1,204 @@
+#include "megatrain/core/arch.h"
+
+#include <cstddef>
+
+namespace megatrain::arch {
+namespace {
+
+using D = Dim;
+using R = TensorRole;
+
+// ---- what holds for every role ----------------------------------------------------------------------
+
+constexpr RoleTraits kRoles[] = {
+    // name, decay, init, expert; in TensorRole's order
+    {"embedding", true, Init::kNormal, false},       {"attn_norm", false, Init::kOnes, false},
+    {"q", true, Init::kNormal, false},               {"k", true, Init::kNormal, false},
+    {"v", true, Init::kNormal, false},               {"o", true, Init::kNormal, false},
+    {"q_bias", false, Init::kZeros, false},          {"k_bias", false, Init::kZeros, false},
+    {"v_bias", false, Init::kZeros, false},          {"o_bias", false, Init::kZeros, false},
+    {"mlp_norm", false, Init::kOnes, false},         {"gate", true, Init::kNormal, false},
+    {"up", true, Init::kNormal, false},              {"down", true, Init::kNormal, false},
+    {"gate_bias", false, Init::kZeros, false},       {"up_bias", false, Init::kZeros, false},
+    {"down_bias", false, Init::kZeros, false},       {"final_norm", false, Init::kOnes, false},
+    {"head", true, Init::kNormal, false},            {"q_norm", false, Init::kOnes, false},
+    {"k_norm", false, Init::kOnes, false},           {"sinks", true, Init::kNormal, false},
+    {"router", true, Init::kNormal, false},          {"router_bias", false, Init::kZeros, false},
+    {"expert_gate", true, Init::kNormal, true},      {"expert_up", true, Init::kNormal, true},
+    {"expert_down", true, Init::kNormal, true},      {"expert_gate_up", true, Init::kNormal, true},
+    {"expert_gate_up_bias", false, Init::kZeros, true}, {"expert_down_bias", false, Init::kZeros, true},
+};
+static_assert(std::size(kRoles) == static_cast<size_t>(kTensorRoleCount), "one RoleTraits per TensorRole, in its order");
+
+// ---- the tensor tables ------------------------------------------------------------------------------
+
+constexpr TensorRule kEmbedding[] = {{"model.embed_tokens.weight", {D::kVocab, D::kHidden}, 2, R::kEmbedding}};
+
+// LlamaAttention and its kin. GptOssAttention's own parameter (the sinks) comes before its
+// submodules' in the state dict; Qwen3's per-head norms after the projections.
+constexpr TensorRule kAttention[] = {
+    {"self_attn.sinks", {D::kHeads}, 1, R::kSinks, When::kSinks},
+    {"self_attn.q_proj.weight", {D::kQ, D::kHidden}, 2, R::kQ},
+    {"self_attn.q_proj.bias", {D::kQ}, 1, R::kQBias, When::kQkvBias},
+    {"self_attn.k_proj.weight", {D::kKv, D::kHidden}, 2, R::kK},
+    {"self_attn.k_proj.bias", {D::kKv}, 1, R::kKBias, When::kQkvBias},
+    {"self_attn.v_proj.weight", {D::kKv, D::kHidden}, 2, R::kV},
+    {"self_attn.v_proj.bias", {D::kKv}, 1, R::kVBias, When::kQkvBias},
+    {"self_attn.o_proj.weight", {D::kHidden, D::kQ}, 2, R::kO},
+    {"self_attn.o_proj.bias", {D::kHidden}, 1, R::kOBias, When::kOBias},
+    {"self_attn.q_norm.weight", {D::kHeadDim}, 1, R::kQNorm, When::kQkNorm},
+    {"self_attn.k_norm.weight", {D::kHeadDim}, 1, R::kKNorm, When::kQkNorm},
+};
+
+constexpr TensorRule kDenseMlp[] = {
+    {"mlp.gate_proj.weight", {D::kIntermediate, D::kHidden}, 2, R::kGate},
+    {"mlp.gate_proj.bias", {D::kIntermediate}, 1, R::kGateBias, When::kMlpBias},
+    {"mlp.up_proj.weight", {D::kIntermediate, D::kHidden}, 2, R::kUp},
+    {"mlp.up_proj.bias", {D::kIntermediate}, 1, R::kUpBias, When::kMlpBias},
+    {"mlp.down_proj.weight", {D::kHidden, D::kIntermediate}, 2, R::kDown},
+    {"mlp.down_proj.bias", {D::kHidden}, 1, R::kDownBias, When::kMlpBias},
+};
+
+// MixtralSparseMoeBlock: the router, then each expert's w1 (gate), w2 (down), w3 (up).
+constexpr TensorRule kMixtralMoe[] = {
+    {"block_sparse_moe.gate.weight", {D::kExperts, D::kHidden}, 2, R::kRouter},
+    {"w1.weight", {D::kExpertInter, D::kHidden}, 2, R::kExpertGate, When::kAlways, true},
+    {"w2.weight", {D::kHidden, D::kExpertInter}, 2, R::kExpertDown, When::kAlways, true},
+    {"w3.weight", {D::kExpertInter, D::kHidden}, 2, R::kExpertUp, When::kAlways, true},
+};
+
+// Qwen3MoeSparseMoeBlock: the router, then each expert's gate, up and down projections.
+constexpr TensorRule kQwen3Moe[] = {
+    {"mlp.gate.weight", {D::kExperts, D::kHidden}, 2, R::kRouter},
+    {"gate_proj.weight", {D::kExpertInter, D::kHidden}, 2, R::kExpertGate, When::kAlways, true},
+    {"up_proj.weight", {D::kExpertInter, D::kHidden}, 2, R::kExpertUp, When::kAlways, true},
+    {"down_proj.weight", {D::kHidden, D::kExpertInter}, 2, R::kExpertDown, When::kAlways, true},
+};
+
+// GptOssMLP: a router with a bias, and GptOssExperts' stacked parameters (gate and up interleaved
+// in gate_up_proj's last dimension).
+constexpr TensorRule kGptOssMoe[] = {
+    {"mlp.router.weight", {D::kExperts, D::kHidden}, 2, R::kRouter},
+    {"mlp.router.bias", {D::kExperts}, 1, R::kRouterBias},
+    {"mlp.experts.gate_up_proj", {D::kExperts, D::kHidden, D::kExpertInter2}, 3, R::kExpertGateUp},
+    {"mlp.experts.gate_up_proj_bias", {D::kExperts, D::kExpertInter2}, 2, R::kExpertGateUpBias},
+    {"mlp.experts.down_proj", {D::kExperts, D::kExpertInter, D::kHidden}, 3, R::kExpertDown},
+    {"mlp.experts.down_proj_bias", {D::kExperts, D::kHidden}, 2, R::kExpertDownBias},
+};
+
+constexpr TensorRule kLayerNorms[] = {
+    {"input_layernorm.weight", {D::kHidden}, 1, R::kAttnNorm},
+    {"post_attention_layernorm.weight", {D::kHidden}, 1, R::kMlpNorm},
+};
+
+constexpr TensorRule kHead[] = {
+    {"model.norm.weight", {D::kHidden}, 1, R::kFinalNorm},
+    {"lm_head.weight", {D::kVocab, D::kHidden}, 2, R::kHead, When::kUntiedHead},
+};
+
+constexpr const char* kLayerPrefix = "model.layers.{l}.";
+const Block kEmbeddingBlock{"embedding", "", "", kEmbedding};
+const Block kAttentionBlock{"attention", kLayerPrefix, "", kAttention};
+const Block kDenseMlpBlock{"dense MLP", kLayerPrefix, "", kDenseMlp};
+const Block kMixtralBlock{"Mixtral MoE", kLayerPrefix, "block_sparse_moe.experts.", kMixtralMoe};
+const Block kQwen3MoeBlock{"Qwen3-MoE MoE", kLayerPrefix, "mlp.experts.", kQwen3Moe};
+const Block kGptOssBlock{"gpt-oss MoE", kLayerPrefix, "", kGptOssMoe};
+const Block kLayerNormsBlock{"layer norms", kLayerPrefix, "", kLayerNorms};
+const Block kHeadBlock{"head", "", "", kHead};
+
+std::string with_layer(const char* pattern, int64_t layer) {
+  std::string s = pattern;
+  if (const size_t at = s.find("{l}"); at != std::string::npos) s.replace(at, 3, std::to_string(layer));
+  return s;
+}
+
+void lay_out(const Block& b, const ModelConfig& c, int64_t layer, std::vector<TensorInfo>& out) {
+  const std::string prefix = with_layer(b.prefix, layer);
+  auto add = [&](const TensorRule& r, std::string name, int64_t expert) {
+    TensorInfo t;
+    t.name = std::move(name);
+    t.numel = 1;
+    for (int k = 0; k < r.rank; ++k) {
+      t.shape.push_back(dim_value(r.shape[static_cast<size_t>(k)], c));
+      t.numel *= t.shape.back();
+    }
+    t.layer = layer;
+    t.role = r.role;
+    t.expert = expert;
+    out.push_back(std::move(t));
+  };
+  for (const TensorRule& r : b.rules)
+    if (!r.per_expert && rule_applies(r.when, c)) add(r, prefix + r.name, -1);
+  bool experts = false;
+  for (const TensorRule& r : b.rules) experts = experts || r.per_expert;
+  if (!experts) return;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const std::string x = prefix + b.expert_prefix + std::to_string(e) + ".";
+    for (const TensorRule& r : b.rules)
+      if (r.per_expert && rule_applies(r.when, c)) add(r, x + r.name, e);
+  }
+}
+
+}  // namespace
+
+const RoleTraits& role_traits(TensorRole r) {
+  static const RoleTraits kUnknown{"?", true, Init::kNormal, false};
+  const auto i = static_cast<size_t>(r);
+  return i < std::size(kRoles) ? kRoles[i] : kUnknown;
+}
+
+const Block& embedding_block() { return kEmbeddingBlock; }
+const Block& attention_block() { return kAttentionBlock; }
+const Block& layer_norms_block() { return kLayerNormsBlock; }
+const Block& head_block() { return kHeadBlock; }
+
+const Block* mlp_block(const ModelConfig& c, int64_t layer) {
+  if (!c.is_moe_layer(layer)) return &kDenseMlpBlock;
+  if (c.moe == "mixtral") return &kMixtralBlock;
+  if (c.moe == "qwen3_moe") return &kQwen3MoeBlock;
+  if (c.moe == "gpt_oss") return &kGptOssBlock;
+  return &kDenseMlpBlock;  // (the config reader accepts no other MoE kind)
+}
+
+int64_t dim_value(Dim d, const ModelConfig& c) {
+  switch (d) {
+    case Dim::kVocab: return c.vocab_size;
+    case Dim::kHidden: return c.hidden_size;
+    case Dim::kIntermediate: return c.intermediate_size;
+    case Dim::kQ: return c.num_heads * c.head_dim;
+    case Dim::kKv: return c.num_kv_heads * c.head_dim;
+    case Dim::kHeadDim: return c.head_dim;
+    case Dim::kHeads: return c.num_heads;
+    case Dim::kExperts: return c.num_experts;
+    case Dim::kExpertInter: return c.moe_intermediate_size;
+    case Dim::kExpertInter2: return 2 * c.moe_intermediate_size;
+  }
+  return 0;
+}
+
+bool rule_applies(When w, const ModelConfig& c) {
+  switch (w) {
+    case When::kAlways: return true;
+    case When::kQkvBias: return c.qkv_bias;
+    case When::kOBias: return c.o_bias;
+    case When::kQkNorm: return c.qk_norm;
+    case When::kMlpBias: return c.mlp_bias;
+    case When::kSinks: return c.attention_sinks;
+    case When::kUntiedHead: return !c.tie_word_embeddings;
+  }
+  return false;
+}
+
+std::vector<TensorInfo> tensor_list(const ModelConfig& c) {
+  std::vector<TensorInfo> out;
+  lay_out(kEmbeddingBlock, c, -1, out);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    lay_out(kAttentionBlock, c, l, out);
+    lay_out(*mlp_block(c, l), c, l, out);
+    lay_out(kLayerNormsBlock, c, l, out);
+  }
+  lay_out(kHeadBlock, c, -1, out);
+  return out;
+}
+
+}  // namespace megatrain::arch

@@ -1,0 +1,106 @@
+// The tensor tables (core/arch.h, issue 47): the tensors each architecture lays out, against the
+// state-dict names and shapes Hugging Face's modeling code gives (written out here by hand from
+// transformers' Qwen2, Mixtral and gpt-oss modules), and the traits of each role.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "megatrain/core/arch.h"
+#include "megatrain/core/model_spec.h"
+
+namespace {
+
+using megatrain::ModelSpec;
+using megatrain::TensorInfo;
+using megatrain::TensorRole;
+namespace arch = megatrain::arch;
+
+// "name [d0, d1, ...]" of each tensor of `layer` (-1: the embedding and the head).
+std::vector<std::string> described(const ModelSpec& m, int64_t layer) {
+  std::vector<std::string> out;
+  for (const TensorInfo& t : m.tensors()) {
+    if (t.layer != layer) continue;
+    std::string s = t.name + " [";
+    for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+    out.push_back(s + "]");
+  }
+  return out;
+}
+
+TEST(Arch, Qwen2LayerIsTheStateDictOfQwen2DecoderLayer) {
+  // tiny-qwen2: hidden 64, 4 heads of 16 (2 KV heads), MLP 128, vocabulary 256, tied head.
+  auto m = ModelSpec::load("tiny-qwen2");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const std::vector<std::string> layer1 = {
+      "model.layers.1.self_attn.q_proj.weight [64, 64]",   "model.layers.1.self_attn.q_proj.bias [64]",
+      "model.layers.1.self_attn.k_proj.weight [32, 64]",   "model.layers.1.self_attn.k_proj.bias [32]",
+      "model.layers.1.self_attn.v_proj.weight [32, 64]",   "model.layers.1.self_attn.v_proj.bias [32]",
+      "model.layers.1.self_attn.o_proj.weight [64, 64]",   "model.layers.1.mlp.gate_proj.weight [128, 64]",
+      "model.layers.1.mlp.up_proj.weight [128, 64]",       "model.layers.1.mlp.down_proj.weight [64, 128]",
+      "model.layers.1.input_layernorm.weight [64]",        "model.layers.1.post_attention_layernorm.weight [64]"};
+  EXPECT_EQ(described(*m, 1), layer1);
+  // Tied: no lm_head.weight.
+  EXPECT_EQ(described(*m, -1), (std::vector<std::string>{"model.embed_tokens.weight [256, 64]", "model.norm.weight [64]"}));
+}
+
+TEST(Arch, MixtralExpertsFollowTheRouterEachW1W2W3) {
+  auto m = ModelSpec::load("tiny-mixtral");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const std::vector<std::string> got = described(*m, 0);
+  // q, k, v, o; the router; 8 experts x 3; the two norms.
+  ASSERT_EQ(got.size(), 4u + 1u + 24u + 2u);
+  EXPECT_EQ(got[4], "model.layers.0.block_sparse_moe.gate.weight [8, 64]");
+  EXPECT_EQ(got[5], "model.layers.0.block_sparse_moe.experts.0.w1.weight [48, 64]");
+  EXPECT_EQ(got[6], "model.layers.0.block_sparse_moe.experts.0.w2.weight [64, 48]");
+  EXPECT_EQ(got[7], "model.layers.0.block_sparse_moe.experts.0.w3.weight [48, 64]");
+  EXPECT_EQ(got[28], "model.layers.0.block_sparse_moe.experts.7.w3.weight [48, 64]");
+  EXPECT_EQ(got[29], "model.layers.0.input_layernorm.weight [64]");
+  for (const TensorInfo& t : m->tensors()) {
+    if (t.name.find(".experts.3.") != std::string::npos) {
+      EXPECT_EQ(t.expert, 3) << t.name;
+    }
+  }
+  EXPECT_EQ(described(*m, -1).back(), "lm_head.weight [256, 64]");
+}
+
+TEST(Arch, GptOssLayerHasSinksFirstAndStackedExperts) {
+  // tiny-gpt-oss: hidden 64, 4 heads of 16 (2 KV), 8 experts of 32, biases on q/k/v/o.
+  auto m = ModelSpec::load("tiny-gpt-oss");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const std::vector<std::string> want = {
+      "model.layers.0.self_attn.sinks [4]",
+      "model.layers.0.self_attn.q_proj.weight [64, 64]",        "model.layers.0.self_attn.q_proj.bias [64]",
+      "model.layers.0.self_attn.k_proj.weight [32, 64]",        "model.layers.0.self_attn.k_proj.bias [32]",
+      "model.layers.0.self_attn.v_proj.weight [32, 64]",        "model.layers.0.self_attn.v_proj.bias [32]",
+      "model.layers.0.self_attn.o_proj.weight [64, 64]",        "model.layers.0.self_attn.o_proj.bias [64]",
+      "model.layers.0.mlp.router.weight [8, 64]",               "model.layers.0.mlp.router.bias [8]",
+      "model.layers.0.mlp.experts.gate_up_proj [8, 64, 64]",    "model.layers.0.mlp.experts.gate_up_proj_bias [8, 64]",
+      "model.layers.0.mlp.experts.down_proj [8, 32, 64]",       "model.layers.0.mlp.experts.down_proj_bias [8, 64]",
+      "model.layers.0.input_layernorm.weight [64]",             "model.layers.0.post_attention_layernorm.weight [64]"};
+  EXPECT_EQ(described(*m, 0), want);
+}
+
+TEST(Arch, EveryRoleHasItsNameAndTraits) {
+  // The enum-to-name mapping, spot-checked at both ends and in the middle (a row out of order in
+  // the traits table shifts every name after it).
+  EXPECT_STREQ(megatrain::tensor_role_name(TensorRole::kEmbedding), "embedding");
+  EXPECT_STREQ(megatrain::tensor_role_name(TensorRole::kFinalNorm), "final_norm");
+  EXPECT_STREQ(megatrain::tensor_role_name(TensorRole::kSinks), "sinks");
+  EXPECT_STREQ(megatrain::tensor_role_name(TensorRole::kExpertDownBias), "expert_down_bias");
+  std::set<std::string> names;
+  for (int r = 0; r < megatrain::kTensorRoleCount; ++r) {
+    const arch::RoleTraits& t = arch::role_traits(static_cast<TensorRole>(r));
+    const std::string n = t.name;
+    EXPECT_TRUE(names.insert(n).second) << n << " twice";
+    const bool norm = n.size() > 5 && n.compare(n.size() - 5, 5, "_norm") == 0, bias = n.find("bias") != std::string::npos;
+    // As HF Trainer groups parameters: no weight decay on norms and biases; norms start at one,
+    // biases at zero, the rest from the normal draw.
+    EXPECT_EQ(t.decay, !norm && !bias) << n;
+    EXPECT_EQ(t.init, norm ? arch::Init::kOnes : bias ? arch::Init::kZeros : arch::Init::kNormal) << n;
+    EXPECT_EQ(t.expert, n.rfind("expert_", 0) == 0) << n;
+  }
+}
+
+}  // namespace
