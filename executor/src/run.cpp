@@ -22,7 +22,6 @@
 #include <ctime>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
