@@ -139,6 +139,18 @@ void lay_out(const Block& b, const ModelConfig& c, int64_t layer, std::vector<Te
   }
 }
 
+void add_extent(const Block& b, const ModelConfig& c, Extent& x) {
+  const long double experts = static_cast<long double>(c.num_experts);
+  for (const TensorRule& r : b.rules) {
+    if (!rule_applies(r.when, c)) continue;
+    long double n = 1;
+    for (int k = 0; k < r.rank; ++k) n *= static_cast<long double>(dim_value(r.shape[static_cast<size_t>(k)], c));
+    const long double copies = r.per_expert ? experts : 1;
+    x.parameters += copies * n;
+    x.tensors += copies;
+  }
+}
+
 }  // namespace
 
 const RoleTraits& role_traits(TensorRole r) {
@@ -187,6 +199,18 @@ bool rule_applies(When w, const ModelConfig& c) {
     case When::kUntiedHead: return !c.tie_word_embeddings;
   }
   return false;
+}
+
+Extent extent(const ModelConfig& c) {
+  Extent x;
+  add_extent(kEmbeddingBlock, c, x);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    add_extent(kAttentionBlock, c, x);
+    add_extent(*mlp_block(c, l), c, x);
+    add_extent(kLayerNormsBlock, c, x);
+  }
+  add_extent(kHeadBlock, c, x);
+  return x;
 }
 
 std::vector<TensorInfo> tensor_list(const ModelConfig& c) {

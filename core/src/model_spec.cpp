@@ -441,14 +441,10 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
       std::snprintf(b, sizeof(b), "%.3g", static_cast<double>(x));
       return std::string(b);
     };
-    const Wide H = static_cast<Wide>(c.hidden_size), V = static_cast<Wide>(c.vocab_size), L = static_cast<Wide>(c.num_layers);
+    // Counted from the architecture's tensor tables (arch.h), exactly, without listing them.
+    const arch::Extent x = arch::extent(c);
+    const Wide total = x.parameters;
     const Wide E = c.is_moe() ? static_cast<Wide>(c.num_experts) : 0;
-    const Wide q = static_cast<Wide>(c.num_heads) * static_cast<Wide>(c.head_dim);
-    const Wide kv = static_cast<Wide>(c.num_kv_heads) * static_cast<Wide>(c.head_dim);
-    const Wide dense = 3 * H * static_cast<Wide>(c.intermediate_size);
-    const Wide experts = E * (3 * H * static_cast<Wide>(c.moe_intermediate_size) + 2 * H) + E * H;
-    const Wide per_layer = 2 * q * H + 2 * kv * H + (dense > experts ? dense : experts) + 4 * H;
-    const Wide total = V * H * (c.tie_word_embeddings ? 1 : 2) + L * per_layer + H;
     constexpr Wide kMaxParameters = 1125899906842624.0L;  // 2^50 = 1.1e15: a thousand times the largest models
     if (total > kMaxParameters)
       return invalid_argument(what + ": the sizes (vocab_size " + std::to_string(c.vocab_size) + ", hidden_size " +
@@ -457,12 +453,12 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
                               " x " + std::to_string(c.head_dim) + (E > 0 ? ", num_experts " + std::to_string(c.num_experts) +
                                                                             " x moe_intermediate_size " + std::to_string(c.moe_intermediate_size)
                                                                       : std::string()) +
-                              ") give about " + sci(total) +
+                              ") give " + sci(total) +
                               " parameters; at most 2^50 (1.1e15) can be counted and stored");
-    const Wide tensors = L * (12 + (c.moe == "mixtral" || c.moe == "qwen3_moe" ? 3 * E : 0)) + 3;
+    const Wide tensors = x.tensors;
     if (tensors > 16777216.0L)
       return invalid_argument(what + ": num_hidden_layers " + std::to_string(c.num_layers) + " x num_experts " + std::to_string(c.num_experts) +
-                              " give about " + sci(tensors) + " tensors; at most 2^24 (16.8 million)");
+                              " give " + sci(tensors) + " tensors; at most 2^24 (16.8 million)");
   }
 
   ModelSpec spec;

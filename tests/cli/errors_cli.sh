@@ -232,6 +232,15 @@ json.dump(j, open(sys.argv[2], "w"))
 PY
 "$plan" inspect --model "$tmp/experts.json" >"$tmp/out" 2>"$tmp/err"
 check "inspect: 65536 experts of 2^40 are refused with the count, exit 1" "refused $? 'num_experts 65536 x moe_intermediate_size 1099511627776'"
+python3 - "$src/profiles/models/tiny-qwen3-moe.json" "$tmp/many.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["num_hidden_layers"], j["num_experts"], j["moe_intermediate_size"] = 100000, 65536, 1
+json.dump(j, open(sys.argv[2], "w"))
+PY
+/usr/bin/time -q -f '%M' -o "$tmp/usage" "$plan" inspect --model "$tmp/many.json" >"$tmp/out" 2>"$tmp/err"
+check "inspect: 100000 layers of 65536 experts are refused by their tensor count (from the tables, nothing listed), exit 1" \
+  "refused $? 'give 1.97e+10 tensors; at most 2^24' && [ \$(cat $tmp/usage) -lt 400000 ]"
 python3 -c "import json, sys; j = json.load(open(sys.argv[1])); j['model'] = sys.argv[2]; json.dump(j, open(sys.argv[3], 'w'))" \
   "$tiny" "$tmp/wide.json" "$tmp/wide-plan.json"
 "$plan" simulate "$tmp/wide-plan.json" >"$tmp/out" 2>"$tmp/err"; rc=$?

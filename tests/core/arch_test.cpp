@@ -3,6 +3,7 @@
 // transformers' Qwen2, Mixtral and gpt-oss modules), and the traits of each role.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
@@ -101,6 +102,20 @@ TEST(Arch, EveryRoleHasItsNameAndTraits) {
     EXPECT_EQ(t.init, norm ? arch::Init::kOnes : bias ? arch::Init::kZeros : arch::Init::kNormal) << n;
     EXPECT_EQ(t.expert, n.rfind("expert_", 0) == 0) << n;
   }
+}
+
+// extent() counts what tensor_list() lists, without listing: every shipped model, exactly.
+TEST(Arch, ExtentCountsWhatTheTablesList) {
+  int models = 0;
+  for (const auto& e : std::filesystem::directory_iterator(MEGATRAIN_PROFILES_DIR "/models")) {
+    auto m = ModelSpec::load(e.path().string());
+    ASSERT_TRUE(m.ok()) << e.path() << ": " << m.status().to_string();
+    const arch::Extent x = arch::extent(m->config());
+    EXPECT_EQ(static_cast<int64_t>(x.tensors), static_cast<int64_t>(m->tensors().size())) << e.path();
+    EXPECT_EQ(static_cast<int64_t>(x.parameters), m->parameter_counts().total) << e.path();
+    ++models;
+  }
+  EXPECT_GE(models, 20);
 }
 
 }  // namespace

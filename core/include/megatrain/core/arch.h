@@ -85,4 +85,12 @@ bool rule_applies(When w, const ModelConfig& c);
 // The tensors of a config in Hugging Face state-dict order, laid out from the tables.
 std::vector<TensorInfo> tensor_list(const ModelConfig& c);
 
+// How many parameters and tensors tensor_list(c) would give, counted from the tables in long
+// double without listing them (exact to 2^64), so that a config too large to count in int64 or to
+// list is refused before either is tried.
+struct Extent {
+  long double parameters = 0, tensors = 0;
+};
+Extent extent(const ModelConfig& c);
+
 }  // namespace megatrain::arch
