@@ -27,6 +27,19 @@ int fail(const std::string& msg) {
   return 1;
 }
 
+// The whole of a file named by `flag`; a FIFO, device or folder is refused (its read would block
+// or never end).
+megatrain::Result<std::string> read_input(const std::string& flag, const std::string& path, const std::string& expected) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    return megatrain::invalid_argument(flag + " " + path + ": not a regular file (a FIFO, device or folder); expected " + expected);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return megatrain::not_found(flag + " " + path + ": cannot be read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::string thousands(int64_t v) { return megatrain::format_thousands(static_cast<uint64_t>(v)); }
 
 // A row of a prepared dataset as text, the parts that do not count marked ⟦like this⟧.
@@ -187,14 +200,9 @@ int main(int argc, char** argv) {
     prep.threads = static_cast<int>(threads);
     if (prep.split_long && prep.pack) return fail("--split-long goes with --pad (packed documents always continue on the next row)");
     if (!template_file.empty()) {
-      std::error_code ec;
-      if (std::filesystem::exists(template_file, ec) && !std::filesystem::is_regular_file(template_file, ec))
-        return fail("--chat-template " + template_file + ": not a regular file (a FIFO, device or folder); expected a template file");
-      std::ifstream in(template_file, std::ios::binary);
-      if (!in) return fail("--chat-template " + template_file + ": cannot be read");
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      prep.chat_template = ss.str();
+      auto source = read_input("--chat-template", template_file, "a template file");
+      if (!source.ok()) return fail(source.status().message());
+      prep.chat_template = std::move(*source);
       if (prep.chat_template.empty()) return fail("--chat-template " + template_file + ": the file is empty");
     }
     return run_prepare(tokenizer_path, inputs, format, fields, prep, out_path);
@@ -206,14 +214,9 @@ int main(int argc, char** argv) {
   if (encode->parsed()) {
     if (text_opt->count() == 0 && file_opt->count() == 0) return fail("encode: give --text or --text-file");
     if (file_opt->count() > 0) {
-      std::error_code ec;
-      if (std::filesystem::exists(text_file, ec) && !std::filesystem::is_regular_file(text_file, ec))
-        return fail("--text-file " + text_file + ": not a regular file (a FIFO, device or folder); expected a text file");
-      std::ifstream in(text_file, std::ios::binary);
-      if (!in) return fail("--text-file " + text_file + ": cannot be read");
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      text = ss.str();
+      auto read = read_input("--text-file", text_file, "a text file");
+      if (!read.ok()) return fail(read.status().message());
+      text = std::move(*read);
     }
     const auto encoded = tok->encode_checked(text, add_special);
     if (!encoded.ok()) return fail("encode: " + encoded.status().message());

@@ -153,8 +153,10 @@ void for_each_index(size_t count, size_t threads, size_t chunk, Body&& body) {
 Result<std::vector<Document>> read_documents(const std::filesystem::path& path, std::string& format, const FieldNames& fields, int threads) {
   const std::string name = path.string();
   MT_RETURN_IF_ERROR(check_format(format, name));
-  MT_ASSIGN_OR_RETURN(const std::string bytes, read_file(path));
   const std::string ext = path.extension().string();
+  // A .json dataset is parsed whole (a .jsonl one a record at a time): bounded before it is read.
+  if (ext == ".json" && format != "plain") MT_RETURN_IF_ERROR(check_file_bytes(path, "the JSON dataset"));
+  MT_ASSIGN_OR_RETURN(const std::string bytes, read_file(path));
   std::vector<Document> docs;
   if (format == "plain" || (format == "auto" && ext != ".jsonl" && ext != ".json")) {
     format = "plain";
@@ -163,10 +165,6 @@ Result<std::vector<Document>> read_documents(const std::filesystem::path& path, 
   }
   MT_ASSIGN_OR_RETURN(const Limits lim, limits());
   if (ext == ".json") {
-    if (bytes.size() > static_cast<size_t>(lim.file_bytes))
-      return resource_exhausted(limit_message(name + " holds " + std::to_string(bytes.size()) + " bytes, read whole and parsed (a "
-                                              ".jsonl file is parsed a record at a time)",
-                                              "file_bytes", lim.file_bytes, "bytes"));
     Json j;
     try {
       j = Json::parse(bytes, json_nesting_limit<Json>(lim.nesting));

@@ -873,12 +873,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view raw, bool add_special_to
   return out;
 }
 
+namespace {
+// An error when the pre-tokenizer's regex failed on this thread since regex_errors() was `before`.
+Status regex_failures_since(int64_t before) {
+  if (regex_errors() == before) return {};
+  return invalid_argument("the pre-tokenizer's regex could not be matched over this text (" + last_regex_error() +
+                          "), so it cannot be tokenized as the reference would");
+}
+}  // namespace
+
 Result<std::vector<int32_t>> Tokenizer::encode_checked(std::string_view text, bool add_special_tokens) const {
   const int64_t regex_errors_before = regex_errors();
   std::vector<int32_t> ids = encode(text, add_special_tokens);
-  if (regex_errors() != regex_errors_before)
-    return invalid_argument("the pre-tokenizer's regex could not be matched over this text (" + last_regex_error() +
-                            "), so it cannot be tokenized as the reference would");
+  MT_RETURN_IF_ERROR(regex_failures_since(regex_errors_before));
   return ids;
 }
 
@@ -888,9 +895,7 @@ Result<std::vector<int32_t>> Tokenizer::encode_with_cuts(std::string_view text, 
   std::vector<Region> regions;
   const int64_t regex_errors_before = regex_errors();
   std::vector<int32_t> ids = encode_regions(text, &regions);
-  if (regex_errors() != regex_errors_before)
-    return invalid_argument("the pre-tokenizer's regex could not be matched over this text (" + last_regex_error() +
-                            "), so it cannot be tokenized as the reference would");
+  MT_RETURN_IF_ERROR(regex_failures_since(regex_errors_before));
   token_at.clear();
   std::vector<int32_t> head;
   auto r = regions.begin();

@@ -46,6 +46,7 @@
 #include "megatrain/executor/trainer.h"
 #include "megatrain/executor/weights_io.h"
 #include "megatrain/step/schedule.h"
+#include "detail/checkpoint_files.h"
 #include "detail/checkpoint_hash.h"
 
 namespace megatrain::exec {
@@ -425,9 +426,8 @@ Status check_ranks_agree(const RunOptions& o, const Plan& plan, const ModelSpec&
       where = "--resume from " + o.checkpoint_dir + ": no checkpoint";
       if (auto latest = find_latest_checkpoint(o.checkpoint_dir); latest.ok()) {
         where = "--resume from " + latest->string();
-        const std::string name = latest->filename().string();
-        step = name.rfind("step-", 0) == 0 ? std::strtoll(name.c_str() + 5, nullptr, 10) : -2;
-        if (auto d = detail::digest_file(*latest / "manifest.json"); d.ok()) manifest = static_cast<int64_t>(d->xxh64 >> 1);
+        step = detail::parse_step_dir_name(latest->filename().string()).value_or(-2);
+        if (auto d = detail::digest_file(*latest / detail::kManifestFile); d.ok()) manifest = static_cast<int64_t>(d->xxh64 >> 1);
       }
     }
     keys.push_back({"resume step (-1: a new run)", step, true, where});

@@ -147,6 +147,12 @@ if [ -x "$exec_bin" ]; then
   MEGATRAIN_LIMITS=record_bytes=20 "$data" prepare --tokenizer "$tmp/model" --input "$tmp/sft.jsonl" --seq 64 -o "$tmp/rb.mtseq" >"$tmp/out" 2>&1
   check "prepare: a JSON Lines record past record_bytes is refused naming the file, the line and the limit" \
     "[ $? -ne 0 ] && grep -q 'sft.jsonl:1: a record of [0-9]* bytes: more than 20 bytes (limit record_bytes' $tmp/out && [ ! -e $tmp/rb.mtseq ]"
+  # the limit just above the tokenizer's files, the dataset past it
+  lim=$(( $(stat -c %s "$tmp/model/tokenizer.json") + $(stat -c %s "$tmp/model/tokenizer_config.json" 2>/dev/null || echo 0) + 1 ))
+  python3 -c "import json, sys; json.dump([{'text': 'a JSON dataset, parsed whole'}] * (int(sys.argv[1]) // 20), open(sys.argv[2], 'w'))" "$lim" "$tmp/whole.json"
+  MEGATRAIN_LIMITS=file_bytes=$lim "$data" prepare --tokenizer "$tmp/model" --input "$tmp/whole.json" --seq 64 -o "$tmp/wj.mtseq" >"$tmp/out" 2>&1
+  check "prepare: a .json dataset past file_bytes is refused before it is read" \
+    "[ $? -ne 0 ] && grep -q \"the JSON dataset '$tmp/whole.json' holds [0-9]* bytes, read whole and parsed: more than $lim bytes (limit file_bytes\" $tmp/out && [ ! -e $tmp/wj.mtseq ]"
   MEGATRAIN_LIMITS=file_bytes=100 "$data" encode --tokenizer "$tmp/model" --text a >"$tmp/out" 2>&1
   check "a tokenizer.json past file_bytes is refused before it is read" \
     "[ $? -ne 0 ] && grep -q 'tokenizer.json .* bytes, read whole and parsed: more than 100 bytes (limit file_bytes' $tmp/out"
