@@ -1083,7 +1083,7 @@ class Renderer {
       MT_RETURN_IF_ERROR(tick());
       if (str_) s.push_back(j.get_ref<const std::string&>()[static_cast<size_t>(i)]);
       else out.push_back(j[static_cast<size_t>(i)]);
-      if (step > 0 ? hi - i <= step : i - hi <= -step) break;
+      if (step > 0 ? hi - i <= step : hi - i >= step) break;  // never -step: INT64_MIN has no negation
       i += step;
     }
     return str_ ? Value::of(s) : Value::of(out);

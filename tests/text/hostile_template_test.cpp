@@ -57,6 +57,8 @@ TEST(HostileTemplate, SlicesRangesAndFiltersAtTheirExtremes) {
   // A step of 2^63-1 overflowed the index (SIGSEGV); Python takes the first item.
   EXPECT_EQ(render("{{ [1, 2, 3][::9223372036854775807] }} {{ 'abc'[::-9223372036854775807] }}"), "[1] c");
   EXPECT_EQ(render("{{ [1, 2, 3][1::-9223372036854775807] }} {{ [1, 2, 3][-9223372036854775807:] }}"), "[2] [1, 2, 3]");
+  // A step of INT64_MIN (found by libFuzzer in CI): Python gives the last element.
+  EXPECT_EQ(render("{{ [1, 2, 3][::-9223372036854775807 - 1] }} {{ 'abc'[5:0:(-9223372036854775807 - 1)] }}"), "[3] c");
   EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 3) | list }}"),
             "[9223372036854775800, 9223372036854775803, 9223372036854775806]");
   EXPECT_EQ(render("{{ range(5, -5, -4) | list }} {{ range(0) | list }} {{ range(3, 1) | list }}"), "[5, 1, -3] [] []");
