@@ -7,7 +7,7 @@
 #      interval and location, optimizer threads, transfer precision and clipping on the small model
 #      (profiles/models/small-llama.json), and covers the plans users make (issue 50): states on
 #      NVMe, compressed states, a head-heavy model (tiny-llama-32k) with SFT rows packed neat and the
-#      founding example's micro-batch 1 x 128 accumulation, a Mixture-of-Experts model (tiny-mixtral)
+#      founding example's micro-batch 1 x 128 accumulation, a Mixture-of-Experts model (small-mixtral)
 #      and the plans megatrain-plan plan chooses for each: simulates each plan, trains it with
 #      megatrain-exec on the CPU backend for a few steps, and compares predicted against measured
 #      step time;
@@ -82,7 +82,7 @@ if [ -n "$rig" ]; then rig=$(cd "$(dirname "$rig")" && pwd)/$(basename "$rig"); 
 
 echo "== the grid: $rounds round(s); each round profiles this machine (unless --rig), simulates every plan with that profile and trains each for $steps steps" >&2
 /usr/bin/python3 - "$here" "$rig" "$out" "$plan_bin" "$exec_bin" "$data" "$steps" "$rounds" "$quick" "$only" "${nice_cmd[@]}" <<'PY'
-import json, math, os, re, resource, sqlite3, statistics, subprocess, sys, time
+import json, math, os, random, re, resource, sqlite3, statistics, subprocess, sys, time
 
 here, fixed_rig, out, plan_bin, exec_bin, data, steps, rounds, quick, only = sys.argv[1:11]
 sys.path.insert(0, os.path.join(here, "bench"))
@@ -95,9 +95,12 @@ cores = len(os.sched_getaffinity(0))
 
 # The models: small-llama (the original grid's), a head-heavy one (tiny-llama-32k: hidden 64, a
 # 32,000-token vocabulary, so the LM head dominates the step) and a Mixture-of-Experts one
-# (tiny-mixtral: 8 experts, top-2). Each is profiled for itself (--model, --seq 128) every round.
+# (small-mixtral: small-llama's widths, 8 experts of 512, top-2). Each is profiled for itself
+# (--model, --seq 128) every round. The MoE model was tiny-mixtral (hidden 64, experts of 48) until
+# 2026-12-07: its expert GEMMs (a few rows of 64 x 48) are all overhead, so their time follows how
+# unevenly the untrained router spreads byte text over the experts (docs/cost-model.md, "Routing").
 MODELS = {"small": "profiles/models/small-llama.json", "head": "profiles/models/tiny-llama-32k.json",
-          "moe": "profiles/models/tiny-mixtral.json"}
+          "moe": "profiles/models/small-mixtral.json"}
 
 
 def row(name, model="small", order="layer-major", k=2, bufs=3, mb=4, acc=4, ck=1, loc="device", threads=2, transfer="fp32",
@@ -124,11 +127,11 @@ grid = [
     row("head-lm-k2-mb4", model="head"),
     row("head-mb1-acc128-sft", model="head", mb=1, acc=128, ck=0, data="sft"),
     row("head-mm-k2-mb2-sft", model="head", order="microbatch-major", mb=2, data="sft"),
-    row("moe-lm-k2-mb4", model="moe"),
-    row("moe-mm-k2-mb2", model="moe", order="microbatch-major", mb=2),
+    row("moe-lm-k2-mb4", model="moe", data="random"),
+    row("moe-mm-k2-mb2", model="moe", order="microbatch-major", mb=2, data="random"),
     row("planned-small", planned={"tokens_per_step": 2048}),
     row("planned-head-seed-sft", model="head", data="sft", planned={"micro_batch": 1, "tokens_per_step": 16384}),
-    row("planned-moe", model="moe", planned={"tokens_per_step": 2048}),
+    row("planned-moe", model="moe", data="random", planned={"tokens_per_step": 2048}),
 ]
 if only:
     try:
@@ -156,6 +159,13 @@ if os.path.isfile(os.path.join(tok, "tokenizer.json")):
 else:
     print(f"  no Llama-2 tokenizer at {tok} (./scripts/npm-references.sh): the SFT rows are left out", file=sys.stderr)
     grid = [g for g in grid if g["data"] != "sft"]
+# The MoE rows train on uniformly random bytes (a fixed seed): an untrained router sends each
+# distinct token to the same experts, so on English text (a few dozen byte values, most of them
+# frequent) the busiest expert gets several times its share, where a trained router's balancing
+# keeps them near even; random bytes spread like the layer probe's random rows (bench/README.md).
+random_data = os.path.join(out, "random-bytes.dat")
+with open(random_data, "wb") as f:
+    f.write(random.Random(1).randbytes(200000))
 nvme_dir = os.path.join(out, "nvme")
 os.makedirs(nvme_dir, exist_ok=True)
 
@@ -247,7 +257,7 @@ for r in range(rounds):
             os.remove(trace)
         busy0, wall0 = cpu_busy_s(), time.monotonic()
         child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        rss = anon_rss([*nice, exec_bin, path, "--data", sft if spec["data"] == "sft" else data, "--steps", str(n_steps),
+        rss = anon_rss([*nice, exec_bin, path, "--data", {"sft": sft, "random": random_data}.get(spec["data"], data), "--steps", str(n_steps),
                         "--threads", str(cores), "--trace", trace], f"megatrain-exec {name}")
         child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         ours = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
