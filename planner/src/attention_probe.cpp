@@ -196,7 +196,7 @@ Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t s
     LayerSample s;
     s.micro_batch = mb;
     size_t next = 0;
-    s.forward_s = best_per_call(
+    s.forward_s = median_per_call(
         [&] {
           Set& st = sets[next++ % sets.size()];
           if (status.ok())
@@ -209,7 +209,7 @@ Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t s
       if (status.ok())
         status = be->layer_forward(exec::view_unit(unit, st.w.get()), st.x.get(), st.y.get(), exec::bind_layer_acts(d, st.acts.get()));
     next = 0;
-    s.backward_s = best_per_call(
+    s.backward_s = median_per_call(
         [&] {
           Set& st = sets[next++ % sets.size()];
           if (status.ok())
@@ -229,14 +229,14 @@ Result<std::vector<LayerSample>> measure_layer(const ModelSpec& model, int64_t s
              hws = make_buffer(be->head_workspace_floats(), 0);
       double loss = 0;
       int64_t count = 0;
-      s.head_s = best_per_call(
+      s.head_s = median_per_call(
           [&] {
             if (status.ok())
               status = be->head(fn, lm, x.get(), targets.data(), 1.0f / static_cast<float>(d.N), dx.get(), dfn.get(), dlm.get(),
                                 &loss, &count, hws.get());
           },
           // A head over a large vocabulary takes tens of milliseconds: at least 0.2 s, so that the
-          // best batch is one of several calls, not of the first two.
+          // median batch is one of several calls.
           std::max(min_time_s * 5, 0.2));
       MT_RETURN_IF_ERROR(status);
     }

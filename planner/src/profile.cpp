@@ -681,7 +681,7 @@ void Profiler::cpu_layer() {
     }
     lt.provenance = st.measured("one decoder layer of " + spec.name() + " forward and backward, and its head (final "
                                 "norm, LM head, cross-entropy, backward), through the CPU backend's table (exec::LayerMath), " + std::to_string(host.cores) +
-                                " threads, best batch of >= " + format_duration(sz.gemm_min_time_s) + " per point" +
+                                " threads, the median batch of >= 5 and >= " + format_duration(sz.gemm_min_time_s) + " per point" +
                                 load_note(lload.share()));
     rig.gpu.layer_times = std::move(lt);
     rep.measurements.push_back(lt_table);

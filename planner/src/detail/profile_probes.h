@@ -27,27 +27,48 @@ struct HostInfo {
 };
 HostInfo host_info();
 
-// Times `call` (one operation) in batches: returns the best per-call time of batches that together
-// last at least min_time_s (a warm-up call first, counted as a batch of one, then at least one batch).
+// Times `call` (one operation) in batches that together last at least min_time_s: a warm-up call
+// (a batch of one, first in the result), then at least min_batches batches sized to a fifth of
+// min_time_s; the per-call time of each.
 template <typename F>
-inline double best_per_call(F&& call, double min_time_s) {
+inline std::vector<double> per_call_times(F&& call, double min_time_s, size_t min_batches) {
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
   auto t0 = Clock::now();
   call();
-  double best = seconds_since(t0);
+  std::vector<double> times = {seconds_since(t0)};
   const double batch_target = std::max(min_time_s / 5, 1e-4);
-  const int64_t batch = std::clamp<int64_t>(static_cast<int64_t>(batch_target / std::max(best, 1e-9)), 1, 1 << 20);
-  double total = best;
-  for (int b = 0; b < 1 || total < min_time_s; ++b) {
+  const int64_t batch = std::clamp<int64_t>(static_cast<int64_t>(batch_target / std::max(times[0], 1e-9)), 1, 1 << 20);
+  double total = times[0];
+  while ((times.size() <= min_batches || total < min_time_s) && times.size() <= 1001) {
     t0 = Clock::now();
     for (int64_t i = 0; i < batch; ++i) call();
     const double dt = seconds_since(t0);
     total += dt;
-    best = std::min(best, dt / static_cast<double>(batch));
-    if (b > 1000) break;
+    times.push_back(dt / static_cast<double>(batch));
   }
-  return best;
+  return times;
+}
+
+// The best per-call time of per_call_times (the warm-up call included, at least one batch).
+template <typename F>
+inline double best_per_call(F&& call, double min_time_s) {
+  const std::vector<double> t = per_call_times(call, min_time_s, 1);
+  return *std::min_element(t.begin(), t.end());
+}
+
+// Times `call` as a training step's span is measured: the median per-call time of at least 5
+// batches (the warm-up call left out). The layer and head probes use it: a run's step is the
+// median of its steps, and the best batch of a probe is its luckiest one (on a shared VM 2-4%
+// below its median, so that every prediction that leaned on it was that much too fast;
+// bench/README.md, issue 50).
+template <typename F>
+inline double median_per_call(F&& call, double min_time_s) {
+  std::vector<double> t = per_call_times(call, min_time_s, 5);
+  t.erase(t.begin());
+  std::sort(t.begin(), t.end());
+  const size_t n = t.size();
+  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 // Thread counts a probe sweeps: 1, 2, 4, ... up to `cores`, and `cores` itself.
