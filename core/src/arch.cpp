@@ -1,6 +1,7 @@
 #include "megatrain/core/arch.h"
 
 #include <cstddef>
+#include <initializer_list>
 
 namespace megatrain::arch {
 namespace {
@@ -184,6 +185,7 @@ int64_t dim_value(Dim d, const ModelConfig& c) {
     case Dim::kExperts: return c.num_experts;
     case Dim::kExpertInter: return c.moe_intermediate_size;
     case Dim::kExpertInter2: return 2 * c.moe_intermediate_size;
+    case Dim::kQKv: return (c.num_heads + c.num_kv_heads) * c.head_dim;
   }
   return 0;
 }
@@ -223,6 +225,113 @@ std::vector<TensorInfo> tensor_list(const ModelConfig& c) {
   }
   lay_out(kHeadBlock, c, -1, out);
   return out;
+}
+
+// ---- the decoder layer as ops ------------------------------------------------------------------------
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::kNorm: return "norm";
+    case OpKind::kLinear: return "linear";
+    case OpKind::kHeadNorm: return "head norm";
+    case OpKind::kRope: return "rope";
+    case OpKind::kAttention: return "attention";
+    case OpKind::kRoute: return "route";
+    case OpKind::kDispatch: return "dispatch";
+    case OpKind::kGroupedLinear: return "grouped linear";
+    case OpKind::kGlu: return "glu";
+    case OpKind::kCombine: return "combine";
+    case OpKind::kResidual: return "residual";
+  }
+  return "?";
+}
+
+std::vector<Op> layer_ops(const ModelConfig& c, int64_t layer) { return layer_ops_of_kind(c, c.is_moe_layer(layer)); }
+
+std::vector<Op> layer_ops_of_kind(const ModelConfig& c, bool moe) {
+  constexpr Part A = Part::kAttention, M = Part::kMlp;
+  std::vector<Op> ops = {
+      {OpKind::kNorm, "input_layernorm", A, D::kHidden, D::kHidden, false, R::kAttnNorm, true, true},
+      {OpKind::kLinear, "q_proj", A, D::kHidden, D::kQ, false, R::kQ},
+      {OpKind::kLinear, "k_proj", A, D::kHidden, D::kKv, false, R::kK},
+      {OpKind::kLinear, "v_proj", A, D::kHidden, D::kKv, false, R::kV, false, true},
+  };
+  // Qwen3 normalises q and k per head before RoPE; backward needs them as they were.
+  auto add = [&ops](std::initializer_list<Op> more) {
+    for (const Op& op : more) ops.push_back(op);
+  };
+  if (c.qk_norm) ops.push_back({OpKind::kHeadNorm, "q_norm, k_norm", A, D::kQKv, D::kQKv, false, R::kQNorm, true, false});
+  add({
+                            {OpKind::kRope, "rope", A, D::kQKv, D::kQKv, false, R::kCount, false, true},
+                            {OpKind::kAttention, "attention", A, D::kQ, D::kQ, false, R::kCount, false, true},
+                            {OpKind::kLinear, "o_proj", A, D::kQ, D::kHidden, false, R::kO},
+                            {OpKind::kResidual, "attention residual", A, D::kHidden, D::kHidden},
+                            {OpKind::kNorm, "post_attention_layernorm", M, D::kHidden, D::kHidden, false, R::kMlpNorm, true, true},
+                        });
+  if (!moe) {
+    add({
+                              {OpKind::kLinear, "gate_proj", M, D::kHidden, D::kIntermediate, false, R::kGate, false, true},
+                              {OpKind::kLinear, "up_proj", M, D::kHidden, D::kIntermediate, false, R::kUp, false, true},
+                              {OpKind::kGlu, "act(gate) * up", M, D::kIntermediate, D::kIntermediate, false, R::kCount, false, true},
+                              {OpKind::kLinear, "down_proj", M, D::kIntermediate, D::kHidden, false, R::kDown},
+                          });
+  } else {
+    // Every MoE kind computes gate and up as two grouped GEMMs (gpt-oss's interleaved gate_up
+    // tensor is read as two strided views of one weight).
+    const bool stacked = c.moe == "gpt_oss";
+    const R gate = stacked ? R::kExpertGateUp : R::kExpertGate, up = stacked ? R::kExpertGateUp : R::kExpertUp;
+    add({
+                              {OpKind::kLinear, "router", M, D::kHidden, D::kExperts, false, R::kRouter, false, true},
+                              {OpKind::kRoute, "route", M, D::kExperts, D::kExperts, false, R::kCount, false, true},
+                              {OpKind::kDispatch, "dispatch", M, D::kHidden, D::kHidden, true, R::kCount, false, true},
+                              {OpKind::kGroupedLinear, "experts.gate", M, D::kHidden, D::kExpertInter, true, gate, false, true},
+                              {OpKind::kGroupedLinear, "experts.up", M, D::kHidden, D::kExpertInter, true, up, false, true},
+                              {OpKind::kGlu, "experts.act(gate) * up", M, D::kExpertInter, D::kExpertInter, true, R::kCount, false, true},
+                              {OpKind::kGroupedLinear, "experts.down", M, D::kExpertInter, D::kHidden, true, R::kExpertDown, false, true},
+                              {OpKind::kCombine, "combine", M, D::kHidden, D::kHidden},
+                          });
+  }
+  ops.push_back({OpKind::kResidual, "mlp residual", M, D::kHidden, D::kHidden});
+  return ops;
+}
+
+namespace {
+// Rows of an op per token: k for the expert slots, else 1.
+double rows_per_token(const Op& op, const ModelConfig& c) { return op.slots ? static_cast<double>(c.experts_per_token) : 1.0; }
+double width(Dim d, const ModelConfig& c) { return static_cast<double>(dim_value(d, c)); }
+}  // namespace
+
+double op_flops(const Op& op, const ModelConfig& c, double keys) {
+  switch (op.kind) {
+    case OpKind::kLinear:
+    case OpKind::kGroupedLinear: return rows_per_token(op, c) * 2 * width(op.in, c) * width(op.out, c);
+    case OpKind::kAttention: return 2 * 2 * keys * width(op.out, c);  // QK^T and PV
+    default: return 0;
+  }
+}
+
+double op_elementwise_bytes(const Op& op, const ModelConfig& c, double cb) {
+  const double rows = rows_per_token(op, c);
+  switch (op.kind) {
+    case OpKind::kNorm:
+    case OpKind::kHeadNorm:
+    case OpKind::kRope: return cb * 2 * width(op.in, c);  // read and written once
+    case OpKind::kResidual: return cb * 3 * width(op.in, c);  // two read, one written
+    case OpKind::kGlu: return cb * rows * 3 * width(op.out, c);  // gate and up read, the product written
+    case OpKind::kRoute: return 2 * 4 * width(op.in, c);  // fp32 logits written by the router, read by softmax and top-k
+    case OpKind::kDispatch: return cb * 2 * rows * width(op.out, c);  // k rows a token, read and written
+    case OpKind::kCombine: return cb * (static_cast<double>(c.experts_per_token) + 1) * width(op.out, c);  // k rows read, one written
+    default: return 0;
+  }
+}
+
+double op_saved_bytes(const Op& op, const ModelConfig& c, double cb) {
+  const double rows = rows_per_token(op, c);
+  double b = 0;
+  if (op.saves_in) b += cb * rows * width(op.in, c);
+  if (op.saves_out) b += cb * rows * width(op.out, c);
+  if (op.kind == OpKind::kNorm) b += 4;  // its fp32 1/rms
+  return b;
 }
 
 }  // namespace megatrain::arch

@@ -520,28 +520,33 @@ ParameterCounts ModelSpec::parameter_counts() const {
 FlopsPerToken ModelSpec::flops_per_token(int64_t seq_len, double attention_span) const {
   const ModelConfig& c = config_;
   const double s = static_cast<double>(seq_len > 0 ? seq_len : c.max_position_embeddings);
-  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
-  const double q_out = static_cast<double>(c.num_heads * c.head_dim);
-  const double kv_out = static_cast<double>(c.num_kv_heads * c.head_dim);
+  const double keys = attention_span > 0 ? attention_span : s;
   FlopsPerToken f;
   f.seq_len = static_cast<int64_t>(s);
-  const double projections = 2 * H * q_out + 2 * 2 * H * kv_out + 2 * q_out * H;  // q, k, v, o
-  const double mlp = 3 * 2 * H * I;                                                // gate, up, down
-  // QK^T and softmax(QK^T) V, every query against s keys (or the documents' span in neat rows)
-  f.attention_forward = 2 * 2 * (attention_span > 0 ? attention_span : s) * q_out;
-  if (c.is_moe()) {
-    const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
-    f.router_forward = 2 * H * E;
-    f.experts_forward = k * 3 * 2 * H * static_cast<double>(c.moe_intermediate_size);  // the k chosen experts
-  }
+  // Each layer's ops (arch::layer_ops): the attention half's linears, the attention, then the MLP
+  // block's GEMMs (the router and the k chosen experts in a MoE layer).
   double layers = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const double lf = projections + f.attention_forward + (c.is_moe_layer(l) ? f.router_forward + f.experts_forward : mlp);
+    double projections = 0, attention = 0, block = 0, router = 0, experts = 0;
+    for (const arch::Op& op : arch::layer_ops(c, l)) {
+      const double x = arch::op_flops(op, c, keys);
+      if (op.kind == arch::OpKind::kAttention) attention += x;
+      else if (op.part == arch::Part::kAttention) projections += x;
+      else block += x;
+      if (op.weight == TensorRole::kRouter) router += x;
+      if (op.kind == arch::OpKind::kGroupedLinear) experts += x;
+    }
+    f.attention_forward = attention;
+    if (c.is_moe_layer(l)) {
+      f.router_forward = router;
+      f.experts_forward = experts;
+    }
+    const double lf = projections + attention + block;
     f.layer_forwards.push_back(lf);
     layers += lf;
   }
   f.layer_forward = c.num_layers > 0 ? layers / static_cast<double>(c.num_layers) : 0;
-  f.head_forward = 2 * H * static_cast<double>(c.vocab_size);
+  f.head_forward = 2 * static_cast<double>(c.hidden_size) * static_cast<double>(c.vocab_size);
   f.forward = layers + f.head_forward;
   f.backward = 2 * f.forward;
   f.recompute = layers;
@@ -562,25 +567,21 @@ StateBytes ModelSpec::training_state_bytes(const PrecisionSetup& p) const {
 ActivationBytes ModelSpec::activation_bytes_per_token_per_layer(int64_t seq_len, size_t compute_bytes) const {
   const ModelConfig& c = config_;
   const double b = static_cast<double>(compute_bytes);
-  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
-  const double q_out = static_cast<double>(c.num_heads * c.head_dim);
-  const double kv_out = static_cast<double>(c.num_kv_heads * c.head_dim);
   const double heads = static_cast<double>(c.num_heads);
   const double s = static_cast<double>(seq_len > 0 ? seq_len : c.max_position_embeddings);
-  // What backward needs when nothing is recomputed, element by element per token:
-  //   two RMSNorm inputs (H each) and their normalised outputs (H each, inputs of the projections),
-  //   q, k after RoPE and v (q_out + 2 kv_out), the attention output entering o_proj (q_out),
-  //   gate and up outputs (2 I) and the SwiGLU product entering down_proj (I),
-  //   plus one fp32 reciprocal-RMS per norm.
-  // MoE: the k chosen experts' gate, up and product (k * 3 * I_moe) replace the dense MLP's, plus
-  // the router's logits and probabilities (2 E) and the gathered inputs and expert outputs (2 k H).
-  const double mlp = c.is_moe() ? static_cast<double>(c.experts_per_token) * (3 * static_cast<double>(c.moe_intermediate_size) + 2 * H) +
-                                      2 * static_cast<double>(c.num_experts)
-                                : 3 * I;
-  const double norms = c.qk_norm ? q_out + kv_out : 0;  // q and k before their per-head norms
-  const double common = b * (4 * H + q_out + 2 * kv_out + q_out + mlp + norms) + 2 * 4.0;
+  // What backward needs when nothing is recomputed: each op's saved inputs and outputs
+  // (arch::layer_ops: the norms' inputs and outputs and their fp32 1/rms, v, q and k after RoPE
+  // (and before Qwen3's per-head norms), the attention output, the MLP's gate, up and product, or
+  // a MoE layer's router logits and probabilities and its k slots' gathered inputs, gate, up,
+  // product and outputs), for the layer that keeps the most.
+  double common = 0;
+  for (int64_t l = 0; l < std::max<int64_t>(1, c.num_layers); ++l) {
+    double kept = 0;
+    for (const arch::Op& op : arch::layer_ops(c, l)) kept += arch::op_saved_bytes(op, c, b);
+    common = std::max(common, kept);
+  }
   ActivationBytes a;
-  a.checkpoint = b * H;
+  a.checkpoint = b * static_cast<double>(c.hidden_size);
   a.full_eager = common + b * heads * s;  // softmax probabilities: one row of s per head
   a.full_flash = common + 4.0 * heads;    // fused attention keeps one fp32 log-sum-exp per head
   return a;

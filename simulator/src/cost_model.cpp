@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "megatrain/core/arch.h"
 #include "megatrain/simulator/step_model.h"
 #include "megatrain/step/schedule.h"
 
@@ -114,11 +115,10 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
   // The keys per query as if unmasked: the row (seq_len), or in rows packed "neat" the documents'
   // length-weighted mean, each query seeing only its own document.
   const double s = plan.training.attention_span();
-  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
-  const double q = static_cast<double>(c.num_heads * c.head_dim), kv = static_cast<double>(c.num_kv_heads * c.head_dim);
+  const double H = static_cast<double>(c.hidden_size);
+  const double q = static_cast<double>(c.num_heads * c.head_dim);
   const double V = static_cast<double>(c.vocab_size);
   const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
-  const double I_moe = static_cast<double>(c.moe_intermediate_size);
   const double attention_bwd_ratio = rig.gpu.attention_backward_ratio ? rig.gpu.attention_backward_ratio->value : 2.5;
   const auto& lt = rig.gpu.layer_times;
   const bool probe_shape = lt && lt->hidden == c.hidden_size && lt->intermediate == c.intermediate_size &&
@@ -142,8 +142,33 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
     LayerCost L;
     L.moe = moe;
     L.window = window > 0 && window < plan.training.seq_len ? window : 0;
-    L.attention_gemms = linear_forward_time(T, H, q) + 2 * linear_forward_time(T, H, kv) + linear_forward_time(T, q, H);
-    L.gemms_backward = linear_backward_time(T, H, q) + 2 * linear_backward_time(T, H, kv) + linear_backward_time(T, q, H);
+    // Each op of the layer (arch::layer_ops) by its kind: a linear by its shape (forward, and dX
+    // and dW for the backward), the experts' grouped GEMMs with uniform routing (T k / E rows to
+    // each expert, E GEMMs a call), the attention kernel, and every other op as its memory-bound
+    // traffic (the norms, RoPE, Qwen3's per-head norms, the residual adds, the GLU, and a MoE
+    // block's router logits in fp32, its dispatch and its weighted combine).
+    if (moe) L.rows_per_expert = T * k / E;
+    for (const arch::Op& op : arch::layer_ops_of_kind(c, moe)) {
+      const double in = static_cast<double>(arch::dim_value(op.in, c)), out = static_cast<double>(arch::dim_value(op.out, c));
+      switch (op.kind) {
+        case arch::OpKind::kLinear: {
+          const double fwd = linear_forward_time(T, in, out);
+          if (op.part == arch::Part::kAttention) L.attention_gemms += fwd;
+          else if (op.weight == TensorRole::kRouter) L.router += fwd;
+          else L.mlp_gemms += fwd;
+          L.gemms_backward += linear_backward_time(T, in, out);
+          break;
+        }
+        case arch::OpKind::kGroupedLinear: {
+          const double g = grouped_gemm_time(E, L.rows_per_expert, out, in);
+          L.experts += g;
+          fallback_grouped = fallback_grouped || !rig.gpu.grouped_gemm_efficiency;
+          break;
+        }
+        case arch::OpKind::kAttention: break;  // below: its own rate, its window, its documents
+        default: L.elementwise_bytes += T * arch::op_elementwise_bytes(op, c, cb);
+      }
+    }
     // Causal attention: a fused kernel computes the lower triangle, half of Q.K^T and P.V (in neat
     // rows, each document's own triangle: s is their weighted length). Within a window of w < s keys a query sees min(i, w) keys: s w - w^2 / 2 pairs a sequence instead of
     // s^2 / 2, so the kernel (which skips the blocks outside the band) does (2 s w - w^2) / s^2 of
@@ -159,31 +184,7 @@ CostModel::CostModel(const Plan& plan, const ModelSpec& model, const HardwarePro
       return 0.5 * 2 * gemm_time(T, keys, q);
     };
     L.attention = attention_over(s);
-    // Element-wise: two RMSNorms, RoPE on q and k, residual adds (the 10 H + 2 q + 2 kv), and the
-    // block's own traffic.
-    L.elementwise_bytes = cb * T * (10 * H + 2 * q + 2 * kv);
-    // Qwen3's per-head RMSNorm of q and k before RoPE reads and writes both once more.
-    if (c.qk_norm) L.elementwise_bytes += cb * T * 2 * (q + kv);
-    double block_gemms = 0;
-    if (!moe) {
-      L.mlp_gemms = 2 * linear_forward_time(T, H, I) + linear_forward_time(T, I, H);
-      L.gemms_backward += 2 * linear_backward_time(T, H, I) + linear_backward_time(T, I, H);
-      L.elementwise_bytes += cb * T * 3 * I;  // SwiGLU reads gate and up, writes the product
-      block_gemms = L.mlp_gemms;
-    } else {
-      // Router [T, H] x [H, E]; uniform routing sends T k / E rows to each expert, whose gate, up
-      // and down are three grouped calls of E GEMMs each.
-      L.router = linear_forward_time(T, H, E);
-      L.gemms_backward += linear_backward_time(T, H, E);
-      L.rows_per_expert = T * k / E;
-      L.experts = 2 * grouped_gemm_time(E, L.rows_per_expert, I_moe, H) + grouped_gemm_time(E, L.rows_per_expert, H, I_moe);
-      fallback_grouped = fallback_grouped || !rig.gpu.grouped_gemm_efficiency;
-      // Router logits in fp32 (written, then read by softmax and top-k), the permutation (T k rows
-      // of H gathered: read and written), SwiGLU on T k rows of I_moe, and the weighted combine
-      // (read T k rows, write T).
-      L.elementwise_bytes += 2 * 4 * T * E + cb * T * (2 * k * H + 3 * k * I_moe + (k + 1) * H);
-      block_gemms = L.router + L.experts;
-    }
+    const double block_gemms = moe ? L.router + L.experts : L.mlp_gemms;
     L.forward = L.attention_gemms + block_gemms + L.attention + elementwise_time(L.elementwise_bytes);
     // The backward: dX and dW of every linear (by their own shapes), twice the experts' grouped
     // GEMMs, the attention kernel's backward and twice the memory-bound traffic.

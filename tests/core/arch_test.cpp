@@ -118,4 +118,67 @@ TEST(Arch, ExtentCountsWhatTheTablesList) {
   EXPECT_GE(models, 20);
 }
 
+// The layer's ops (arch::layer_ops) against its tensor tables, for every layer of every shipped
+// model: the ops' matrix-multiply FLOPs are twice the matrices a token multiplies (every weight
+// matrix of the layer, an expert's k / E of the time), and the ops read exactly the layer's matrices.
+TEST(Arch, LayerOpsMultiplyTheLayersMatrices) {
+  int layers = 0;
+  for (const auto& e : std::filesystem::directory_iterator(MEGATRAIN_PROFILES_DIR "/models")) {
+    auto m = ModelSpec::load(e.path().string());
+    ASSERT_TRUE(m.ok()) << e.path() << ": " << m.status().to_string();
+    const megatrain::ModelConfig& c = m->config();
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      // From the tables: the decayed tensors of rank 2 and more are the weight matrices.
+      long double dense = 0, experts = 0;
+      std::set<TensorRole> matrices;
+      for (const TensorInfo& t : m->tensors()) {
+        if (t.layer != l || t.shape.size() < 2 || !arch::role_traits(t.role).decay) continue;
+        (arch::role_traits(t.role).expert ? experts : dense) += static_cast<long double>(t.numel);
+        matrices.insert(t.role);
+      }
+      // From the ops: E x FLOPs = 2 (E dense + k experts), in integers.
+      long double flops = 0;
+      std::set<TensorRole> read;
+      for (const arch::Op& op : arch::layer_ops(c, l)) {
+        if (op.kind == arch::OpKind::kAttention) {
+          EXPECT_EQ(arch::op_flops(op, c, 100), 4.0 * 100 * static_cast<double>(c.num_heads * c.head_dim)) << e.path();
+          continue;
+        }
+        flops += arch::op_flops(op, c, 0);
+        if (op.weight != TensorRole::kCount && arch::role_traits(op.weight).decay && op.kind != arch::OpKind::kNorm) read.insert(op.weight);
+        if (op.weight != TensorRole::kCount) {
+          bool present = false;
+          for (const TensorInfo& t : m->tensors()) present = present || (t.layer == l && t.role == op.weight);
+          EXPECT_TRUE(present) << e.path() << " layer " << l << ": op " << op.name << " reads a tensor the layer does not have";
+        }
+      }
+      const long double E = c.num_experts > 0 ? c.num_experts : 1;
+      EXPECT_EQ(static_cast<double>(flops * E), static_cast<double>(2 * (E * dense + c.experts_per_token * experts)))
+          << e.path() << " layer " << l;
+      EXPECT_EQ(read, matrices) << e.path() << " layer " << l;
+      ++layers;
+    }
+  }
+  EXPECT_GE(layers, 200);
+}
+
+// The ops of a layer, in order, for a dense and a MoE layer (what the next slices run).
+TEST(Arch, LayerOpsInOrder) {
+  auto names = [](const megatrain::ModelConfig& c, int64_t l) {
+    std::string s;
+    for (const arch::Op& op : arch::layer_ops(c, l)) s += std::string(s.empty() ? "" : ", ") + op.name;
+    return s;
+  };
+  auto qwen3 = ModelSpec::load("tiny-qwen3-moe");  // layer 0 MoE, layer 1 dense (mlp_only_layers)
+  ASSERT_TRUE(qwen3.ok());
+  EXPECT_EQ(names(qwen3->config(), 0),
+            "input_layernorm, q_proj, k_proj, v_proj, q_norm, k_norm, rope, attention, o_proj, attention residual, "
+            "post_attention_layernorm, router, route, dispatch, experts.gate, experts.up, experts.act(gate) * up, experts.down, "
+            "combine, mlp residual");
+  EXPECT_EQ(names(qwen3->config(), 1),
+            "input_layernorm, q_proj, k_proj, v_proj, q_norm, k_norm, rope, attention, o_proj, attention residual, "
+            "post_attention_layernorm, gate_proj, up_proj, act(gate) * up, down_proj, mlp residual");
+  EXPECT_STREQ(arch::op_kind_name(arch::OpKind::kGroupedLinear), "grouped linear");
+}
+
 }  // namespace

@@ -169,6 +169,13 @@ TEST(ModelSpec, ActivationBytesHandComputed) {
   const double common = 2 * (4 * 64 + 64 + 2 * 32 + 64 + 3 * 160) + 8;
   EXPECT_DOUBLE_EQ(a.full_flash, common + 4 * 4);
   EXPECT_DOUBLE_EQ(a.full_eager, common + 2 * 4 * 128);
+  // Qwen3-MoE (tiny-qwen3-moe: H 64, 4 heads x 16, 2 KV heads, 8 experts of 32, top 2, q and k
+  // normalised per head; layer 1 dense with I 96): the MoE layer keeps more than the dense one,
+  // its router logits and probabilities (2 E), the k slots' inputs and outputs (2 k H) and their
+  // gate, up and product (3 k I), and q and k before their norms.
+  const ActivationBytes m = load_or_die("tiny-qwen3-moe").activation_bytes_per_token_per_layer(128, 2);
+  const double moe = 2 * (4 * 64 + 64 + 2 * 32 + 64 + (64 + 32) + (2 * 8 + 2 * 2 * 64 + 3 * 2 * 32)) + 8;
+  EXPECT_DOUBLE_EQ(m.full_flash, moe + 4 * 4);
 }
 
 // ---- bad configs ---------------------------------------------------------------------------

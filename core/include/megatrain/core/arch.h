@@ -44,6 +44,7 @@ enum class Dim : uint8_t {
   kExperts,       // num_experts
   kExpertInter,   // moe_intermediate_size
   kExpertInter2,  // 2 x moe_intermediate_size (gate and up side by side)
+  kQKv,           // (num_heads + num_kv_heads) x head_dim: q and k together (RoPE, per-head norms)
 };
 
 // The config switch a rule needs (kAlways: every config of the block's architecture).
@@ -92,5 +93,56 @@ struct Extent {
   long double parameters = 0, tensors = 0;
 };
 Extent extent(const ModelConfig& c);
+
+// ---- the decoder layer as ops (issue 47, part 1, second slice) ----------------------------------
+//
+// A decoder layer's forward, in order, as typed ops over rows: one row per token, or, for the ops
+// between a MoE block's dispatch and its combine, one row per expert slot (k per token). What the
+// project knows of a layer's work is derived from these lists: its matrix-multiply FLOPs
+// (ModelSpec::flops_per_token), the bytes its backward keeps (ModelSpec::
+// activation_bytes_per_token_per_layer) and the cost model's op-level terms (sim::CostModel, each
+// op costed by its kind). The backends still run their own layers; running these lists is the
+// next slice.
+enum class OpKind : uint8_t {
+  kNorm,           // RMSNorm of a row of `in` (its weight: `weight`), keeping its fp32 1/rms
+  kLinear,         // a row of `in` times `weight` [out, in] (and its bias)
+  kHeadNorm,       // per-head RMSNorm of q and k (Qwen3), in place: `in` = kQKv
+  kRope,           // rotary embedding of q and k, in place: `in` = kQKv
+  kAttention,      // causal attention of q (kQ) against the row's keys and values: out kQ
+  kRoute,          // the router's logits (kExperts, fp32) to probabilities, the k chosen experts and their weights
+  kDispatch,       // each token's row of `in` copied to its k expert slots
+  kGroupedLinear,  // each slot's row of `in` times its expert's `weight` [out, in]
+  kGlu,            // act(gate) * up over rows of `out` (gate and up read, the product written)
+  kCombine,        // the k slots' rows of `in`, weighted, summed into the token's row
+  kResidual,       // x + y over rows of `in`
+};
+const char* op_kind_name(OpKind k);
+
+// The half of a layer an op belongs to: attention (with its norm and residual) or the MLP block.
+enum class Part : uint8_t { kAttention, kMlp };
+
+struct Op {
+  OpKind kind;
+  const char* name;  // for people and errors: "q_proj", "experts.down", ...
+  Part part;
+  Dim in, out;       // row widths read and written
+  bool slots = false;                        // rows per expert slot (k a token) instead of per token
+  TensorRole weight = TensorRole::kCount;    // the weight a norm or a linear reads (kCount: none)
+  bool saves_in = false, saves_out = false;  // what backward reads of it, when the layer is not recomputed
+};
+
+// Decoder layer l's ops for a config, in forward order; the ops of a layer with the MoE block
+// (moe) or the dense MLP.
+std::vector<Op> layer_ops(const ModelConfig& c, int64_t layer);
+std::vector<Op> layer_ops_of_kind(const ModelConfig& c, bool moe);
+
+// Per token of a forward, derived from an op's kind and widths (`cb`: bytes of a compute element):
+//   flops: matrix-multiply FLOPs (2 m n k; a linear 2 in out, a grouped one k times that, the
+//          attention 2 x 2 x keys x q for QK^T and PV, `keys` the keys a query sees, as if unmasked);
+//   elementwise_bytes: the memory-bound traffic of the op (0 for the GEMMs and the attention);
+//   saved_bytes: what backward keeps of it when the layer is not recomputed.
+double op_flops(const Op& op, const ModelConfig& c, double keys);
+double op_elementwise_bytes(const Op& op, const ModelConfig& c, double cb);
+double op_saved_bytes(const Op& op, const ModelConfig& c, double cb);
 
 }  // namespace megatrain::arch
