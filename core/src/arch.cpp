@@ -256,41 +256,48 @@ std::vector<Op> layer_ops_of_kind(const ModelConfig& c, bool moe) {
       {OpKind::kLinear, "k_proj", A, D::kHidden, D::kKv, false, R::kK},
       {OpKind::kLinear, "v_proj", A, D::kHidden, D::kKv, false, R::kV, false, true},
   };
-  // Qwen3 normalises q and k per head before RoPE; backward needs them as they were.
   auto add = [&ops](std::initializer_list<Op> more) {
     for (const Op& op : more) ops.push_back(op);
   };
+  // Qwen3 normalises q and k per head before RoPE; backward needs them as they were.
   if (c.qk_norm) ops.push_back({OpKind::kHeadNorm, "q_norm, k_norm", A, D::kQKv, D::kQKv, false, R::kQNorm, true, false});
   add({
-                            {OpKind::kRope, "rope", A, D::kQKv, D::kQKv, false, R::kCount, false, true},
-                            {OpKind::kAttention, "attention", A, D::kQ, D::kQ, false, R::kCount, false, true},
-                            {OpKind::kLinear, "o_proj", A, D::kQ, D::kHidden, false, R::kO},
-                            {OpKind::kResidual, "attention residual", A, D::kHidden, D::kHidden},
-                            {OpKind::kNorm, "post_attention_layernorm", M, D::kHidden, D::kHidden, false, R::kMlpNorm, true, true},
-                        });
+      {OpKind::kRope, "rope", A, D::kQKv, D::kQKv, false, R::kCount, false, true},
+      {OpKind::kAttention, "attention", A, D::kQ, D::kQ, false, R::kCount, false, true},
+      {OpKind::kLinear, "o_proj", A, D::kQ, D::kHidden, false, R::kO},
+      {OpKind::kResidual, "attention residual", A, D::kHidden, D::kHidden},
+      {OpKind::kNorm, "post_attention_layernorm", M, D::kHidden, D::kHidden, false, R::kMlpNorm, true, true},
+  });
   if (!moe) {
     add({
-                              {OpKind::kLinear, "gate_proj", M, D::kHidden, D::kIntermediate, false, R::kGate, false, true},
-                              {OpKind::kLinear, "up_proj", M, D::kHidden, D::kIntermediate, false, R::kUp, false, true},
-                              {OpKind::kGlu, "act(gate) * up", M, D::kIntermediate, D::kIntermediate, false, R::kCount, false, true},
-                              {OpKind::kLinear, "down_proj", M, D::kIntermediate, D::kHidden, false, R::kDown},
-                          });
-  } else {
-    // Every MoE kind computes gate and up as two grouped GEMMs (gpt-oss's interleaved gate_up
-    // tensor is read as two strided views of one weight).
-    const bool stacked = c.moe == "gpt_oss";
-    const R gate = stacked ? R::kExpertGateUp : R::kExpertGate, up = stacked ? R::kExpertGateUp : R::kExpertUp;
-    add({
-                              {OpKind::kLinear, "router", M, D::kHidden, D::kExperts, false, R::kRouter, false, true},
-                              {OpKind::kRoute, "route", M, D::kExperts, D::kExperts, false, R::kCount, false, true},
-                              {OpKind::kDispatch, "dispatch", M, D::kHidden, D::kHidden, true, R::kCount, false, true},
-                              {OpKind::kGroupedLinear, "experts.gate", M, D::kHidden, D::kExpertInter, true, gate, false, true},
-                              {OpKind::kGroupedLinear, "experts.up", M, D::kHidden, D::kExpertInter, true, up, false, true},
-                              {OpKind::kGlu, "experts.act(gate) * up", M, D::kExpertInter, D::kExpertInter, true, R::kCount, false, true},
-                              {OpKind::kGroupedLinear, "experts.down", M, D::kExpertInter, D::kHidden, true, R::kExpertDown, false, true},
-                              {OpKind::kCombine, "combine", M, D::kHidden, D::kHidden},
-                          });
+        {OpKind::kLinear, "gate_proj", M, D::kHidden, D::kIntermediate, false, R::kGate, false, true},
+        {OpKind::kLinear, "up_proj", M, D::kHidden, D::kIntermediate, false, R::kUp, false, true},
+        {OpKind::kGlu, "act(gate) * up", M, D::kIntermediate, D::kIntermediate, false, R::kCount, false, true},
+        {OpKind::kLinear, "down_proj", M, D::kIntermediate, D::kHidden, false, R::kDown},
+    });
+    ops.push_back({OpKind::kResidual, "mlp residual", M, D::kHidden, D::kHidden});
+    return ops;
   }
+  add({
+      {OpKind::kLinear, "router", M, D::kHidden, D::kExperts, false, R::kRouter, false, true},
+      {OpKind::kRoute, "route", M, D::kExperts, D::kExperts, false, R::kCount, false, true},
+      {OpKind::kDispatch, "dispatch", M, D::kHidden, D::kHidden, true, R::kCount, false, true},
+  });
+  if (c.moe == "gpt_oss") {
+    // gpt-oss's experts hold gate and up interleaved in one stacked weight: one grouped GEMM of
+    // 2 x I outputs, then its clamped GLU over the pairs.
+    ops.push_back({OpKind::kGroupedLinear, "experts.gate_up", M, D::kHidden, D::kExpertInter2, true, R::kExpertGateUp, false, true});
+  } else {
+    add({
+        {OpKind::kGroupedLinear, "experts.gate", M, D::kHidden, D::kExpertInter, true, R::kExpertGate, false, true},
+        {OpKind::kGroupedLinear, "experts.up", M, D::kHidden, D::kExpertInter, true, R::kExpertUp, false, true},
+    });
+  }
+  add({
+      {OpKind::kGlu, "experts.act(gate) * up", M, D::kExpertInter, D::kExpertInter, true, R::kCount, false, true},
+      {OpKind::kGroupedLinear, "experts.down", M, D::kExpertInter, D::kHidden, true, R::kExpertDown, false, true},
+      {OpKind::kCombine, "combine", M, D::kHidden, D::kHidden},
+  });
   ops.push_back({OpKind::kResidual, "mlp residual", M, D::kHidden, D::kHidden});
   return ops;
 }
