@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
   inspect->add_option("--seq", inspect_opt.seq_len, "sequence length for FLOPs and activations (default: the model's max)")
       ->check(cli::int_range(1, kMaxSeq));
   inspect->add_flag("--tensors", inspect_opt.list_tensors, "also list every tensor with its HF name and shape");
+  inspect->add_flag("--ops", inspect_opt.list_ops,
+                    "also list the decoder layer's ops (each kind of layer): widths, FLOPs and bytes kept per token");
   inspect->add_flag("--json", json, "print one JSON object on stdout");
 
   std::string plan_path, trace_path;

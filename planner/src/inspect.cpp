@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "megatrain/core/arch.h"
 #include "megatrain/core/units.h"
 
 namespace megatrain::planner {
@@ -26,6 +27,21 @@ Json state_bytes_json(const StateBytes& b) {
   return Json{{"master", whole(b.master)}, {"gradients", whole(b.gradients)}, {"m", whole(b.m)},
               {"v", whole(b.v)}, {"streaming_copy", whole(b.streaming_copy)}, {"total", whole(b.total())}};
 }
+
+// The kinds of decoder layer a model has (dense, MoE), each with a layer of that kind.
+std::vector<std::pair<std::string, int64_t>> layer_kinds(const ModelConfig& c) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const bool moe : {false, true})
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      if (c.is_moe_layer(l) == moe) {
+        out.emplace_back(moe ? "moe" : "dense", l);
+        break;
+      }
+  return out;
+}
+
+// An op's rows per token, as text: "" (one per token) or "k x" (its expert slots).
+std::string op_rows(const arch::Op& op, const ModelConfig& c) { return op.slots ? std::to_string(c.experts_per_token) + " x " : ""; }
 
 std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
 std::string rpad(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
@@ -81,6 +97,21 @@ std::string inspect_json(const ModelSpec& spec, const InspectOptions& opt) {
                  {"rope_theta", c.rope_theta}, {"qkv_bias", c.qkv_bias}, {"o_bias", c.o_bias},
                  {"mlp_bias", c.mlp_bias}, {"qk_norm", c.qk_norm}, {"attention_sinks", c.attention_sinks},
                  {"sliding_window", c.sliding_window}};
+  if (opt.list_ops) {
+    Json kinds = Json::object();
+    for (const auto& [kind, layer] : layer_kinds(c)) {
+      Json ops = Json::array();
+      for (const arch::Op& op : arch::layer_ops(c, layer))
+        ops.push_back({{"name", op.name}, {"kind", arch::op_kind_name(op.kind)},
+                       {"in", arch::dim_value(op.in, c)}, {"out", arch::dim_value(op.out, c)},
+                       {"rows_per_token", op.slots ? c.experts_per_token : 1},
+                       {"weight", op.weight == TensorRole::kCount ? Json(nullptr) : Json(tensor_role_name(op.weight))},
+                       {"forward_flops_per_token", arch::op_flops(op, c, static_cast<double>(seq))},
+                       {"saved_bytes_per_token_bf16", arch::op_saved_bytes(op, c, 2)}});
+      kinds[kind] = {{"first_layer", layer}, {"ops", ops}};
+    }
+    j["layer_ops"] = kinds;
+  }
   if (opt.list_tensors) {
     Json ts = Json::array();
     for (const auto& t : spec.tensors()) ts.push_back({{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}});
@@ -173,6 +204,19 @@ std::string inspect_table(const ModelSpec& spec, const InspectOptions& opt) {
   o << "  " << pad("checkpoint (input)", 22) << rpad(format_bytes(a.checkpoint), 12) << "\n";
   o << "  " << pad("all, fused attention", 22) << rpad(format_bytes(a.full_flash), 12) << "\n";
   o << "  " << pad("all, eager attention", 22) << rpad(format_bytes(a.full_eager), 12) << "\n";
+  if (opt.list_ops) {
+    for (const auto& [kind, layer] : layer_kinds(c)) {
+      o << "\nOps of a " << kind << " layer (layer " << layer << "), per token at seq " << seq << "\n";
+      o << "  " << pad("op", 26) << pad("kind", 16) << rpad("in -> out", 22) << rpad("FLOPs", 12) << rpad("kept (bf16)", 13) << "\n";
+      for (const arch::Op& op : arch::layer_ops(c, layer)) {
+        const std::string shape =
+            op_rows(op, c) + std::to_string(arch::dim_value(op.in, c)) + " -> " + std::to_string(arch::dim_value(op.out, c));
+        const double fl = arch::op_flops(op, c, static_cast<double>(seq)), kept = arch::op_saved_bytes(op, c, 2);
+        o << "  " << pad(op.name, 26) << pad(arch::op_kind_name(op.kind), 16) << rpad(shape, 22)
+          << rpad(fl > 0 ? format_flops(fl) : "-", 12) << rpad(kept > 0 ? format_bytes(kept) : "-", 13) << "\n";
+      }
+    }
+  }
   if (opt.list_tensors) {
     o << "\nTensors (" << spec.tensors().size() << ")\n";
     for (const auto& t : spec.tensors()) {

@@ -32,6 +32,18 @@ check "truncated config: stderr says where" "grep -q 'cut.json' $tmp/err && grep
 "$plan" inspect --model tiny-llama-gqa --seq 0 >"$tmp/out" 2>"$tmp/err"
 check "--seq 0 is rejected" "[ $? -ne 0 ] && [ -s $tmp/err ]"
 
+# --ops: each kind of layer's ops. tiny-qwen3-moe (H 64, 4 heads x 16, 2 KV heads, dense MLP 96
+# on layer 1, 8 experts of 32, top 2) at seq 128, by hand: a dense layer 2(64x64 + 2 x 64x32 +
+# 64x64) + 3 x 2 x 64x96 + 4 x 128 x 64 = 94,208 FLOPs a token; a MoE layer the same attention,
+# the router 2 x 64 x 8 and 2 x 3 x 2 x 64 x 32 for its two experts = 82,944.
+"$plan" inspect --model tiny-qwen3-moe --seq 128 --ops --json >"$tmp/ops.json" 2>"$tmp/err"
+check "inspect --ops --json exits 0" "[ $? -eq 0 ] && [ ! -s $tmp/err ]"
+check "inspect --ops: a dense and a MoE layer, their ops' FLOPs as by hand" \
+  "/usr/bin/python3 -c 'import json,sys; d=json.load(open(\"$tmp/ops.json\"))[\"layer_ops\"]; f=lambda k: sum(o[\"forward_flops_per_token\"] for o in d[k][\"ops\"]); sys.exit(0 if (f(\"dense\"), f(\"moe\"), d[\"dense\"][\"first_layer\"], d[\"moe\"][\"first_layer\"]) == (94208, 82944, 1, 0) else 1)'"
+"$plan" inspect --model tiny-qwen3-moe --seq 128 --ops >"$tmp/ops.txt" 2>&1
+check "inspect --ops table lists the MoE layer's grouped linears" \
+  "grep -q 'Ops of a moe layer (layer 0)' $tmp/ops.txt && grep -q 'experts.down *grouped linear *2 x 32 -> 64' $tmp/ops.txt"
+
 "$plan" frobnicate >"$tmp/out" 2>"$tmp/err"
 check "unknown subcommand exits non-zero" "[ $? -ne 0 ]"
 

@@ -12,6 +12,7 @@ namespace megatrain::planner {
 struct InspectOptions {
   int64_t seq_len = 0;          // 0: the model's max_position_embeddings
   bool list_tensors = false;    // also list every tensor with its HF name and shape
+  bool list_ops = false;        // also list each kind of decoder layer's ops (arch::layer_ops)
 };
 
 // One JSON object (ARCHITECTURE.md section 8: parameters, embedding, per_layer, head, layers,
