@@ -98,7 +98,7 @@ cores = len(os.sched_getaffinity(0))
 # (small-mixtral: small-llama's widths, 8 experts of 512, top-2). Each is profiled for itself
 # (--model, --seq 128) every round. The MoE model was tiny-mixtral (hidden 64, experts of 48) until
 # 2026-12-07: its expert GEMMs (a few rows of 64 x 48) are all overhead, so their time follows how
-# unevenly the untrained router spreads byte text over the experts (docs/cost-model.md, "Routing").
+# unevenly the untrained router spreads byte text over the experts (docs/cost-model.md, "Validation").
 MODELS = {"small": "profiles/models/small-llama.json", "head": "profiles/models/tiny-llama-32k.json",
           "moe": "profiles/models/small-mixtral.json"}
 
