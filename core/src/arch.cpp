@@ -248,57 +248,110 @@ const char* op_kind_name(OpKind k) {
 
 std::vector<Op> layer_ops(const ModelConfig& c, int64_t layer) { return layer_ops_of_kind(c, c.is_moe_layer(layer)); }
 
+const char* val_name(Val v) {
+  switch (v) {
+    case Val::kNone: return "none";
+    case Val::kX: return "x";
+    case Val::kXn1: return "xn1";
+    case Val::kQPre: return "q_pre";
+    case Val::kKPre: return "k_pre";
+    case Val::kQkPre: return "q_pre, k_pre";
+    case Val::kQ: return "q";
+    case Val::kK: return "k";
+    case Val::kQk: return "q, k";
+    case Val::kV: return "v";
+    case Val::kAttn: return "attn";
+    case Val::kH: return "h";
+    case Val::kXn2: return "xn2";
+    case Val::kGate: return "gate";
+    case Val::kUp: return "up";
+    case Val::kAct: return "act";
+    case Val::kLogits: return "logits";
+    case Val::kXp: return "xp";
+    case Val::kYp: return "yp";
+    case Val::kOut: return "out";
+  }
+  return "?";
+}
+
+TensorRole bias_of(TensorRole weight) {
+  switch (weight) {
+    case R::kQ: return R::kQBias;
+    case R::kK: return R::kKBias;
+    case R::kV: return R::kVBias;
+    case R::kO: return R::kOBias;
+    case R::kRouter: return R::kRouterBias;
+    case R::kExpertGateUp: return R::kExpertGateUpBias;
+    case R::kExpertDown: return R::kExpertDownBias;
+    default: return R::kCount;
+  }
+}
+
 std::vector<Op> layer_ops_of_kind(const ModelConfig& c, bool moe) {
   constexpr Part A = Part::kAttention, M = Part::kMlp;
+  using V = Val;
+  // Qwen3 normalises q and k per head before RoPE: the projections write q_pre and k_pre.
+  const V q = c.qk_norm ? V::kQPre : V::kQ, k = c.qk_norm ? V::kKPre : V::kK;
   std::vector<Op> ops = {
-      {OpKind::kNorm, "input_layernorm", A, D::kHidden, D::kHidden, false, R::kAttnNorm, true, true},
-      {OpKind::kLinear, "q_proj", A, D::kHidden, D::kQ, false, R::kQ},
-      {OpKind::kLinear, "k_proj", A, D::kHidden, D::kKv, false, R::kK},
-      {OpKind::kLinear, "v_proj", A, D::kHidden, D::kKv, false, R::kV, false, true},
+      {OpKind::kNorm, "input_layernorm", A, D::kHidden, D::kHidden, false, R::kAttnNorm, true, true, V::kX, V::kNone, V::kXn1},
+      {OpKind::kLinear, "q_proj", A, D::kHidden, D::kQ, false, R::kQ, false, false, V::kXn1, V::kNone, q},
+      {OpKind::kLinear, "k_proj", A, D::kHidden, D::kKv, false, R::kK, false, false, V::kXn1, V::kNone, k},
+      {OpKind::kLinear, "v_proj", A, D::kHidden, D::kKv, false, R::kV, false, true, V::kXn1, V::kNone, V::kV},
   };
   auto add = [&ops](std::initializer_list<Op> more) {
     for (const Op& op : more) ops.push_back(op);
   };
-  // Qwen3 normalises q and k per head before RoPE; backward needs them as they were.
-  if (c.qk_norm) ops.push_back({OpKind::kHeadNorm, "q_norm, k_norm", A, D::kQKv, D::kQKv, false, R::kQNorm, true, false});
+  // Backward needs q and k as they were before the per-head norms.
+  if (c.qk_norm)
+    ops.push_back({OpKind::kHeadNorm, "q_norm, k_norm", A, D::kQKv, D::kQKv, false, R::kQNorm, true, false, V::kQkPre, V::kNone, V::kQk});
   add({
-      {OpKind::kRope, "rope", A, D::kQKv, D::kQKv, false, R::kCount, false, true},
-      {OpKind::kAttention, "attention", A, D::kQ, D::kQ, false, R::kCount, false, true},
-      {OpKind::kLinear, "o_proj", A, D::kQ, D::kHidden, false, R::kO},
-      {OpKind::kResidual, "attention residual", A, D::kHidden, D::kHidden},
-      {OpKind::kNorm, "post_attention_layernorm", M, D::kHidden, D::kHidden, false, R::kMlpNorm, true, true},
+      {OpKind::kRope, "rope", A, D::kQKv, D::kQKv, false, R::kCount, false, true, V::kQk, V::kNone, V::kQk},
+      {OpKind::kAttention, "attention", A, D::kQ, D::kQ, false, R::kCount, false, true, V::kQk, V::kV, V::kAttn},
+      {OpKind::kLinear, "o_proj", A, D::kQ, D::kHidden, false, R::kO, false, false, V::kAttn, V::kNone, V::kH},
+      {OpKind::kResidual, "attention residual", A, D::kHidden, D::kHidden, false, R::kCount, false, false, V::kX, V::kH, V::kH},
+      {OpKind::kNorm, "post_attention_layernorm", M, D::kHidden, D::kHidden, false, R::kMlpNorm, true, true, V::kH, V::kNone, V::kXn2},
   });
+  const Op residual{OpKind::kResidual, "mlp residual", M, D::kHidden, D::kHidden, false, R::kCount, false, false, V::kH, V::kOut, V::kOut};
   if (!moe) {
     add({
-        {OpKind::kLinear, "gate_proj", M, D::kHidden, D::kIntermediate, false, R::kGate, false, true},
-        {OpKind::kLinear, "up_proj", M, D::kHidden, D::kIntermediate, false, R::kUp, false, true},
-        {OpKind::kGlu, "act(gate) * up", M, D::kIntermediate, D::kIntermediate, false, R::kCount, false, true},
-        {OpKind::kLinear, "down_proj", M, D::kIntermediate, D::kHidden, false, R::kDown},
+        {OpKind::kLinear, "gate_proj", M, D::kHidden, D::kIntermediate, false, R::kGate, false, true, V::kXn2, V::kNone, V::kGate},
+        {OpKind::kLinear, "up_proj", M, D::kHidden, D::kIntermediate, false, R::kUp, false, true, V::kXn2, V::kNone, V::kUp},
+        {OpKind::kGlu, "act(gate) * up", M, D::kIntermediate, D::kIntermediate, false, R::kCount, false, true, V::kGate, V::kUp, V::kAct},
+        {OpKind::kLinear, "down_proj", M, D::kIntermediate, D::kHidden, false, R::kDown, false, false, V::kAct, V::kNone, V::kOut},
+        residual,
     });
-    ops.push_back({OpKind::kResidual, "mlp residual", M, D::kHidden, D::kHidden});
     return ops;
   }
   add({
-      {OpKind::kLinear, "router", M, D::kHidden, D::kExperts, false, R::kRouter, false, true},
-      {OpKind::kRoute, "route", M, D::kExperts, D::kExperts, false, R::kCount, false, true},
-      {OpKind::kDispatch, "dispatch", M, D::kHidden, D::kHidden, true, R::kCount, false, true},
+      {OpKind::kLinear, "router", M, D::kHidden, D::kExperts, false, R::kRouter, false, true, V::kXn2, V::kNone, V::kLogits},
+      {OpKind::kRoute, "route", M, D::kExperts, D::kExperts, false, R::kCount, false, true, V::kLogits},
+      {OpKind::kDispatch, "dispatch", M, D::kHidden, D::kHidden, true, R::kCount, false, true, V::kXn2, V::kNone, V::kXp},
   });
-  if (c.moe == "gpt_oss") {
-    // gpt-oss's experts hold gate and up interleaved in one stacked weight: one grouped GEMM of
-    // 2 x I outputs, then its clamped GLU over the pairs.
-    ops.push_back({OpKind::kGroupedLinear, "experts.gate_up", M, D::kHidden, D::kExpertInter2, true, R::kExpertGateUp, false, true});
+  const bool gpt_oss = c.moe == "gpt_oss";
+  if (gpt_oss) {
+    // gpt-oss's experts hold gate and up interleaved in one stacked weight [E, H, 2 I]: one
+    // grouped GEMM of 2 x I outputs, then its clamped GLU over the pairs.
+    Op gate_up{OpKind::kGroupedLinear, "experts.gate_up", M, D::kHidden, D::kExpertInter2, true, R::kExpertGateUp, false, true,
+               V::kXp, V::kNone, V::kGate};
+    gate_up.weight_in_out = true;
+    Op glu{OpKind::kGlu, "experts.act(gate) * up", M, D::kExpertInter, D::kExpertInter, true, R::kCount, false, true,
+           V::kGate, V::kNone, V::kAct};
+    glu.interleaved_clamped = true;
+    add({gate_up, glu});
   } else {
     add({
-        {OpKind::kGroupedLinear, "experts.gate", M, D::kHidden, D::kExpertInter, true, R::kExpertGate, false, true},
-        {OpKind::kGroupedLinear, "experts.up", M, D::kHidden, D::kExpertInter, true, R::kExpertUp, false, true},
+        {OpKind::kGroupedLinear, "experts.gate", M, D::kHidden, D::kExpertInter, true, R::kExpertGate, false, true, V::kXp, V::kNone, V::kGate},
+        {OpKind::kGroupedLinear, "experts.up", M, D::kHidden, D::kExpertInter, true, R::kExpertUp, false, true, V::kXp, V::kNone, V::kUp},
+        {OpKind::kGlu, "experts.act(gate) * up", M, D::kExpertInter, D::kExpertInter, true, R::kCount, false, true, V::kGate, V::kUp, V::kAct},
     });
   }
+  Op down{OpKind::kGroupedLinear, "experts.down", M, D::kExpertInter, D::kHidden, true, R::kExpertDown, false, true, V::kAct, V::kNone, V::kYp};
+  down.weight_in_out = gpt_oss;
   add({
-      {OpKind::kGlu, "experts.act(gate) * up", M, D::kExpertInter, D::kExpertInter, true, R::kCount, false, true},
-      {OpKind::kGroupedLinear, "experts.down", M, D::kExpertInter, D::kHidden, true, R::kExpertDown, false, true},
-      {OpKind::kCombine, "combine", M, D::kHidden, D::kHidden},
+      down,
+      {OpKind::kCombine, "combine", M, D::kHidden, D::kHidden, false, R::kCount, false, false, V::kYp, V::kNone, V::kOut},
+      residual,
   });
-  ops.push_back({OpKind::kResidual, "mlp residual", M, D::kHidden, D::kHidden});
   return ops;
 }
 

@@ -56,11 +56,13 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
     d.swiglu_alpha = c.swiglu_alpha;
     d.swiglu_limit = c.swiglu_limit;
     for (int64_t l = 0; l < c.num_layers; ++l) d.moe_layers += c.is_moe_layer(l);
+    d.moe_ops = arch::layer_ops_of_kind(c, true);
     if (d.E < 1 || d.k < 1 || d.k > d.E || d.Im < 1)
       return invalid_argument("MoE: num_experts " + std::to_string(d.E) + ", experts_per_tok " + std::to_string(d.k) +
                               ", moe_intermediate_size " + std::to_string(d.Im) +
                               ": accepted 1 <= experts_per_tok <= num_experts and an intermediate size >= 1");
   }
+  d.dense_ops = arch::layer_ops_of_kind(c, false);
   return d;
 }
 
@@ -173,37 +175,147 @@ const int32_t* LayerMathT<T>::positions_for(const LayerActsT<T>& a) {
   return doc_positions_.data();
 }
 
+// The layer's forward is its ops (arch::layer_ops), run in order: each reads and writes the values
+// it names, bound to the activation buffers that backward reads.
 template <typename T>
 Status LayerMathT<T>::forward(const UnitViewT<T>& w, const T* x_in, T* x_out, const LayerActsT<T>& a) {
   const Dims& d = d_;
   if (a.x != x_in) std::memcpy(a.x, x_in, sizeof(T) * static_cast<size_t>(d.N * d.H));
-  cpu::rmsnorm_forward<T>(ctx_, a.x, w[TensorRole::kAttnNorm], d.N, d.H, d.eps, a.xn1, a.rstd1);
-  T* q = d.qk_norm ? a.q_pre : a.q;
-  T* k = d.qk_norm ? a.k_pre : a.k;
-  cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kQ], w[TensorRole::kQBias], d.N, d.H, d.q, q);
-  cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kK], w[TensorRole::kKBias], d.N, d.H, d.kv, k);
-  cpu::linear_forward<T>(ctx_, a.xn1, w[TensorRole::kV], w[TensorRole::kVBias], d.N, d.H, d.kv, a.v);
-  if (d.qk_norm) {  // Qwen3: RMSNorm over each head's head_dim, before RoPE
-    cpu::rmsnorm_forward<T>(ctx_, a.q_pre, w[TensorRole::kQNorm], d.N * d.nh, d.hd, d.eps, a.q, a.rstd_q);
-    cpu::rmsnorm_forward<T>(ctx_, a.k_pre, w[TensorRole::kKNorm], d.N * d.nkv, d.hd, d.eps, a.k, a.rstd_k);
-  }
-  const T rs = static_cast<T>(d.rope_scale);
-  const int32_t* pos = positions_for(a);
-  cpu::rope_forward<T>(ctx_, a.q, a.q, pos, d.N, d.nh, d.hd, inv_freq_.data(), rs);
-  cpu::rope_forward<T>(ctx_, a.k, a.k, pos, d.N, d.nkv, d.hd, inv_freq_.data(), rs);
-  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer), a.doc_starts};
-  MT_RETURN_IF_ERROR(cpu::attention_forward<T>(ctx_, s, a.q, a.k, a.v, a.attn, a.probs, w[TensorRole::kSinks], a.sink_probs));
-  // h = x + o_proj(attn); x_out = h + down(silu(gate) * up)
-  cpu::linear_forward<T>(ctx_, a.attn, w[TensorRole::kO], w[TensorRole::kOBias], d.N, d.q, d.H, a.h);
-  cpu::add<T>(ctx_, a.x, a.h, d.N * d.H, a.h);
-  cpu::rmsnorm_forward<T>(ctx_, a.h, w[TensorRole::kMlpNorm], d.N, d.H, d.eps, a.xn2, a.rstd2);
-  if (w[TensorRole::kRouter] != nullptr) return moe_forward(w, x_out, a);
-  cpu::linear_forward<T>(ctx_, a.xn2, w[TensorRole::kGate], nullptr, d.N, d.H, d.I, a.gate);
-  cpu::linear_forward<T>(ctx_, a.xn2, w[TensorRole::kUp], nullptr, d.N, d.H, d.I, a.up);
-  cpu::swiglu_forward<T>(ctx_, a.gate, a.up, d.N * d.I, a.act);
-  cpu::linear_forward<T>(ctx_, a.act, w[TensorRole::kDown], nullptr, d.N, d.I, d.H, x_out);
-  cpu::add<T>(ctx_, a.h, x_out, d.N * d.H, x_out);
+  const std::vector<arch::Op>& ops = w[TensorRole::kRouter] != nullptr ? d.moe_ops : d.dense_ops;
+  if (ops.empty())
+    return internal_error(std::string("the layer math has no ") + (w[TensorRole::kRouter] != nullptr ? "MoE" : "dense") +
+                          " ops: its Dims were not made by make_dims");
+  for (const arch::Op& op : ops) MT_RETURN_IF_ERROR(forward_op(op, w, x_out, a));
   return {};
+}
+
+namespace {
+template <typename T>
+T* value_of(arch::Val v, T* x_out, const LayerActsT<T>& a) {
+  using arch::Val;
+  switch (v) {
+    case Val::kX: return a.x;
+    case Val::kXn1: return a.xn1;
+    case Val::kQPre: return a.q_pre;
+    case Val::kKPre: return a.k_pre;
+    case Val::kQ: return a.q;
+    case Val::kK: return a.k;
+    case Val::kV: return a.v;
+    case Val::kAttn: return a.attn;
+    case Val::kH: return a.h;
+    case Val::kXn2: return a.xn2;
+    case Val::kGate: return a.gate;
+    case Val::kUp: return a.up;
+    case Val::kAct: return a.act;
+    case Val::kLogits: return a.logits;
+    case Val::kXp: return a.xp;
+    case Val::kYp: return a.yp;
+    case Val::kOut: return x_out;
+    default: return nullptr;  // kNone, and the pairs (kQk, kQkPre), which their ops take apart
+  }
+}
+int64_t width_of(arch::Dim v, const Dims& d) {
+  using arch::Dim;
+  switch (v) {
+    case Dim::kVocab: return d.V;
+    case Dim::kHidden: return d.H;
+    case Dim::kIntermediate: return d.I;
+    case Dim::kQ: return d.q;
+    case Dim::kKv: return d.kv;
+    case Dim::kHeadDim: return d.hd;
+    case Dim::kHeads: return d.nh;
+    case Dim::kExperts: return d.E;
+    case Dim::kExpertInter: return d.Im;
+    case Dim::kExpertInter2: return 2 * d.Im;
+    case Dim::kQKv: return d.q + d.kv;
+  }
+  return 0;
+}
+}  // namespace
+
+template <typename T>
+Status LayerMathT<T>::forward_op(const arch::Op& op, const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a) {
+  const Dims& d = d_;
+  using arch::OpKind;
+  using arch::Val;
+  T* src = value_of(op.src, x_out, a);
+  T* src2 = value_of(op.src2, x_out, a);
+  T* dst = value_of(op.dst, x_out, a);
+  const int64_t rows = op.slots ? d.N * d.k : d.N, in = width_of(op.in, d), out = width_of(op.out, d);
+  const T* weight = op.weight == TensorRole::kCount ? nullptr : w[op.weight];
+  const TensorRole bias = arch::bias_of(op.weight);
+  const T* b = bias == TensorRole::kCount ? nullptr : w[bias];
+  auto missing = [&](const char* what) {
+    return internal_error(std::string("layer op '") + op.name + "' (" + arch::op_kind_name(op.kind) + "): " + what +
+                          " is not bound for this layer");
+  };
+  switch (op.kind) {
+    case OpKind::kNorm: {
+      T* rstd = op.weight == TensorRole::kAttnNorm ? a.rstd1 : op.weight == TensorRole::kMlpNorm ? a.rstd2 : nullptr;
+      if (!src || !dst || !weight || !rstd) return missing("its input, output, weight or 1/rms");
+      cpu::rmsnorm_forward<T>(ctx_, src, weight, rows, in, d.eps, dst, rstd);
+      return {};
+    }
+    case OpKind::kLinear:
+      if (!src || !dst || !weight) return missing("its input, output or weight");
+      cpu::linear_forward<T>(ctx_, src, weight, b, rows, in, out, dst);
+      return {};
+    case OpKind::kHeadNorm:  // q_pre, k_pre -> q, k: RMSNorm over each head's head_dim
+      if (!a.q_pre || !a.k_pre || !w[TensorRole::kQNorm] || !w[TensorRole::kKNorm]) return missing("q_pre, k_pre or a head norm");
+      cpu::rmsnorm_forward<T>(ctx_, a.q_pre, w[TensorRole::kQNorm], d.N * d.nh, d.hd, d.eps, a.q, a.rstd_q);
+      cpu::rmsnorm_forward<T>(ctx_, a.k_pre, w[TensorRole::kKNorm], d.N * d.nkv, d.hd, d.eps, a.k, a.rstd_k);
+      return {};
+    case OpKind::kRope: {  // q and k in place
+      const T rs = static_cast<T>(d.rope_scale);
+      const int32_t* pos = positions_for(a);
+      cpu::rope_forward<T>(ctx_, a.q, a.q, pos, d.N, d.nh, d.hd, inv_freq_.data(), rs);
+      cpu::rope_forward<T>(ctx_, a.k, a.k, pos, d.N, d.nkv, d.hd, inv_freq_.data(), rs);
+      return {};
+    }
+    case OpKind::kAttention: {
+      if (!src2 || !dst) return missing("v or its output");
+      const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer), a.doc_starts};
+      return cpu::attention_forward<T>(ctx_, s, a.q, a.k, src2, dst, a.probs, w[TensorRole::kSinks], a.sink_probs);
+    }
+    case OpKind::kResidual:
+      if (!src || !src2 || !dst) return missing("a term or its output");
+      cpu::add<T>(ctx_, src, src2, rows * in, dst);
+      return {};
+    case OpKind::kRoute:  // logits -> probabilities, the k experts of each token and their weights
+      if (!src || !a.rexpert) return missing("the logits or the routing buffers");
+      cpu::moe_route_forward<T>(ctx_, src, d.N, d.E, d.k, d.renorm, a.rexpert, a.rweight, a.rprobs);
+      if (a.aux_count != nullptr) cpu::moe_aux_stats<T>(a.rprobs, a.rexpert, d.N, d.E, d.k, a.aux_count, a.aux_prob);
+      return {};
+    case OpKind::kDispatch: {  // the slots sorted by expert, and each slot's row gathered
+      if (!src || !dst || !a.perm) return missing("its input, output or the routing buffers");
+      const int64_t slots = d.N * d.k;
+      cpu::moe_permute(a.rexpert, d.N, d.k, d.E, a.offsets, a.perm);
+      for (int64_t r = 0; r < slots; ++r) a.row_of_slot[a.perm[r]] = static_cast<int32_t>(r);
+      cpu::moe_gather<T>(ctx_, src, a.perm, slots, d.k, in, dst);
+      return {};
+    }
+    case OpKind::kGroupedLinear:
+      if (!src || !dst || !weight) return missing("its input, output or weight");
+      if (op.weight_in_out)  // stacked [E, in, out]: x W (+ b)
+        cpu::grouped_matmul_forward<T>(ctx_, src, weight, w.stride_of(op.weight), b, b ? w.stride_of(bias) : 0, a.offsets, d.E,
+                                       in, out, dst);
+      else
+        cpu::grouped_linear_forward<T>(ctx_, src, weight, w.stride_of(op.weight), b, b ? w.stride_of(bias) : 0, a.offsets, d.E,
+                                       in, out, dst);
+      return {};
+    case OpKind::kGlu:
+      if (!src || !dst || (!op.interleaved_clamped && !src2)) return missing("gate, up or its output");
+      if (op.interleaved_clamped)
+        cpu::clamped_swiglu_forward<T>(ctx_, src, rows, out, static_cast<T>(d.swiglu_alpha), static_cast<T>(d.swiglu_limit), dst);
+      else
+        cpu::swiglu_forward<T>(ctx_, src, src2, rows * out, dst);
+      return {};
+    case OpKind::kCombine:
+      if (!src || !dst) return missing("the experts' outputs or its output");
+      cpu::moe_combine_forward<T>(ctx_, src, a.rweight, a.row_of_slot, d.N, d.k, out, dst);
+      return {};
+  }
+  return internal_error(std::string("layer op '") + op.name + "': unknown kind");
 }
 
 template <typename T>
@@ -260,44 +372,6 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
   cpu::linear_backward<T>(ctx_, dv, a.xn1, w[TensorRole::kV], d.N, d.H, d.kv, dxn, true, g[TensorRole::kV], g[TensorRole::kVBias]);
   cpu::rmsnorm_backward<T>(ctx_, dxn, a.x, w[TensorRole::kAttnNorm], a.rstd1, d.N, d.H, tmp, g[TensorRole::kAttnNorm]);
   cpu::add<T>(ctx_, dh, tmp, d.N * d.H, dx);
-  return {};
-}
-
-// The MoE block on xn2 (Mixtral and Qwen3-MoE, as HF computes it): router logits, softmax over the
-// experts, top-k (renormalised when d.renorm), the slots sorted by expert, each expert's SwiGLU MLP
-// on its rows (one GEMM per expert and projection), and the weighted sum of each token's k outputs,
-// added to the residual h.
-template <typename T>
-Status LayerMathT<T>::moe_forward(const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a) {
-  const Dims& d = d_;
-  const int64_t slots = d.N * d.k;
-  cpu::linear_forward<T>(ctx_, a.xn2, w[TensorRole::kRouter], w[TensorRole::kRouterBias], d.N, d.H, d.E, a.logits);
-  cpu::moe_route_forward<T>(ctx_, a.logits, d.N, d.E, d.k, d.renorm, a.rexpert, a.rweight, a.rprobs);
-  cpu::moe_permute(a.rexpert, d.N, d.k, d.E, a.offsets, a.perm);
-  for (int64_t r = 0; r < slots; ++r) a.row_of_slot[a.perm[r]] = static_cast<int32_t>(r);
-  cpu::moe_gather<T>(ctx_, a.xn2, a.perm, slots, d.k, d.H, a.xp);
-  if (d.gpt_oss) {
-    // gate_up [rows, 2 Im] (interleaved) = xp @ W_gu + b_gu, held in gate and up (adjacent, each
-    // slots * Im); act = the clamped SwiGLU; yp = act @ W_down + b_down.
-    cpu::grouped_matmul_forward<T>(ctx_, a.xp, w[TensorRole::kExpertGateUp], w.stride_of(TensorRole::kExpertGateUp),
-                                   w[TensorRole::kExpertGateUpBias], w.stride_of(TensorRole::kExpertGateUpBias), a.offsets,
-                                   d.E, d.H, 2 * d.Im, a.gate);
-    cpu::clamped_swiglu_forward<T>(ctx_, a.gate, slots, d.Im, static_cast<T>(d.swiglu_alpha), static_cast<T>(d.swiglu_limit),
-                                   a.act);
-    cpu::grouped_matmul_forward<T>(ctx_, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown),
-                                   w[TensorRole::kExpertDownBias], w.stride_of(TensorRole::kExpertDownBias), a.offsets, d.E,
-                                   d.Im, d.H, a.yp);
-  } else {
-  const int64_t ws = w.stride_of(TensorRole::kExpertGate);
-  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertGate], ws, nullptr, 0, a.offsets, d.E, d.H, d.Im, a.gate);
-  cpu::grouped_linear_forward<T>(ctx_, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp), nullptr, 0,
-                                 a.offsets, d.E, d.H, d.Im, a.up);
-  cpu::swiglu_forward<T>(ctx_, a.gate, a.up, slots * d.Im, a.act);
-  cpu::grouped_linear_forward<T>(ctx_, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown), nullptr, 0, a.offsets, d.E, d.Im, d.H, a.yp);
-  }
-  cpu::moe_combine_forward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, d.N, d.k, d.H, x_out);
-  cpu::add<T>(ctx_, a.h, x_out, d.N * d.H, x_out);
-  if (a.aux_count != nullptr) cpu::moe_aux_stats<T>(a.rprobs, a.rexpert, d.N, d.E, d.k, a.aux_count, a.aux_prob);
   return {};
 }
 

@@ -18,6 +18,22 @@ using megatrain::TensorInfo;
 using megatrain::TensorRole;
 namespace arch = megatrain::arch;
 
+// Every model profile the project ships, loaded (a file that does not load fails the test).
+struct Shipped {
+  std::filesystem::path file;
+  ModelSpec spec;
+  const std::filesystem::path& path() const { return file; }
+};
+std::vector<Shipped> shipped_models() {
+  std::vector<Shipped> out;
+  for (const auto& e : std::filesystem::directory_iterator(MEGATRAIN_PROFILES_DIR "/models")) {
+    auto m = ModelSpec::load(e.path().string());
+    if (m.ok()) out.push_back({e.path(), std::move(*m)});
+    else ADD_FAILURE() << e.path() << ": " << m.status().to_string();
+  }
+  return out;
+}
+
 // "name [d0, d1, ...]" of each tensor of `layer` (-1: the embedding and the head).
 std::vector<std::string> described(const ModelSpec& m, int64_t layer) {
   std::vector<std::string> out;
@@ -107,9 +123,8 @@ TEST(Arch, EveryRoleHasItsNameAndTraits) {
 // extent() counts what tensor_list() lists, without listing: every shipped model, exactly.
 TEST(Arch, ExtentCountsWhatTheTablesList) {
   int models = 0;
-  for (const auto& e : std::filesystem::directory_iterator(MEGATRAIN_PROFILES_DIR "/models")) {
-    auto m = ModelSpec::load(e.path().string());
-    ASSERT_TRUE(m.ok()) << e.path() << ": " << m.status().to_string();
+  for (const Shipped& e : shipped_models()) {
+    const ModelSpec* m = &e.spec;
     const arch::Extent x = arch::extent(m->config());
     EXPECT_EQ(static_cast<int64_t>(x.tensors), static_cast<int64_t>(m->tensors().size())) << e.path();
     EXPECT_EQ(static_cast<int64_t>(x.parameters), m->parameter_counts().total) << e.path();
@@ -123,9 +138,8 @@ TEST(Arch, ExtentCountsWhatTheTablesList) {
 // matrix of the layer, an expert's k / E of the time), and the ops read exactly the layer's matrices.
 TEST(Arch, LayerOpsMultiplyTheLayersMatrices) {
   int layers = 0;
-  for (const auto& e : std::filesystem::directory_iterator(MEGATRAIN_PROFILES_DIR "/models")) {
-    auto m = ModelSpec::load(e.path().string());
-    ASSERT_TRUE(m.ok()) << e.path() << ": " << m.status().to_string();
+  for (const Shipped& e : shipped_models()) {
+    const ModelSpec* m = &e.spec;
     const megatrain::ModelConfig& c = m->config();
     for (int64_t l = 0; l < c.num_layers; ++l) {
       // From the tables: the decayed tensors of rank 2 and more are the weight matrices.
@@ -156,6 +170,55 @@ TEST(Arch, LayerOpsMultiplyTheLayersMatrices) {
       EXPECT_EQ(static_cast<double>(flops * E), static_cast<double>(2 * (E * dense + c.experts_per_token * experts)))
           << e.path() << " layer " << l;
       EXPECT_EQ(read, matrices) << e.path() << " layer " << l;
+      ++layers;
+    }
+  }
+  EXPECT_GE(layers, 200);
+}
+
+// The values the ops pass along (what the CPU backend's forward runs): for every layer of every
+// shipped model, each op reads only values written before it (the layer's input, x, to start), the
+// layer writes its output, a linear's width matches its weight's shape in the tables, and a
+// value written twice is rewritten only in place (RoPE, a residual added into its second term).
+TEST(Arch, LayerOpsPassTheirValuesInOrder) {
+  using arch::Val;
+  int layers = 0;
+  for (const Shipped& e : shipped_models()) {
+    const ModelSpec* m = &e.spec;
+    const megatrain::ModelConfig& c = m->config();
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      std::set<Val> written = {Val::kX};
+      auto mark = [&written](Val v) {
+        written.insert(v);
+        if (v == Val::kQk) written.insert({Val::kQ, Val::kK});
+        if (v == Val::kQ || v == Val::kK)
+          if (written.count(Val::kQ) && written.count(Val::kK)) written.insert(Val::kQk);
+        if (v == Val::kQPre || v == Val::kKPre)
+          if (written.count(Val::kQPre) && written.count(Val::kKPre)) written.insert(Val::kQkPre);
+      };
+      for (const arch::Op& op : arch::layer_ops(c, l)) {
+        const std::string where = e.path().filename().string() + " layer " + std::to_string(l) + " op " + op.name;
+        for (Val v : {op.src, op.src2})
+          if (v != Val::kNone) EXPECT_TRUE(written.count(v)) << where << " reads " << arch::val_name(v) << " before it is written";
+        if (op.kind == arch::OpKind::kRoute) {
+          EXPECT_EQ(op.dst, Val::kNone) << where;  // the routing lives in the block's own buffers
+        } else {
+          ASSERT_NE(op.dst, Val::kNone) << where;
+          if (written.count(op.dst))
+            EXPECT_TRUE(op.dst == op.src || op.dst == op.src2) << where << " overwrites " << arch::val_name(op.dst);
+        }
+        if (op.kind == arch::OpKind::kLinear || op.kind == arch::OpKind::kGroupedLinear) {
+          std::vector<int64_t> shape;
+          for (const TensorInfo& t : m->tensors())
+            if (t.layer == l && t.role == op.weight && t.expert <= 0) shape = t.shape;
+          int64_t numel = 1;
+          for (int64_t dim : shape) numel *= dim;
+          const int64_t per = op.kind == arch::OpKind::kGroupedLinear && !shape.empty() && op.weight_in_out ? numel / shape[0] : numel;
+          EXPECT_EQ(per, arch::dim_value(op.in, c) * arch::dim_value(op.out, c)) << where;
+        }
+        mark(op.dst);
+      }
+      EXPECT_TRUE(written.count(Val::kOut)) << e.path() << " layer " << l;
       ++layers;
     }
   }

@@ -101,8 +101,8 @@ Extent extent(const ModelConfig& c);
 // project knows of a layer's work is derived from these lists: its matrix-multiply FLOPs
 // (ModelSpec::flops_per_token), the bytes its backward keeps (ModelSpec::
 // activation_bytes_per_token_per_layer) and the cost model's op-level terms (sim::CostModel, each
-// op costed by its kind). The backends still run their own layers; running these lists is the
-// next slice.
+// op costed by its kind) and the CPU backend's layer forward (exec::LayerMathT, which runs the list
+// op by op over the values it names).
 enum class OpKind : uint8_t {
   kNorm,           // RMSNorm of a row of `in` (its weight: `weight`), keeping its fp32 1/rms
   kLinear,         // a row of `in` times `weight` [out, in] (and its bias)
@@ -121,6 +121,33 @@ const char* op_kind_name(OpKind k);
 // The half of a layer an op belongs to: attention (with its norm and residual) or the MLP block.
 enum class Part : uint8_t { kAttention, kMlp };
 
+// The named per-token (or per-slot) values a layer's ops read and write; a backend binds each to
+// one of its activation buffers. kX is the layer's input and kOut its output. kQk and kQkPre are q
+// and k taken together (the ops that treat both alike: the per-head norms, RoPE, the attention).
+enum class Val : uint8_t {
+  kNone,
+  kX,       // the layer's input (the residual stream)
+  kXn1,     // the attention's normalised input
+  kQPre,    // q and k as projected, before the per-head norms (Qwen3)
+  kKPre,
+  kQkPre,   // kQPre and kKPre
+  kQ,       // q and k as the attention reads them
+  kK,
+  kQk,      // kQ and kK
+  kV,
+  kAttn,    // the attention's output, before o_proj
+  kH,       // the residual stream after the attention half
+  kXn2,     // the MLP block's normalised input
+  kGate,    // a GLU's gate (gpt-oss: gate and up interleaved, 2 x I wide)
+  kUp,
+  kAct,     // act(gate) * up
+  kLogits,  // the router's logits
+  kXp,      // the experts' inputs, one row per slot, sorted by expert
+  kYp,      // the experts' outputs, one row per slot
+  kOut,     // the layer's output
+};
+const char* val_name(Val v);
+
 struct Op {
   OpKind kind;
   const char* name;  // for people and errors: "q_proj", "experts.down", ...
@@ -129,7 +156,17 @@ struct Op {
   bool slots = false;                        // rows per expert slot (k a token) instead of per token
   TensorRole weight = TensorRole::kCount;    // the weight a norm or a linear reads (kCount: none)
   bool saves_in = false, saves_out = false;  // what backward reads of it, when the layer is not recomputed
+  // What it reads (src, and src2 for a residual's second term and a GLU's up) and writes (dst).
+  Val src = Val::kNone, src2 = Val::kNone, dst = Val::kNone;
+  // A grouped linear whose stacked weight is stored [in, out] (x W; gpt-oss) instead of [out, in].
+  bool weight_in_out = false;
+  // A GLU over one interleaved gate/up value (src, 2 x out wide), clamped (gpt-oss: swiglu_alpha,
+  // swiglu_limit) instead of silu(gate) * up over two values.
+  bool interleaved_clamped = false;
 };
+
+// The bias of a linear's weight role in the tensor tables (kCount: the weight has none).
+TensorRole bias_of(TensorRole weight);
 
 // Decoder layer l's ops for a config, in forward order; the ops of a layer with the MoE block
 // (moe) or the dense MLP.

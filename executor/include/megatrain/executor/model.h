@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megatrain/buffers/shape.h"
+#include "megatrain/core/arch.h"
 #include "megatrain/core/model_spec.h"
 #include "megatrain/core/status.h"
 #include "megatrain/executor/host_state.h"
@@ -34,6 +35,9 @@ struct Dims : buffers::Shape {
   int64_t window_of(int64_t layer) const {
     return layer >= 0 && layer < static_cast<int64_t>(window.size()) ? window[static_cast<size_t>(layer)] : 0;
   }
+  // The decoder layer's ops (arch::layer_ops_of_kind) with the dense MLP and, for a MoE model,
+  // with the MoE block: what LayerMathT's forward runs.
+  std::vector<arch::Op> dense_ops, moe_ops;
 };
 Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
 
@@ -132,7 +136,8 @@ class LayerMathT {
   const Dims& dims() const { return d_; }
 
  private:
-  Status moe_forward(const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a);
+  // One op of the layer's forward over the values it names (bound to acts, and x_out for kOut).
+  Status forward_op(const arch::Op& op, const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a);
   // RoPE's positions for this micro-batch: t within its row, or t - its document's start.
   const int32_t* positions_for(const LayerActsT<T>& a);
   void moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, const UnitGradT<T>& g, T* dxn, T* da,
