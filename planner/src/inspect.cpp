@@ -41,6 +41,19 @@ std::vector<std::pair<std::string, int64_t>> layer_kinds(const ModelConfig& c) {
 }
 
 // An op's rows per token, as text: "" (one per token) or "k x" (its expert slots).
+// The values an op reads (arch::Val names), in order.
+Json op_reads(const arch::Op& op) {
+  Json r = Json::array();
+  for (arch::Val v : {op.src, op.src2})
+    if (v != arch::Val::kNone) r.push_back(arch::val_name(v));
+  return r;
+}
+std::string op_flow(const arch::Op& op) {
+  std::string s;
+  for (arch::Val v : {op.src, op.src2})
+    if (v != arch::Val::kNone) s += std::string(s.empty() ? "" : " + ") + arch::val_name(v);
+  return s + " -> " + (op.dst == arch::Val::kNone ? "routing" : arch::val_name(op.dst));
+}
 std::string op_rows(const arch::Op& op, const ModelConfig& c) { return op.slots ? std::to_string(c.experts_per_token) + " x " : ""; }
 
 std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
@@ -106,6 +119,7 @@ std::string inspect_json(const ModelSpec& spec, const InspectOptions& opt) {
                        {"in", arch::dim_value(op.in, c)}, {"out", arch::dim_value(op.out, c)},
                        {"rows_per_token", op.slots ? c.experts_per_token : 1},
                        {"weight", op.weight == TensorRole::kCount ? Json(nullptr) : Json(tensor_role_name(op.weight))},
+                       {"reads", op_reads(op)}, {"writes", op.dst == arch::Val::kNone ? Json(nullptr) : Json(arch::val_name(op.dst))},
                        {"forward_flops_per_token", arch::op_flops(op, c, static_cast<double>(seq))},
                        {"saved_bytes_per_token_bf16", arch::op_saved_bytes(op, c, 2)}});
       kinds[kind] = {{"first_layer", layer}, {"ops", ops}};
@@ -207,13 +221,15 @@ std::string inspect_table(const ModelSpec& spec, const InspectOptions& opt) {
   if (opt.list_ops) {
     for (const auto& [kind, layer] : layer_kinds(c)) {
       o << "\nOps of a " << kind << " layer (layer " << layer << "), per token at seq " << seq << "\n";
-      o << "  " << pad("op", 26) << pad("kind", 16) << rpad("in -> out", 22) << rpad("FLOPs", 12) << rpad("kept (bf16)", 13) << "\n";
+      o << "  " << pad("op", 26) << pad("kind", 16) << rpad("in -> out", 22) << rpad("FLOPs", 12) << rpad("kept (bf16)", 13)
+        << "  values\n";
       for (const arch::Op& op : arch::layer_ops(c, layer)) {
         const std::string shape =
             op_rows(op, c) + std::to_string(arch::dim_value(op.in, c)) + " -> " + std::to_string(arch::dim_value(op.out, c));
         const double fl = arch::op_flops(op, c, static_cast<double>(seq)), kept = arch::op_saved_bytes(op, c, 2);
         o << "  " << pad(op.name, 26) << pad(arch::op_kind_name(op.kind), 16) << rpad(shape, 22)
-          << rpad(fl > 0 ? format_flops(fl) : "-", 12) << rpad(kept > 0 ? format_bytes(kept) : "-", 13) << "\n";
+          << rpad(fl > 0 ? format_flops(fl) : "-", 12) << rpad(kept > 0 ? format_bytes(kept) : "-", 13) << "  " << op_flow(op)
+          << "\n";
       }
     }
   }

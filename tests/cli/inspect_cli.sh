@@ -43,6 +43,8 @@ check "inspect --ops: a dense and a MoE layer, their ops' FLOPs as by hand" \
 "$plan" inspect --model tiny-qwen3-moe --seq 128 --ops >"$tmp/ops.txt" 2>&1
 check "inspect --ops table lists the MoE layer's grouped linears" \
   "grep -q 'Ops of a moe layer (layer 0)' $tmp/ops.txt && grep -q 'experts.down *grouped linear *2 x 32 -> 64' $tmp/ops.txt"
+check "inspect --ops names the values each op reads and writes (Qwen3: q_pre, k_pre through the head norms)" \
+  "grep -q 'q_norm, k_norm .* q_pre, k_pre -> q, k\$' $tmp/ops.txt && grep -q 'mlp residual .* h + out -> out\$' $tmp/ops.txt && /usr/bin/python3 -c 'import json,sys; o={x[\"name\"]: x for x in json.load(open(\"$tmp/ops.json\"))[\"layer_ops\"][\"moe\"][\"ops\"]}; sys.exit(0 if (o[\"o_proj\"][\"reads\"], o[\"o_proj\"][\"writes\"], o[\"route\"][\"writes\"], o[\"attention\"][\"reads\"]) == ([\"attn\"], \"h\", None, [\"q, k\", \"v\"]) else 1)'"
 
 "$plan" frobnicate >"$tmp/out" 2>"$tmp/err"
 check "unknown subcommand exits non-zero" "[ $? -ne 0 ]"
