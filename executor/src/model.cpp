@@ -4,6 +4,7 @@
 #include "megatrain/buffers/buffers.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -318,103 +319,185 @@ Status LayerMathT<T>::forward_op(const arch::Op& op, const UnitViewT<T>& w, T* x
   return internal_error(std::string("layer op '") + op.name + "': unknown kind");
 }
 
+// The layer's backward is its ops run in reverse. Each value's gradient lives in a buffer of the
+// workspace of its own (own_grad below) or, until a second term arrives, is the buffer of the value
+// it came from (a residual passes its output's gradient on as it is). Where gradients of one value
+// sum, they sum as the forward's order gives, so that the result does not depend on how the list
+// is walked: the linears that read one value (q, k and v; gate and up) run their backward as a
+// group in forward order, the first writing the value's gradient and the others adding to it; a
+// norm's gradient and a grouped linear's second term go through a scratch buffer and one add.
 template <typename T>
 Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, T* dx,
                                const UnitGradT<T>& g, T* ws) {
   const Dims& d = d_;
+  using arch::OpKind;
+  using arch::Val;
   using buffers::Buf;
   const buffers::Carving c(buffers::cpu_layer_workspace(d, sizeof(T)), ws);
-  T* da = c.get<T>(Buf::kDact);
-  T* dgate = c.get<T>(Buf::kDgate);
-  T* dup = c.get<T>(Buf::kDup);
-  T* dxn = c.get<T>(Buf::kDxn);
-  T* dh = c.get<T>(Buf::kDh);
-  T* dattn = c.get<T>(Buf::kDattn);
-  T* dq = c.get<T>(Buf::kDq);
-  T* dk = c.get<T>(Buf::kDk);
-  T* dv = c.get<T>(Buf::kDv);
-  T* dsw = c.get<T>(Buf::kDscores);
+  const int64_t slots = d.N * d.k;
   T* tmp = c.get<T>(Buf::kTmp);
   T* more = c.get<T>(Buf::kMore);  // the MoE block's, the sinks' or the q/k norms' temporaries
-  // MLP: out = h + down(act)
-  if (w[TensorRole::kRouter] != nullptr) {
-    moe_backward(w, a, dout, g, dxn, da, dgate, dup, more);
-  } else {
-    cpu::linear_backward<T>(ctx_, dout, a.act, w[TensorRole::kDown], d.N, d.I, d.H, da, false, g[TensorRole::kDown], nullptr);
-    cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, d.N * d.I, dgate, dup);
-    cpu::linear_backward<T>(ctx_, dgate, a.xn2, w[TensorRole::kGate], d.N, d.H, d.I, dxn, false, g[TensorRole::kGate], nullptr);
-    cpu::linear_backward<T>(ctx_, dup, a.xn2, w[TensorRole::kUp], d.N, d.H, d.I, dxn, true, g[TensorRole::kUp], nullptr);
-  }
-  cpu::rmsnorm_backward<T>(ctx_, dxn, a.h, w[TensorRole::kMlpNorm], a.rstd2, d.N, d.H, tmp, g[TensorRole::kMlpNorm]);
-  cpu::add<T>(ctx_, dout, tmp, d.N * d.H, dh);  // residual
-  // Attention: h = x + o_proj(attn)
-  cpu::linear_backward<T>(ctx_, dh, a.attn, w[TensorRole::kO], d.N, d.q, d.H, dattn, false, g[TensorRole::kO],
-                          g[TensorRole::kOBias]);
-  const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer), a.doc_starts};
-  const bool sinks = w[TensorRole::kSinks] != nullptr;
-  MT_RETURN_IF_ERROR(cpu::attention_backward<T>(ctx_, s, a.q, a.k, a.v, a.probs, dattn, dq, dk, dv, dsw,
-                                                sinks ? a.sink_probs : nullptr, g[TensorRole::kSinks],
-                                                sinks ? more : nullptr));
-  const T rs = static_cast<T>(d.rope_scale);
-  const int32_t* pos = positions_for(a);
-  cpu::rope_backward<T>(ctx_, dq, dq, pos, d.N, d.nh, d.hd, inv_freq_.data(), rs);
-  cpu::rope_backward<T>(ctx_, dk, dk, pos, d.N, d.nkv, d.hd, inv_freq_.data(), rs);
-  if (d.qk_norm) {  // through the per-head norms to the projections' outputs
-    T* dq_pre = more;
-    T* dk_pre = dq_pre + d.N * d.q;
-    cpu::rmsnorm_backward<T>(ctx_, dq, a.q_pre, w[TensorRole::kQNorm], a.rstd_q, d.N * d.nh, d.hd, dq_pre, g[TensorRole::kQNorm]);
-    cpu::rmsnorm_backward<T>(ctx_, dk, a.k_pre, w[TensorRole::kKNorm], a.rstd_k, d.N * d.nkv, d.hd, dk_pre, g[TensorRole::kKNorm]);
-    std::memcpy(dq, dq_pre, sizeof(T) * static_cast<size_t>(d.N * d.q));
-    std::memcpy(dk, dk_pre, sizeof(T) * static_cast<size_t>(d.N * d.kv));
-  }
-  cpu::linear_backward<T>(ctx_, dq, a.xn1, w[TensorRole::kQ], d.N, d.H, d.q, dxn, false, g[TensorRole::kQ], g[TensorRole::kQBias]);
-  cpu::linear_backward<T>(ctx_, dk, a.xn1, w[TensorRole::kK], d.N, d.H, d.kv, dxn, true, g[TensorRole::kK], g[TensorRole::kKBias]);
-  cpu::linear_backward<T>(ctx_, dv, a.xn1, w[TensorRole::kV], d.N, d.H, d.kv, dxn, true, g[TensorRole::kV], g[TensorRole::kVBias]);
-  cpu::rmsnorm_backward<T>(ctx_, dxn, a.x, w[TensorRole::kAttnNorm], a.rstd1, d.N, d.H, tmp, g[TensorRole::kAttnNorm]);
-  cpu::add<T>(ctx_, dh, tmp, d.N * d.H, dx);
-  return {};
-}
-
-// dxn = d MoE(xn2) / d xn2 . dout (overwritten); the router's and the chosen experts' gradients
-// accumulate into g (an expert no token chose is not touched). Buffers: da, dgate, dup hold
-// [N*k, Im]; more holds dxp, dyp [N*k, H], d weight [N*k] and d logits [N, E].
-template <typename T>
-void LayerMathT<T>::moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, const UnitGradT<T>& g,
-                                 T* dxn, T* da, T* dgate, T* dup, T* more) {
-  const Dims& d = d_;
-  const int64_t slots = d.N * d.k;
+  T* dsw = c.get<T>(Buf::kDscores);
+  // The MoE block's part of `more`: dxp and dyp [N*k, H], d weight [N*k], d logits [N, E].
   T* dxp = more;
   T* dyp = dxp + slots * d.H;
   T* dweight = dyp + slots * d.H;
   T* dlogits = dweight + slots;
-  cpu::moe_combine_backward<T>(ctx_, a.yp, a.rweight, a.row_of_slot, dout, d.N, d.k, d.H, dyp, dweight);
-  if (d.gpt_oss) {
-    // dgate and dup are adjacent: together the interleaved d gate_up [rows, 2 Im].
-    cpu::grouped_matmul_backward<T>(ctx_, dyp, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown),
-                                    a.offsets, d.E, d.Im, d.H, da, g[TensorRole::kExpertDown], g[TensorRole::kExpertDownBias],
-                                    w.stride_of(TensorRole::kExpertDownBias));
-    cpu::clamped_swiglu_backward<T>(ctx_, a.gate, da, slots, d.Im, static_cast<T>(d.swiglu_alpha),
-                                    static_cast<T>(d.swiglu_limit), dgate);
-    cpu::grouped_matmul_backward<T>(ctx_, dgate, a.xp, w[TensorRole::kExpertGateUp], w.stride_of(TensorRole::kExpertGateUp),
-                                    a.offsets, d.E, d.H, 2 * d.Im, dxp, g[TensorRole::kExpertGateUp],
-                                    g[TensorRole::kExpertGateUpBias], w.stride_of(TensorRole::kExpertGateUpBias));
-  } else {
-  cpu::grouped_linear_backward<T>(ctx_, dyp, a.act, w[TensorRole::kExpertDown], w.stride_of(TensorRole::kExpertDown),
-                                  a.offsets, d.E, d.Im, d.H, da, g[TensorRole::kExpertDown], nullptr, 0);
-  cpu::swiglu_backward<T>(ctx_, a.gate, a.up, da, slots * d.Im, dgate, dup);
-  cpu::grouped_linear_backward<T>(ctx_, dgate, a.xp, w[TensorRole::kExpertGate], w.stride_of(TensorRole::kExpertGate),
-                                  a.offsets, d.E, d.H, d.Im, dxp, g[TensorRole::kExpertGate], nullptr, 0);
-  cpu::grouped_linear_backward<T>(ctx_, dup, a.xp, w[TensorRole::kExpertUp], w.stride_of(TensorRole::kExpertUp),
-                                  a.offsets, d.E, d.H, d.Im, dyp, g[TensorRole::kExpertUp], nullptr, 0);
-  cpu::add<T>(ctx_, dxp, dyp, slots * d.H, dxp);
+  auto own_grad = [&](Val v) -> T* {
+    switch (v) {
+      case Val::kX: return dx;
+      case Val::kXn1: case Val::kXn2: return c.get<T>(Buf::kDxn);  // xn2's is read before xn1's is written
+      case Val::kQ: return c.get<T>(Buf::kDq);
+      case Val::kK: return c.get<T>(Buf::kDk);
+      case Val::kV: return c.get<T>(Buf::kDv);
+      case Val::kQPre: return more;
+      case Val::kKPre: return more + d.N * d.q;
+      case Val::kAttn: return c.get<T>(Buf::kDattn);
+      case Val::kH: return c.get<T>(Buf::kDh);
+      case Val::kGate: return c.get<T>(Buf::kDgate);  // with dup after it: gpt-oss's interleaved 2 x Im
+      case Val::kUp: return c.get<T>(Buf::kDup);
+      case Val::kAct: return c.get<T>(Buf::kDact);
+      case Val::kLogits: return dlogits;
+      case Val::kXp: return dxp;
+      case Val::kYp: return dyp;
+      default: return nullptr;  // kOut: the caller's dout; the pairs are taken apart by their ops
+    }
+  };
+  constexpr size_t kVals = static_cast<size_t>(Val::kOut) + 1;
+  std::array<const T*, kVals> grad{};  // each value's gradient so far (null: none yet)
+  auto gr = [&grad](Val v) -> const T*& { return grad[static_cast<size_t>(v)]; };
+  gr(Val::kOut) = dout;
+  const std::vector<arch::Op>& ops = w[TensorRole::kRouter] != nullptr ? d.moe_ops : d.dense_ops;
+  if (ops.empty()) return internal_error("the layer math has no ops: its Dims were not made by make_dims");
+  auto fail = [](const arch::Op& op, const char* what) {
+    return internal_error(std::string("layer op '") + op.name + "' (" + arch::op_kind_name(op.kind) + ") backward: " + what);
+  };
+  // Adds `term` (rows x width) into value v's gradient: the first term is kept where it is (when
+  // `own_term`, it is already v's own buffer), a later one is summed into v's own buffer.
+  auto add_term = [&](Val v, const T* term, int64_t n) {
+    if (gr(v) == nullptr) {
+      gr(v) = term;
+      return;
+    }
+    cpu::add<T>(ctx_, gr(v), term, n, own_grad(v));
+    gr(v) = own_grad(v);
+  };
+  const int32_t* pos = positions_for(a);
+  const T rs = static_cast<T>(d.rope_scale);
+  for (int64_t i = static_cast<int64_t>(ops.size()) - 1; i >= 0;) {
+    const arch::Op& last = ops[static_cast<size_t>(i)];
+    // A linear and the linears of its kind just before it that read the same value: one group.
+    int64_t first = i;
+    if (last.kind == OpKind::kLinear || last.kind == OpKind::kGroupedLinear)
+      while (first > 0 && ops[static_cast<size_t>(first - 1)].kind == last.kind && ops[static_cast<size_t>(first - 1)].src == last.src)
+        --first;
+    for (int64_t j = first; j <= i; ++j) {
+      const arch::Op& op = ops[static_cast<size_t>(j)];
+      const int64_t rows = op.slots ? slots : d.N, in = width_of(op.in, d), out = width_of(op.out, d);
+      const T* weight = op.weight == TensorRole::kCount ? nullptr : w[op.weight];
+      T* gw = op.weight == TensorRole::kCount ? nullptr : g[op.weight];
+      const TensorRole bias = arch::bias_of(op.weight);
+      T* gb = bias == TensorRole::kCount ? nullptr : g[bias];
+      const T* dy = op.dst == Val::kNone ? nullptr : gr(op.dst);
+      const T* x = value_of<T>(op.src, nullptr, a);
+      switch (op.kind) {
+        case OpKind::kResidual:  // dst = src + src2, dst in place of src2: src2's gradient is dst's
+          if (op.dst != op.src2 || dy == nullptr) return fail(op, "expects its output in place of its second term, with a gradient");
+          add_term(op.src, dy, rows * in);
+          break;
+        case OpKind::kNorm: {
+          T* rstd = op.weight == TensorRole::kAttnNorm ? a.rstd1 : op.weight == TensorRole::kMlpNorm ? a.rstd2 : nullptr;
+          if (!dy || !x || !rstd) return fail(op, "its output's gradient, its input or its 1/rms is missing");
+          T* into = gr(op.src) == nullptr ? own_grad(op.src) : tmp;
+          cpu::rmsnorm_backward<T>(ctx_, dy, x, weight, rstd, rows, in, into, gw);
+          add_term(op.src, into, rows * in);
+          break;
+        }
+        case OpKind::kLinear: {
+          T* into = own_grad(op.src);
+          if (!dy || !x || !into || (gr(op.src) != nullptr && gr(op.src) != into))
+            return fail(op, "its output's gradient or its input is missing, or its input's gradient is not its own");
+          cpu::linear_backward<T>(ctx_, dy, x, weight, rows, in, out, into, gr(op.src) != nullptr, gw, gb);
+          gr(op.src) = into;
+          break;
+        }
+        case OpKind::kGroupedLinear: {
+          if (!dy || !x) return fail(op, "its output's gradient or its input is missing");
+          // A second term goes through the slot rows' scratch (dyp: read by the experts' down
+          // projection, the first of the block's grouped linears in reverse, and free after it).
+          T* into = gr(op.src) == nullptr ? own_grad(op.src) : dyp;
+          if (into == dy) return fail(op, "its scratch is its output's gradient");
+          const int64_t gbs = gb ? w.stride_of(bias) : 0;
+          if (op.weight_in_out)
+            cpu::grouped_matmul_backward<T>(ctx_, dy, x, weight, w.stride_of(op.weight), a.offsets, d.E, in, out, into, gw, gb, gbs);
+          else
+            cpu::grouped_linear_backward<T>(ctx_, dy, x, weight, w.stride_of(op.weight), a.offsets, d.E, in, out, into, gw, gb, gbs);
+          add_term(op.src, into, rows * in);
+          break;
+        }
+        case OpKind::kGlu:
+          if (!dy || gr(op.src) != nullptr) return fail(op, "its output's gradient is missing or gate's is already set");
+          if (op.interleaved_clamped) {
+            cpu::clamped_swiglu_backward<T>(ctx_, x, dy, rows, out, static_cast<T>(d.swiglu_alpha), static_cast<T>(d.swiglu_limit),
+                                            own_grad(op.src));
+          } else {
+            cpu::swiglu_backward<T>(ctx_, x, value_of<T>(op.src2, nullptr, a), dy, rows * out, own_grad(op.src), own_grad(op.src2));
+            gr(op.src2) = own_grad(op.src2);
+          }
+          gr(op.src) = own_grad(op.src);
+          break;
+        case OpKind::kCombine:  // the experts' outputs and the routing weights
+          if (!dy || !x) return fail(op, "its output's gradient or the experts' outputs are missing");
+          cpu::moe_combine_backward<T>(ctx_, x, a.rweight, a.row_of_slot, dy, d.N, d.k, out, own_grad(op.src), dweight);
+          gr(op.src) = own_grad(op.src);
+          break;
+        case OpKind::kDispatch: {  // each token's k slot rows summed back
+          if (!dy) return fail(op, "the slots' gradient is missing");
+          T* into = gr(op.src) == nullptr ? own_grad(op.src) : tmp;
+          cpu::moe_scatter_add<T>(ctx_, dy, a.row_of_slot, d.N, d.k, in, into);
+          add_term(op.src, into, d.N * in);
+          break;
+        }
+        case OpKind::kRoute: {  // the routing weights' gradient (and the balancing loss's) to the logits
+          std::vector<T> aux;
+          if (a.aux_grad != nullptr) aux.assign(a.aux_grad, a.aux_grad + d.E);
+          cpu::moe_route_backward<T>(ctx_, a.rprobs, a.rexpert, a.rweight, dweight, aux.empty() ? nullptr : aux.data(), d.N, d.E,
+                                     d.k, d.renorm, own_grad(op.src));
+          gr(op.src) = own_grad(op.src);
+          break;
+        }
+        case OpKind::kAttention: {
+          if (!dy) return fail(op, "its output's gradient is missing");
+          const cpu::AttentionShape s{d.B, d.T, d.nh, d.nkv, d.hd, d.window_of(w.layer), a.doc_starts};
+          const bool sinks = w[TensorRole::kSinks] != nullptr;
+          MT_RETURN_IF_ERROR(cpu::attention_backward<T>(ctx_, s, a.q, a.k, a.v, a.probs, dy, own_grad(Val::kQ), own_grad(Val::kK),
+                                                        own_grad(Val::kV), dsw, sinks ? a.sink_probs : nullptr,
+                                                        g[TensorRole::kSinks], sinks ? more : nullptr));
+          for (Val v : {Val::kQ, Val::kK, Val::kV}) gr(v) = own_grad(v);
+          break;
+        }
+        case OpKind::kRope:  // q's and k's gradients, in place
+          cpu::rope_backward<T>(ctx_, own_grad(Val::kQ), own_grad(Val::kQ), pos, d.N, d.nh, d.hd, inv_freq_.data(), rs);
+          cpu::rope_backward<T>(ctx_, own_grad(Val::kK), own_grad(Val::kK), pos, d.N, d.nkv, d.hd, inv_freq_.data(), rs);
+          break;
+        case OpKind::kHeadNorm:  // q, k -> q_pre, k_pre
+          cpu::rmsnorm_backward<T>(ctx_, gr(Val::kQ), a.q_pre, w[TensorRole::kQNorm], a.rstd_q, d.N * d.nh, d.hd,
+                                   own_grad(Val::kQPre), g[TensorRole::kQNorm]);
+          cpu::rmsnorm_backward<T>(ctx_, gr(Val::kK), a.k_pre, w[TensorRole::kKNorm], a.rstd_k, d.N * d.nkv, d.hd,
+                                   own_grad(Val::kKPre), g[TensorRole::kKNorm]);
+          gr(Val::kQPre) = own_grad(Val::kQPre);
+          gr(Val::kKPre) = own_grad(Val::kKPre);
+          break;
+      }
+    }
+    i = first - 1;
   }
-  cpu::moe_scatter_add<T>(ctx_, dxp, a.row_of_slot, d.N, d.k, d.H, dxn);
-  std::vector<T> aux;
-  if (a.aux_grad != nullptr) aux.assign(a.aux_grad, a.aux_grad + d.E);
-  cpu::moe_route_backward<T>(ctx_, a.rprobs, a.rexpert, a.rweight, dweight, aux.empty() ? nullptr : aux.data(),
-                             d.N, d.E, d.k, d.renorm, dlogits);
-  cpu::linear_backward<T>(ctx_, dlogits, a.xn2, w[TensorRole::kRouter], d.N, d.H, d.E, dxn, true, g[TensorRole::kRouter],
-                          g[TensorRole::kRouterBias]);
+  // The layer's input gradient ends in dx (its own buffer), unless no op added a second term.
+  if (gr(Val::kX) != dx) {
+    if (gr(Val::kX) == nullptr) return internal_error("the layer's ops never reach its input x");
+    std::memmove(dx, gr(Val::kX), sizeof(T) * static_cast<size_t>(d.N * d.H));
+  }
+  return {};
 }
 
 template <typename T>

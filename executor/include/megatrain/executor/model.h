@@ -2,8 +2,10 @@
 // the head) bound at call time to whichever buffer holds the unit's weights. Semantics are Hugging
 // Face's: pre-norm RMSNorm, q/k/v projections (with bias when the architecture has it), RoPE as HF
 // applies it, causal GQA attention scaled by 1/sqrt(head_dim), o_proj, residual, RMSNorm, SwiGLU
-// MLP, residual. The same functions serve the streamed pipeline and the plain in-memory loop, so
-// the two differ only in where buffers live and when transfers happen.
+// MLP (or a MoE block), residual. The decoder layer is not written out here: it is the op list of
+// its architecture (arch::layer_ops), which LayerMathT runs forward and in reverse. The same
+// functions serve the streamed pipeline and the plain in-memory loop, so the two differ only in
+// where buffers live and when transfers happen.
 #pragma once
 
 #include <cstdint>
@@ -140,8 +142,7 @@ class LayerMathT {
   Status forward_op(const arch::Op& op, const UnitViewT<T>& w, T* x_out, const LayerActsT<T>& a);
   // RoPE's positions for this micro-batch: t within its row, or t - its document's start.
   const int32_t* positions_for(const LayerActsT<T>& a);
-  void moe_backward(const UnitViewT<T>& w, const LayerActsT<T>& a, const T* dout, const UnitGradT<T>& g, T* dxn, T* da,
-                    T* dgate, T* dup, T* more);
+
   cpu::CpuContext& ctx_;
   Dims d_;
   std::vector<T> inv_freq_;
