@@ -3,6 +3,7 @@
 #include "megatrain/buffers/buffers.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "cuda/attention_schedule.h"
@@ -62,38 +63,80 @@ int64_t probs_of(const Shape& s) { return s.B * s.nh * s.T * s.T; }
 
 int64_t cuda_column_sum_cols(const Shape& s) { return std::max({s.H, s.q, s.kv, s.hd, s.moe ? s.E : int64_t{0}}); }
 
+// A layer's kept activations are the values its ops write (arch::Val), each as large as its
+// largest writer over the layer kinds the model has (the dense MLP's gate and an expert block's
+// share one buffer), and what the ops keep beside them: each norm's 1/rms, the attention's
+// probabilities (and sinks), the routing. The layer's input x is the first buffer.
 BufferList cpu_layer_acts(const Shape& s, int32_t e) {
+  using arch::OpKind;
+  using arch::Val;
+  constexpr size_t kVals = static_cast<size_t>(Val::kOut) + 1;
+  std::array<int64_t, kVals> size{};
+  bool attn_norm = false, mlp_norm = false, head_norm = false, attention = false, route = false;
+  auto width = [&s](arch::Dim d) -> int64_t {
+    switch (d) {
+      case arch::Dim::kVocab: return s.V;
+      case arch::Dim::kHidden: return s.H;
+      case arch::Dim::kIntermediate: return s.I;
+      case arch::Dim::kQ: return s.q;
+      case arch::Dim::kKv: return s.kv;
+      case arch::Dim::kHeadDim: return s.hd;
+      case arch::Dim::kHeads: return s.nh;
+      case arch::Dim::kExperts: return s.E;
+      case arch::Dim::kExpertInter: return s.Im;
+      case arch::Dim::kExpertInter2: return 2 * s.Im;
+      case arch::Dim::kQKv: return s.q + s.kv;
+    }
+    return 0;
+  };
+  auto grow = [&size](Val v, int64_t n) { size[static_cast<size_t>(v)] = std::max(size[static_cast<size_t>(v)], n); };
+  for (const std::vector<arch::Op>* ops : {&s.dense_ops, &s.moe_ops})
+    for (const arch::Op& op : *ops) {
+      attn_norm = attn_norm || (op.kind == OpKind::kNorm && op.weight == TensorRole::kAttnNorm);
+      mlp_norm = mlp_norm || (op.kind == OpKind::kNorm && op.weight == TensorRole::kMlpNorm);
+      head_norm = head_norm || op.kind == OpKind::kHeadNorm;
+      attention = attention || op.kind == OpKind::kAttention;
+      route = route || op.kind == OpKind::kRoute;
+      if (op.dst == Val::kQk || op.dst == Val::kQkPre) {  // q and k, each its own buffer
+        grow(op.dst == Val::kQk ? Val::kQ : Val::kQPre, s.N * s.q);
+        grow(op.dst == Val::kQk ? Val::kK : Val::kKPre, s.N * s.kv);
+      } else if (op.dst != Val::kNone && op.dst != Val::kOut) {
+        grow(op.dst, (op.slots ? s.N * s.k : s.N) * width(op.out));
+      }
+    }
   BufferList l;
   l.align = e;
-  const int64_t NH = s.N * s.H;
-  l.add(Buf::kX, NH, e);
-  l.add(Buf::kRstd1, s.N, e);
-  l.add(Buf::kXn1, NH, e);
-  l.add(Buf::kQ, s.N * s.q, e);
-  l.add(Buf::kK, s.N * s.kv, e);
-  l.add(Buf::kV, s.N * s.kv, e);
-  l.add(Buf::kProbs, probs_of(s), e);  // eager attention keeps the T x T probabilities
-  l.add(Buf::kAttn, s.N * s.q, e);
-  l.add(Buf::kH, NH, e);
-  l.add(Buf::kRstd2, s.N, e);
-  l.add(Buf::kXn2, NH, e);
-  l.add(Buf::kGate, s.mlp_floats(), e);
-  l.add(Buf::kUp, s.mlp_floats(), e);
-  l.add(Buf::kAct, s.mlp_floats(), e);
-  if (s.qk_norm) {
-    l.add(Buf::kQPre, s.N * s.q, e);
-    l.add(Buf::kKPre, s.N * s.kv, e);
+  auto value = [&](Buf b, Val v) {
+    if (size[static_cast<size_t>(v)] > 0) l.add(b, size[static_cast<size_t>(v)], e);
+  };
+  l.add(Buf::kX, s.N * s.H, e);
+  if (attn_norm) l.add(Buf::kRstd1, s.N, e);
+  value(Buf::kXn1, Val::kXn1);
+  value(Buf::kQ, Val::kQ);
+  value(Buf::kK, Val::kK);
+  value(Buf::kV, Val::kV);
+  if (attention) l.add(Buf::kProbs, probs_of(s), e);  // eager attention keeps the T x T probabilities
+  value(Buf::kAttn, Val::kAttn);
+  value(Buf::kH, Val::kH);
+  if (mlp_norm) l.add(Buf::kRstd2, s.N, e);
+  value(Buf::kXn2, Val::kXn2);
+  value(Buf::kGate, Val::kGate);  // gpt-oss: gate and up interleaved, 2 x Im a slot
+  value(Buf::kUp, Val::kUp);
+  value(Buf::kAct, Val::kAct);
+  value(Buf::kQPre, Val::kQPre);
+  value(Buf::kKPre, Val::kKPre);
+  if (head_norm) {
     l.add(Buf::kRstdQ, s.N * s.nh, e);
     l.add(Buf::kRstdK, s.N * s.nkv, e);
   }
-  if (s.sinks) l.add(Buf::kSinkProbs, s.B * s.nh * s.T, e);  // each attention row's sink probability
-  if (s.moe) {
+  if (attention && s.sinks) l.add(Buf::kSinkProbs, s.B * s.nh * s.T, e);  // each attention row's sink probability
+  if (route) {
     const int64_t slots = s.N * s.k;
-    l.add(Buf::kRouterLogits, s.N * s.E, e);
+    value(Buf::kRouterLogits, Val::kLogits);
     l.add(Buf::kRouterProbs, s.N * s.E, e);
     l.add(Buf::kRouteWeight, slots, e);
-    l.add(Buf::kXp, slots * s.H, e);
-    l.add(Buf::kYp, slots * s.H, e);
+    value(Buf::kXp, Val::kXp);
+    value(Buf::kYp, Val::kYp);
     l.add(Buf::kRouteExpert, slots, kI32);
     l.add(Buf::kPerm, slots, kI32);
     l.add(Buf::kRowOfSlot, slots, kI32);

@@ -26,7 +26,9 @@ Shape shape_of(const ModelConfig& c, int64_t micro_batch, int64_t seq_len) {
     s.Im = c.moe_intermediate_size;
     s.dense_mlp = false;
     for (int64_t l = 0; l < c.num_layers; ++l) s.dense_mlp = s.dense_mlp || !c.is_moe_layer(l);
+    s.moe_ops = arch::layer_ops_of_kind(c, true);
   }
+  if (s.dense_mlp) s.dense_ops = arch::layer_ops_of_kind(c, false);
   return s;
 }
 

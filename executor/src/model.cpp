@@ -57,13 +57,11 @@ Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_
     d.swiglu_alpha = c.swiglu_alpha;
     d.swiglu_limit = c.swiglu_limit;
     for (int64_t l = 0; l < c.num_layers; ++l) d.moe_layers += c.is_moe_layer(l);
-    d.moe_ops = arch::layer_ops_of_kind(c, true);
     if (d.E < 1 || d.k < 1 || d.k > d.E || d.Im < 1)
       return invalid_argument("MoE: num_experts " + std::to_string(d.E) + ", experts_per_tok " + std::to_string(d.k) +
                               ", moe_intermediate_size " + std::to_string(d.Im) +
                               ": accepted 1 <= experts_per_tok <= num_experts and an intermediate size >= 1");
   }
-  d.dense_ops = arch::layer_ops_of_kind(c, false);
   return d;
 }
 
@@ -132,7 +130,7 @@ LayerActsT<T> bind_layer_acts(const Dims& d, T* base) {
   a.rstd2 = c.get<T>(Buf::kRstd2);
   a.xn2 = c.get<T>(Buf::kXn2);
   a.gate = c.get<T>(Buf::kGate);
-  a.up = c.get<T>(Buf::kUp);
+  a.up = c.has(Buf::kUp) ? c.get<T>(Buf::kUp) : nullptr;  // gpt-oss: up is interleaved in gate
   a.act = c.get<T>(Buf::kAct);
   if (d.qk_norm) {
     a.q_pre = c.get<T>(Buf::kQPre);
@@ -185,7 +183,7 @@ Status LayerMathT<T>::forward(const UnitViewT<T>& w, const T* x_in, T* x_out, co
   const std::vector<arch::Op>& ops = w[TensorRole::kRouter] != nullptr ? d.moe_ops : d.dense_ops;
   if (ops.empty())
     return internal_error(std::string("the layer math has no ") + (w[TensorRole::kRouter] != nullptr ? "MoE" : "dense") +
-                          " ops: its Dims were not made by make_dims");
+                          " ops: its Dims were not made by make_dims, or the model has no layer of this kind");
   for (const arch::Op& op : ops) MT_RETURN_IF_ERROR(forward_op(op, w, x_out, a));
   return {};
 }

@@ -332,6 +332,28 @@ TEST(BufferLists, CarvingLaysTheListOutAndRefusesWhatItDoesNotHold) {
   EXPECT_DEATH(buffers::Carving(twice, nullptr), "x appears twice");
 }
 
+// The activation list is the values the layer's ops write (issue 47): gpt-oss's experts write
+// gate and up interleaved into one value, 2 x Im a slot, and nothing writes up alone, so the list
+// has a gate of N k 2 Im and no up: the bytes the two buffers of Im held before.
+TEST(BufferLists, GptOssKeepsItsInterleavedGateUpAsOneValue) {
+  auto model = ModelSpec::load("tiny-gpt-oss");
+  ASSERT_TRUE(model.ok());
+  const ModelConfig& c = model->config();
+  const buffers::Shape s = buffers::shape_of(c, 2, 16);
+  ASSERT_FALSE(s.dense_mlp);
+  const buffers::BufferList acts = buffers::cpu_layer_acts(s);
+  int64_t gate = -1, act = -1;
+  bool up = false;
+  for (const auto& b : acts.items) {
+    if (b.id == Buf::kGate) gate = b.count;
+    if (b.id == Buf::kAct) act = b.count;
+    up = up || b.id == Buf::kUp;
+  }
+  EXPECT_EQ(gate, s.N * c.experts_per_token * 2 * c.moe_intermediate_size);
+  EXPECT_EQ(act, s.N * c.experts_per_token * c.moe_intermediate_size);
+  EXPECT_FALSE(up);
+}
+
 TEST(BufferLists, TheMlpBuffersHoldTheLargerOfTheDenseAndTheExpertLayers) {
   auto model = ModelSpec::load("tiny-qwen3-moe");
   ASSERT_TRUE(model.ok());

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "megatrain/core/arch.h"
 #include "megatrain/core/model_spec.h"
 
 namespace megatrain::buffers {
@@ -40,6 +42,10 @@ struct Shape {
     return moe ? (dense > N * k * Im ? dense : N * k * Im) : dense;
   }
   BlockCaps caps;               // tests only; none by default
+  // The decoder layer's ops (arch::layer_ops_of_kind) with the dense MLP (when a layer has it) and
+  // with the MoE block (when the model has one): the CPU backend runs them, and its activation
+  // buffers are the values they write (cpu_layer_acts).
+  std::vector<arch::Op> dense_ops, moe_ops;
 };
 
 // The shape of `config` for micro_batch x seq_len tokens. Plain arithmetic: whether the executor

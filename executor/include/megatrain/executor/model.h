@@ -37,9 +37,6 @@ struct Dims : buffers::Shape {
   int64_t window_of(int64_t layer) const {
     return layer >= 0 && layer < static_cast<int64_t>(window.size()) ? window[static_cast<size_t>(layer)] : 0;
   }
-  // The decoder layer's ops (arch::layer_ops_of_kind) with the dense MLP and, for a MoE model,
-  // with the MoE block: what LayerMathT's forward runs.
-  std::vector<arch::Op> dense_ops, moe_ops;
 };
 Result<Dims> make_dims(const ModelSpec& model, int64_t micro_batch, int64_t seq_len);
 
