@@ -3,6 +3,7 @@
 #include "megatrain/kernels/cpu/moe.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -74,6 +75,102 @@ void moe_route_backward(CpuContext& ctx, const T* probs, const int32_t* expert, 
       for (int64_t x = 0; x < e; ++x) s += p[x] * dp[static_cast<size_t>(x)];
       T* dz = dlogits + t * e;
       for (int64_t x = 0; x < e; ++x) dz[x] = p[x] * (dp[static_cast<size_t>(x)] - s);
+    }
+  });
+}
+
+template <typename T>
+void moe_sigmoid_route_forward(CpuContext& ctx, const T* logits, const T* bias, int64_t n, int64_t e, int64_t k,
+                               const SigmoidRoute& r, int32_t* expert, T* weight, T* scores) {
+  const int64_t G = r.n_group, per = G >= 1 ? e / G : 0;
+  MT_CHECK(n >= 0 && e >= 1 && k >= 1 && k <= e && G >= 1 && e % G == 0 && (G == 1 || per >= 2) && r.topk_group >= 1 &&
+               r.topk_group <= G && r.topk_group * per >= k,
+           "moe_sigmoid_route_forward: bad sizes (n_group must divide the experts into groups of >= 2, and topk_group "
+           "groups must hold k experts)");
+  detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> biased(static_cast<size_t>(e)), group(static_cast<size_t>(G));
+    std::vector<char> open(static_cast<size_t>(e)), group_open(static_cast<size_t>(G));
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* z = logits + t * e;
+      T* s = scores + t * e;
+      for (int64_t x = 0; x < e; ++x) {
+        s[x] = T(1) / (T(1) + std::exp(-z[x]));
+        biased[static_cast<size_t>(x)] = s[x] + (bias ? bias[x] : T(0));
+      }
+      // Each group's two largest biased scores, summed (one group: every expert is open).
+      std::fill(group_open.begin(), group_open.end(), char(G == 1));
+      if (G > 1) {
+        for (int64_t g = 0; g < G; ++g) {
+          T a = -std::numeric_limits<T>::infinity(), b = a;  // the largest two
+          for (int64_t x = g * per; x < (g + 1) * per; ++x) {
+            const T v = biased[static_cast<size_t>(x)];
+            if (v > a) {
+              b = a;
+              a = v;
+            } else if (v > b) {
+              b = v;
+            }
+          }
+          group[static_cast<size_t>(g)] = a + b;
+        }
+        for (int64_t j = 0; j < r.topk_group; ++j) {  // the best groups, the lower index on a tie
+          int64_t best = -1;
+          for (int64_t g = 0; g < G; ++g)
+            if (!group_open[static_cast<size_t>(g)] && (best < 0 || group[static_cast<size_t>(g)] > group[static_cast<size_t>(best)]))
+              best = g;
+          group_open[static_cast<size_t>(best)] = 1;
+        }
+      }
+      for (int64_t x = 0; x < e; ++x) open[static_cast<size_t>(x)] = group_open[static_cast<size_t>(x / per)];
+      int32_t* ex = expert + t * k;
+      T* w = weight + t * k;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t x = 0; x < e; ++x)
+          if (open[static_cast<size_t>(x)] && (best < 0 || biased[static_cast<size_t>(x)] > biased[static_cast<size_t>(best)]))
+            best = x;
+        open[static_cast<size_t>(best)] = 0;
+        ex[j] = static_cast<int32_t>(best);
+        w[j] = s[best];
+      }
+      if (r.renorm) {
+        T sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += w[j];
+        sum += static_cast<T>(1e-20);
+        for (int64_t j = 0; j < k; ++j) w[j] /= sum;
+      }
+      for (int64_t j = 0; j < k; ++j) w[j] *= static_cast<T>(r.scale);
+    }
+  });
+}
+
+template <typename T>
+void moe_sigmoid_route_backward(CpuContext& ctx, const T* scores, const int32_t* expert, const T* d_weight, int64_t n,
+                                int64_t e, int64_t k, const SigmoidRoute& r, T* dlogits) {
+  detail::parallel_for(ctx, n, kRowChunk, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* s = scores + t * e;
+      const int32_t* ex = expert + t * k;
+      const T* dw = d_weight + t * k;
+      T* dz = dlogits + t * e;
+      std::fill(dz, dz + e, T(0));
+      const T c = static_cast<T>(r.scale);
+      if (r.renorm) {
+        // w_j = c s_j / S, S = sum_i s_i + 1e-20: d s_j = c (dw_j - sum_i dw_i s_i / S) / S.
+        T S = 0, dot = 0;
+        for (int64_t j = 0; j < k; ++j) S += s[ex[j]];
+        S += static_cast<T>(1e-20);
+        for (int64_t j = 0; j < k; ++j) dot += dw[j] * s[ex[j]];
+        for (int64_t j = 0; j < k; ++j) {
+          const T sj = s[ex[j]];
+          dz[ex[j]] = c * (dw[j] - dot / S) / S * sj * (T(1) - sj);
+        }
+      } else {
+        for (int64_t j = 0; j < k; ++j) {
+          const T sj = s[ex[j]];
+          dz[ex[j]] = c * dw[j] * sj * (T(1) - sj);
+        }
+      }
     }
   });
 }
@@ -216,6 +313,10 @@ void moe_aux_stats(const T* probs, const int32_t* expert, int64_t n, int64_t e, 
 }
 
 #define MT_INSTANTIATE(T)                                                                                              \
+  template void moe_sigmoid_route_forward<T>(CpuContext&, const T*, const T*, int64_t, int64_t, int64_t, const SigmoidRoute&, \
+                                             int32_t*, T*, T*);                                                          \
+  template void moe_sigmoid_route_backward<T>(CpuContext&, const T*, const int32_t*, const T*, int64_t, int64_t, int64_t,  \
+                                              const SigmoidRoute&, T*);                                                  \
   template void moe_route_forward<T>(CpuContext&, const T*, int64_t, int64_t, int64_t, bool, int32_t*, T*, T*);       \
   template void moe_route_backward<T>(CpuContext&, const T*, const int32_t*, const T*, const T*, const T*, int64_t,    \
                                       int64_t, int64_t, bool, T*);                                                     \

@@ -6,12 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "megatrain/kernels/cpu/moe.h"
 #include "megatrain/kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -187,6 +189,42 @@ void dump_all_ops(Dump& dump, const std::string& dtype) {
     dump.floats("out", out, {n, inter});
     dump.floats("dgate", dg, {n, inter});
     dump.floats("dup", du, {n, inter});
+    dump.end();
+  }
+  // Sigmoid routing (DeepSeek-V3's router after its logits): 16 experts in 4 groups of 4, the best
+  // 2 groups open, 3 chosen, renormalised and scaled; and one group (MiniMax-M2's form) unscaled
+  // and without renormalisation.
+  struct RouteCase {
+    const char* name;
+    int64_t groups, topk_group;
+    bool renorm;
+    double scale;
+  };
+  for (const RouteCase& rc : {RouteCase{"sigmoid_route_groups", 4, 2, true, 2.5}, RouteCase{"sigmoid_route_one_group", 1, 1, false, 1.0}}) {
+    const int64_t n = 7, e = 16, k = 3;
+    const auto z = rv<T>(n * e, 30, -3, 3), bias = rv<T>(e, 31, -0.1, 0.1), dw = rv<T>(n * k, 32);
+    std::vector<int32_t> ex(n * k);
+    std::vector<T> w(n * k), scores(n * e), dz(n * e);
+    const SigmoidRoute r{rc.groups, rc.topk_group, rc.renorm, rc.scale};
+    moe_sigmoid_route_forward(ctx, z.data(), bias.data(), n, e, k, r, ex.data(), w.data(), scores.data());
+    moe_sigmoid_route_backward(ctx, scores.data(), ex.data(), dw.data(), n, e, k, r, dz.data());
+    std::vector<T> sorted(n * k);  // each token's experts in increasing order, to compare as sets
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int32_t> row(ex.begin() + t * k, ex.begin() + (t + 1) * k);
+      std::sort(row.begin(), row.end());
+      for (int64_t j = 0; j < k; ++j) sorted[static_cast<size_t>(t * k + j)] = static_cast<T>(row[static_cast<size_t>(j)]);
+    }
+    dump.begin(p + rc.name, "sigmoid_route", dtype,
+               "\"n_group\": " + std::to_string(rc.groups) + ", \"topk_group\": " + std::to_string(rc.topk_group) +
+                   ", \"k\": 3, \"renorm\": " + (rc.renorm ? "true" : "false") + ", \"scale\": " + std::to_string(rc.scale));
+    dump.floats("logits", z, {n, e});
+    dump.floats("bias", bias, {e});
+    dump.ints("expert", ex, {n, k});
+    dump.floats("dweight", dw, {n, k});
+    dump.floats("weight", w, {n, k});
+    dump.floats("scores", scores, {n, e});
+    dump.floats("expert_sorted", sorted, {n, k});
+    dump.floats("dlogits", dz, {n, e});
     dump.end();
   }
   {  // cross-entropy, mean over non-ignored rows, dloss = 1

@@ -158,6 +158,27 @@ def run_case(c, a):
         loss = F.cross_entropy(x, a["targets"].long(), ignore_index=p["ignore_index"], reduction="mean")
         (dx,) = torch.autograd.grad(loss, [x])
         return {"loss": loss.reshape(1), "dlogits": dx}
+    if op == "sigmoid_route":
+        # transformers' DeepseekV3TopkRouter after its logits: sigmoid scores, the bias for the choice
+        # only, groups ranked by their two best biased scores, top-k within the open groups.
+        z = req(a["logits"])
+        groups, topk_group, k = p["n_group"], p["topk_group"], p["k"]
+        scores = z.sigmoid()
+        choice = scores + a["bias"]
+        n, e = choice.shape
+        group_scores = choice.view(n, groups, e // groups).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, groups, e // groups).reshape(-1, e)
+        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+        chosen = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+        # The weights in our slots' order (the experts compared as sets below).
+        w = scores.gather(1, a["expert"].long())
+        if p["renorm"]:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        w = w * p["scale"]
+        (dz,) = torch.autograd.grad(w, [z], a["dweight"])
+        return {"weight": w, "scores": scores, "expert_sorted": chosen.sort(dim=-1)[0].to(z.dtype), "dlogits": dz}
     raise ValueError(f"unknown op {op}")
 
 

@@ -28,6 +28,28 @@ void moe_route_forward(CpuContext& ctx, const T* logits, int64_t n, int64_t e, i
 template <typename T>
 void moe_route_backward(CpuContext& ctx, const T* probs, const int32_t* expert, const T* weight, const T* d_weight,
                         const T* d_probs_const, int64_t n, int64_t e, int64_t k, bool renorm, T* dlogits);
+// Sigmoid routing with a selection-only bias and group-limited top-k (DeepSeek-V3, Kimi-K2, GLM-4.5;
+// MiniMax-M2 with one group), as transformers' DeepseekV3TopkRouter computes it from the router's
+// logits [n, e]: scores s = sigmoid(logits) (kept, [n, e]); the choice ranks s + bias (bias [e]:
+// e_score_correction_bias, which only chooses); the e experts form n_group groups of e / n_group
+// in order, each group ranked by the sum of its two largest biased scores, and only the experts
+// of the topk_group best groups may be chosen; the k chosen (largest biased score first, the lower
+// index on a tie) weigh s, divided by their sum + 1e-20 when renorm, times `scale`
+// (routed_scaling_factor). n_group must divide e, each group hold at least 2 experts (1 when
+// n_group is 1), and topk_group groups hold at least k experts.
+struct SigmoidRoute {
+  int64_t n_group = 1, topk_group = 1;
+  bool renorm = true;
+  double scale = 1.0;
+};
+template <typename T>
+void moe_sigmoid_route_forward(CpuContext& ctx, const T* logits, const T* bias, int64_t n, int64_t e, int64_t k,
+                               const SigmoidRoute& r, int32_t* expert, T* weight, T* scores);
+// dlogits [n, e] (overwritten) from d_weight [n*k]: through the scale, the renormalisation and the
+// sigmoid of the chosen experts (the others and the bias get none: the choice is not differentiable).
+template <typename T>
+void moe_sigmoid_route_backward(CpuContext& ctx, const T* scores, const int32_t* expert, const T* d_weight, int64_t n,
+                                int64_t e, int64_t k, const SigmoidRoute& r, T* dlogits);
 // A stable counting sort of the n*k slots by expert: offsets [e+1] (offsets[0] = 0, expert x
 // owns rows offsets[x] .. offsets[x+1]) and perm [n*k] (the slot of each sorted row; ascending
 // within an expert). Fails (MT_CHECK) on an expert index outside [0, e).
