@@ -456,7 +456,18 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view text, const std::string&
 Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
+  if (std::filesystem::is_directory(path, ec)) {
+    file = path / "tokenizer.json";
+    // Kimi-K2 ships its vocabulary as a tiktoken BPE file (tiktoken.model) and no tokenizer.json.
+    if (!std::filesystem::exists(file, ec))
+      for (const char* tiktoken : {"tiktoken.model", "tokenizer.tiktoken"})
+        if (std::filesystem::exists(path / tiktoken, ec))
+          return unsupported((path / tiktoken).string() +
+                             ": a tiktoken vocabulary (Kimi-K2's form), which MegaTrain does not read; accepted: a Hugging Face "
+                             "tokenizer.json in " + path.string() +
+                             " (a fast tokenizer converted from this file, for example with transformers' "
+                             "convert_slow_tokenizer.TikTokenConverter), or data already tokenized (a token file for --data)");
+  }
   MT_RETURN_IF_ERROR(check_file_bytes(file, "tokenizer.json"));
   auto json_text = read_file(file);
   if (!json_text.ok()) return not_found(json_text.status().message() + "; expected a model folder with tokenizer.json, or the file itself");

@@ -2,8 +2,11 @@
 // valid UTF-8 by the standard's maximal subparts, BPE merge order by hand, byte-level mapping,
 // byte fallback, added tokens, decoding, and the errors that name what is not supported.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -140,6 +143,23 @@ TEST(Tokenizer, WhatIsNotSupportedIsNamedWithItsPath) {
   EXPECT_NE(t.status().message().find("model.merges[1]"), std::string::npos) << t.status().message();
   EXPECT_FALSE(Tokenizer::from_json("{not json").ok());
   EXPECT_FALSE(Tokenizer::load("/nonexistent/model").ok());
+}
+
+// Kimi-K2's folder has a tiktoken vocabulary and no tokenizer.json (issue 47): refused naming the
+// file and what is accepted instead, not as a missing tokenizer.json.
+TEST(Tokenizer, ATiktokenFolderIsRefusedNamingWhatToProvide) {
+  const auto dir = std::filesystem::temp_directory_path() / ("megatrain_tiktoken_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tiktoken.model") << "IQ== 0\nIg== 1\n";
+  auto t = Tokenizer::load(dir);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), megatrain::StatusCode::kUnsupported) << t.status().to_string();
+  EXPECT_NE(t.status().message().find((dir / "tiktoken.model").string() + ": a tiktoken vocabulary"), std::string::npos)
+      << t.status().message();
+  EXPECT_NE(t.status().message().find("accepted: a Hugging Face tokenizer.json"), std::string::npos) << t.status().message();
+  std::ofstream(dir / "tokenizer.json") << byte_level().dump();  // with a tokenizer.json beside it, that one is read
+  EXPECT_TRUE(Tokenizer::load(dir).ok());
+  std::filesystem::remove_all(dir);
 }
 
 // A tokenizer.json nested 100,000 deep (Sequence normalizers inside each other: 1.7 MB) overflowed
