@@ -541,6 +541,18 @@ Status dequantize_mxfp4_expert(const uint8_t* blocks, const uint8_t* scales, int
   return {};
 }
 
+// ---- FP8 e4m3, block-scaled ---------------------------------------------------------------------
+
+float fp8_e4m3_to_float(uint8_t b) {
+  const int exp = (b >> 3) & 0x0F, man = b & 0x07;
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (exp == 0x0F && man == 0x07) return std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);  // subnormal: m / 8 * 2^-6
+  return sign * std::ldexp(static_cast<float>(8 + man), exp - 10);    // (1 + m / 8) * 2^(e - 7)
+}
+
+std::string fp8_scale_name(const std::string& weight) { return weight + "_scale_inv"; }
+
 // ---- Hugging Face checkpoints -----------------------------------------------------------------
 
 namespace {
@@ -702,6 +714,62 @@ Status HfCheckpoint::load_mxfp4_fp32(const std::string& name, const std::vector<
     MT_RETURN_IF_ERROR(dequantize_mxfp4_expert(blocks.data(), scales.data(), a, b, out + e * a * b,
                                                "MXFP4 tensor '" + name + "' in '" + parts[0].file->path().string() +
                                                    "', expert " + std::to_string(e)));
+  }
+  return {};
+}
+
+bool HfCheckpoint::has_fp8_blocks(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it != tensors_.end() && it->second.entry.dtype == "F8_E4M3" && file_of_.count(fp8_scale_name(name)) != 0;
+}
+
+Status HfCheckpoint::load_fp8_blocks_fp32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                         float* out) const {
+  auto wi = file_of_.find(name);
+  if (wi == file_of_.end()) return not_found("the checkpoint has no tensor '" + name + "'");
+  const SafetensorsFile& wf = files_[wi->second];
+  const SafetensorsEntry& we = *wf.find(name);
+  const std::string scale = fp8_scale_name(name);
+  if (we.dtype != "F8_E4M3")
+    return invalid_argument("tensor '" + name + "' in '" + wf.path().string() + "' is " + we.dtype +
+                            "; block-scaled FP8 weights are F8_E4M3");
+  if (expected_shape.size() != 2 || we.shape != expected_shape)
+    return invalid_argument("tensor '" + name + "' in '" + wf.path().string() + "' has shape " + shape_text(we.shape) +
+                            "; the model expects " + shape_text(expected_shape) +
+                            (expected_shape.size() != 2 ? " (block-scaled FP8 is defined for matrices only)" : " (a checkpoint of another model?)"));
+  auto si = file_of_.find(scale);
+  if (si == file_of_.end())
+    return not_found("tensor '" + name + "' in '" + wf.path().string() + "' is F8_E4M3 but the checkpoint has no '" + scale +
+                     "' (its 128 x 128 block scales)");
+  const SafetensorsFile& sf = files_[si->second];
+  const SafetensorsEntry& se = *sf.find(scale);
+  const int64_t rows = expected_shape[0], cols = expected_shape[1];
+  const int64_t brows = (rows + kFp8Block - 1) / kFp8Block, bcols = (cols + kFp8Block - 1) / kFp8Block;
+  if (se.dtype != "F32" || se.shape != std::vector<int64_t>{brows, bcols})
+    return invalid_argument("tensor '" + scale + "' in '" + sf.path().string() + "' is " + se.dtype + " " + shape_text(se.shape) +
+                            "; the scales of " + name + " " + shape_text(expected_shape) + " are F32 [" + std::to_string(brows) +
+                            ", " + std::to_string(bcols) + "] (one per 128 x 128 block)");
+  std::vector<float> scales(static_cast<size_t>(brows * bcols));
+  MT_RETURN_IF_ERROR(sf.read_raw_range(se, 0, scales.data(), scales.size() * sizeof(float)));
+  std::vector<uint8_t> q(static_cast<size_t>(std::min(rows, kFp8Block) * cols));
+  for (int64_t br = 0; br < brows; ++br) {
+    const int64_t r0 = br * kFp8Block, n = std::min(kFp8Block, rows - r0);
+    MT_RETURN_IF_ERROR(wf.read_raw_range(we, static_cast<uint64_t>(r0 * cols), q.data(), static_cast<size_t>(n * cols)));
+    for (int64_t bc = 0; bc < bcols; ++bc) {
+      const float sc = scales[static_cast<size_t>(br * bcols + bc)];
+      if (!std::isfinite(sc))
+        return invalid_argument("tensor '" + scale + "' in '" + sf.path().string() + "': block [" + std::to_string(br) + ", " +
+                                std::to_string(bc) + "] has a scale that is not finite");
+    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const uint8_t b = q[static_cast<size_t>(i * cols + j)];
+        if ((b & 0x7F) == 0x7F)
+          return invalid_argument("tensor '" + name + "' in '" + wf.path().string() + "': element [" + std::to_string(r0 + i) +
+                                  ", " + std::to_string(j) + "] is FP8's NaN (0x" + (b == 0xFF ? "FF" : "7F") +
+                                  "); training from it would give NaN losses");
+        out[(r0 + i) * cols + j] = fp8_e4m3_to_float(b) * scales[static_cast<size_t>(br * bcols + j / kFp8Block)];
+      }
   }
   return {};
 }

@@ -43,6 +43,7 @@ Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
       used.insert(t.name);
       used.insert(t.name + "_blocks");
       used.insert(t.name + "_scales");
+      used.insert(fp8_scale_name(t.name));
     }
   std::vector<std::string> extra;
   for (const auto& [name, loc] : ckpt.tensors()) {
@@ -69,7 +70,10 @@ Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
       if (ckpt.contains(t.name) && ckpt.has_mxfp4(t.name))
         return invalid_argument(checkpoint.string() + ": the model's tensor " + t.name + " is stored both plain and in MXFP4 (" + t.name +
                                 "_blocks/_scales); which one to train from is ambiguous: keep one");
-      if (ckpt.contains(t.name)) {
+      if (ckpt.has_fp8_blocks(t.name)) {
+        // DeepSeek-V3's and Kimi-K2's published checkpoints: F8_E4M3 with 128 x 128 block scales.
+        MT_RETURN_IF_ERROR(ckpt.load_fp8_blocks_fp32(t.name, t.shape, out).with_context(checkpoint.string()));
+      } else if (ckpt.contains(t.name)) {
         MT_RETURN_IF_ERROR(ckpt.load_fp32(t.name, t.shape, out).with_context(checkpoint.string()));
       } else if (ckpt.has_mxfp4(t.name)) {
         // gpt-oss's published checkpoints keep the experts' gate_up_proj and down_proj in MXFP4

@@ -154,6 +154,17 @@ Status dequantize_mxfp4_expert(const uint8_t* blocks, const uint8_t* scales, int
 // A Hugging Face checkpoint: a folder holding model.safetensors, or model.safetensors.index.json and the
 // shards its weight_map names (model.safetensors wins when both exist, as in transformers). A path to
 // a .safetensors file or to an index file is accepted too. All files are opened and validated by open().
+// FP8 e4m3 (OCP "E4M3FN", safetensors F8_E4M3) as DeepSeek-V3 and Kimi-K2 store their linear
+// weights: 1 sign, 4 exponent (bias 7) and 3 mantissa bits, no infinities, S.1111.111 NaN, the
+// largest 448. Every value is exact in fp32.
+float fp8_e4m3_to_float(uint8_t b);
+// Block-scaled FP8 (DeepSeek-V3's published layout): weight W [rows, cols] stored as F8_E4M3 and
+// beside it weight_scale_inv [ceil(rows / 128), ceil(cols / 128)] in F32, with
+// W[i, j] = fp8(q[i, j]) * scale_inv[i / 128, j / 128] (one fp32 multiply, as transformers'
+// FP8 dequantisation does). The scale's name is the weight's + "_scale_inv".
+inline constexpr int64_t kFp8Block = 128;
+std::string fp8_scale_name(const std::string& weight);
+
 class HfCheckpoint {
  public:
   struct Location {
@@ -187,6 +198,14 @@ class HfCheckpoint {
   // than U8, a shape other than mxfp4_shapes(expected_shape) (naming the tensor, the shape found and
   // the shape expected), A not a multiple of 32, a scale of 255 or a value that overflows.
   Status load_mxfp4_fp32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out) const;
+
+  // Whether `name` is stored as block-scaled FP8 (F8_E4M3, with fp8_scale_name(name) beside it).
+  bool has_fp8_blocks(const std::string& name) const;
+  // Dequantises `name` into `out` (expected_shape, rank 2), 128 rows at a time, so a layer of a
+  // 671B checkpoint costs 128 rows of buffer. Errors (kInvalidArgument): the weight not F8_E4M3 or
+  // not of expected_shape, the scale missing (kNotFound), not F32 or not [ceil(rows/128),
+  // ceil(cols/128)], a NaN code (0x7F, 0xFF) or a scale that is not finite, naming tensor and block.
+  Status load_fp8_blocks_fp32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out) const;
 
  private:
   std::vector<std::filesystem::path> file_paths_;
