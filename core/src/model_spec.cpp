@@ -400,6 +400,10 @@ Result<ModelSpec> ModelSpec::from_config_json(const std::string& json_text, cons
     }
   }
   MT_RETURN_IF_ERROR(read_nullable_int(j, "sliding_window", c.sliding_window, what));
+  MT_RETURN_IF_ERROR(read_nullable_int(j, "num_nextn_predict_layers", c.mtp_layers, what));
+  if (c.mtp_layers > 64)
+    return invalid_argument(what + ": num_nextn_predict_layers: " + std::to_string(c.mtp_layers) +
+                            " multi-token-prediction layers; accepted: 0 .. 64");
   if (auto us = j.find("use_sliding_window"); us != j.end() && us->is_boolean() && !us->get<bool>())
     c.sliding_window = 0;  // Qwen2 and Qwen3 publish a window but turn it off
   else if (us != j.end() && us->is_boolean() && us->get<bool>() && (c.model_type == "qwen3" || c.model_type == "qwen3_moe"))

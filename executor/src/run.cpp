@@ -210,7 +210,7 @@ Status start_state(const RunOptions& o, const Plan& plan, const ModelSpec& model
       return invalid_argument("--checkpoint-dir '" + o.checkpoint_dir + "' already holds checkpoints (newest: " + existing->string() +
                               "); pass --resume to continue that run, or choose another folder");
   }
-  if (!o.init_dir.empty()) return load_weights(state, o.init_dir);
+  if (!o.init_dir.empty()) return load_weights(state, o.init_dir, model.config().mtp_layers);
   return state.init_random(static_cast<uint64_t>(plan.training.seed), 0.02);
 }
 

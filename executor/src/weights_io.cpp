@@ -32,7 +32,22 @@ Status save_weights(const HostState& state, const std::filesystem::path& path) {
   return s.ok() ? done : s;
 }
 
-Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
+namespace {
+// Whether `name` belongs to one of the multi-token-prediction layers a checkpoint carries after
+// the decoder layers (model.layers.{L} .. {L + mtp_layers - 1}.).
+bool is_mtp_tensor(const std::string& name, int64_t layers, int64_t mtp_layers) {
+  const std::string prefix = "model.layers.";
+  if (mtp_layers <= 0 || name.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t i = prefix.size();
+  int64_t layer = 0;
+  const size_t start = i;
+  while (i < name.size() && i - start < 6 && name[i] >= '0' && name[i] <= '9') layer = layer * 10 + (name[i++] - '0');
+  if (i == start || i >= name.size() || name[i] != '.') return false;
+  return layer >= layers && layer < layers + mtp_layers;
+}
+}  // namespace
+
+Status load_weights(HostState& state, const std::filesystem::path& checkpoint, int64_t mtp_layers) {
   MT_ASSIGN_OR_RETURN(HfCheckpoint ckpt, HfCheckpoint::open(checkpoint));
   // Every tensor of the checkpoint must be one the model takes: a deeper or wider model's checkpoint
   // would otherwise load its first layers silently. Left out: buffers transformers never loads
@@ -50,6 +65,9 @@ Status load_weights(HostState& state, const std::filesystem::path& checkpoint) {
     if (used.count(name)) continue;
     if (name.size() > 9 && name.compare(name.size() - 9, 9, ".inv_freq") == 0) continue;
     if (name == "lm_head.weight" && !used.count("lm_head.weight") && used.count("model.embed_tokens.weight")) continue;
+    // Multi-token prediction: not trained here. The decoder layers are the units between the
+    // embedding and the head.
+    if (is_mtp_tensor(name, static_cast<int64_t>(state.units().size()) - 2, mtp_layers)) continue;
     extra.push_back(name);
   }
   if (!extra.empty()) {

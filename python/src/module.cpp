@@ -355,7 +355,7 @@ py::array_t<float> forward_logits(const std::string& model, const std::string& w
   if (tokens.ndim() != 2) raise_status(invalid_argument("logits: tokens must be a 2-D array [rows, seq_len]"));
   ModelSpec spec = value_or_raise(ModelSpec::load(model));
   exec::HostState state = exec::HostState::create(spec, DType::kFp32);
-  if (Status s = exec::load_weights(state, weights); !s.ok()) raise_status(s);
+  if (Status s = exec::load_weights(state, weights, spec.config().mtp_layers); !s.ok()) raise_status(s);
   const int64_t rows = tokens.shape(0), seq = tokens.shape(1);
   std::vector<int32_t> ids(static_cast<size_t>(rows * seq));
   for (size_t i = 0; i < ids.size(); ++i) {

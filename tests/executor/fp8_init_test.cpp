@@ -2,7 +2,8 @@
 // F8_E4M3 matrices with F32 weight_scale_inv per 128 x 128 block. The e4m3 decoding is checked
 // against PyTorch's float8_e4m3fn for all 256 codes (and by hand for a few); the block indexing
 // (partial blocks at the bottom and right edges), the errors, and load_weights on a whole tiny
-// model's checkpoint are checked against values computed here from the stored bytes.
+// model's checkpoint are checked against values computed here from the stored bytes; and the
+// multi-token-prediction layers such checkpoints carry are skipped by name.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -10,6 +11,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -173,6 +176,43 @@ TEST(Fp8, LoadWeightsDequantisesEveryMatrixOfAModel) {
       }
     }
   EXPECT_GE(checked, 9);  // embedding, 7 matrices a layer, head
+}
+
+// The multi-token-prediction layer a DeepSeek-V3 or GLM-4.5 checkpoint carries after its decoder
+// layers (num_nextn_predict_layers) is skipped by name; without the key, or beyond it, a layer the
+// model does not have is still refused.
+TEST(Fp8, TheMtpLayersACheckpointCarriesAreSkippedByName) {
+  std::ifstream in(std::string(MEGATRAIN_PROFILES_DIR) + "/models/tiny-llama-gqa.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json cfg = nlohmann::json::parse(ss.str());
+  cfg["num_nextn_predict_layers"] = 1;
+  auto spec = ModelSpec::from_config_json(cfg.dump(), "tiny-llama-gqa with an MTP layer");
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  const int64_t L = spec->config().num_layers;
+  ASSERT_EQ(spec->config().mtp_layers, 1);
+  HostState hs = HostState::create(*spec, DType::kFp32);
+  std::vector<std::vector<float>> data;
+  std::vector<TensorToWrite> tensors;
+  for (const UnitState& us : hs.units())
+    for (const TensorSlot& t : us.tensors) {
+      data.emplace_back(static_cast<size_t>(t.numel), 0.5f);
+      tensors.push_back(raw_tensor(t.name, t.shape, data.back().data(), "F32"));
+    }
+  std::vector<float> mtp(64, 1.0f);
+  const std::string mtp_name = "model.layers." + std::to_string(L) + ".eh_proj.weight";
+  tensors.push_back(raw_tensor(mtp_name, {8, 8}, mtp.data(), "F32"));
+  ScratchDir dir("mtp");
+  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", tensors).ok());
+  EXPECT_TRUE(load_weights(hs, dir.path(), spec->config().mtp_layers).ok());
+  const Status without = load_weights(hs, dir.path(), 0);
+  EXPECT_EQ(without.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(without.message().find(mtp_name), std::string::npos) << without.message();
+  tensors.back() = raw_tensor("model.layers." + std::to_string(L + 1) + ".eh_proj.weight", {8, 8}, mtp.data(), "F32");
+  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", tensors).ok());
+  EXPECT_EQ(load_weights(hs, dir.path(), 1).code(), StatusCode::kInvalidArgument);  // layer L + 1 is not an MTP layer
+  cfg["num_nextn_predict_layers"] = 65;
+  EXPECT_FALSE(ModelSpec::from_config_json(cfg.dump(), "x").ok());
 }
 
 }  // namespace

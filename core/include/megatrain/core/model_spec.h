@@ -60,6 +60,10 @@ struct ModelConfig {
   bool mlp_bias = false;          // gate/up/down carry a bias (Llama mlp_bias)
   std::string hidden_act = "silu";
   int64_t sliding_window = 0;     // 0 when full attention
+  // Multi-token-prediction modules a checkpoint carries after the decoder layers
+  // (num_nextn_predict_layers: DeepSeek-V3, GLM-4.5): model.layers.{L} .. {L + n - 1} are not
+  // trained here, and --init skips them by name.
+  int64_t mtp_layers = 0;
   std::string torch_dtype;        // as published ("bfloat16"); informative
 
   // ---- Qwen3 and gpt-oss attention
