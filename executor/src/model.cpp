@@ -370,8 +370,8 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
   auto fail = [](const arch::Op& op, const char* what) {
     return internal_error(std::string("layer op '") + op.name + "' (" + arch::op_kind_name(op.kind) + ") backward: " + what);
   };
-  // Adds `term` (rows x width) into value v's gradient: the first term is kept where it is (when
-  // `own_term`, it is already v's own buffer), a later one is summed into v's own buffer.
+  // Adds `term` (n elements) into value v's gradient: the first term is kept where it is (its own
+  // buffer, or the buffer of the value it was passed on from), a later one is summed into v's own.
   auto add_term = [&](Val v, const T* term, int64_t n) {
     if (gr(v) == nullptr) {
       gr(v) = term;
