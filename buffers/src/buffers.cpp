@@ -73,22 +73,6 @@ BufferList cpu_layer_acts(const Shape& s, int32_t e) {
   constexpr size_t kVals = static_cast<size_t>(Val::kOut) + 1;
   std::array<int64_t, kVals> size{};
   bool attn_norm = false, mlp_norm = false, head_norm = false, attention = false, route = false;
-  auto width = [&s](arch::Dim d) -> int64_t {
-    switch (d) {
-      case arch::Dim::kVocab: return s.V;
-      case arch::Dim::kHidden: return s.H;
-      case arch::Dim::kIntermediate: return s.I;
-      case arch::Dim::kQ: return s.q;
-      case arch::Dim::kKv: return s.kv;
-      case arch::Dim::kHeadDim: return s.hd;
-      case arch::Dim::kHeads: return s.nh;
-      case arch::Dim::kExperts: return s.E;
-      case arch::Dim::kExpertInter: return s.Im;
-      case arch::Dim::kExpertInter2: return 2 * s.Im;
-      case arch::Dim::kQKv: return s.q + s.kv;
-    }
-    return 0;
-  };
   auto grow = [&size](Val v, int64_t n) { size[static_cast<size_t>(v)] = std::max(size[static_cast<size_t>(v)], n); };
   for (const std::vector<arch::Op>* ops : {&s.dense_ops, &s.moe_ops})
     for (const arch::Op& op : *ops) {
@@ -101,7 +85,7 @@ BufferList cpu_layer_acts(const Shape& s, int32_t e) {
         grow(op.dst == Val::kQk ? Val::kQ : Val::kQPre, s.N * s.q);
         grow(op.dst == Val::kQk ? Val::kK : Val::kKPre, s.N * s.kv);
       } else if (op.dst != Val::kNone && op.dst != Val::kOut) {
-        grow(op.dst, (op.slots ? s.N * s.k : s.N) * width(op.out));
+        grow(op.dst, (op.slots ? s.N * s.k : s.N) * dim_width(op.out, s));
       }
     }
   BufferList l;

@@ -32,4 +32,21 @@ Shape shape_of(const ModelConfig& c, int64_t micro_batch, int64_t seq_len) {
   return s;
 }
 
+int64_t dim_width(arch::Dim d, const Shape& s) {
+  switch (d) {
+    case arch::Dim::kVocab: return s.V;
+    case arch::Dim::kHidden: return s.H;
+    case arch::Dim::kIntermediate: return s.I;
+    case arch::Dim::kQ: return s.q;
+    case arch::Dim::kKv: return s.kv;
+    case arch::Dim::kHeadDim: return s.hd;
+    case arch::Dim::kHeads: return s.nh;
+    case arch::Dim::kExperts: return s.E;
+    case arch::Dim::kExpertInter: return s.Im;
+    case arch::Dim::kExpertInter2: return 2 * s.Im;
+    case arch::Dim::kQKv: return s.q + s.kv;
+  }
+  return 0;
+}
+
 }  // namespace megatrain::buffers

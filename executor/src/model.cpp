@@ -213,23 +213,6 @@ T* value_of(arch::Val v, T* x_out, const LayerActsT<T>& a) {
     default: return nullptr;  // kNone, and the pairs (kQk, kQkPre), which their ops take apart
   }
 }
-int64_t width_of(arch::Dim v, const Dims& d) {
-  using arch::Dim;
-  switch (v) {
-    case Dim::kVocab: return d.V;
-    case Dim::kHidden: return d.H;
-    case Dim::kIntermediate: return d.I;
-    case Dim::kQ: return d.q;
-    case Dim::kKv: return d.kv;
-    case Dim::kHeadDim: return d.hd;
-    case Dim::kHeads: return d.nh;
-    case Dim::kExperts: return d.E;
-    case Dim::kExpertInter: return d.Im;
-    case Dim::kExpertInter2: return 2 * d.Im;
-    case Dim::kQKv: return d.q + d.kv;
-  }
-  return 0;
-}
 }  // namespace
 
 template <typename T>
@@ -240,7 +223,7 @@ Status LayerMathT<T>::forward_op(const arch::Op& op, const UnitViewT<T>& w, T* x
   T* src = value_of(op.src, x_out, a);
   T* src2 = value_of(op.src2, x_out, a);
   T* dst = value_of(op.dst, x_out, a);
-  const int64_t rows = op.slots ? d.N * d.k : d.N, in = width_of(op.in, d), out = width_of(op.out, d);
+  const int64_t rows = op.slots ? d.N * d.k : d.N, in = buffers::dim_width(op.in, d), out = buffers::dim_width(op.out, d);
   const T* weight = op.weight == TensorRole::kCount ? nullptr : w[op.weight];
   const TensorRole bias = arch::bias_of(op.weight);
   const T* b = bias == TensorRole::kCount ? nullptr : w[bias];
@@ -391,7 +374,7 @@ Status LayerMathT<T>::backward(const UnitViewT<T>& w, const LayerActsT<T>& a, co
         --first;
     for (int64_t j = first; j <= i; ++j) {
       const arch::Op& op = ops[static_cast<size_t>(j)];
-      const int64_t rows = op.slots ? slots : d.N, in = width_of(op.in, d), out = width_of(op.out, d);
+      const int64_t rows = op.slots ? slots : d.N, in = buffers::dim_width(op.in, d), out = buffers::dim_width(op.out, d);
       const T* weight = op.weight == TensorRole::kCount ? nullptr : w[op.weight];
       T* gw = op.weight == TensorRole::kCount ? nullptr : g[op.weight];
       const TensorRole bias = arch::bias_of(op.weight);

@@ -216,7 +216,7 @@ void dump_all_ops(Dump& dump, const std::string& dtype) {
     }
     dump.begin(p + rc.name, "sigmoid_route", dtype,
                "\"n_group\": " + std::to_string(rc.groups) + ", \"topk_group\": " + std::to_string(rc.topk_group) +
-                   ", \"k\": 3, \"renorm\": " + (rc.renorm ? "true" : "false") + ", \"scale\": " + std::to_string(rc.scale));
+                   ", \"k\": " + std::to_string(k) + ", \"renorm\": " + (rc.renorm ? "true" : "false") + ", \"scale\": " + std::to_string(rc.scale));
     dump.floats("logits", z, {n, e});
     dump.floats("bias", bias, {e});
     dump.ints("expert", ex, {n, k});

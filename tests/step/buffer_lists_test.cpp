@@ -332,6 +332,21 @@ TEST(BufferLists, CarvingLaysTheListOutAndRefusesWhatItDoesNotHold) {
   EXPECT_DEATH(buffers::Carving(twice, nullptr), "x appears twice");
 }
 
+// The widths the backends and the buffer lists read from a Shape are the config's (arch::dim_value)
+// for every shape symbol, on a dense, a MoE and a gpt-oss model.
+TEST(BufferLists, TheShapesWidthsAreTheConfigs) {
+  for (const char* name : {"tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"}) {
+    auto model = ModelSpec::load(name);
+    ASSERT_TRUE(model.ok());
+    const ModelConfig& c = model->config();
+    const buffers::Shape s = buffers::shape_of(c, 2, 16);
+    for (int d = 0; d <= static_cast<int>(megatrain::arch::Dim::kQKv); ++d) {
+      const auto dim = static_cast<megatrain::arch::Dim>(d);
+      EXPECT_EQ(buffers::dim_width(dim, s), megatrain::arch::dim_value(dim, c)) << name << " dim " << d;
+    }
+  }
+}
+
 // The activation list is the values the layer's ops write (issue 47): gpt-oss's experts write
 // gate and up interleaved into one value, 2 x Im a slot, and nothing writes up alone, so the list
 // has a gate of N k 2 Im and no up: the bytes the two buffers of Im held before.

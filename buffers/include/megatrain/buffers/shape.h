@@ -52,4 +52,8 @@ struct Shape {
 // supports the model is make_dims's question.
 Shape shape_of(const ModelConfig& config, int64_t micro_batch, int64_t seq_len);
 
+// The width of an op's shape symbol (arch::Dim) in this shape: what arch::dim_value gives for the
+// config, read from the Shape that the backends and the buffer lists hold.
+int64_t dim_width(arch::Dim d, const Shape& s);
+
 }  // namespace megatrain::buffers
